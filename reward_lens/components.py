@@ -1,0 +1,271 @@
+"""The model's components, one class each, TransformerLens style.
+
+Weights use TransformerLens's names and shapes (W_Q [n_heads, d_model, d_head], W_O [n_heads, d_head,
+d_model], W_in/W_gate [d_model, d_mlp], W_out [d_mlp, d_model]) so that TransformerLens tools that read
+them (ActivationCache.compute_head_results, stack_neuron_results) work unchanged. Hook names are the
+public contract.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Optional, Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from jaxtyping import Bool, Float, Int
+from transformer_lens.hook_points import HookPoint
+from transformers.activations import ACT2FN
+
+from reward_lens.config import RewardModelConfig
+
+
+def head_major_param(n_heads: int, d_model: int, d_head: int) -> nn.Parameter:
+    """A [n_heads, d_model, d_head] parameter stored as [n_heads, d_head, d_model] in memory.
+
+    That storage is the transformers q_proj layout, so `W.transpose(1, 2).reshape(n*h, d_model)` is a
+    free view and the projection is one plain GEMM. Only speed depends on this layout, not results.
+    """
+    return nn.Parameter(torch.empty(n_heads, d_head, d_model).transpose(1, 2))
+
+
+def as_linear_weight(W: Float[torch.Tensor, "n d_model d_head"]) -> Float[torch.Tensor, "n_x_d_head d_model"]:
+    return W.transpose(1, 2).reshape(-1, W.shape[1])
+
+
+class RMSNorm(nn.Module):
+    """x / sqrt(mean(x^2) + eps), times (offset + w) unless the weight was folded away.
+
+    hook_scale [batch, pos, 1] is kept in float32: dividing a cached residual by it reproduces the
+    normalised input exactly, which is what the exact reward decomposition relies on.
+    """
+
+    def __init__(self, cfg: RewardModelConfig, length: Optional[int] = None, weighted: bool = True):
+        super().__init__()
+        self.cfg = cfg
+        self.eps = cfg.eps
+        self.offset = cfg.norm_weight_offset
+        self.w = nn.Parameter(torch.ones(length or cfg.d_model)) if weighted else None
+        self.hook_scale = HookPoint()  # [batch, pos, 1]
+        self.hook_normalized = HookPoint()  # [batch, pos, length]
+
+    def forward(self, x: Float[torch.Tensor, "... length"]) -> Float[torch.Tensor, "... length"]:
+        xf = x.float()
+        scale = self.hook_scale((xf.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
+        if self.w is None:
+            return self.hook_normalized((xf / scale).to(x.dtype))
+        if self.offset:  # Gemma multiplies in float32, then casts
+            return (self.hook_normalized(xf / scale) * (self.offset + self.w.float())).to(x.dtype)
+        return self.hook_normalized((xf / scale).to(x.dtype)) * self.w
+
+
+class Embed(nn.Module):
+    def __init__(self, cfg: RewardModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.W_E = nn.Parameter(torch.empty(cfg.d_vocab, cfg.d_model))
+
+    def forward(self, input_ids: Int[torch.Tensor, "batch pos"]) -> Float[torch.Tensor, "batch pos d_model"]:
+        embed = self.W_E[input_ids]
+        if self.cfg.embed_scale is not None:  # Gemma: the scale is rounded to the model's dtype first
+            embed = embed * torch.tensor(self.cfg.embed_scale, dtype=embed.dtype)
+        return embed
+
+
+class RotaryEmbedding(nn.Module):
+    """cos/sin tables from inverse frequencies computed at conversion by transformers' own RoPE code
+    (llama3, linear, yarn, ... scaling), stored as a buffer so saved checkpoints carry them."""
+
+    def __init__(self, cfg: RewardModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.register_buffer("inv_freq", torch.empty(cfg.rotary_dim // 2, dtype=torch.float32))
+
+    def _apply(self, fn, recurse=True):
+        # model.to(bfloat16) must not round the frequencies (transformers keeps them float32 too).
+        inv_freq = self.inv_freq
+        super()._apply(fn, recurse)
+        if not inv_freq.is_meta:
+            self.inv_freq = inv_freq.to(self.inv_freq.device)
+        return self
+
+    def forward(self, position_ids: Int[torch.Tensor, "batch pos"], dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor]:
+        freqs = position_ids[..., None].float() * self.inv_freq.float()
+        emb = torch.cat((freqs, freqs), dim=-1)
+        scaling = self.cfg.rotary_attention_scaling
+        return (emb.cos() * scaling).to(dtype), (emb.sin() * scaling).to(dtype)
+
+
+def apply_rotary(x: Float[torch.Tensor, "batch pos head d_head"], cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    rot = cos.shape[-1]
+    x_rot, x_pass = x[..., :rot], x[..., rot:]
+    cos, sin = cos[:, :, None, :], sin[:, :, None, :]
+    half = rot // 2
+    rotated = torch.cat((-x_rot[..., half:], x_rot[..., :half]), dim=-1)
+    out = x_rot * cos + rotated * sin
+    return torch.cat((out, x_pass), dim=-1) if x_pass.shape[-1] else out
+
+
+class Attention(nn.Module):
+    """Grouped-query attention with RoPE. hook_k / hook_v have n_key_value_heads heads."""
+
+    def __init__(self, cfg: RewardModelConfig, layer: int):
+        super().__init__()
+        self.cfg = cfg
+        self.layer = layer
+        n, nkv, m, h = cfg.n_heads, cfg.n_key_value_heads, cfg.d_model, cfg.d_head
+        self.W_Q = head_major_param(n, m, h)
+        self.W_K = head_major_param(nkv, m, h)
+        self.W_V = head_major_param(nkv, m, h)
+        self.W_O = nn.Parameter(torch.empty(n, h, m))
+        self.b_Q = nn.Parameter(torch.zeros(n, h))
+        self.b_K = nn.Parameter(torch.zeros(nkv, h))
+        self.b_V = nn.Parameter(torch.zeros(nkv, h))
+        self.b_O = nn.Parameter(torch.zeros(m))
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(cfg, h)
+            self.k_norm = RMSNorm(cfg, h)
+        self.window = cfg.window_sizes[layer]
+        self.hook_q = HookPoint()  # [batch, pos, n_heads, d_head]
+        self.hook_k = HookPoint()  # [batch, pos, n_key_value_heads, d_head]
+        self.hook_v = HookPoint()
+        self.hook_rot_q = HookPoint()
+        self.hook_rot_k = HookPoint()
+        self.hook_attn_scores = HookPoint()  # [batch, n_heads, query_pos, key_pos]
+        self.hook_pattern = HookPoint()
+        self.hook_z = HookPoint()  # [batch, pos, n_heads, d_head]
+        self.hook_result = HookPoint()  # [batch, pos, n_heads, d_model], only with cfg.use_attn_result
+
+    def _project(self, x, W, b):
+        out = F.linear(x, as_linear_weight(W))
+        return out.view(*x.shape[:-1], W.shape[0], W.shape[2]) + b
+
+    def forward(
+        self,
+        x: Float[torch.Tensor, "batch pos d_model"],
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        allowed: Bool[torch.Tensor, "batch query_pos key_pos"],
+    ) -> Float[torch.Tensor, "batch pos d_model"]:
+        cfg = self.cfg
+        q = self.hook_q(self._project(x, self.W_Q, self.b_Q))
+        k = self.hook_k(self._project(x, self.W_K, self.b_K))
+        v = self.hook_v(self._project(x, self.W_V, self.b_V))
+        if cfg.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = self.hook_rot_q(apply_rotary(q, cos, sin))
+        k = self.hook_rot_k(apply_rotary(k, cos, sin))
+        explicit = (
+            cfg.attn_scores_soft_cap is not None
+            or self.hook_attn_scores.has_hooks()
+            or self.hook_pattern.has_hooks()
+        )
+        if explicit:
+            z = self._explicit_attention(q, k, v, allowed)
+        else:  # fused kernel; equal to the explicit path (tested), much faster
+            z = F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                attn_mask=allowed[:, None], scale=1.0 / cfg.attn_scale,
+                enable_gqa=cfg.n_heads != cfg.n_key_value_heads,
+            ).transpose(1, 2)
+        z = self.hook_z(z)
+        if cfg.use_attn_result:
+            result = self.hook_result(torch.einsum("bqnh,nhm->bqnm", z, self.W_O))
+            return result.sum(-2) + self.b_O
+        return z.reshape(*z.shape[:2], -1) @ self.W_O.reshape(-1, cfg.d_model) + self.b_O
+
+    def _explicit_attention(self, q, k, v, allowed):
+        cfg = self.cfg
+        group = cfg.n_heads // cfg.n_key_value_heads
+        if group > 1:
+            k, v = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)
+        scores = torch.einsum("bqnh,bknh->bnqk", q, k) / cfg.attn_scale
+        if cfg.attn_scores_soft_cap is not None:
+            cap = cfg.attn_scores_soft_cap
+            scores = torch.tanh(scores / cap) * cap
+        scores = self.hook_attn_scores(scores.masked_fill(~allowed[:, None], torch.finfo(scores.dtype).min))
+        pattern = self.hook_pattern(F.softmax(scores.float(), dim=-1).to(q.dtype))
+        return torch.einsum("bnqk,bknh->bqnh", pattern, v)
+
+
+class GatedMLP(nn.Module):
+    """out = (act(x W_gate) * (x W_in + b_in)) W_out + b_out, i.e. down(act(gate(x)) * up(x))."""
+
+    def __init__(self, cfg: RewardModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.W_in = nn.Parameter(torch.empty(cfg.d_model, cfg.d_mlp))
+        self.W_gate = nn.Parameter(torch.empty(cfg.d_model, cfg.d_mlp))
+        self.W_out = nn.Parameter(torch.empty(cfg.d_mlp, cfg.d_model))
+        self.b_in = nn.Parameter(torch.zeros(cfg.d_mlp))
+        self.b_out = nn.Parameter(torch.zeros(cfg.d_model))
+        self.act = ACT2FN[cfg.act_fn]
+        self.hook_pre = HookPoint()  # gate pre-activation [batch, pos, d_mlp]
+        self.hook_pre_linear = HookPoint()
+        self.hook_post = HookPoint()  # neuron activations [batch, pos, d_mlp]
+
+    def forward(self, x: Float[torch.Tensor, "batch pos d_model"]) -> Float[torch.Tensor, "batch pos d_model"]:
+        pre = self.hook_pre(x @ self.W_gate)
+        pre_linear = self.hook_pre_linear(x @ self.W_in + self.b_in)
+        post = self.hook_post(self.act(pre) * pre_linear)
+        return post @ self.W_out + self.b_out
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, cfg: RewardModelConfig, layer: int):
+        super().__init__()
+        self.cfg = cfg
+        self.layer = layer
+        weighted = cfg.normalization_type == "RMS"
+        self.ln1 = RMSNorm(cfg, weighted=weighted)
+        self.attn = Attention(cfg, layer)
+        self.ln2 = RMSNorm(cfg, weighted=weighted)
+        self.mlp = GatedMLP(cfg)
+        if cfg.post_norms:  # Gemma-2: their weights act after the scale, so they are never folded
+            self.ln1_post = RMSNorm(cfg)
+            self.ln2_post = RMSNorm(cfg)
+        self.hook_resid_pre = HookPoint()
+        self.hook_attn_in = HookPoint()  # only with cfg.use_attn_in
+        self.hook_attn_out = HookPoint()
+        self.hook_resid_mid = HookPoint()
+        self.hook_mlp_in = HookPoint()  # only with cfg.use_hook_mlp_in
+        self.hook_mlp_out = HookPoint()
+        self.hook_resid_post = HookPoint()
+
+    def forward(self, resid_pre, cos, sin, allowed):
+        resid_pre = self.hook_resid_pre(resid_pre)
+        attn_in = self.ln1(resid_pre)
+        if self.cfg.use_attn_in:
+            attn_in = self.hook_attn_in(attn_in)
+        attn_out = self.attn(attn_in, cos, sin, allowed)
+        if self.cfg.post_norms:
+            attn_out = self.ln1_post(attn_out)
+        resid_mid = self.hook_resid_mid(resid_pre + self.hook_attn_out(attn_out))
+        mlp_in = self.ln2(resid_mid)
+        if self.cfg.use_hook_mlp_in:
+            mlp_in = self.hook_mlp_in(mlp_in)
+        mlp_out = self.mlp(mlp_in)
+        if self.cfg.post_norms:
+            mlp_out = self.ln2_post(mlp_out)
+        return self.hook_resid_post(resid_mid + self.hook_mlp_out(mlp_out))
+
+
+def attention_masks(
+    attention_mask: Int[torch.Tensor, "batch pos"], window_sizes, query_len: Optional[int] = None
+) -> Dict[Optional[int], Bool[torch.Tensor, "batch query key"]]:
+    """Which keys each query may attend to, per distinct window size (None = full causal).
+
+    Padded keys are masked; a query whose every key would be masked (a left-pad position) may attend
+    to itself, so no row is empty and no NaN can reach real tokens through 0 * NaN.
+    """
+    T = attention_mask.shape[-1]
+    idx = torch.arange(T, device=attention_mask.device)
+    q_idx = idx[-query_len:] if query_len is not None else idx
+    causal = idx[None, :] <= q_idx[:, None]
+    valid_key = attention_mask.bool()[:, None, :]
+    own = idx[None, :] == q_idx[:, None]
+    masks = {}
+    for window in set(window_sizes):
+        allowed = causal if window is None else causal & (idx[None, :] > q_idx[:, None] - window)
+        masks[window] = (allowed[None] & valid_key) | own[None]
+    return masks

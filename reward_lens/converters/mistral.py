@@ -1,0 +1,13 @@
+"""Mistral (`MistralForSequenceClassification`): Llama weights; one sliding window on every layer when set."""
+
+from reward_lens.converters import WeightMap, register
+from reward_lens.converters.llama import convert_llama, decoder_config
+
+
+def mistral_config(hf_config):
+    window = getattr(hf_config, "sliding_window", None)
+    return decoder_config(hf_config, window_sizes=[window] * hf_config.num_hidden_layers)
+
+
+register(WeightMap("MistralForSequenceClassification", mistral_config, convert_llama,
+                   notes="Llama map + sliding-window attention on all layers when config.sliding_window is set."))

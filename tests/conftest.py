@@ -1,0 +1,29 @@
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+from helpers import tiny_hf_model  # noqa: E402
+
+from reward_lens import HookedRewardModel  # noqa: E402
+
+ARCHS = ["llama", "mistral", "qwen2", "qwen3"]
+
+
+@pytest.fixture(scope="session")
+def hf_models():
+    return {arch: tiny_hf_model(arch) for arch in ARCHS}
+
+
+@pytest.fixture(scope="session")
+def llama_hf(hf_models):
+    return hf_models["llama"]
+
+
+@pytest.fixture(scope="session")
+def llama_model(llama_hf):
+    return HookedRewardModel.from_hf_model(llama_hf)
