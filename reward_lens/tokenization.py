@@ -61,15 +61,11 @@ def tokenize_pairs(
         ids = [x[-limit:] for x in ids]
     pad = model.cfg.pad_token_id
     if pad is None and len(ids) > 1:
-        pad = getattr(tokenizer, "pad_token_id", None)
-        if pad is None:
-            raise ValueError(
-                "cannot batch pairs: neither the model config nor the tokenizer defines a pad token; "
-                "tokenise one pair at a time or set model.cfg.pad_token_id"
-            )
+        hint = getattr(tokenizer, "pad_token_id", None)
         raise ValueError(
-            "the model config has no pad_token_id, so transformers (and reward-lens) cannot find the readout in a "
-            f"padded batch; set model.cfg.pad_token_id = {pad} (the tokenizer's) or tokenise one pair at a time"
+            "the model config has no pad_token_id, so the readout of a padded batch is undefined (transformers "
+            "refuses it too); tokenise one pair at a time or set model.cfg.pad_token_id"
+            + (f" (the tokenizer's pad id is {hint})" if hint is not None else "")
         )
     side = padding_side or getattr(tokenizer, "padding_side", "right") or "right"
     T = max(len(x) for x in ids)
