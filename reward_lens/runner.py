@@ -85,3 +85,71 @@ def _cat_padded(chunks: List[torch.Tensor]) -> torch.Tensor:
         return torch.cat(chunks)
     width = max(c.shape[-1] for c in chunks)
     return torch.cat([torch.nn.functional.pad(c, (0, width - c.shape[-1])) for c in chunks])
+
+
+def _hook_stop_layer(model, hook_name: str) -> Optional[int]:
+    """The `stop_at_layer` after which `hook_name` has fired (None: it needs the full forward)."""
+    if hook_name == "hook_embed":
+        return 0
+    parts = hook_name.split(".")
+    if parts[0] == "blocks" and len(parts) > 2 and parts[1].isdigit():
+        return int(parts[1]) + 1
+    return None
+
+
+@torch.no_grad()
+def stream_activations(
+    model,
+    prompts: Optional[Sequence[str]] = None,
+    responses: Optional[Sequence[str]] = None,
+    hook_name: str = "",
+    *,
+    input_ids: Optional[torch.Tensor] = None,
+    attention_mask: Optional[torch.Tensor] = None,
+    positions: str = "all",
+    batch_size: int = 8,
+    progress: Union[bool, str] = False,
+    device: Optional[Union[str, torch.device]] = "cpu",
+) -> Iterator[torch.Tensor]:
+    """Yield the activation at `hook_name` batch by batch: [n_tokens, ...] over every non-pad token
+    (`positions="all"`) or [batch, ...] at each readout position (`positions="readout"`).
+
+    Give either (prompts, responses) or already tokenised `input_ids` (+ `attention_mask`). The forward
+    stops right after the hook's block, so streaming an early layer costs only that much of the model.
+    """
+    if positions not in ("all", "readout"):
+        raise ValueError(f"positions must be 'all' or 'readout', got {positions!r}")
+    if hook_name not in model.hook_dict:
+        raise ValueError(f"unknown hook {hook_name!r}; e.g. 'blocks.0.hook_resid_post' (see model.hook_dict)")
+    if hook_name.endswith(("hook_attn_scores", "hook_pattern")):
+        raise ValueError(f"{hook_name} has no per-token layout [batch, pos, ...]; stream a residual-like hook")
+    if input_ids is None:
+        if prompts is None or responses is None:
+            raise ValueError("give (prompts, responses) or input_ids to stream activations from")
+        n = len(prompts)
+    else:
+        n = input_ids.shape[0]
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+    stop = _hook_stop_layer(model, hook_name)
+    for sl in batches(n, batch_size, progress):
+        if input_ids is None:
+            tok = tokenize(model, prompts[sl], responses[sl])
+        else:
+            ids, mask = input_ids[sl].to(model.cfg.device), attention_mask[sl].to(model.cfg.device)
+            tok = Tokenized(ids, mask, model.readout_positions(ids, mask))
+        grabbed: Dict[str, torch.Tensor] = {}
+
+        def grab(tensor: torch.Tensor, hook) -> None:
+            grabbed["acts"] = tensor.detach()
+
+        model.run_with_hooks(
+            tok.input_ids, tok.attention_mask, fwd_hooks=[(hook_name, grab)],
+            **({"stop_at_layer": stop} if stop is not None else {"readout_positions": tok.readout}),
+        )
+        acts = grabbed["acts"]
+        if positions == "all":
+            out = acts[tok.attention_mask.bool().to(acts.device)]
+        else:
+            out = acts[torch.arange(acts.shape[0], device=acts.device), tok.readout.to(acts.device)]
+        yield out.to(device) if device is not None else out
