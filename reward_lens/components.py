@@ -67,8 +67,8 @@ class Embed(nn.Module):
 
     def forward(self, input_ids: Int[torch.Tensor, "batch pos"]) -> Float[torch.Tensor, "batch pos d_model"]:
         embed = self.W_E[input_ids]
-        if self.cfg.embed_scale is not None:  # Gemma: the scale is rounded to the model's dtype first
-            embed = embed * torch.tensor(self.cfg.embed_scale, dtype=embed.dtype)
+        if self.cfg.embed_scale is not None:  # Gemma: float32 scale (as transformers' buffer), then the dtype
+            embed = embed * torch.tensor(self.cfg.embed_scale, dtype=torch.float32).to(embed.dtype)
         return embed
 
 
@@ -186,6 +186,48 @@ class Attention(nn.Module):
         scores = self.hook_attn_scores(scores.masked_fill(~allowed[:, None], torch.finfo(scores.dtype).min))
         pattern = self.hook_pattern(F.softmax(scores.float(), dim=-1).to(q.dtype))
         return torch.einsum("bnqk,bknh->bqnh", pattern, v)
+
+    def forward_readout(
+        self,
+        x: Float[torch.Tensor, "batch n_query d_model"],
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        past_k: Float[torch.Tensor, "batch key_pos n_kv d_head"],
+        past_v: Float[torch.Tensor, "batch key_pos n_kv d_head"],
+        past_allowed: Bool[torch.Tensor, "batch key_pos"],
+    ) -> Float[torch.Tensor, "batch n_query n_heads d_head"]:
+        """z of n_query alternative versions of one token per sequence (the readout), each attending to
+        the cached keys/values of the other positions plus its own fresh key/value.
+
+        `x` is the normalised attention input of the alternatives; `cos`/`sin` [batch, 1, rotary_dim] the
+        RoPE tables at the token's position; `past_k` the keys as `hook_rot_k` holds them (after qk-norm and
+        RoPE), `past_v` as `hook_v`; `past_allowed` the positions the token may see, its own excluded (its
+        key is recomputed from `x`). Hooks on this module do not fire: rows are alternatives, not positions.
+        Used by the patching fast path; equal to a full forward for the last attended token.
+        """
+        cfg = self.cfg
+        B, P, _ = x.shape
+        nkv, group = cfg.n_key_value_heads, cfg.n_heads // cfg.n_key_value_heads
+        q = self._project(x, self.W_Q, self.b_Q)
+        k = self._project(x, self.W_K, self.b_K)
+        v = self._project(x, self.W_V, self.b_V)
+        if cfg.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        h, T = q.shape[-1], past_k.shape[1]
+        qg = q.view(B, P, nkv, group, h).permute(0, 2, 1, 3, 4)  # [B, nkv, P, group, h]
+        past = qg.reshape(B, nkv, P * group, h) @ past_k.permute(0, 2, 3, 1)  # [B, nkv, P*group, T]
+        own = (qg * k.permute(0, 2, 1, 3)[:, :, :, None]).sum(-1).reshape(B, nkv, P * group, 1)
+        scores = torch.cat([past, own], dim=-1) / cfg.attn_scale
+        if cfg.attn_scores_soft_cap is not None:
+            cap = cfg.attn_scores_soft_cap
+            scores = torch.tanh(scores / cap) * cap
+        allowed = torch.cat([past_allowed, past_allowed.new_ones(B, 1)], dim=-1)[:, None, None]
+        scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+        pattern = F.softmax(scores.float(), dim=-1).to(q.dtype)
+        z = pattern[..., :T] @ past_v.permute(0, 2, 1, 3)  # [B, nkv, P*group, h]
+        z = z.view(B, nkv, P, group, h) + pattern[..., T:].view(B, nkv, P, group, 1) * v.permute(0, 2, 1, 3)[:, :, :, None]
+        return z.permute(0, 2, 1, 3, 4).reshape(B, P, cfg.n_heads, h)
 
 
 class GatedMLP(nn.Module):
