@@ -95,7 +95,11 @@ class HookedRewardModel(HookedRootModule):
         """Where the reward is read, exactly as transformers pools: the rightmost non-pad token.
 
         Without input ids (a forward started from a residual), the rightmost attended position.
+        A head with its own published rule (ArmoRM's `(argmax(ids == pad) - 1) mod T`) overrides this.
         """
+        head_readout = getattr(self.reward_head, "readout_positions", None)
+        if head_readout is not None and input_ids is not None:
+            return head_readout(input_ids, attention_mask)
         if input_ids is None:
             if attention_mask is None:
                 raise ValueError("readout_positions needs input_ids or attention_mask")
@@ -207,6 +211,23 @@ class HookedRewardModel(HookedRootModule):
         if self.cfg.n_outputs > 1 and output is None:
             raise ValueError("this head has several outputs; pass output=<index>")
         direction = self.reward_head.direction(output)
+        if self.ln_final.w is not None:
+            direction = direction * (self.cfg.norm_weight_offset + self.ln_final.w)
+        return direction
+
+    def reward_direction_for(
+        self, input_ids: Int[torch.Tensor, "batch pos"], attention_mask: Optional[torch.Tensor] = None
+    ) -> Float[torch.Tensor, "batch d_model"]:
+        """Per-sequence w such that reward[b] = w[b] . (resid_final[b, readout] / ln_final.hook_scale) + reward_bias.
+
+        For a linear head every row is `reward_direction`; for ArmoRM it is the prompt-conditioned
+        W_reg T g(prompt) (one forward pass to compute the gate).
+        """
+        head = self.reward_head
+        if hasattr(head, "direction_for"):
+            direction = head.direction_for(self, input_ids, attention_mask)
+        else:
+            direction = head.direction(0).expand(input_ids.shape[0], -1)
         if self.ln_final.w is not None:
             direction = direction * (self.cfg.norm_weight_offset + self.ln_final.w)
         return direction

@@ -53,3 +53,4 @@ def get_weight_map(hf_config: Any) -> WeightMap:
 def _load_all() -> None:
     # Importing a weight-map module registers it.
     from reward_lens.converters import llama, mistral, qwen2, qwen3  # noqa: F401
+    from reward_lens.converters import armorm, gemma2  # noqa: F401

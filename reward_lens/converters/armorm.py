@@ -1,0 +1,80 @@
+"""ArmoRM (`LlamaForRewardModelWithGating`, RLHFlow/ArmoRM-Llama3-8B-v0.1), loaded without remote code.
+
+The checkpoint's own modelling file needs `trust_remote_code`; this map stands in for it (the loader
+drops `auto_map` and never executes checkpoint code). config.json is a Llama config plus
+`num_objectives`, `gating_temperature`, `gating_hidden_dim`, `gating_n_hidden` (defaults 19, 10, 1024,
+3 as the published code) and optionally our `gating_token_pattern` (default: Llama-3's assistant
+header, see `reward_lens.armorm.DEFAULT_GATING_PATTERN`).
+
+transformers layout -> ours:
+  model.*                              -> the Llama decoder map
+  regression_layer.weight [n_obj, d]   -> reward_head.W_reg [d, n_obj]   (no bias)
+  reward_transform_matrix [n_obj, n_obj] -> reward_head.reward_transform
+  gating.layers.i.weight [out, in]     -> reward_head.W_gate.i [in, out]; .bias -> reward_head.b_gate.i
+  gating.logit_scale [1]               -> reward_head.logit_scale
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import reward_lens.armorm  # noqa: F401  (registers the "armorm" head type)
+from reward_lens.armorm import DEFAULT_GATING_PATTERN, default_objective_names
+from reward_lens.config import RewardModelConfig
+from reward_lens.converters import StateDict, WeightMap, register
+from reward_lens.converters.llama import convert_decoder, decoder_config, rope_inverse_frequencies
+
+
+def armorm_config(hf_config: Any) -> RewardModelConfig:
+    n_obj = int(getattr(hf_config, "num_objectives", 19))
+    head_config = dict(
+        num_objectives=n_obj,
+        gating_temperature=float(getattr(hf_config, "gating_temperature", 10)),
+        gating_hidden_dim=int(getattr(hf_config, "gating_hidden_dim", 1024)),
+        gating_n_hidden=int(getattr(hf_config, "gating_n_hidden", 3)),
+        gating_pattern=[int(t) for t in (getattr(hf_config, "gating_token_pattern", None) or DEFAULT_GATING_PATTERN)],
+        objective_names=list(getattr(hf_config, "objective_names", None) or default_objective_names(n_obj)),
+    )
+    # n_outputs = 1: the model's output is the gated score (num_labels in the config is meaningless here).
+    return decoder_config(hf_config, head_type="armorm", n_outputs=1, head_config=head_config)
+
+
+def convert_armorm(sd: StateDict, cfg: RewardModelConfig, hf_config: Any) -> StateDict:
+    hc = cfg.head_config
+    n_obj, n_hidden, hidden = hc["num_objectives"], hc["gating_n_hidden"], hc["gating_hidden_dim"]
+    missing = [k for k in ("regression_layer.weight", "reward_transform_matrix", "gating.logit_scale") if k not in sd]
+    if missing:
+        raise ValueError(f"not an ArmoRM checkpoint: tensors {missing} are missing")
+    out = convert_decoder(sd, cfg)
+    out["rotary.inv_freq"] = rope_inverse_frequencies(hf_config.get_text_config())[0]
+    out["reward_head.W_reg"] = sd["regression_layer.weight"].T
+    out["reward_head.reward_transform"] = sd["reward_transform_matrix"]
+    out["reward_head.logit_scale"] = sd["gating.logit_scale"].reshape(1)
+    dims = [cfg.d_model] + [hidden] * n_hidden + [n_obj]
+    for i in range(n_hidden + 1):
+        W = sd.get(f"gating.layers.{i}.weight")
+        if W is None or tuple(W.shape) != (dims[i + 1], dims[i]):
+            raise ValueError(
+                f"gating.layers.{i}.weight has shape {None if W is None else tuple(W.shape)}, expected "
+                f"{(dims[i + 1], dims[i])} from config (gating_n_hidden={n_hidden}, gating_hidden_dim={hidden}, "
+                f"num_objectives={n_obj}); fix those config fields to match the checkpoint"
+            )
+        out[f"reward_head.W_gate.{i}"] = W.T
+        out[f"reward_head.b_gate.{i}"] = sd[f"gating.layers.{i}.bias"]
+    if f"gating.layers.{n_hidden + 1}.weight" in sd:
+        raise ValueError(
+            f"the checkpoint has more than gating_n_hidden + 1 = {n_hidden + 1} gate layers; set gating_n_hidden in "
+            "config.json to the number of hidden gate layers"
+        )
+    return out
+
+
+ARMORM = register(
+    WeightMap(
+        architecture="LlamaForRewardModelWithGating",
+        build_config=armorm_config,
+        convert=convert_armorm,
+        notes="Llama decoder + ArmoRM head (19 objectives, transform matrix, MLP gate at the last assistant "
+        "header); no remote code. Readout (argmax(ids == pad) - 1) mod T.",
+    )
+)
