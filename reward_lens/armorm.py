@@ -151,7 +151,16 @@ class ArmoRMHead(nn.Module):
 
     # ------------------------------------------------------------------ positions
     def readout_positions(self, input_ids: Int[torch.Tensor, "batch pos"], attention_mask=None) -> torch.Tensor:
-        return armorm_readout_positions(input_ids, self.cfg.pad_token_id)
+        readout = armorm_readout_positions(input_ids, self.cfg.pad_token_id)
+        if attention_mask is not None:
+            masked = ~attention_mask.bool()[torch.arange(len(readout), device=readout.device), readout]
+            if bool(masked.any()):
+                raise ValueError(
+                    f"ArmoRM reads the reward before the first pad_token_id ({self.cfg.pad_token_id}), but rows "
+                    f"{torch.nonzero(masked).flatten().tolist()} would read a padded position: the ids were padded "
+                    "with another token; pad with model.cfg.pad_token_id (or set it to the tokenizer's pad id)"
+                )
+        return readout
 
     def gate_positions(self, input_ids: Int[torch.Tensor, "batch pos"]) -> Int[torch.Tensor, "batch"]:
         return last_pattern_positions(input_ids, self.gating_pattern)

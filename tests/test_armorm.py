@@ -202,3 +202,10 @@ def test_custom_gating_pattern_and_objective_count(tmp_path):
     ref_out = reference_run(ref, ids, mask)
     assert model.reward_head.gate_positions(ids).tolist() == ref_out["gate_pos"].tolist() == [6, 1]
     assert (model(ids, attention_mask=mask) - ref_out["score"]).abs().max() < TOL
+
+
+def test_padding_with_another_token_is_a_clear_error(models):
+    ids, mask = batch("right")
+    ids[mask == 0] = 5  # padded with a token that is not the config's pad_token_id
+    with pytest.raises(ValueError, match="padded position"):
+        models[True](ids, attention_mask=mask)
