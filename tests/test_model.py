@@ -200,3 +200,17 @@ def test_cuda_bf16_parity(llama_hf):
     out = model(ids.cuda(), attention_mask=mask.cuda())
     assert out.device.type == "cuda"
     assert (out.float().cpu() - ref).abs().max() < 0.05
+
+
+def test_hook_names_are_transformer_lens_names(llama_model):
+    names = set(llama_model.hook_dict)
+    required = ["hook_embed", "ln_final.hook_scale", "ln_final.hook_normalized", "reward_head.hook_rewards",
+                "reward_head.hook_pooled"]
+    for l in range(llama_model.cfg.n_layers):
+        required += [f"blocks.{l}.{h}" for h in ("hook_resid_pre", "hook_resid_mid", "hook_resid_post",
+                                                  "hook_attn_out", "hook_mlp_out", "ln1.hook_scale",
+                                                  "ln1.hook_normalized", "ln2.hook_scale", "ln2.hook_normalized",
+                                                  "mlp.hook_pre", "mlp.hook_post")]
+        required += [f"blocks.{l}.attn.{h}" for h in ("hook_q", "hook_k", "hook_v", "hook_z", "hook_attn_scores",
+                                                       "hook_pattern", "hook_result")]
+    assert not set(required) - names

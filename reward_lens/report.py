@@ -1,0 +1,70 @@
+"""A self-contained HTML report: one file, plots inlined as PNG data URIs, opens offline."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, List, Optional, Union
+
+_STYLE = """
+body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
+h1{border-bottom:2px solid #444}h2{margin-top:2em;border-bottom:1px solid #ccc}
+table{border-collapse:collapse;font-size:.9em;margin:.5em 0}td,th{border:1px solid #ccc;padding:.25em .6em;text-align:right}
+th{background:#f3f3f3}img{max-width:100%;height:auto;border:1px solid #eee}.note{color:#555;font-size:.9em}
+"""
+
+
+def figure_to_data_uri(fig: Any) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+@dataclass
+class Section:
+    title: str
+    parts: List[str] = field(default_factory=list)
+
+    def text(self, text: str, note: bool = False) -> "Section":
+        cls = ' class="note"' if note else ""
+        self.parts.append(f"<p{cls}>{html.escape(text)}</p>")
+        return self
+
+    def table(self, frame: Any, max_rows: int = 40, float_format: str = "{:.4g}") -> "Section":
+        shown = frame.head(max_rows)
+        self.parts.append(shown.to_html(index=False, float_format=lambda x: float_format.format(x), border=0))
+        if len(frame) > max_rows:
+            self.parts.append(f'<p class="note">first {max_rows} of {len(frame)} rows; all rows are in the CSV files</p>')
+        return self
+
+    def figure(self, fig: Any, alt: str = "") -> "Section":
+        self.parts.append(f'<img alt="{html.escape(alt or self.title)}" src="{figure_to_data_uri(fig)}">')
+        return self
+
+
+class Report:
+    def __init__(self, title: str):
+        self.title = title
+        self.sections: List[Section] = []
+
+    def section(self, title: str) -> Section:
+        sec = Section(title)
+        self.sections.append(sec)
+        return sec
+
+    def to_html(self) -> str:
+        body = "\n".join(f"<h2>{html.escape(s.title)}</h2>\n" + "\n".join(s.parts) for s in self.sections)
+        return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(self.title)}</title>"
+                f"<style>{_STYLE}</style></head><body><h1>{html.escape(self.title)}</h1>\n{body}\n</body></html>")
+
+    def save(self, path: Union[str, Path]) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(self.to_html(), encoding="utf-8")
+        return path
