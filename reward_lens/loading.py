@@ -108,7 +108,9 @@ def load_tokenizer(directory: Path):
         return None
 
 
-def load_pretrained(cls, path_or_id, *, device=None, dtype=None, fold_ln=True, tokenizer=None, **overrides):
+def load_pretrained(
+    cls, path_or_id, *, device=None, dtype=None, fold_ln=True, tokenizer=None, generic=False, module_map=None, **overrides
+):
     directory = resolve_checkpoint_dir(path_or_id)
     if tokenizer is None:
         tokenizer = load_tokenizer(directory)
@@ -119,6 +121,13 @@ def load_pretrained(cls, path_or_id, *, device=None, dtype=None, fold_ln=True, t
     hf_config = _load_hf_config(directory)
     for key, value in overrides.items():
         setattr(hf_config, key, value)
+    # No native weight map (or asked for): the generic component-level path (reward_lens/generic.py).
+    if generic or module_map is not None or (directory / "reward_lens_generic.json").exists() or not has_native_weight_map(hf_config):
+        from reward_lens.generic import load_generic
+
+        return load_generic(
+            directory, hf_config, tokenizer=tokenizer, device=device, dtype=dtype, fold_ln=fold_ln, module_map=module_map
+        )
     return convert_state_dict(
         cls, hf_config, load_hf_state_dict(directory), tokenizer=tokenizer, device=device, dtype=dtype, fold_ln=fold_ln
     )
@@ -138,8 +147,18 @@ def _load_hf_config(directory: Path):
 
         raise ValueError(
             f"config.json in {directory} has model_type {model_type!r}, which transformers does not know; "
-            f"supported architectures: {', '.join(supported_architectures())}"
+            f"supported architectures: {', '.join(supported_architectures())} (generic loading was tried too: it "
+            "needs a model type transformers knows)"
         ) from None
+
+
+def has_native_weight_map(hf_config) -> bool:
+    """Whether a weight map in reward_lens.converters handles this config's architecture."""
+    try:
+        get_weight_map(hf_config)
+        return True
+    except ValueError:
+        return False
 
 
 def convert_state_dict(cls, hf_config, hf_state_dict: StateDict, *, tokenizer=None, device=None, dtype=None, fold_ln=True):

@@ -52,12 +52,17 @@ class HookedRewardModel(HookedRootModule):
         device: Union[str, torch.device, None] = None,
         dtype: Union[str, torch.dtype, None] = None,
         fold_ln: bool = True,
+        generic: bool = False,
         **kwargs: Any,
     ) -> "HookedRewardModel":
-        """Load an HF reward checkpoint (local dir or hub id) or a saved hooked checkpoint."""
+        """Load an HF reward checkpoint (local dir or hub id) or a saved hooked checkpoint.
+
+        An architecture without a native weight map (or `generic=True`) loads on the generic
+        component-level path (`reward_lens.generic.GenericHookedRewardModel`; option `module_map=`).
+        """
         from reward_lens.loading import load_pretrained
 
-        return load_pretrained(cls, path_or_id, device=device, dtype=dtype, fold_ln=fold_ln, **kwargs)
+        return load_pretrained(cls, path_or_id, device=device, dtype=dtype, fold_ln=fold_ln, generic=generic, **kwargs)
 
     @classmethod
     def from_hf_model(
@@ -68,15 +73,26 @@ class HookedRewardModel(HookedRootModule):
         device: Union[str, torch.device, None] = None,
         dtype: Union[str, torch.dtype, None] = None,
         fold_ln: bool = True,
+        generic: bool = False,
+        module_map: Optional[Dict[str, Optional[str]]] = None,
     ) -> "HookedRewardModel":
-        """Convert a transformers model already in memory (its weights are copied, not shared)."""
+        """Convert a transformers model already in memory (its weights are copied, not shared).
+
+        No native weight map (or `generic=True`): a copy wrapped on the generic component-level path.
+        """
         import copy
 
-        from reward_lens.loading import convert_state_dict
+        from reward_lens.loading import convert_state_dict, has_native_weight_map
 
         config = copy.deepcopy(hf_model.config)
         if not getattr(config, "architectures", None):  # set by save_pretrained, absent in memory
             config.architectures = [type(hf_model).__name__]
+        if generic or module_map is not None or not has_native_weight_map(config):
+            from reward_lens.generic import GenericHookedRewardModel
+
+            return GenericHookedRewardModel.from_hf_model(
+                hf_model, tokenizer, device=device, dtype=dtype, fold_ln=fold_ln, module_map=module_map
+            )
         return convert_state_dict(
             cls, config, hf_model.state_dict(), tokenizer=tokenizer,
             device=device, dtype=dtype, fold_ln=fold_ln,
