@@ -5,7 +5,8 @@ component and expose every TransformerLens hook down to single heads. Every othe
 model runs here instead: the transformers model itself is kept and run, and HookPoints are spliced onto
 its modules with torch hooks, under the names the native model uses at component level:
 
-    hook_embed, hook_pos_embed (learned positions only)
+    hook_embed (the residual entering layer 0; with learned positions, the token embedding's output),
+    hook_pos_embed (learned positions only)
     blocks.{l}.hook_resid_pre, blocks.{l}.hook_attn_out, blocks.{l}.hook_mlp_out, blocks.{l}.hook_resid_post
     ln_final.hook_scale [batch, pos, 1] (float32), ln_final.hook_normalized
     reward_head.hook_rewards, reward_head.hook_pooled
@@ -487,6 +488,9 @@ class GenericHookedRewardModel(HookedRewardModel):
                     h = st.inject
                 if st.stop == l:
                     raise _StopForward(h)
+                if l == 0 and embed_at_layer0 and st.inject is None:
+                    count("embed")
+                    h = self.hook_embed(h)
                 count(f"resid_pre{l}")
                 h = self.blocks[l].hook_resid_pre(h)
                 if args:
@@ -508,8 +512,13 @@ class GenericHookedRewardModel(HookedRewardModel):
             count("final_norm")
             return self.ln_final(x)
 
+        # Without learned positions, hook_embed is the residual entering layer 0 (so embedding scales
+        # or norms applied in the model's forward, e.g. Gemma's sqrt(d_model), are inside it); with
+        # them, the two embedding modules' outputs, checked at load to sum to that residual.
+        embed_at_layer0 = m.pos_embed is None
         reg = self._handles.append
-        reg(m.embed.register_forward_hook(on_output(self.hook_embed, "embed", None)))
+        if not embed_at_layer0:
+            reg(m.embed.register_forward_hook(on_output(self.hook_embed, "embed", None)))
         if m.pos_embed is not None:
             reg(m.pos_embed.register_forward_hook(on_output(self.hook_pos_embed, "pos_embed", None)))
         for l, layer in enumerate(m.layers):

@@ -48,6 +48,12 @@ def tiny(arch: str, seed: int = 0, **overrides):
             num_key_value_heads=2, max_position_embeddings=128, **common,
         )
         cls = transformers.Phi3ForSequenceClassification
+    elif arch == "gemma":  # embeddings scaled by sqrt(d_model) inside the forward, RMSNorm with (1 + w)
+        cfg = transformers.GemmaConfig(
+            hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, max_position_embeddings=128, **common,
+        )
+        cls = transformers.GemmaForSequenceClassification
     else:
         raise KeyError(arch)
     for k, v in overrides.items():
@@ -58,7 +64,8 @@ def tiny(arch: str, seed: int = 0, **overrides):
     return model
 
 
-ARCHS = ["gpt2", "neox", "neox_sequential", "phi3"]
+ARCHS = ["gpt2", "neox", "neox_sequential", "phi3", "gemma"]
+RMS_ARCHS = ("phi3", "gemma")
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +90,7 @@ def test_unknown_architectures_load_generically(generic):
     assert generic["gpt2"].cfg.normalization_type == "LNPre" and generic["phi3"].cfg.normalization_type == "RMSPre"
     assert "hook_pos_embed" in generic["gpt2"].hook_dict and "hook_pos_embed" not in generic["neox"].hook_dict
     assert generic["gpt2"].cfg.module_map["layers"] == "transformer.h"
+    assert generic["gemma"].cfg.norm_weight_offset == 1.0 and generic["phi3"].cfg.norm_weight_offset == 0.0
     assert generic["neox"].cfg.module_map["attn"] == "attention" and generic["phi3"].cfg.module_map["attn"] == "self_attn"
 
 
@@ -112,20 +120,20 @@ def components_at_readout(model, cache, readout):
 @pytest.mark.parametrize("fold_ln", [True, False])
 def test_components_sum_to_the_reward(hf, arch, fold_ln):
     model = HookedRewardModel.from_hf_model(hf[arch], fold_ln=fold_ln)
-    assert model.cfg.normalization_type == ("LN" if arch != "phi3" else "RMS") + ("Pre" if fold_ln else "")
+    assert model.cfg.normalization_type == ("RMS" if arch in RMS_ARCHS else "LN") + ("Pre" if fold_ln else "")
     ids, mask = padded_batch([10, 7, 4], "right", seed=1)
     rewards, cache = model.run_with_cache(ids, attention_mask=mask)
     readout = model.readout_positions(ids, mask)
     names, comps = components_at_readout(model, cache, readout)
     scale = cache["ln_final.hook_scale"][torch.arange(3), readout]  # the real final-norm scale, [batch, 1]
-    if arch != "phi3":  # LayerNorm: each component's mean is removed before dividing by the scale
+    if arch not in RMS_ARCHS:  # LayerNorm: each component's mean is removed before dividing by the scale
         comps = comps - comps.mean(-1, keepdim=True)
     direction, bias = model.reward_direction, model.reward_bias
     terms = (comps / scale) @ direction  # [component, batch]
     err = (terms.sum(0) + bias - rewards).abs().max()
     assert err <= REL * rewards.abs().max(), (err, rewards)
     assert terms.abs().max() > 10 * REL  # the terms are not trivially zero
-    if arch != "phi3":
+    if arch not in RMS_ARCHS:
         # The direction has mean zero, so the centering is implicit: un-centered components give the same sum.
         assert abs(direction.sum()) < 1e-5 * direction.abs().sum()
         _, raw = components_at_readout(model, cache, readout)
@@ -158,10 +166,9 @@ def test_readout_patch_equals_a_patch_made_on_the_transformers_modules(hf, gener
     patched = model.run_with_hooks(target, attention_mask=tmask, fwd_hooks=[(f"blocks.{layer}.hook_{site}_out", patch)])
 
     # Naive: the same patch done with plain torch hooks on transformers' own attention / MLP module.
-    layer_module = {"gpt2": lambda: reference.transformer.h[layer], "phi3": lambda: reference.model.layers[layer]}.get(
-        arch, lambda: reference.gpt_neox.layers[layer]
-    )()
-    module = getattr(layer_module, {"attn": {"gpt2": "attn", "phi3": "self_attn"}.get(arch, "attention"), "mlp": "mlp"}[site])
+    layers = {"gpt2": "transformer.h", "phi3": "model.layers", "gemma": "model.layers"}.get(arch, "gpt_neox.layers")
+    attn = {"gpt2": "attn", "phi3": "self_attn", "gemma": "self_attn"}.get(arch, "attention")
+    module = reference.get_submodule(f"{layers}.{layer}.{attn if site == 'attn' else 'mlp'}")
     captured = {}
 
     def capture(mod, args, out):
@@ -234,7 +241,7 @@ def test_head_level_tools_raise_a_clear_error(generic):
         model.run_with_hooks(ids, fwd_hooks=[("blocks.0.hook_typo", lambda a, hook: a)])
 
 
-@pytest.mark.parametrize("arch", ["gpt2", "phi3"])
+@pytest.mark.parametrize("arch", ["gpt2", "gemma"])
 def test_start_stop_layers_and_readout_cache(generic, arch):
     model = generic[arch]
     ids, mask = padded_batch([8, 5], "right", seed=4)
