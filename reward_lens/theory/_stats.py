@@ -1,0 +1,75 @@
+"""Small statistics shared by the theory modules: bootstrap indices, correlation of columns, verdict labels."""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import numpy as np
+
+
+def bootstrap_indices(n: int, n_boot: int, seed: int) -> np.ndarray:
+    """[n_boot, n] row indices drawn with replacement (one resample of the n units per row)."""
+    if n_boot < 1:
+        raise ValueError(f"n_boot must be >= 1, got {n_boot}")
+    return np.random.default_rng(seed).integers(0, n, size=(n_boot, n))
+
+
+def column_correlations(x: np.ndarray) -> np.ndarray:
+    """Pearson correlations between the columns of x, batched: x [..., n, k] -> [..., k, k].
+
+    A column with zero variance has NaN correlations (with everything, itself included)."""
+    x = np.asarray(x, dtype=np.float64)
+    xc = x - x.mean(axis=-2, keepdims=True)
+    cov = np.einsum("...ni,...nj->...ij", xc, xc)
+    sd = np.sqrt(np.einsum("...ii->...i", cov))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        corr = cov / (sd[..., :, None] * sd[..., None, :])
+    return np.clip(corr, -1.0, 1.0)
+
+
+def percentile_ci(samples: np.ndarray, level: float = 0.95, axis: int = 0) -> Tuple[np.ndarray, np.ndarray]:
+    """Percentile bootstrap interval of `samples` along `axis` (NaN samples ignored)."""
+    alpha = (1.0 - level) / 2.0
+    with np.errstate(invalid="ignore"):
+        lo = np.nanquantile(samples, alpha, axis=axis)
+        hi = np.nanquantile(samples, 1.0 - alpha, axis=axis)
+    return lo, hi
+
+
+def fisher_ci(r: np.ndarray, n: int, level: float = 0.95) -> Tuple[np.ndarray, np.ndarray]:
+    """Fisher-z interval for Pearson correlations from n observations (NaN where n <= 3)."""
+    from scipy.stats import norm
+
+    r = np.asarray(r, dtype=np.float64)
+    if n <= 3:
+        nan = np.full_like(r, np.nan)
+        return nan, nan
+    z = np.arctanh(np.clip(r, -0.999999, 0.999999))
+    half = norm.ppf(0.5 + level / 2.0) / np.sqrt(n - 3)
+    return np.tanh(z - half), np.tanh(z + half)
+
+
+def check_level(level: float) -> None:
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"confidence level must be in (0, 1), e.g. 0.95; got {level}")
+
+
+def as_float_matrix(x, name: str, ncols: Optional[int] = None) -> np.ndarray:
+    """A 2-D float64 array with a clear error for the wrong shape or non-finite values."""
+    try:
+        import torch
+
+        if isinstance(x, torch.Tensor):
+            x = x.detach().cpu().double().numpy()
+    except ImportError:  # pragma: no cover - torch is a dependency
+        pass
+    arr = np.asarray(x, dtype=np.float64)
+    if arr.ndim == 1 and ncols == 1:
+        arr = arr[:, None]
+    if arr.ndim != 2:
+        raise ValueError(f"{name} must be 2-D (rows x columns), got shape {arr.shape}")
+    if ncols is not None and arr.shape[1] != ncols:
+        raise ValueError(f"{name} must have {ncols} columns, got shape {arr.shape}")
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(f"{name} holds NaN or inf values; drop or fill them before the analysis")
+    return arr
