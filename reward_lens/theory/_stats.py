@@ -29,8 +29,11 @@ def column_correlations(x: np.ndarray) -> np.ndarray:
 
 def percentile_ci(samples: np.ndarray, level: float = 0.95, axis: int = 0) -> Tuple[np.ndarray, np.ndarray]:
     """Percentile bootstrap interval of `samples` along `axis` (NaN samples ignored)."""
+    import warnings
+
     alpha = (1.0 - level) / 2.0
-    with np.errstate(invalid="ignore"):
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices (undefined correlations) stay NaN
         lo = np.nanquantile(samples, alpha, axis=axis)
         hi = np.nanquantile(samples, 1.0 - alpha, axis=axis)
     return lo, hi
