@@ -1,4 +1,6 @@
-"""Preference data: `PreferencePair` and `load_pairs` for RewardBench-style files (JSONL/JSON/CSV/parquet)."""
+"""Preference data: `PreferencePair` and `load_pairs` for RewardBench-style files (JSONL/JSON/CSV/parquet),
+`TokenPair` for pairs given as token ids, and `bundled_pairs()`, a small natural-language set for tests
+and demos."""
 
 from __future__ import annotations
 
@@ -7,7 +9,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable, List, Optional, Sequence, Union
 
+import torch
+
 REQUIRED_COLUMNS = ("prompt", "chosen", "rejected")
+BUNDLED_PAIRS = Path(__file__).parent / "data" / "pairs.jsonl"
 
 
 @dataclass(frozen=True)
@@ -22,6 +27,27 @@ class PreferencePair:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+@dataclass(eq=False)
+class TokenPair:
+    """A preference pair given directly as token ids (no tokenizer needed), e.g. for random-id benchmarks.
+
+    `prompt_len` is the number of shared prompt tokens at the start of both sequences; by default the
+    longest common prefix of the two.
+    """
+
+    chosen: Union[Sequence[int], torch.Tensor]
+    rejected: Union[Sequence[int], torch.Tensor]
+    prompt_len: Optional[int] = None
+    subset: Optional[str] = None
+    id: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        self.chosen = torch.as_tensor(self.chosen, dtype=torch.long).flatten()
+        self.rejected = torch.as_tensor(self.rejected, dtype=torch.long).flatten()
+        if len(self.chosen) == 0 or len(self.rejected) == 0:
+            raise ValueError("a TokenPair needs at least one token in both chosen and rejected")
 
 
 def _records_to_pairs(records: Sequence[dict], source: str) -> List[PreferencePair]:
@@ -67,13 +93,28 @@ def load_pairs(path: Union[str, Path]) -> List[PreferencePair]:
     return _records_to_pairs(records, str(path))
 
 
-def as_pairs(pairs: Union[PreferencePair, Iterable[PreferencePair], str, Path]) -> List[PreferencePair]:
+def bundled_pairs() -> List[PreferencePair]:
+    """The 30 short natural-language pairs shipped with reward-lens (RewardBench columns and subset names,
+    written for the package), for tests, demos and smoke runs. Not a benchmark."""
+    return load_pairs(BUNDLED_PAIRS)
+
+
+AnyPair = Union[PreferencePair, TokenPair]
+
+
+def as_pairs(pairs: Union[AnyPair, Iterable[AnyPair], str, Path]) -> List[AnyPair]:
     """Accept one pair, a list of pairs, or a path; return a non-empty list."""
     if isinstance(pairs, (str, Path)):
         return load_pairs(pairs)
-    if isinstance(pairs, PreferencePair):
+    if isinstance(pairs, (PreferencePair, TokenPair)):
         return [pairs]
     pairs = list(pairs)
     if not pairs:
         raise ValueError("no preference pairs given; pass at least one PreferencePair")
+    bad = [type(p).__name__ for p in pairs if not isinstance(p, (PreferencePair, TokenPair))]
+    if bad:
+        raise TypeError(f"pairs must be PreferencePair or TokenPair objects (or a file path); got {bad[0]}")
+    kinds = {type(p) for p in pairs}
+    if len(kinds) > 1:
+        raise ValueError("mixing PreferencePair (text) and TokenPair (token ids) in one call is not supported")
     return pairs

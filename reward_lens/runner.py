@@ -153,3 +153,157 @@ def stream_activations(
         else:
             out = acts[torch.arange(acts.shape[0], device=acts.device), tok.readout.to(acts.device)]
         yield out.to(device) if device is not None else out
+
+
+# ---------------------------------------------------------------------------------------------------
+# Preference pairs: chosen and rejected batches side by side, and the linear readout of the reward.
+
+
+@dataclass
+class PairBatch:
+    """One batch of pairs, tokenised: chosen and rejected padded separately (their lengths differ).
+
+    `prompt_len[b]`: shared prompt tokens of pair b (its `prompt_len`, else the longest common prefix of
+    the two token sequences). `index`: which pairs of the call these are.
+    """
+
+    chosen: Tokenized
+    rejected: Tokenized
+    prompt_len: torch.Tensor  # [batch]
+    index: slice
+
+
+def first_token(tok: Tokenized) -> torch.Tensor:
+    """Index of each row's first attended token (0 when right-padded)."""
+    return tok.attention_mask.long().argmax(-1)
+
+
+def _pad_token_rows(model, rows: List[torch.Tensor], side: str) -> Tokenized:
+    pad = model.cfg.pad_token_id
+    if pad is None and len(rows) > 1:
+        raise ValueError(
+            "cannot batch token pairs: the model config has no pad_token_id; set model.cfg.pad_token_id or use batch_size=1"
+        )
+    for r in rows:
+        if pad is not None and int(r[-1]) == pad:
+            raise ValueError(
+                f"a token sequence ends with the pad token id {pad}, so its readout cannot be found; drop trailing pads"
+            )
+    T = max(len(r) for r in rows)
+    ids = torch.full((len(rows), T), pad if pad is not None else 0, dtype=torch.long)
+    mask = torch.zeros((len(rows), T), dtype=torch.long)
+    for i, r in enumerate(rows):
+        sl = slice(T - len(r), T) if side == "left" else slice(0, len(r))
+        ids[i, sl] = r
+        mask[i, sl] = 1
+    device = model.cfg.device
+    ids, mask = ids.to(device), mask.to(device)
+    return Tokenized(ids, mask, model.readout_positions(ids, mask))
+
+
+def _unpadded(tok: Tokenized, b: int) -> torch.Tensor:
+    return tok.input_ids[b][tok.attention_mask[b].bool()]
+
+
+def tokenize_pair_batch(model, pairs: Sequence, index: slice, padding_side: Optional[str] = None) -> PairBatch:
+    """Tokenise `pairs` (all PreferencePair or all TokenPair) into a PairBatch."""
+    from reward_lens.data import TokenPair
+
+    if padding_side not in (None, "left", "right"):
+        raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
+    if isinstance(pairs[0], TokenPair):
+        side = padding_side or "right"
+        chosen = _pad_token_rows(model, [p.chosen for p in pairs], side)
+        rejected = _pad_token_rows(model, [p.rejected for p in pairs], side)
+    else:
+        chosen = tokenize(model, [p.prompt for p in pairs], [p.chosen for p in pairs], padding_side)
+        rejected = tokenize(model, [p.prompt for p in pairs], [p.rejected for p in pairs], padding_side)
+    prompt_len = []
+    for b, p in enumerate(pairs):
+        c, r = _unpadded(chosen, b), _unpadded(rejected, b)
+        n = min(len(c), len(r))
+        given = getattr(p, "prompt_len", None)
+        if given is not None:
+            if not 0 <= given <= n:
+                raise ValueError(f"pair {p.id or b}: prompt_len={given} is outside [0, {n}] (the shorter sequence's length)")
+            prompt_len.append(int(given))
+        else:
+            differ = (c[:n] != r[:n]).nonzero()
+            prompt_len.append(int(differ[0]) if len(differ) else n)
+    return PairBatch(chosen, rejected, torch.tensor(prompt_len, dtype=torch.long), index)
+
+
+def pair_batches(
+    model, pairs: Sequence, batch_size: int, progress: Union[bool, str] = False, padding_side: Optional[str] = None
+) -> Iterator[PairBatch]:
+    for sl in batches(len(pairs), batch_size, progress):
+        yield tokenize_pair_batch(model, pairs[sl], sl, padding_side)
+
+
+def check_scalar_reward(model) -> None:
+    if model.cfg.head_type != "armorm" and model.cfg.n_outputs != 1:
+        raise ValueError(
+            f"this reward head has {model.cfg.n_outputs} outputs; the instruments decompose one scalar reward. "
+            "Slice the head to the output you study (reward_head.W_R[:, [j]], b_R[[j]], cfg.n_outputs = 1)"
+        )
+
+
+@torch.no_grad()
+def readout_direction(model, tok: Tokenized) -> "tuple[torch.Tensor, torch.Tensor]":
+    """Per-sequence (direction [batch, d_model], bias [batch]), float32, such that
+    reward = direction . (resid_final[readout] / ln_final.hook_scale) + bias, exactly.
+
+    A multi-objective ArmoRM head has a prompt-conditioned direction (`model.reward_direction_for`, one
+    extra forward pass); every other head has the single `model.reward_direction`.
+    """
+    check_scalar_reward(model)
+    B = tok.input_ids.shape[0]
+    if model.cfg.head_type == "armorm" and hasattr(model, "reward_direction_for"):
+        direction = model.reward_direction_for(tok.input_ids, tok.attention_mask)
+    else:
+        direction = model.reward_direction.expand(B, -1)
+    bias = torch.as_tensor(model.reward_bias).float().reshape(()).expand(B)
+    return direction.detach().float(), bias.detach().to(direction.device)
+
+
+def reward_from_final_resid(
+    model, resid: torch.Tensor, direction: torch.Tensor, bias: torch.Tensor
+) -> torch.Tensor:
+    """The reward read from final residual vectors [..., d_model] with the final norm recomputed on them,
+    as the model does at its readout: direction . resid / scale(resid) + bias."""
+    xf = resid.float()
+    scale = (xf.pow(2).mean(-1, keepdim=True) + model.ln_final.eps).sqrt()
+    return ((xf / scale) * direction).sum(-1) + bias
+
+
+@dataclass
+class Capture:
+    """One forward of a tokenised batch: its rewards, named activations at each readout position
+    (`at_readout[name]`: [batch, ...]) and named full activations (`full[name]`: [batch, pos, ...])."""
+
+    tok: Tokenized
+    rewards: torch.Tensor
+    at_readout: Dict[str, torch.Tensor]
+    full: Dict[str, torch.Tensor]
+
+
+@torch.no_grad()
+def capture(model, tok: Tokenized, readout_names: Sequence[str] = (), full_names: Sequence[str] = ()) -> Capture:
+    """Run `tok` once, keeping `readout_names` at the readout and `full_names` whole (one forward)."""
+    at_readout: Dict[str, torch.Tensor] = {}
+    full: Dict[str, torch.Tensor] = {}
+    rows = torch.arange(tok.input_ids.shape[0], device=tok.input_ids.device)
+    readout = tok.readout.to(tok.input_ids.device)
+
+    def keep_readout(tensor: torch.Tensor, hook) -> None:
+        at_readout[hook.name] = tensor[rows, readout] if tensor.dim() >= 3 else tensor
+
+    def keep_full(tensor: torch.Tensor, hook) -> None:
+        full[hook.name] = tensor
+
+    hooks = [(n, keep_readout) for n in dict.fromkeys(readout_names)]
+    hooks += [(n, keep_full) for n in dict.fromkeys(full_names)]
+    rewards = model.run_with_hooks(
+        tok.input_ids, tok.attention_mask, readout_positions=tok.readout, fwd_hooks=hooks
+    )
+    return Capture(tok, rewards, at_readout, full)

@@ -1,0 +1,16 @@
+"""The instruments: functions of (model, pairs, options) returning result dataclasses with `.to_frame()`
+and `.plot()`. Every one reads along the reward direction at the readout position."""
+
+from reward_lens.instruments._common import Site, component_sites, head_sites, resid_sites
+from reward_lens.instruments.attribution import AttributionResult, attribute
+from reward_lens.instruments.attribution_patching import AtPComparison, AtPResult, attribution_patch
+from reward_lens.instruments.divergence import DivergenceResult, PCAMahalanobis, divergence_patch
+from reward_lens.instruments.faithfulness import FaithfulnessResult, faithfulness
+from reward_lens.instruments.lens import LensResult, lens
+from reward_lens.instruments.patching import PatchResult, patch, site_means
+
+__all__ = [
+    "AtPComparison", "AtPResult", "AttributionResult", "DivergenceResult", "FaithfulnessResult", "LensResult",
+    "PCAMahalanobis", "PatchResult", "Site", "attribute", "attribution_patch", "component_sites",
+    "divergence_patch", "faithfulness", "head_sites", "lens", "patch", "resid_sites", "site_means",
+]

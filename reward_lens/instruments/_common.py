@@ -1,0 +1,110 @@
+"""Shared pieces of the instruments: patch/attribution sites, pair labels, plotting setup."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional, Sequence, Union
+
+import torch
+
+LEVELS = ("component", "head", "residual")
+
+
+@dataclass(frozen=True)
+class Site:
+    """One place in the model an instrument reads or patches.
+
+    kind: "embed" | "attn" | "mlp" | "head" | "resid". `layer` is the block index (-1 for embed;
+    n_layers for the final residual, the one the reward head reads). `hook` is the hook point holding
+    its activation (for a head, `hook_z`, sliced at `head`).
+    """
+
+    name: str
+    kind: str
+    layer: int
+    head: Optional[int] = None
+
+    @property
+    def level(self) -> str:
+        return {"embed": "component", "attn": "component", "mlp": "component", "head": "head", "resid": "residual"}[self.kind]
+
+    def hook(self, n_layers: int) -> str:
+        if self.kind == "embed":
+            return "hook_embed"
+        if self.kind == "attn":
+            return f"blocks.{self.layer}.hook_attn_out"
+        if self.kind == "mlp":
+            return f"blocks.{self.layer}.hook_mlp_out"
+        if self.kind == "head":
+            return f"blocks.{self.layer}.attn.hook_z"
+        if self.layer == n_layers:
+            return f"blocks.{n_layers - 1}.hook_resid_post"
+        return f"blocks.{self.layer}.hook_resid_pre"
+
+
+def _check_layers(layers: Optional[Sequence[int]], n_layers: int) -> List[int]:
+    if layers is None:
+        return list(range(n_layers))
+    layers = sorted(set(int(l) for l in layers))
+    bad = [l for l in layers if not 0 <= l < n_layers]
+    if bad:
+        raise ValueError(f"layers {bad} out of range: this model has blocks 0..{n_layers - 1}")
+    return layers
+
+
+def component_sites(cfg, layers: Optional[Sequence[int]] = None, embed: bool = True) -> List[Site]:
+    """embed, then attn_L{l}, mlp_L{l} for each layer: the terms the residual stream is the sum of."""
+    sites = [Site("embed", "embed", -1)] if embed else []
+    for l in _check_layers(layers, cfg.n_layers):
+        sites += [Site(f"attn_L{l}", "attn", l), Site(f"mlp_L{l}", "mlp", l)]
+    return sites
+
+
+def head_sites(cfg, layers: Optional[Sequence[int]] = None) -> List[Site]:
+    return [Site(f"L{l}H{h}", "head", l, h) for l in _check_layers(layers, cfg.n_layers) for h in range(cfg.n_heads)]
+
+
+def resid_sites(cfg, layers: Optional[Sequence[int]] = None) -> List[Site]:
+    """resid_L{l}: the residual entering block l; resid_L{n_layers}: the final residual."""
+    chosen = _check_layers(layers, cfg.n_layers) + ([cfg.n_layers] if layers is None else [])
+    return [Site(f"resid_L{l}", "resid", l) for l in chosen]
+
+
+def sites_for(cfg, level: Union[str, Sequence[str]], layers: Optional[Sequence[int]] = None) -> List[Site]:
+    levels = [level] if isinstance(level, str) else list(level)
+    out: List[Site] = []
+    for lv in levels:
+        if lv == "component":
+            out += component_sites(cfg, layers, embed=layers is None)
+        elif lv == "head":
+            out += head_sites(cfg, layers)
+        elif lv == "residual":
+            out += resid_sites(cfg, layers)
+        else:
+            raise ValueError(f"unknown level {lv!r}; use one of {LEVELS}")
+    return out
+
+
+def pair_labels(pairs) -> List[str]:
+    return [str(p.id) if getattr(p, "id", None) is not None else str(i) for i, p in enumerate(pairs)]
+
+
+def pyplot():
+    """matplotlib.pyplot, imported lazily (a headless-safe backend is chosen if none is set up)."""
+    import matplotlib
+
+    if matplotlib.get_backend().lower() not in ("agg", "module://matplotlib_inline.backend_inline") and not _has_display():
+        matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _has_display() -> bool:
+    import os
+
+    return bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
+
+
+def to_numpy(x: torch.Tensor):
+    return x.detach().float().cpu().numpy()

@@ -1,0 +1,225 @@
+"""Attribution patching (AtP): the first-order estimate of every patch of a sweep from one backward pass.
+
+    effect(site) ~= grad_site(reward of the target run) . (patched value - clean value)
+
+summed over the patched positions. Modes, levels and positions are those of `patch` (the same targets
+and values are patched in), so the estimates line up with real patching one to one; `AtPResult.compare`
+reports the error against a `PatchResult`. Cost per target response: its forward, the source's forward
+and one backward, for all sites at once. Parameters stay frozen: the graph starts at the embedding,
+which a hook makes require grad.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import pandas as pd
+import torch
+from scipy import stats
+
+from reward_lens.data import as_pairs
+from reward_lens.instruments._common import Site, pair_labels, pyplot, sites_for, to_numpy
+from reward_lens.instruments.patching import (
+    _SOURCE,
+    _TARGETS,
+    PatchResult,
+    _check_options,
+    _patch_positions,
+    _select,
+    _site_values,
+    site_means,
+)
+from reward_lens.runner import Tokenized, capture, pair_batches
+
+
+@dataclass
+class AtPComparison:
+    """AtP estimates beside real patching effects. `frame`: one row per (pair, site, mode, target) with
+    atp_effect, patch_effect, abs_error. `metrics`: per (mode, target) mean_abs_error, max_abs_error,
+    relative_error (sum |atp - patch| / sum |patch|), pooled Spearman rho and mean per-pair rho."""
+
+    frame: pd.DataFrame
+    metrics: pd.DataFrame
+
+    def to_frame(self) -> pd.DataFrame:
+        return self.frame
+
+    def plot(self):
+        plt = pyplot()
+        keys = list(self.frame.groupby(["mode", "target"]).groups)
+        fig, axes = plt.subplots(1, len(keys), figsize=(4.2 * len(keys), 4), squeeze=False)
+        for ax, (mode, target) in zip(axes[0], keys):
+            f = self.frame[(self.frame["mode"] == mode) & (self.frame["target"] == target)]
+            ax.scatter(f["patch_effect"], f["atp_effect"], s=8, alpha=0.6)
+            lim = float(np.nanmax(np.abs(f[["patch_effect", "atp_effect"]].to_numpy()))) or 1.0
+            ax.plot([-lim, lim], [-lim, lim], color="black", lw=0.5)
+            ax.set_xlabel("patching effect")
+            ax.set_ylabel("AtP estimate")
+            m = self.metrics[(self.metrics["mode"] == mode) & (self.metrics["target"] == target)].iloc[0]
+            ax.set_title(f"{mode} ({target}): rel. err {m['relative_error']:.2f}, rho {m['spearman_pooled']:.2f}", fontsize=9)
+        fig.tight_layout()
+        return fig
+
+
+@dataclass
+class AtPResult:
+    """`estimates[(mode, target)]`: [n_pairs, n_sites] first-order estimates of patched - clean reward."""
+
+    pair_ids: List[str]
+    sites: List[Site]
+    positions: str
+    clean_chosen: torch.Tensor
+    clean_rejected: torch.Tensor
+    estimates: Dict[Tuple[str, str], torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def components(self) -> List[str]:
+        return [s.name for s in self.sites]
+
+    @property
+    def clean_gap(self) -> torch.Tensor:
+        return self.clean_chosen - self.clean_rejected
+
+    def effect(self, mode: str, target: Optional[str] = None, normalized: bool = False) -> torch.Tensor:
+        target = target or _TARGETS[mode][0]
+        if (mode, target) not in self.estimates:
+            raise KeyError(f"no estimates for mode={mode!r}, target={target!r}; have {sorted(self.estimates)}")
+        eff = self.estimates[(mode, target)]
+        return eff / self.clean_gap[:, None] if normalized else eff
+
+    def to_frame(self) -> pd.DataFrame:
+        """pair, component, layer, head, level, mode, target, position, atp_effect, normalized_effect."""
+        n, S = len(self.pair_ids), len(self.sites)
+        gap = to_numpy(self.clean_gap)
+        frames = []
+        for (mode, target), est in self.estimates.items():
+            e = to_numpy(est)
+            frames.append(pd.DataFrame({
+                "pair": np.repeat(self.pair_ids, S), "component": [s.name for s in self.sites] * n,
+                "layer": [s.layer for s in self.sites] * n,
+                "head": pd.array([s.head for s in self.sites] * n, dtype="Int64"),
+                "level": [s.level for s in self.sites] * n, "mode": mode, "target": target,
+                "position": self.positions, "atp_effect": e.ravel(), "normalized_effect": (e / gap[:, None]).ravel(),
+            }))
+        return pd.concat(frames, ignore_index=True)
+
+    def compare(self, patching: PatchResult) -> AtPComparison:
+        """Error of these estimates against real patching of the same pairs, sites and modes."""
+        if patching.pair_ids != self.pair_ids:
+            raise ValueError("the patching result covers other pairs; run both on the same pairs in the same order")
+        names = [s.name for s in patching.sites]
+        missing = [s.name for s in self.sites if s.name not in names]
+        if missing:
+            raise ValueError(f"the patching result lacks sites {missing[:5]}; patch the same level(s) and layers")
+        cols = [names.index(s.name) for s in self.sites]
+        rows, metrics = [], []
+        for (mode, target), est in self.estimates.items():
+            if (mode, target) not in patching.patched:
+                continue
+            real = patching.effect(mode, target)[:, cols]
+            a, p = to_numpy(est), to_numpy(real)
+            per_pair = [stats.spearmanr(a[i], p[i]).statistic for i in range(len(a))] if a.shape[1] > 1 else [np.nan]
+            metrics.append({
+                "mode": mode, "target": target, "mean_abs_error": float(np.abs(a - p).mean()),
+                "max_abs_error": float(np.abs(a - p).max()),
+                "relative_error": float(np.abs(a - p).sum() / max(np.abs(p).sum(), 1e-12)),
+                "spearman_pooled": float(stats.spearmanr(a.ravel(), p.ravel()).statistic) if a.size > 1 else np.nan,
+                "spearman_per_pair_mean": float(np.nanmean(per_pair)) if np.isfinite(per_pair).any() else np.nan,
+            })
+            n, S = a.shape
+            rows.append(pd.DataFrame({
+                "pair": np.repeat(self.pair_ids, S), "component": [s.name for s in self.sites] * n,
+                "layer": [s.layer for s in self.sites] * n, "mode": mode, "target": target,
+                "atp_effect": a.ravel(), "patch_effect": p.ravel(), "abs_error": np.abs(a - p).ravel(),
+            }))
+        if not rows:
+            raise ValueError("no (mode, target) in common between the AtP estimates and the patching result")
+        return AtPComparison(pd.concat(rows, ignore_index=True), pd.DataFrame(metrics))
+
+
+def _gradients(model, tok: Tokenized, hooks: Sequence[str]):
+    """Activations (detached) and d reward / d activation of `hooks`, for one forward + one backward."""
+    stored: Dict[str, torch.Tensor] = {}
+
+    def leaf(x: torch.Tensor, hook) -> torch.Tensor:
+        x = x.detach().requires_grad_(True)
+        stored[hook.name] = x
+        return x
+
+    def keep(x: torch.Tensor, hook) -> None:
+        stored[hook.name] = x
+
+    fwd = [("hook_embed", leaf)] + [(h, keep) for h in hooks if h != "hook_embed"]
+    with torch.enable_grad():
+        rewards = model.run_with_hooks(tok.input_ids, tok.attention_mask, readout_positions=tok.readout, fwd_hooks=fwd)
+        grads = torch.autograd.grad(rewards.float().sum(), [stored[h] for h in hooks], allow_unused=True)
+    return rewards.detach(), {h: stored[h].detach() for h in hooks}, {
+        h: (g if g is not None else torch.zeros_like(stored[h])) for h, g in zip(hooks, grads)
+    }
+
+
+def attribution_patch(
+    model,
+    pairs,
+    *,
+    mode: Union[str, Sequence[str]] = "noising",
+    level: Union[str, Sequence[str]] = ("component", "head"),
+    positions: str = "readout",
+    layers: Optional[Sequence[int]] = None,
+    batch_size: int = 8,
+    padding_side: Optional[str] = None,
+    means: Optional[Dict[str, torch.Tensor]] = None,
+    progress: Union[bool, str] = True,
+) -> AtPResult:
+    """AtP estimates of `patch(model, pairs, mode=..., level=..., positions=...)` for every site."""
+    pairs = as_pairs(pairs)
+    modes = [mode] if isinstance(mode, str) else list(dict.fromkeys(mode))
+    _check_options(modes, positions, "fast")
+    cfg = model.cfg
+    sites = sites_for(cfg, level, layers)
+    if "mean" in modes and means is None:
+        means = site_means(model, pairs, sites, positions, batch_size=batch_size, padding_side=padding_side)
+    hooks = sorted({s.hook(cfg.n_layers) for s in sites})
+    ids = pair_labels(pairs)
+    chunks: Dict[Tuple[str, str], List[torch.Tensor]] = {}
+    clean_c, clean_r = [], []
+    for batch in pair_batches(model, pairs, batch_size, progress and "attribution patching", padding_side):
+        sides = {"chosen": batch.chosen, "rejected": batch.rejected}
+        targets = {t for m in modes for t in _TARGETS[m]}
+        runs, srcs = {}, {}
+        for side, tok in sides.items():
+            if side in targets:
+                runs[side] = _gradients(model, tok, hooks)
+        for side, tok in sides.items():
+            if any(_SOURCE.get(m) == side for m in modes):
+                srcs[side] = capture(model, tok, hooks if positions == "readout" else (),
+                                     () if positions == "readout" else hooks)
+            elif side not in runs:  # its clean reward is still needed
+                srcs[side] = capture(model, tok)
+        clean = {s: (runs[s][0] if s in runs else srcs[s].rewards).float() for s in sides}
+        clean_c.append(clean["chosen"])
+        clean_r.append(clean["rejected"])
+        for m in modes:
+            src = srcs.get(_SOURCE.get(m)) if m in _SOURCE else None
+            for target in _TARGETS[m]:
+                tok = sides[target]
+                _, acts, grads = runs[target]
+                pos = _patch_positions(batch, positions, tok, src.tok if src else None, ids[batch.index])
+                rows, t_pos = pos.t_rows.to(tok.input_ids.device), pos.t_pos.to(tok.input_ids.device)
+                B = tok.input_ids.shape[0]
+                est = []
+                for site in sites:
+                    h = site.hook(cfg.n_layers)
+                    new = _site_values(model, site, m, pos, src, means, positions).float()
+                    old = _select(site, acts[h])[rows, t_pos].float()
+                    g = _select(site, grads[h])[rows, t_pos].float()
+                    per_position = (g * (new - old)).sum(-1)
+                    est.append(torch.zeros(B, device=per_position.device).index_add_(0, rows, per_position))
+                chunks.setdefault((m, target), []).append(torch.stack(est, -1))
+    return AtPResult(
+        pair_ids=ids, sites=sites, positions=positions,
+        clean_chosen=torch.cat(clean_c).cpu(), clean_rejected=torch.cat(clean_r).cpu(),
+        estimates={k: torch.cat(v).cpu() for k, v in chunks.items()},
+    )

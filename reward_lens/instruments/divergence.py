@@ -1,0 +1,276 @@
+"""Divergence-aware patching: how far out of distribution does each patch push the model?
+
+A patch splices an activation into a context it never co-occurred with; when the resulting residual
+state is unlike any clean one, the patching effect measures the model off its data manifold. For every
+readout patch of a sweep this scores the patched residual at the readout, flags the out-of-distribution
+ones and reports effects with and without them.
+
+State scored (`state`): "site" (default) the residual right after the patched site (resid_mid of the
+layer for attn/head patches, the residual leaving the block for mlp patches, the patched residual itself
+for embed/resid patches), or "final" the final residual the reward head reads.
+Score (`method`): "mahalanobis" (default) the Mahalanobis distance in the top `n_components` principal
+axes of the clean states of the same hook at the readout, over both responses of every pair given
+(eigenvalues floored at 1e-6 of the total variance); or "norm_ratio" max(r, 1/r) with r = |patched state|
+/ |the target's clean state|.
+Threshold: per site, the `quantile` of the scores of clean-vs-clean swaps — the same patch with the
+activation taken from another pair's response of the same role (pair i <- pair i+1), i.e. swapping one
+clean activation for another. A patch scoring above it is flagged. Memory: the fit keeps the clean
+states, n_pairs x 2 x n_state_hooks x d_model floats (`max_reference` subsamples the pairs used).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Union
+
+import numpy as np
+import pandas as pd
+import torch
+
+from reward_lens.data import as_pairs
+from reward_lens.instruments._common import Site, pair_labels, pyplot, sites_for, to_numpy
+from reward_lens.instruments.patching import (
+    _SOURCE,
+    _TARGETS,
+    PatchResult,
+    _check_options,
+    _entries,
+    _readout_sweep,
+    _site_values,
+    _patch_batch,
+    _patch_positions,
+    site_means,
+)
+from reward_lens.runner import capture, pair_batches, tokenize_pair_batch
+
+METHODS = ("mahalanobis", "norm_ratio")
+STATES = ("site", "final")
+
+
+def state_hook(site: Site, n_layers: int, state: str = "site") -> str:
+    """The hook whose readout value a patch of `site` leaves changed first (state="site") or last."""
+    final = f"blocks.{n_layers - 1}.hook_resid_post"
+    if state == "final":
+        return final
+    if site.kind == "embed":
+        return "hook_embed"
+    if site.kind == "resid":
+        return final if site.layer == n_layers else f"blocks.{site.layer}.hook_resid_pre"
+    if site.kind in ("attn", "head"):
+        return f"blocks.{site.layer}.hook_resid_mid"
+    return f"blocks.{site.layer}.hook_resid_post"
+
+
+@dataclass
+class PCAMahalanobis:
+    """Mahalanobis distance in the top principal axes of reference samples [n, d]."""
+
+    mean: torch.Tensor
+    axes: torch.Tensor  # [d, k]
+    variances: torch.Tensor  # [k]
+
+    @classmethod
+    def fit(cls, X: torch.Tensor, n_components: Optional[int] = None, floor: float = 1e-6) -> "PCAMahalanobis":
+        X = X.double()
+        n, d = X.shape
+        if n < 2:
+            raise ValueError("the Mahalanobis fit needs at least 2 reference states; give at least 1 pair (2 responses)")
+        k = min(n - 1, d, n_components if n_components is not None else 16)
+        mean = X.mean(0)
+        _, s, Vh = torch.linalg.svd(X - mean, full_matrices=False)
+        var = s**2 / (n - 1)
+        total = var.sum().clamp(min=1e-300)
+        return cls(mean, Vh[:k].T, var[:k].clamp(min=floor * total))
+
+    def score(self, x: torch.Tensor) -> torch.Tensor:
+        proj = (x.double() - self.mean) @ self.axes
+        return (proj.pow(2) / self.variances).sum(-1).sqrt()
+
+
+@dataclass
+class DivergenceResult:
+    """`scores`/`calibration_scores` [n_pairs, n_sites]; `threshold` [n_sites]; `patching` the patched
+    rewards of `mode` (target `target`)."""
+
+    patching: PatchResult
+    mode: str
+    target: str
+    scores: torch.Tensor
+    calibration_scores: torch.Tensor
+    threshold: torch.Tensor
+    settings: dict = field(default_factory=dict)
+
+    @property
+    def flagged(self) -> torch.Tensor:
+        return self.scores > self.threshold[None]
+
+    def effect(self, normalized: bool = False, drop_flagged: bool = False) -> torch.Tensor:
+        """[n_pairs, n_sites] patching effects; flagged patches NaN when drop_flagged."""
+        eff = self.patching.effect(self.mode, self.target, normalized=normalized)
+        return eff.masked_fill(self.flagged, float("nan")) if drop_flagged else eff
+
+    def summary(self, normalized: bool = False) -> pd.DataFrame:
+        """Per site: mean effect over all patches and over the in-distribution ones, how many were flagged."""
+        eff = to_numpy(self.effect(normalized))
+        flagged = to_numpy(self.flagged).astype(bool)
+        kept = np.where(flagged, np.nan, eff)
+        with np.errstate(invalid="ignore"), __import__("warnings").catch_warnings():
+            __import__("warnings").simplefilter("ignore", RuntimeWarning)
+            mean_kept = np.nanmean(kept, 0)
+        return pd.DataFrame({
+            "component": self.patching.components, "layer": [s.layer for s in self.patching.sites],
+            "mean_effect_all": eff.mean(0), "mean_effect_in_distribution": mean_kept,
+            "n_flagged": flagged.sum(0), "frac_flagged": flagged.mean(0),
+            "threshold": to_numpy(self.threshold), "median_score": np.median(to_numpy(self.scores), 0),
+        })
+
+    def to_frame(self) -> pd.DataFrame:
+        """The patching frame of this mode/target plus ood_score, calibration_score, threshold, flagged."""
+        f = self.patching.to_frame()
+        f = f[(f["mode"] == self.mode) & (f["target"] == self.target)].reset_index(drop=True)
+        S = len(self.patching.sites)
+        f["ood_score"] = to_numpy(self.scores).ravel()
+        f["calibration_score"] = to_numpy(self.calibration_scores).ravel()
+        f["threshold"] = np.tile(to_numpy(self.threshold), len(f) // S)
+        f["flagged"] = to_numpy(self.flagged).ravel()
+        return f
+
+    def plot(self):
+        """Left: score per site (patches vs clean swaps) against the threshold. Right: mean effect with
+        and without the flagged patches."""
+        plt = pyplot()
+        names = self.patching.components
+        x = np.arange(len(names))
+        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(max(10, 0.35 * len(names)), 4))
+        sc, cal = to_numpy(self.scores), to_numpy(self.calibration_scores)
+        ax1.scatter(np.repeat(x[None], len(sc), 0).ravel() - 0.15, sc.ravel(), s=6, label="patches", alpha=0.6)
+        ax1.scatter(np.repeat(x[None], len(cal), 0).ravel() + 0.15, cal.ravel(), s=6, label="clean swaps", alpha=0.6)
+        ax1.step(x, to_numpy(self.threshold), where="mid", color="tab:red", label="threshold")
+        ax1.set_yscale("log")
+        ax1.set_ylabel(f"OOD score ({self.settings.get('method')})")
+        s = self.summary()
+        ax2.bar(x - 0.2, s["mean_effect_all"], width=0.4, label="all patches")
+        ax2.bar(x + 0.2, s["mean_effect_in_distribution"], width=0.4, label="in-distribution only")
+        for ax in (ax1, ax2):
+            ax.set_xticks(x)
+            ax.set_xticklabels(names, rotation=90, fontsize=7)
+            ax.legend(fontsize=8)
+        ax2.set_ylabel(f"mean {self.mode} effect")
+        fig.tight_layout()
+        return fig
+
+
+def divergence_patch(
+    model,
+    pairs,
+    *,
+    mode: str = "noising",
+    target: Optional[str] = None,
+    level: Union[str, Sequence[str]] = "component",
+    layers: Optional[Sequence[int]] = None,
+    state: str = "site",
+    method: str = "mahalanobis",
+    n_components: Optional[int] = None,
+    quantile: float = 0.95,
+    max_reference: Optional[int] = None,
+    batch_size: int = 8,
+    padding_side: Optional[str] = None,
+    means: Optional[Dict[str, torch.Tensor]] = None,
+    progress: Union[bool, str] = True,
+) -> DivergenceResult:
+    """Readout patching of `level` in `mode` with an OOD score per patch, a threshold calibrated on
+    clean-vs-clean swaps and flags (see the module docstring). Needs at least 2 pairs."""
+    pairs = as_pairs(pairs)
+    if not isinstance(mode, str):
+        raise ValueError("divergence_patch takes one mode; call it once per mode")
+    _check_options([mode], "readout", "fast")
+    target = target or _TARGETS[mode][0]
+    if target not in _TARGETS[mode]:
+        raise ValueError(f"mode {mode!r} patches {_TARGETS[mode]}, not {target!r}")
+    if method not in METHODS or state not in STATES:
+        raise ValueError(f"method must be one of {METHODS} and state one of {STATES}; got {method!r}, {state!r}")
+    if not 0 < quantile < 1:
+        raise ValueError(f"quantile must be in (0, 1), got {quantile}")
+    n = len(pairs)
+    if n < 2:
+        raise ValueError("divergence_patch calibrates on swaps between pairs; give at least 2 pairs")
+    cfg = model.cfg
+    L = cfg.n_layers
+    sites = sites_for(cfg, level, layers)
+    hooks = [state_hook(s, L, state) for s in sites]
+    if mode == "mean" and means is None:
+        means = site_means(model, pairs, sites, "readout", batch_size=batch_size, padding_side=padding_side)
+    ids = pair_labels(pairs)
+
+    # 1. the clean reference states, one fit per hook
+    scorers: Dict[str, PCAMahalanobis] = {}
+    if method == "mahalanobis":
+        ref_pairs = pairs if max_reference is None or max_reference >= n else [pairs[i] for i in np.linspace(0, n - 1, max_reference).round().astype(int)]
+        states: Dict[str, List[torch.Tensor]] = {h: [] for h in set(hooks)}
+        for batch in pair_batches(model, ref_pairs, batch_size, progress and "divergence: reference", padding_side):
+            for tok in (batch.chosen, batch.rejected):
+                cap = capture(model, tok, readout_names=sorted(states))
+                for h in states:
+                    states[h].append(cap.at_readout[h].float().cpu())
+        scorers = {h: PCAMahalanobis.fit(torch.cat(v), n_components) for h, v in states.items()}
+
+    def score(final_or_entry: torch.Tensor, clean: Dict[str, torch.Tensor]) -> torch.Tensor:
+        out = []
+        for i, h in enumerate(hooks):
+            x = final_or_entry[:, i].float().cpu()
+            if method == "mahalanobis":
+                out.append(scorers[h].score(x))
+            else:
+                r = x.norm(dim=-1) / clean[h].float().cpu().norm(dim=-1).clamp(min=1e-12)
+                out.append(torch.maximum(r, 1 / r).double())
+        return torch.stack(out, -1)
+
+    # 2. the patches and the clean-vs-clean swaps, scored
+    patched, clean_c, clean_r, scores, calib = [], [], [], [], []
+    for batch in pair_batches(model, pairs, batch_size, progress and "divergence: patching", padding_side):
+        out, (c, r), caps, kept = _patch_batch(
+            model, batch, sites, [mode], "readout", "fast", means, ids[batch.index], 64, keep_states=True
+        )
+        if (mode, target) not in kept:
+            raise ValueError("divergence_patch needs the readout to be each sequence's last attended token")
+        patched.append(out[(mode, target)])
+        clean_c.append(c)
+        clean_r.append(r)
+        tcap = caps[target]
+        clean_states = {h: _clean_state(tcap, h) for h in set(hooks)}
+        entry, final = kept[(mode, target)]
+        scores.append(score(entry if state == "site" else final, clean_states))
+        # clean-vs-clean: the same patch with the value from the next pair's response of the same role
+        idx = [(i + 1) % n for i in range(batch.index.start, batch.index.stop)]
+        other = tokenize_pair_batch(model, [pairs[i] for i in idx], slice(0, len(idx)), padding_side)
+        other_tok = other.chosen if target == "chosen" else other.rejected
+        ocap = capture(model, other_tok, readout_names=sorted({s.hook(L) for s in sites}))
+        pos = _patch_positions(batch, "readout", tcap.tok, other_tok, ids[batch.index])
+        values = [_site_values(model, s, "noising", pos, ocap, None, "readout") for s in sites]
+        entries = _entries(model, tcap, sites, values)
+        entry_c = torch.stack([e[2] for e in entries], 1)
+        final_c = _readout_sweep(model, tcap, entries) if state == "final" else None
+        calib.append(score(entry_c if state == "site" else final_c, clean_states))
+    scores_t, calib_t = torch.cat(scores), torch.cat(calib)
+    threshold = torch.quantile(calib_t, quantile, dim=0)
+    result = PatchResult(
+        pair_ids=ids, sites=sites, positions="readout", method="fast",
+        clean_chosen=torch.cat(clean_c).cpu(), clean_rejected=torch.cat(clean_r).cpu(),
+        patched={(mode, target): torch.cat(patched).cpu()},
+    )
+    return DivergenceResult(
+        patching=result, mode=mode, target=target, scores=scores_t.float(), calibration_scores=calib_t.float(),
+        threshold=threshold.float(),
+        settings={"state": state, "method": method, "n_components": n_components, "quantile": quantile},
+    )
+
+
+def _clean_state(tcap, hook: str) -> torch.Tensor:
+    """The target's clean readout value of a state hook, from the fast path's capture."""
+    acts = tcap.at_readout
+    if hook == "hook_embed":
+        return acts["blocks.0.hook_resid_pre"]
+    if hook.endswith("hook_resid_post") and hook not in acts:
+        l = int(hook.split(".")[1])
+        return acts[f"blocks.{l + 1}.hook_resid_pre"]
+    return acts[hook]

@@ -1,0 +1,138 @@
+"""The reward lens: the reward read from the intermediate residual stream at the readout, layer by layer.
+
+Two variants, both reading along the reward direction w (and adding the head's bias b):
+
+    "normed"  w . h_l / s(h_l) + b     the final norm recomputed on the intermediate residual h_l (the
+                                       logit-lens analogue: what the head would say if the model stopped here)
+    "frozen"  w . h_l / s_final + b    the final norm's scale frozen at its real value at the readout; additive
+                                       (consecutive differences are exactly the direct attributions of the
+                                       components in between) and ends exactly at the reward
+
+Sites: "embed" (the residual entering block 0), "L{l}" (after block l) and, with `include_mid=True`,
+"L{l}.mid" (after block l's attention). Depth: embed 0, L{l}.mid (l + 0.5)/n_layers, L{l} (l + 1)/n_layers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional, Union
+
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Float
+
+from reward_lens.data import as_pairs
+from reward_lens.instruments._common import pair_labels, pyplot, to_numpy
+from reward_lens.runner import capture, pair_batches, readout_direction, reward_from_final_resid
+
+VARIANTS = ("normed", "frozen")
+
+
+@dataclass
+class LensResult:
+    """`values[(variant, side)]` is [n_pairs, n_sites] (side "chosen" or "rejected"); `sites`, `layers`
+    (-1 for embed) and `depths` describe the columns; `reward_*` [n_pairs] the model's rewards."""
+
+    pair_ids: List[str]
+    sites: List[str]
+    layers: List[int]
+    depths: List[float]
+    values: dict
+    reward_chosen: Float[torch.Tensor, "pair"]
+    reward_rejected: Float[torch.Tensor, "pair"]
+
+    def get(self, variant: str = "normed", quantity: str = "gap") -> torch.Tensor:
+        """[n_pairs, n_sites] of quantity "chosen", "rejected" or "gap" in `variant`."""
+        if variant not in VARIANTS:
+            raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+        if quantity == "gap":
+            return self.values[(variant, "chosen")] - self.values[(variant, "rejected")]
+        if quantity not in ("chosen", "rejected"):
+            raise ValueError(f"quantity must be 'chosen', 'rejected' or 'gap', got {quantity!r}")
+        return self.values[(variant, quantity)]
+
+    def crystallization_depth(self, variant: str = "normed", rtol: float = 0.1, atol: float = 0.0) -> torch.Tensor:
+        """Per pair, the first depth from which the gap stays within `rtol * |final gap| + atol` of the
+        final gap and has the final gap's sign at every later site ([n_pairs]; NaN when the final gap is 0).
+        Defaults: the normed lens, 10% relative tolerance. The last site always qualifies, so depth <= 1."""
+        gap = self.get(variant, "gap").double()
+        final = gap[:, -1:]
+        ok = ((gap - final).abs() <= rtol * final.abs() + atol) & (torch.sign(gap) == torch.sign(final))
+        # stays ok from k on <=> every site at or after k is ok: a reversed cumulative AND.
+        stays = ok.flip(-1).cumprod(-1).flip(-1).bool()
+        first = stays.float().argmax(-1)
+        depth = torch.tensor(self.depths, dtype=torch.float64)[first]
+        return torch.where(final[:, 0] == 0, torch.full_like(depth, float("nan")), depth)
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per (pair, site, variant): pair, site, layer, depth, variant, chosen, rejected, gap."""
+        n, S = len(self.pair_ids), len(self.sites)
+        frames = []
+        for variant in VARIANTS:
+            c, r = to_numpy(self.get(variant, "chosen")).ravel(), to_numpy(self.get(variant, "rejected")).ravel()
+            frames.append(pd.DataFrame({
+                "pair": np.repeat(self.pair_ids, S), "site": self.sites * n, "layer": self.layers * n,
+                "depth": self.depths * n, "variant": variant, "chosen": c, "rejected": r, "gap": c - r,
+            }))
+        return pd.concat(frames, ignore_index=True)
+
+    def plot(self, quantity: str = "gap", band: tuple = (0.25, 0.75)):
+        """Median curve over pairs of each variant against depth, with an inter-quantile band."""
+        plt = pyplot()
+        fig, ax = plt.subplots(figsize=(6.5, 3.8))
+        x = np.asarray(self.depths)
+        for variant, color in zip(VARIANTS, ("tab:blue", "tab:orange")):
+            v = to_numpy(self.get(variant, quantity))
+            ax.plot(x, np.median(v, 0), color=color, label=f"{variant} (median)")
+            if len(v) > 1:
+                lo, hi = np.quantile(v, band[0], 0), np.quantile(v, band[1], 0)
+                ax.fill_between(x, lo, hi, color=color, alpha=0.2, label=f"{variant} {band[0]:.0%}-{band[1]:.0%}")
+        ax.axhline(0, color="black", lw=0.5)
+        ax.set_xlabel("fractional depth")
+        ax.set_ylabel(f"reward {quantity} read at the readout")
+        ax.set_title(f"Reward lens over {len(self.pair_ids)} pair(s)")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        return fig
+
+
+def lens(
+    model,
+    pairs,
+    *,
+    include_mid: bool = False,
+    batch_size: int = 8,
+    padding_side: Optional[str] = None,
+    progress: Union[bool, str] = True,
+) -> LensResult:
+    """The reward lens of each pair's chosen and rejected response in both variants (module docstring)."""
+    pairs = as_pairs(pairs)
+    L = model.cfg.n_layers
+    hooks, sites, layers, depths = ["blocks.0.hook_resid_pre"], ["embed"], [-1], [0.0]
+    for l in range(L):
+        if include_mid:
+            hooks.append(f"blocks.{l}.hook_resid_mid")
+            sites.append(f"L{l}.mid")
+            layers.append(l)
+            depths.append((l + 0.5) / L)
+        hooks.append(f"blocks.{l}.hook_resid_post")
+        sites.append(f"L{l}")
+        layers.append(l)
+        depths.append((l + 1) / L)
+    chunks = {(v, s): [] for v in VARIANTS for s in ("chosen", "rejected")}
+    rewards = {"chosen": [], "rejected": []}
+    for batch in pair_batches(model, pairs, batch_size, progress and "lens", padding_side):
+        for side, tok in (("chosen", batch.chosen), ("rejected", batch.rejected)):
+            cap = capture(model, tok, readout_names=hooks + ["ln_final.hook_scale"])
+            direction, bias = readout_direction(model, tok)
+            resid = torch.stack([cap.at_readout[h] for h in hooks], 1).float()  # [B, S, d]
+            scale = cap.at_readout["ln_final.hook_scale"].float()[:, None]  # [B, 1, 1]
+            chunks[("normed", side)].append(reward_from_final_resid(model, resid, direction[:, None], bias[:, None]))
+            chunks[("frozen", side)].append((resid / scale * direction[:, None]).sum(-1) + bias[:, None])
+            rewards[side].append(cap.rewards.float())
+    return LensResult(
+        pair_ids=pair_labels(pairs), sites=sites, layers=layers, depths=depths,
+        values={k: torch.cat(v).cpu() for k, v in chunks.items()},
+        reward_chosen=torch.cat(rewards["chosen"]).cpu(), reward_rejected=torch.cat(rewards["rejected"]).cpu(),
+    )
