@@ -118,7 +118,7 @@ class ConflictResult:
                 v = classify(M, self.threshold)
                 for (i, j), val in np.ndenumerate(M):
                     if i != j:
-                        ax.text(j, i, letter[v[i, j]], ha="center", va="center", fontsize=6)
+                        ax.text(j, i, letter[v[i, j]], ha="center", va="center", fontsize=8 if m <= 10 else 6)
             ax.set_title(title, fontsize=9)
             fig.colorbar(im, ax=ax, fraction=0.046)
         fig.suptitle(f"reward-term conflicts: A aligned (≥ {self.threshold}), C conflicting (≤ −{self.threshold}), "

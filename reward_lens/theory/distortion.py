@@ -135,6 +135,10 @@ class DistortionResult:
         colors = ["tab:red" if f else "tab:blue" for f in self.under_covered]
         ax1.bar(x + 0.2, self.coverage_share, 0.4, yerr=err, label="coverage share c", color=colors, capsize=2)
         ax1.set_xticks(x, self.dimensions, rotation=45, ha="right")
+        for label, flagged in zip(ax1.get_xticklabels(), self.under_covered):
+            if flagged:
+                label.set_color("tab:red")
+                label.set_fontweight("bold")
         ax1.set_ylabel("share")
         ax1.set_title(f"D = {self.index:.3f}; red: under-covered")
         ax1.legend(fontsize=8)

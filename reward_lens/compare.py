@@ -1,0 +1,495 @@
+r"""Cross-model comparison: two or more reward models on the same preference pairs.
+
+Residual bases differ between models (different widths, different training runs, different
+architectures), so a direction, a neuron index or an activation of one model means nothing in another.
+Only **basis-free** quantities are compared, and only in **scale-free** form (a reward model is defined
+up to a positive affine map: r and 3r + 7 prefer the same responses):
+
+- *preference agreement*: the fraction of pairs on which two models prefer the same response (sign of
+  the gap Δ = r(chosen) − r(rejected)), with a bootstrap interval, and the Spearman correlation of gaps;
+- *lens curves on fractional depth*: the frozen-scale reward lens of the gap (additive, ends exactly at
+  Δ) after the embedding (depth 0) and after each block l (depth (l + 1) / L), aggregated as
+  Σ_i sign(Δ_i) lens_i(depth) / Σ_i |Δ_i| (the share of the total preference margin formed by that
+  depth, ending at 1) with per-pair median and quartiles of lens_i / Δ_i, interpolated onto a common grid;
+- *crystallization depth*: per pair, the first fractional depth from which the lens of the gap keeps the
+  final sign and stays within ``tol`` · |Δ| of it (default tol = 0.1); distributions compared by medians
+  and the two-sample Kolmogorov–Smirnov statistic;
+- *attribution profiles by fractional depth*: exact direct attribution of each gap to embed and every
+  attention and MLP output (they sum to Δ exactly; the final norm's scale is frozen at its real value),
+  components placed at depth 0 (embed), (l + ½)/L (attn_l) and (l + 1)/L (mlp_l), summed in ``n_bins``
+  right-closed depth bins, as the signed share Σ_i sign(Δ_i) attr_i(bin) / Σ_i |Δ_i| (sums to 1 over bins)
+  and the absolute share of Σ |attr|; compared by total-variation distance;
+- *probe profiles*: hacking-probe effects side by side, standardised by each model's spread of gaps
+  (effect / sd(Δ)) so that models on different reward scales line up, with the verdicts.
+
+`compare_models(models, pairs)` computes everything in one readout-only pass per model and side;
+`compare_profiles` does the math on precomputed `ModelProfile`s (plain arrays).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import pandas as pd
+
+from reward_lens.theory._stats import bootstrap_indices, check_level, percentile_ci
+
+
+# ------------------------------------------------------------------------------------------- profiles
+
+
+@dataclass
+class ModelProfile:
+    """The basis-free measurements of one model on a list of pairs (plain arrays)."""
+
+    name: str
+    gaps: np.ndarray  # [n] r(chosen) − r(rejected), the model's own output
+    lens_gap: np.ndarray  # [n, L + 1] frozen-scale lens of the gap: embed, after block 0, ..., after block L−1
+    lens_depths: np.ndarray  # [L + 1] fractional depths 0, 1/L, ..., 1
+    attribution_gap: np.ndarray  # [n, C] exact attribution of the gap to each component
+    components: List[str]  # embed, attn_L0, mlp_L0, ...
+    component_depths: np.ndarray  # [C]
+    pair_ids: List[str] = field(default_factory=list)
+    probes: Optional[pd.DataFrame] = None  # per dimension: effect (+ ci_low, ci_high, verdict, cohens_d)
+    max_decomposition_error: float = 0.0  # max |Σ attributions + bias − reward| / max |reward|
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.lens_depths) - 1
+
+    def validate(self) -> None:
+        n = len(self.gaps)
+        if n == 0:
+            raise ValueError(f"profile {self.name!r} has no pairs")
+        if self.lens_gap.shape[0] != n or self.attribution_gap.shape[0] != n:
+            raise ValueError(f"profile {self.name!r}: gaps, lens and attribution disagree on the number of pairs")
+        if self.lens_gap.shape[1] != len(self.lens_depths) or self.attribution_gap.shape[1] != len(self.components):
+            raise ValueError(f"profile {self.name!r}: lens/attribution widths do not match their depth/component lists")
+        if len(self.component_depths) != len(self.components):
+            raise ValueError(f"profile {self.name!r}: {len(self.components)} components but "
+                             f"{len(self.component_depths)} depths")
+
+
+def _component_layout(n_layers: int) -> Tuple[List[str], np.ndarray]:
+    names, depths = ["embed"], [0.0]
+    for l in range(n_layers):
+        names += [f"attn_L{l}", f"mlp_L{l}"]
+        depths += [(l + 0.5) / n_layers, (l + 1.0) / n_layers]
+    return names, np.array(depths)
+
+
+def model_profile(
+    model,
+    pairs: Any,
+    *,
+    name: str = "model",
+    batch_size: int = 8,
+    progress: Union[bool, str] = False,
+) -> ModelProfile:
+    """Gaps, the frozen-scale lens of the gap and its exact attribution to embed / attn / mlp outputs.
+
+    One readout-only run per side: reward = w · (Σ components / ln_final scale) + b exactly, so the lens
+    after block l is the cumulative sum of the component terms and ends at the reward.
+    """
+    import torch
+
+    from reward_lens.data import as_pairs
+    from reward_lens.runner import pair_batches, readout_direction
+
+    pairs = as_pairs(pairs)
+    L = model.cfg.n_layers
+    comps = ["hook_embed"] + [f"blocks.{l}.hook_{k}_out" for l in range(L) for k in ("attn", "mlp")]
+    names, depths = _component_layout(L)
+    attr = {"chosen": [], "rejected": []}
+    rewards = {"chosen": [], "rejected": []}
+    max_err, max_r = 0.0, 0.0
+    with torch.no_grad():
+        for pb in pair_batches(model, pairs, batch_size, progress):
+            for side, tok in (("chosen", pb.chosen), ("rejected", pb.rejected)):
+                out, cache = model.run_with_cache(tok.input_ids, attention_mask=tok.attention_mask, readout_only=True,
+                                                  readout_positions=tok.readout,
+                                                  names_filter=comps + ["ln_final.hook_scale"])
+                w, b = readout_direction(model, tok)
+                scale = cache["ln_final.hook_scale"][:, 0].double()  # [batch, 1]
+                terms = torch.stack([(cache[c][:, 0].double() / scale * w.double()).sum(-1) for c in comps], 1)
+                reward = out.double().reshape(-1)
+                max_err = max(max_err, float((terms.sum(1) + b.double() - reward).abs().max()))
+                max_r = max(max_r, float(reward.abs().max()))
+                attr[side].append(terms.cpu().numpy())
+                rewards[side].append(reward.cpu().numpy())
+    a = np.concatenate(attr["chosen"]) - np.concatenate(attr["rejected"])
+    gaps = np.concatenate(rewards["chosen"]) - np.concatenate(rewards["rejected"])
+    rel = max_err / max(max_r, 1e-12)
+    if rel > 1e-3:
+        raise RuntimeError(
+            f"model {name!r}: the component terms miss the reward by {rel:.2e} (relative); its residual stream does "
+            "not decompose as embed + attention + MLP outputs, so its lens and attribution would be wrong"
+        )
+    lens = np.concatenate([a[:, :1], a[:, :1] + np.cumsum(a[:, 1:].reshape(len(a), L, 2).sum(-1), axis=1)], axis=1)
+    ids = [str(p.id) if getattr(p, "id", None) is not None else str(i) for i, p in enumerate(pairs)]
+    return ModelProfile(name, gaps, lens, np.arange(L + 1) / L, a, names, depths, ids, None, rel)
+
+
+def crystallization_depths(lens_gap: np.ndarray, depths: np.ndarray, tol: float = 0.1) -> np.ndarray:
+    """Per pair: the first fractional depth from which the lens of the gap has the final sign and stays
+    within tol·|final| of the final value; NaN for a zero gap."""
+    if tol < 0:
+        raise ValueError(f"crystallization tolerance must be >= 0, got {tol}")
+    final = lens_gap[:, -1:]
+    ok = (np.sign(lens_gap) == np.sign(final)) & (np.abs(lens_gap - final) <= tol * np.abs(final))
+    stays = np.flip(np.logical_and.accumulate(np.flip(ok, 1), axis=1), 1)
+    first = np.argmax(stays, axis=1)
+    out = np.asarray(depths, dtype=np.float64)[first]
+    out[(final[:, 0] == 0) | ~stays[:, -1]] = np.nan
+    return out
+
+
+def _depth_bins(depths: np.ndarray, n_bins: int) -> np.ndarray:
+    """Right-closed bins (k/n, (k+1)/n], depth 0 in the first."""
+    return np.clip(np.ceil(np.asarray(depths) * n_bins - 1e-9).astype(int) - 1, 0, n_bins - 1)
+
+
+def _standardise_probes(frame: Any, gaps: np.ndarray, model: str) -> pd.DataFrame:
+    if hasattr(frame, "to_frame") and not isinstance(frame, pd.DataFrame):
+        frame = frame.to_frame()
+    if not isinstance(frame, pd.DataFrame):
+        raise TypeError(f"probe results for {model!r} must be a probe-suite result or a frame, got {type(frame).__name__}")
+    eff = next((c for c in ("effect", "mean_delta", "delta") if c in frame.columns), None)
+    if "dimension" not in frame.columns or eff is None:
+        raise ValueError(f"probe frame of {model!r} needs columns 'dimension' and 'effect'; got {list(frame.columns)}")
+    keep = [c for c in ("dimension", eff, "ci_low", "ci_high", "cohens_d", "p_value", "verdict") if c in frame.columns]
+    out = frame[keep].rename(columns={eff: "effect"}).copy()
+    sd = float(np.std(gaps, ddof=1)) if len(gaps) > 1 else np.nan
+    out["effect_per_gap_sd"] = out["effect"] / sd if sd and sd > 0 else np.nan
+    out.insert(0, "model", model)
+    return out
+
+
+# ------------------------------------------------------------------------------------------- the result
+
+
+@dataclass
+class ComparisonResult:
+    """Basis-free comparison of reward models on the same pairs (see module doc)."""
+
+    names: List[str]
+    profiles: Dict[str, ModelProfile]
+    accuracy: pd.DataFrame  # model, accuracy, n_pairs, gap_sd, max_decomposition_error
+    agreement: pd.DataFrame  # model_a, model_b, agreement, ci_low, ci_high, spearman, spearman_p, n_pairs
+    lens: pd.DataFrame  # model, depth, share, median, q25, q75 (on the common grid)
+    crystallization: pd.DataFrame  # model, pair, depth
+    attribution: pd.DataFrame  # model, bin, depth_low, depth_high, signed_share, abs_share
+    probes: Optional[pd.DataFrame]  # model, dimension, effect, ..., effect_per_gap_sd
+    pairwise: pd.DataFrame  # model_a, model_b, metric, value
+    tol: float
+    n_bins: int
+    level: float = 0.95
+
+    def agreement_matrix(self) -> pd.DataFrame:
+        M = pd.DataFrame(np.eye(len(self.names)), index=self.names, columns=self.names)
+        for _, r in self.agreement.iterrows():
+            M.loc[r.model_a, r.model_b] = M.loc[r.model_b, r.model_a] = r.agreement
+        return M
+
+    def to_frame(self, kind: str = "summary") -> pd.DataFrame:
+        """kind: 'summary' (pairwise metrics, tidy), 'accuracy', 'agreement', 'lens', 'crystallization',
+        'attribution' or 'probes'."""
+        frames = {"summary": self.pairwise, "accuracy": self.accuracy, "agreement": self.agreement,
+                  "lens": self.lens, "crystallization": self.crystallization, "attribution": self.attribution,
+                  "probes": self.probes}
+        if kind not in frames:
+            raise ValueError(f"unknown kind {kind!r}; choose one of {sorted(frames)}")
+        if frames[kind] is None:
+            raise ValueError("no probe profiles in this comparison; pass probes= to compare_models")
+        return frames[kind]
+
+    # -------------------------------------------------------------- drawing
+    def _colors(self):
+        import matplotlib.pyplot as plt
+
+        cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+        return {n: cycle[i % len(cycle)] for i, n in enumerate(self.names)}
+
+    def _draw_lens(self, ax) -> None:
+        col = self._colors()
+        for n in self.names:
+            f = self.lens[self.lens.model == n]
+            ax.fill_between(f.depth, f.q25, f.q75, color=col[n], alpha=0.15, lw=0)
+            ax.plot(f.depth, f["share"], color=col[n], label=f"{n} (margin share)")
+            ax.plot(f.depth, f["median"], color=col[n], ls="--", lw=0.8)
+        ax.axhline(1.0, c="0.5", lw=0.6)
+        ax.axhline(0.0, c="0.5", lw=0.6)
+        ax.set_xlabel("fractional depth")
+        ax.set_ylabel("lens of the gap / final gap")
+        ax.set_title("reward lens (solid: margin share; dashed: median, band: IQR)", fontsize=9)
+        ax.legend(fontsize=7)
+
+    def _draw_crystallization(self, ax) -> None:
+        data = [self.crystallization[self.crystallization.model == n].depth.dropna().to_numpy() for n in self.names]
+        ax.boxplot(data, vert=False)
+        ax.set_yticks(range(1, len(self.names) + 1), self.names)
+        ax.set_xlim(-0.05, 1.05)
+        ax.set_xlabel("crystallization depth")
+        ax.set_title(f"crystallization depth per pair (tol {self.tol})", fontsize=9)
+
+    def _draw_attribution(self, ax) -> None:
+        col = self._colors()
+        k = len(self.names)
+        width = 0.8 / k
+        for j, n in enumerate(self.names):
+            f = self.attribution[self.attribution.model == n]
+            ax.bar(f["bin"] + (j - (k - 1) / 2) * width, f.signed_share, width, color=col[n], label=n)
+        labels = [f"{lo:.2f}–{hi:.2f}" for lo, hi in
+                  self.attribution[self.attribution.model == self.names[0]][["depth_low", "depth_high"]].to_numpy()]
+        ax.set_xticks(range(self.n_bins), labels, rotation=45, ha="right", fontsize=7)
+        ax.axhline(0, c="0.5", lw=0.6)
+        ax.set_ylabel("share of preference margin")
+        ax.set_title("attribution of the gap by fractional depth", fontsize=9)
+        ax.legend(fontsize=7)
+
+    def _draw_agreement(self, ax) -> None:
+        M = self.agreement_matrix()
+        im = ax.imshow(M.values, vmin=0, vmax=1, cmap="viridis")
+        ax.set_xticks(range(len(self.names)), self.names, rotation=45, ha="right")
+        ax.set_yticks(range(len(self.names)), self.names)
+        for (i, j), v in np.ndenumerate(M.values):
+            ax.text(j, i, f"{v:.2f}", ha="center", va="center", color="w" if v < 0.6 else "k", fontsize=8)
+        acc = ", ".join(f"{r.model} {r.accuracy:.2f}" for r in self.accuracy.itertuples())
+        ax.set_title(f"preference agreement (accuracy: {acc})", fontsize=9)
+        ax.figure.colorbar(im, ax=ax, fraction=0.046)
+
+    def _draw_probes(self, ax) -> None:
+        col = self._colors()
+        dims = list(dict.fromkeys(self.probes.dimension))
+        k = len(self.names)
+        width = 0.8 / k
+        for j, n in enumerate(self.names):
+            f = self.probes[self.probes.model == n].set_index("dimension").reindex(dims)
+            ax.bar(np.arange(len(dims)) + (j - (k - 1) / 2) * width, f.effect_per_gap_sd, width, color=col[n], label=n)
+        ax.set_xticks(range(len(dims)), dims, rotation=45, ha="right")
+        ax.axhline(0, c="0.5", lw=0.6)
+        ax.set_ylabel("probe effect / sd of gaps")
+        ax.set_title("hacking-probe profiles (standardised)", fontsize=9)
+        ax.legend(fontsize=7)
+
+    def figures(self) -> List[Tuple[str, Any]]:
+        """One figure per view: (title, Figure)."""
+        import matplotlib.pyplot as plt
+
+        views = [("Preference agreement", self._draw_agreement), ("Reward lens on fractional depth", self._draw_lens),
+                 ("Crystallization depth", self._draw_crystallization),
+                 ("Attribution profile by fractional depth", self._draw_attribution)]
+        if self.probes is not None:
+            views.append(("Hacking-probe profiles", self._draw_probes))
+        out = []
+        for title, draw in views:
+            fig, ax = plt.subplots(figsize=(6.5, 4))
+            draw(ax)
+            fig.tight_layout()
+            out.append((title, fig))
+        return out
+
+    def plot(self):
+        """All views in one figure: agreement, lens curves, crystallization, attribution (and probes)."""
+        import matplotlib.pyplot as plt
+
+        n = 5 if self.probes is not None else 4
+        rows = (n + 1) // 2
+        fig, axes = plt.subplots(rows, 2, figsize=(13, 4.2 * rows))
+        axes = axes.ravel()
+        draws = [self._draw_agreement, self._draw_lens, self._draw_crystallization, self._draw_attribution]
+        if self.probes is not None:
+            draws.append(self._draw_probes)
+        for ax, draw in zip(axes, draws):
+            draw(ax)
+        for ax in axes[len(draws):]:
+            ax.axis("off")
+        fig.suptitle("cross-model comparison (basis-free, scale-free quantities only)")
+        fig.tight_layout()
+        return fig
+
+
+def compare_report_sections(result: ComparisonResult) -> List[Tuple[str, Any]]:
+    """(title, DataFrame or matplotlib Figure) items for an HTML report, in reading order."""
+    sections: List[Tuple[str, Any]] = [
+        ("Models", result.accuracy),
+        ("Pairwise comparison (basis-free metrics)", result.pairwise),
+    ]
+    for title, fig in result.figures():
+        sections.append((title, fig))
+        if title == "Preference agreement":
+            sections.append(("Preference agreement (table)", result.agreement))
+        if title == "Hacking-probe profiles":
+            sections.append(("Hacking-probe profiles (table)", result.probes))
+    return sections
+
+
+# ------------------------------------------------------------------------------------------- the math
+
+
+def compare_profiles(
+    profiles: Union[Sequence[ModelProfile], Mapping[str, ModelProfile]],
+    *,
+    tol: float = 0.1,
+    n_bins: Optional[int] = None,
+    grid_points: int = 21,
+    n_boot: int = 1000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> ComparisonResult:
+    """Compare precomputed model profiles measured on the same pairs (in the same order)."""
+    from scipy.stats import ks_2samp, spearmanr
+
+    check_level(level)
+    profs = list(profiles.values()) if isinstance(profiles, Mapping) else list(profiles)
+    if len(profs) < 2:
+        raise ValueError("need at least two models to compare")
+    names = [p.name for p in profs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"model names must be distinct, got {names}")
+    for p in profs:
+        p.validate()
+    n = len(profs[0].gaps)
+    if any(len(p.gaps) != n for p in profs):
+        raise ValueError(f"profiles cover different numbers of pairs {[len(p.gaps) for p in profs]}; "
+                         "compare models on the same pairs")
+    if profs[0].pair_ids and any(p.pair_ids and p.pair_ids != profs[0].pair_ids for p in profs):
+        raise ValueError("profiles list different pair ids: compare models on the same pairs, in the same order")
+    if n_bins is None:
+        n_bins = max(1, min(10, min(p.n_layers for p in profs)))
+    grid = np.linspace(0.0, 1.0, grid_points)
+
+    acc_rows, lens_rows, cryst_rows, attr_rows, curves, cryst, shares = [], [], [], [], {}, {}, {}
+    for p in profs:
+        g = p.gaps
+        acc_rows.append({"model": p.name, "accuracy": float((g > 0).mean()), "n_pairs": n,
+                         "n_layers": p.n_layers, "gap_sd": float(np.std(g, ddof=1)) if n > 1 else np.nan,
+                         "max_decomposition_error": p.max_decomposition_error})
+        mass = np.abs(g).sum()
+        share = (np.sign(g)[:, None] * p.lens_gap).sum(0) / mass if mass > 0 else np.full(p.lens_gap.shape[1], np.nan)
+        nz = g != 0
+        per_pair = p.lens_gap[nz] / g[nz, None]
+        q = np.nanquantile(per_pair, [0.25, 0.5, 0.75], axis=0) if nz.any() else np.full((3, p.lens_gap.shape[1]), np.nan)
+        curve = np.interp(grid, p.lens_depths, share)
+        curves[p.name] = curve
+        for j, d in enumerate(grid):
+            lens_rows.append({"model": p.name, "depth": d, "share": curve[j],
+                              "median": np.interp(d, p.lens_depths, q[1]),
+                              "q25": np.interp(d, p.lens_depths, q[0]), "q75": np.interp(d, p.lens_depths, q[2])})
+        depths = crystallization_depths(p.lens_gap, p.lens_depths, tol)
+        cryst[p.name] = depths
+        ids = p.pair_ids or [str(i) for i in range(n)]
+        cryst_rows += [{"model": p.name, "pair": i, "depth": d} for i, d in zip(ids, depths)]
+        bins = _depth_bins(p.component_depths, n_bins)
+        signed = np.zeros(n_bins)
+        absolute = np.zeros(n_bins)
+        np.add.at(signed, bins, (np.sign(g)[:, None] * p.attribution_gap).sum(0))
+        np.add.at(absolute, bins, np.abs(p.attribution_gap).sum(0))
+        signed = signed / mass if mass > 0 else signed * np.nan
+        absolute = absolute / absolute.sum() if absolute.sum() > 0 else absolute * np.nan
+        shares[p.name] = (signed, absolute)
+        for b in range(n_bins):
+            attr_rows.append({"model": p.name, "bin": b, "depth_low": b / n_bins, "depth_high": (b + 1) / n_bins,
+                              "signed_share": signed[b], "abs_share": absolute[b]})
+
+    probe_frames = [_standardise_probes(p.probes, p.gaps, p.name) for p in profs if p.probes is not None]
+    probes = pd.concat(probe_frames, ignore_index=True) if probe_frames else None
+
+    idx = bootstrap_indices(n, n_boot, seed) if n_boot else None
+    agree_rows, pair_rows = [], []
+    for i in range(len(profs)):
+        for j in range(i + 1, len(profs)):
+            a, b = profs[i], profs[j]
+            same = np.sign(a.gaps) == np.sign(b.gaps)
+            ag = float(same.mean())
+            lo, hi = percentile_ci(same[idx].mean(1), level) if idx is not None else (np.nan, np.nan)
+            if n >= 3 and np.ptp(a.gaps) > 0 and np.ptp(b.gaps) > 0:
+                sr = spearmanr(a.gaps, b.gaps)
+                rho, rho_p = float(sr.statistic), float(sr.pvalue)
+            else:
+                rho, rho_p = np.nan, np.nan
+            agree_rows.append({"model_a": a.name, "model_b": b.name, "agreement": ag, "ci_low": float(lo),
+                               "ci_high": float(hi), "spearman": rho, "spearman_p": rho_p, "n_pairs": n})
+            ca, cb = cryst[a.name][~np.isnan(cryst[a.name])], cryst[b.name][~np.isnan(cryst[b.name])]
+            ks = ks_2samp(ca, cb) if len(ca) and len(cb) else None
+            metrics = {
+                "agreement": ag, "gap_spearman": rho,
+                "lens_curve_max_abs_diff": float(np.max(np.abs(curves[a.name] - curves[b.name]))),
+                "crystallization_median_diff": float(np.median(cb) - np.median(ca)) if len(ca) and len(cb) else np.nan,
+                "crystallization_ks": float(ks.statistic) if ks is not None else np.nan,
+                "crystallization_ks_p": float(ks.pvalue) if ks is not None else np.nan,
+                "attribution_abs_tv": float(0.5 * np.abs(shares[a.name][1] - shares[b.name][1]).sum()),
+                "attribution_signed_l1": float(np.abs(shares[a.name][0] - shares[b.name][0]).sum()),
+            }
+            if probes is not None and a.probes is not None and b.probes is not None:
+                pa = probes[probes.model == a.name].set_index("dimension")
+                pb = probes[probes.model == b.name].set_index("dimension")
+                common = [d for d in pa.index if d in pb.index]
+                if common and "verdict" in pa.columns and "verdict" in pb.columns:
+                    metrics["probe_verdict_agreement"] = float((pa.loc[common, "verdict"] == pb.loc[common, "verdict"]).mean())
+                if len(common) >= 3:
+                    metrics["probe_effect_spearman"] = float(spearmanr(pa.loc[common, "effect_per_gap_sd"],
+                                                                       pb.loc[common, "effect_per_gap_sd"]).statistic)
+            pair_rows += [{"model_a": a.name, "model_b": b.name, "metric": k, "value": v} for k, v in metrics.items()]
+
+    return ComparisonResult(
+        names=names, profiles={p.name: p for p in profs}, accuracy=pd.DataFrame(acc_rows),
+        agreement=pd.DataFrame(agree_rows), lens=pd.DataFrame(lens_rows), crystallization=pd.DataFrame(cryst_rows),
+        attribution=pd.DataFrame(attr_rows), probes=probes, pairwise=pd.DataFrame(pair_rows), tol=tol,
+        n_bins=n_bins, level=level,
+    )
+
+
+def _probe_results(models: Mapping[str, Any], probes: Any, batch_size: int) -> Dict[str, Any]:
+    if probes is None or probes is False:
+        return {}
+    if probes is True:
+        try:
+            from reward_lens.probes import run_probes
+        except ImportError:
+            raise ValueError("the hacking probe suite (reward_lens.probes) is not available in this install; "
+                             "pass probes={name: probe_result_or_frame} instead") from None
+        return {n: run_probes(m, batch_size=batch_size) for n, m in models.items()}
+    if isinstance(probes, Mapping):
+        unknown = [k for k in probes if k not in models]
+        if unknown:
+            raise ValueError(f"probe results given for unknown model(s) {unknown}; models are {list(models)}")
+        return dict(probes)
+    raise TypeError("probes must be None, True (run the probe suite on every model) or a dict name -> probe result")
+
+
+def compare_models(
+    models: Mapping[str, Any],
+    pairs: Any,
+    *,
+    probes: Any = None,
+    batch_size: int = 8,
+    progress: Union[bool, str] = False,
+    tol: float = 0.1,
+    n_bins: Optional[int] = None,
+    n_boot: int = 1000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> ComparisonResult:
+    """Compare two or more reward models on the same pairs with basis-free, scale-free quantities.
+
+    `models`: name -> HookedRewardModel (any widths, depths, architectures; each uses its own tokenizer).
+    `pairs`: PreferencePairs (or TokenPairs, when the models share a vocabulary), or a pairs file.
+    `probes`: None; True to run the hacking probe suite on every model; or name -> probe result / frame.
+    """
+    from reward_lens.data import as_pairs
+
+    if not isinstance(models, Mapping) or len(models) < 2:
+        raise ValueError("compare_models needs a dict of at least two models, e.g. {'a': model_a, 'b': model_b}")
+    pairs = as_pairs(pairs)
+    probe_results = _probe_results(models, probes, batch_size)
+    profiles = []
+    for name, model in models.items():
+        prof = model_profile(model, pairs, name=str(name), batch_size=batch_size,
+                             progress=f"{name}" if progress else False)
+        if name in probe_results:
+            prof.probes = probe_results[name]
+        profiles.append(prof)
+    return compare_profiles(profiles, tol=tol, n_bins=n_bins, n_boot=n_boot, seed=seed, level=level)
