@@ -7,13 +7,15 @@ up to a positive affine map: r and 3r + 7 prefer the same responses):
 
 - *preference agreement*: the fraction of pairs on which two models prefer the same response (sign of
   the gap Δ = r(chosen) − r(rejected)), with a bootstrap interval, and the Spearman correlation of gaps;
-- *lens curves on fractional depth*: the frozen-scale reward lens of the gap (additive, ends exactly at
-  Δ) after the embedding (depth 0) and after each block l (depth (l + 1) / L), aggregated as
-  Σ_i sign(Δ_i) lens_i(depth) / Σ_i |Δ_i| (the share of the total preference margin formed by that
-  depth, ending at 1) with per-pair median and quartiles of lens_i / Δ_i, interpolated onto a common grid;
+- *lens curves on fractional depth*: the reward lens of the gap (``reward_lens.lens``; default variant
+  "normed", the final norm recomputed on the intermediate residual, as the lens instrument; "frozen" is
+  the additive one) after the embedding (depth 0) and after each block l (depth (l + 1) / L); both end
+  exactly at Δ. Aggregated as Σ_i sign(Δ_i) lens_i(depth) / Σ_i |Δ_i| (the share of the total preference
+  margin read at that depth, ending at 1) with per-pair median and quartiles of lens_i / Δ_i,
+  interpolated onto a common depth grid;
 - *crystallization depth*: per pair, the first fractional depth from which the lens of the gap keeps the
-  final sign and stays within ``tol`` · |Δ| of it (default tol = 0.1); distributions compared by medians
-  and the two-sample Kolmogorov–Smirnov statistic;
+  final sign and stays within ``tol`` · |Δ| of it (default tol = 0.1, the lens instrument's rule);
+  distributions compared by medians and the two-sample Kolmogorov–Smirnov statistic;
 - *attribution profiles by fractional depth*: exact direct attribution of each gap to embed and every
   attention and MLP output (they sum to Δ exactly; the final norm's scale is frozen at its real value),
   components placed at depth 0 (embed), (l + ½)/L (attn_l) and (l + 1)/L (mlp_l), summed in ``n_bins``
@@ -22,8 +24,9 @@ up to a positive affine map: r and 3r + 7 prefer the same responses):
 - *probe profiles*: hacking-probe effects side by side, standardised by each model's spread of gaps
   (effect / sd(Δ)) so that models on different reward scales line up, with the verdicts.
 
-`compare_models(models, pairs)` computes everything in one readout-only pass per model and side;
-`compare_profiles` does the math on precomputed `ModelProfile`s (plain arrays).
+`compare_models(models, pairs)` runs the lens and attribution instruments on every model;
+`profile_from_results` builds a `ModelProfile` from results already computed (e.g. by the audit);
+`compare_profiles` does the math on `ModelProfile`s (plain arrays).
 """
 
 from __future__ import annotations
@@ -46,8 +49,8 @@ class ModelProfile:
 
     name: str
     gaps: np.ndarray  # [n] r(chosen) − r(rejected), the model's own output
-    lens_gap: np.ndarray  # [n, L + 1] frozen-scale lens of the gap: embed, after block 0, ..., after block L−1
-    lens_depths: np.ndarray  # [L + 1] fractional depths 0, 1/L, ..., 1
+    lens_gap: np.ndarray  # [n, S] lens of the gap at each site (embed, after block 0, ..., after block L−1)
+    lens_depths: np.ndarray  # [S] fractional depths of the sites (0, 1/L, ..., 1)
     attribution_gap: np.ndarray  # [n, C] exact attribution of the gap to each component
     components: List[str]  # embed, attn_L0, mlp_L0, ...
     component_depths: np.ndarray  # [C]
@@ -72,12 +75,38 @@ class ModelProfile:
                              f"{len(self.component_depths)} depths")
 
 
-def _component_layout(n_layers: int) -> Tuple[List[str], np.ndarray]:
-    names, depths = ["embed"], [0.0]
-    for l in range(n_layers):
-        names += [f"attn_L{l}", f"mlp_L{l}"]
-        depths += [(l + 0.5) / n_layers, (l + 1.0) / n_layers]
-    return names, np.array(depths)
+def component_depths(components: Sequence[str], layers: Sequence[int], n_layers: int) -> np.ndarray:
+    """Fractional depth of each attribution component: embed 0, attn_L{l} (l + ½)/L, mlp_L{l} (l + 1)/L."""
+    out = []
+    for name, layer in zip(components, layers):
+        if layer < 0:
+            out.append(0.0)
+        elif str(name).startswith("attn"):
+            out.append((layer + 0.5) / n_layers)
+        else:
+            out.append((layer + 1.0) / n_layers)
+    return np.array(out)
+
+
+def profile_from_results(name: str, lens_result: Any, attribution_result: Any, *, variant: str = "normed",
+                         probes: Any = None) -> ModelProfile:
+    """A ModelProfile from the instruments' results on the same pairs: `reward_lens.lens` (its `variant`
+    lens of the gap) and `reward_lens.attribute` (component terms of the gap)."""
+    def arr(t):
+        return t.detach().double().cpu().numpy() if hasattr(t, "detach") else np.asarray(t, dtype=np.float64)
+
+    if list(lens_result.pair_ids) != list(attribution_result.pair_ids):
+        raise ValueError(f"{name!r}: the lens and attribution results cover different pairs")
+    n_layers = max(attribution_result.layers) + 1
+    gaps = arr(lens_result.reward_chosen) - arr(lens_result.reward_rejected)
+    return ModelProfile(
+        name=name, gaps=gaps, lens_gap=arr(lens_result.get(variant, "gap")),
+        lens_depths=np.asarray(lens_result.depths, dtype=np.float64),
+        attribution_gap=arr(attribution_result.gap), components=list(attribution_result.components),
+        component_depths=component_depths(attribution_result.components, attribution_result.layers, n_layers),
+        pair_ids=[str(i) for i in lens_result.pair_ids], probes=probes,
+        max_decomposition_error=float(attribution_result.max_relative_error()),
+    )
 
 
 def model_profile(
@@ -85,51 +114,19 @@ def model_profile(
     pairs: Any,
     *,
     name: str = "model",
+    variant: str = "normed",
     batch_size: int = 8,
     progress: Union[bool, str] = False,
 ) -> ModelProfile:
-    """Gaps, the frozen-scale lens of the gap and its exact attribution to embed / attn / mlp outputs.
-
-    One readout-only run per side: reward = w · (Σ components / ln_final scale) + b exactly, so the lens
-    after block l is the cumulative sum of the component terms and ends at the reward.
-    """
-    import torch
-
+    """Run the reward lens and the exact attribution (`reward_lens.instruments`) of `model` on `pairs`
+    and keep the basis-free parts: gaps, the lens of the gap by depth, the attribution of the gap."""
     from reward_lens.data import as_pairs
-    from reward_lens.runner import pair_batches, readout_direction
+    from reward_lens.instruments import attribute, lens
 
     pairs = as_pairs(pairs)
-    L = model.cfg.n_layers
-    comps = ["hook_embed"] + [f"blocks.{l}.hook_{k}_out" for l in range(L) for k in ("attn", "mlp")]
-    names, depths = _component_layout(L)
-    attr = {"chosen": [], "rejected": []}
-    rewards = {"chosen": [], "rejected": []}
-    max_err, max_r = 0.0, 0.0
-    with torch.no_grad():
-        for pb in pair_batches(model, pairs, batch_size, progress):
-            for side, tok in (("chosen", pb.chosen), ("rejected", pb.rejected)):
-                out, cache = model.run_with_cache(tok.input_ids, attention_mask=tok.attention_mask, readout_only=True,
-                                                  readout_positions=tok.readout,
-                                                  names_filter=comps + ["ln_final.hook_scale"])
-                w, b = readout_direction(model, tok)
-                scale = cache["ln_final.hook_scale"][:, 0].double()  # [batch, 1]
-                terms = torch.stack([(cache[c][:, 0].double() / scale * w.double()).sum(-1) for c in comps], 1)
-                reward = out.double().reshape(-1)
-                max_err = max(max_err, float((terms.sum(1) + b.double() - reward).abs().max()))
-                max_r = max(max_r, float(reward.abs().max()))
-                attr[side].append(terms.cpu().numpy())
-                rewards[side].append(reward.cpu().numpy())
-    a = np.concatenate(attr["chosen"]) - np.concatenate(attr["rejected"])
-    gaps = np.concatenate(rewards["chosen"]) - np.concatenate(rewards["rejected"])
-    rel = max_err / max(max_r, 1e-12)
-    if rel > 1e-3:
-        raise RuntimeError(
-            f"model {name!r}: the component terms miss the reward by {rel:.2e} (relative); its residual stream does "
-            "not decompose as embed + attention + MLP outputs, so its lens and attribution would be wrong"
-        )
-    lens = np.concatenate([a[:, :1], a[:, :1] + np.cumsum(a[:, 1:].reshape(len(a), L, 2).sum(-1), axis=1)], axis=1)
-    ids = [str(p.id) if getattr(p, "id", None) is not None else str(i) for i, p in enumerate(pairs)]
-    return ModelProfile(name, gaps, lens, np.arange(L + 1) / L, a, names, depths, ids, None, rel)
+    lr = lens(model, pairs, batch_size=batch_size, progress=progress)
+    ar = attribute(model, pairs, heads=False, batch_size=batch_size, progress=progress)
+    return profile_from_results(name, lr, ar, variant=variant)
 
 
 def crystallization_depths(lens_gap: np.ndarray, depths: np.ndarray, tol: float = 0.1) -> np.ndarray:
@@ -467,6 +464,7 @@ def compare_models(
     probes: Any = None,
     batch_size: int = 8,
     progress: Union[bool, str] = False,
+    variant: str = "normed",
     tol: float = 0.1,
     n_bins: Optional[int] = None,
     n_boot: int = 1000,
@@ -478,6 +476,8 @@ def compare_models(
     `models`: name -> HookedRewardModel (any widths, depths, architectures; each uses its own tokenizer).
     `pairs`: PreferencePairs (or TokenPairs, when the models share a vocabulary), or a pairs file.
     `probes`: None; True to run the hacking probe suite on every model; or name -> probe result / frame.
+    `variant`: the lens variant for curves and crystallization ("normed", the logit-lens analogue and the
+    lens instrument's default, or "frozen", additive); `tol`: crystallization tolerance (relative).
     """
     from reward_lens.data import as_pairs
 
@@ -487,7 +487,7 @@ def compare_models(
     probe_results = _probe_results(models, probes, batch_size)
     profiles = []
     for name, model in models.items():
-        prof = model_profile(model, pairs, name=str(name), batch_size=batch_size,
+        prof = model_profile(model, pairs, name=str(name), variant=variant, batch_size=batch_size,
                              progress=f"{name}" if progress else False)
         if name in probe_results:
             prof.probes = probe_results[name]

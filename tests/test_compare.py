@@ -55,16 +55,29 @@ def direct_gaps(model, pairs):
 
 def test_profile_is_exact(models, pairs):
     model = models["seed0"]
-    prof = model_profile(model, pairs, batch_size=4)
+    prof = model_profile(model, pairs, batch_size=4, variant="frozen")
     gaps = direct_gaps(model, pairs)
     np.testing.assert_allclose(prof.gaps, gaps, atol=1e-5, rtol=1e-5)  # batched/padded = one at a time
     np.testing.assert_allclose(prof.attribution_gap.sum(1), prof.gaps, atol=1e-5, rtol=1e-5)  # exact split
     np.testing.assert_allclose(prof.lens_gap[:, -1], prof.gaps, atol=1e-5, rtol=1e-5)  # lens ends at the gap
-    assert prof.max_decomposition_error < 1e-5
+    assert prof.max_decomposition_error < 1e-4
     assert prof.components[:3] == ["embed", "attn_L0", "mlp_L0"] and len(prof.components) == 1 + 2 * 3
     np.testing.assert_allclose(prof.lens_depths, [0, 1 / 3, 2 / 3, 1])
-    # lens after block l = embed + sum of the first l blocks' attn + mlp terms
-    np.testing.assert_allclose(prof.lens_gap[:, 2], prof.attribution_gap[:, :5].sum(1), atol=1e-12)
+    np.testing.assert_allclose(prof.component_depths[:3], [0, 0.5 / 3, 1 / 3])
+    # the frozen lens after block l = embed + the first l blocks' attn + mlp terms
+    np.testing.assert_allclose(prof.lens_gap[:, 2], prof.attribution_gap[:, :5].sum(1), atol=1e-5)
+    normed = model_profile(model, pairs, batch_size=5)  # the default variant also ends at the gap
+    np.testing.assert_allclose(normed.lens_gap[:, -1], gaps, atol=1e-5, rtol=1e-5)
+
+
+def test_crystallization_agrees_with_the_lens_instrument(models, pairs):
+    from reward_lens.instruments import lens
+
+    res = lens(models["seed1"], pairs, progress=False)
+    for variant in ("normed", "frozen"):
+        for tol in (0.05, 0.3):
+            mine = crystallization_depths(res.get(variant, "gap").double().numpy(), np.asarray(res.depths), tol)
+            np.testing.assert_array_equal(mine, res.crystallization_depth(variant, rtol=tol).numpy())
 
 
 def naive_crystallization(lens, depths, tol):
