@@ -64,3 +64,40 @@ def padded_batch(lengths, side: str, vocab: int = 97, pad: int = 0, seed: int = 
         ids[i, sl] = torch.randint(1, vocab, (n,), generator=g)
         mask[i, sl] = 1
     return ids, mask
+
+
+def tiny_tokenizer(vocab_size: int = 97, texts=None, padding_side: str = "right"):
+    """A word-level tokenizer whose ids fit a tiny model's vocabulary, for tests that need text input.
+
+    Lower-cased words and punctuation; [PAD] = 0 (the tiny configs' pad_token_id), [UNK] = 1, then the
+    most frequent words of `texts` (default: the bundled pairs in the plain "User: ... Assistant: ..."
+    format). Wrapped in transformers' PreTrainedTokenizerFast, so `model.tokenizer = tiny_tokenizer()`.
+    """
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    if texts is None:
+        from reward_lens.data import bundled_pairs
+        from reward_lens.tokenization import PLAIN_FORMAT
+
+        texts = [PLAIN_FORMAT.format(prompt=p.prompt, response=r) for p in bundled_pairs() for r in (p.chosen, p.rejected)]
+    tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+    tok.normalizer = normalizers.Lowercase()
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator(texts, trainers.WordLevelTrainer(vocab_size=vocab_size, special_tokens=["[PAD]", "[UNK]"]))
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]", padding_side=padding_side)
+
+
+def token_pairs(lengths, prompt_len: int = 3, vocab: int = 97, seed: int = 0, low: int = 1):
+    """TokenPairs sharing a random `prompt_len`-token prompt, with random responses of the given
+    (chosen, rejected) lengths; ids drawn from [low, vocab) so the pad id 0 never occurs."""
+    from reward_lens.data import TokenPair
+
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i, (nc, nr) in enumerate(lengths):
+        prompt = torch.randint(low, vocab, (prompt_len,), generator=g)
+        chosen = torch.cat([prompt, torch.randint(low, vocab, (nc,), generator=g)])
+        rejected = torch.cat([prompt, torch.randint(low, vocab, (nr,), generator=g)])
+        out.append(TokenPair(chosen, rejected, id=f"p{i}"))
+    return out
