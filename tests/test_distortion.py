@@ -173,3 +173,49 @@ def test_model_path_reward_differences_are_exact(llama_model):
     assert res.coverage_matrix.shape == (2, 2)
     np.testing.assert_allclose(res.coverage_matrix.values.sum(1), 1.0, atol=1e-12)
     assert 0.0 <= res.index <= 1.0
+
+
+@pytest.fixture(scope="module")
+def text_model():
+    """A tiny random Llama RM with a byte-level BPE tokenizer (any text tokenises)."""
+    from helpers import tiny_hf_model
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from reward_lens import HookedRewardModel
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<pad>", "<s>", "</s>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(["What is the capital of France? The capital of France is Paris.",
+                             "I agree with you. You are right. I hope this helps."], trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    return HookedRewardModel.from_hf_model(tiny_hf_model("llama", vocab_size=len(fast), max_position_embeddings=1024),
+                                       tokenizer=fast)
+
+
+def test_adapters_take_a_probe_suite_result(text_model):
+    """distortion_from_model(dimensions=ProbeResult) and detect_cascades(ProbeResult) on real probe output."""
+    from reward_lens.data import bundled_pairs
+    from reward_lens.probes import load_probe_items, probe_pairs, run_probes
+    from reward_lens.theory import detect_cascades
+    from reward_lens.theory.distortion import readout_states
+
+    items = load_probe_items()[:8]
+    probes = run_probes(text_model, items=items, dimensions=["length", "confidence", "formatting"], n_boot=100,
+                        n_perm=200)
+    casc = detect_cascades(probes, n_boot=100)
+    assert casc.dimensions == ["length", "confidence", "formatting"] and casc.n_items == 8
+    wide = probes.per_item.pivot(index="item_id", columns="dimension", values="delta")[casc.dimensions]
+    np.testing.assert_allclose(casc.corr, np.corrcoef(wide.to_numpy().T), atol=1e-12)
+
+    evaluation = bundled_pairs()[:12]
+    res = distortion_from_model(text_model, evaluation, probes, n_boot=20)
+    assert res.dimensions == ["length", "confidence", "formatting"]
+    assert res.probes == list(dict.fromkeys(p.subset or "all" for p in evaluation))
+    assert res.sensitivity_source == "geometry"
+    # each dimension's direction is the mean readout difference of its probe pairs, and w · δ = Δr exactly
+    delta, w = readout_states(text_model, probe_pairs(items, "length"))
+    np.testing.assert_allclose((delta * w).sum(1), probes.per_item.query("dimension == 'length'").delta, atol=1e-4)

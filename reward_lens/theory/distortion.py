@@ -477,31 +477,65 @@ def readout_states(model, pairs: Any, *, batch_size: int = 8, progress: Union[bo
     return torch.cat(deltas).cpu().numpy(), torch.cat(directions).cpu().numpy()
 
 
+def _dimension_specs(dimensions: Any) -> Dict[str, Any]:
+    """name -> direction or pairs; a probe-suite result becomes name -> its probe pairs (A = with the property)."""
+    per_item = getattr(dimensions, "per_item", None)
+    if per_item is not None and not isinstance(dimensions, Mapping):
+        from reward_lens.data import PreferencePair
+
+        need = {"dimension", "prompt", "response_a", "response_b"}
+        if not need <= set(per_item.columns):
+            raise ValueError(f"the probe result's per_item frame lacks columns {sorted(need - set(per_item.columns))}")
+        out: Dict[str, Any] = {}
+        for row in per_item.itertuples():
+            out.setdefault(row.dimension, []).append(PreferencePair(row.prompt, row.response_a, row.response_b))
+        return out
+    if not isinstance(dimensions, Mapping) or not dimensions:
+        raise ValueError("dimensions must be a probe-suite result, or a non-empty dict name -> direction [d_model] "
+                         "or name -> pairs differing only in that dimension")
+    return dict(dimensions)
+
+
+def _probe_sets(probes: Any) -> Dict[str, Any]:
+    """name -> pairs; a list of pairs (or a pairs file) is grouped by its `subset` ("all" when unset)."""
+    if isinstance(probes, Mapping):
+        if not probes:
+            raise ValueError("no evaluation probes given; pass name -> pairs, or a list of pairs with subsets")
+        return dict(probes)
+    from reward_lens.data import as_pairs
+
+    groups: Dict[str, list] = {}
+    for p in as_pairs(probes):
+        groups.setdefault(getattr(p, "subset", None) or "all", []).append(p)
+    return groups
+
+
 def distortion_from_model(
     model,
-    probes: Mapping[str, Any],
-    dimensions: Mapping[str, Any],
+    probes: Any,
+    dimensions: Any,
     *,
     batch_size: int = 8,
     progress: Union[bool, str] = False,
     **options: Any,
 ) -> DistortionResult:
-    """The distortion index of evaluation pair sets `probes` (name -> pairs) for `model`.
+    """The distortion index of evaluation pair sets for `model`.
 
-    `dimensions`: name -> a concept direction [d_model] in the norm-aware readout space, or name -> pairs
-    that differ only in that dimension (chosen = more of it; e.g. the hacking probe suite's pairs), whose
-    mean readout-state difference becomes the direction. Options as in `distortion_index`.
+    `probes`: name -> pairs, or a list of pairs / a pairs file (grouped by `subset`).
+    `dimensions`: a hacking-probe result (`reward_lens.probes.run_probes`: each dimension's probe pairs
+    define it), or name -> a concept direction [d_model] in the norm-aware readout space, or name -> pairs
+    that differ only in that dimension (chosen = more of it). A dimension given by pairs gets the mean
+    readout-state difference of its pairs as its direction. Options as in `distortion_index`.
     """
-    if not dimensions:
-        raise ValueError("no quality dimensions given; pass name -> direction or name -> pairs differing only in it")
+    specs = _dimension_specs(dimensions)
     U = {}
-    for name, spec in dimensions.items():
+    for name, spec in specs.items():
         if hasattr(spec, "shape") and len(getattr(spec, "shape")) == 1:
             U[name] = _to_numpy(spec)
         else:
             delta, _ = readout_states(model, spec, batch_size=batch_size)
             U[name] = delta.mean(0)
     per_probe_w, per_probe_delta = {}, {}
-    for p, pairs in probes.items():
+    for p, pairs in _probe_sets(probes).items():
         per_probe_delta[p], per_probe_w[p] = readout_states(model, pairs, batch_size=batch_size, progress=progress)
     return distortion_from_directions(per_probe_w, U, per_probe_delta, **options)
