@@ -198,3 +198,26 @@ def test_multi_output_head_folded_or_not():
     W = (hf.score.weight * hf.model.norm.weight).detach().double()
     cos = torch.nn.functional.cosine_similarity(W[:, None], W[None], dim=-1).numpy()
     np.testing.assert_allclose(results[True].cosine, cos, atol=1e-6)
+
+
+def test_custom_directions_on_one_model(llama_model):
+    from reward_lens.data import TokenPair
+
+    g = torch.Generator().manual_seed(4)
+    pairs = [TokenPair(torch.randint(1, 97, (6,), generator=g), torch.randint(1, 97, (4,), generator=g)) for _ in range(6)]
+    w = llama_model.reward_direction.detach()
+    v = torch.randn(w.shape, generator=g)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # d_model 64: below the noise floor
+        res = reward_conflicts(llama_model, pairs, directions={"reward": w, "probe": -w + 0.1 * w.norm() / v.norm() * v})
+    with torch.no_grad():
+        gaps = np.array([float(llama_model(p.chosen[None]) - llama_model(p.rejected[None])) for p in pairs])
+    probe = res.to_frame().iloc[0]
+    assert probe.cosine < -0.9 and probe.verdict == "conflicting"
+    # the "reward" term's per-pair differences are the model's own gaps (w · Δx is exact)
+    from reward_lens.theory.conflicts import _readout_states
+
+    x, _ = _readout_states(llama_model, pairs, 3)
+    np.testing.assert_allclose((x["chosen"] - x["rejected"]) @ w.double().numpy(), gaps, atol=1e-5)
+    with pytest.raises(ValueError, match="width"):
+        reward_conflicts(llama_model, pairs, directions={"a": torch.ones(3), "b": torch.ones(3)})

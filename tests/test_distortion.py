@@ -203,15 +203,15 @@ def test_adapters_take_a_probe_suite_result(text_model):
     from reward_lens.theory import detect_cascades
     from reward_lens.theory.distortion import readout_states
 
-    items = load_probe_items()[:8]
+    items = load_probe_items()[:6]
     probes = run_probes(text_model, items=items, dimensions=["length", "confidence", "formatting"], n_boot=100,
                         n_perm=200)
     casc = detect_cascades(probes, n_boot=100)
-    assert casc.dimensions == ["length", "confidence", "formatting"] and casc.n_items == 8
+    assert casc.dimensions == ["length", "confidence", "formatting"] and casc.n_items == 6
     wide = probes.per_item.pivot(index="item_id", columns="dimension", values="delta")[casc.dimensions]
     np.testing.assert_allclose(casc.corr, np.corrcoef(wide.to_numpy().T), atol=1e-12)
 
-    evaluation = bundled_pairs()[:12]
+    evaluation = bundled_pairs()[:8]
     res = distortion_from_model(text_model, evaluation, probes, n_boot=20)
     assert res.dimensions == ["length", "confidence", "formatting"]
     assert res.probes == list(dict.fromkeys(p.subset or "all" for p in evaluation))
