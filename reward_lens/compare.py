@@ -99,9 +99,10 @@ def profile_from_results(name: str, lens_result: Any, attribution_result: Any, *
         raise ValueError(f"{name!r}: the lens and attribution results cover different pairs")
     n_layers = max(attribution_result.layers) + 1
     gaps = arr(lens_result.reward_chosen) - arr(lens_result.reward_rejected)
+    keep = [j for j, site in enumerate(lens_result.sites) if not str(site).endswith(".mid")]  # block outputs only
     return ModelProfile(
-        name=name, gaps=gaps, lens_gap=arr(lens_result.get(variant, "gap")),
-        lens_depths=np.asarray(lens_result.depths, dtype=np.float64),
+        name=name, gaps=gaps, lens_gap=arr(lens_result.get(variant, "gap"))[:, keep],
+        lens_depths=np.asarray(lens_result.depths, dtype=np.float64)[keep],
         attribution_gap=arr(attribution_result.gap), components=list(attribution_result.components),
         component_depths=component_depths(attribution_result.components, attribution_result.layers, n_layers),
         pair_ids=[str(i) for i in lens_result.pair_ids], probes=probes,
@@ -225,7 +226,7 @@ class ComparisonResult:
 
     def _draw_crystallization(self, ax) -> None:
         data = [self.crystallization[self.crystallization.model == n].depth.dropna().to_numpy() for n in self.names]
-        ax.boxplot(data, vert=False)
+        ax.boxplot([d if len(d) else np.array([np.nan]) for d in data], vert=False)
         ax.set_yticks(range(1, len(self.names) + 1), self.names)
         ax.set_xlim(-0.05, 1.05)
         ax.set_xlabel("crystallization depth")
