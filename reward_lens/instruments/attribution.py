@@ -198,7 +198,7 @@ def attribute(
     model,
     pairs,
     *,
-    heads: bool = True,
+    heads: Optional[bool] = None,
     neurons: bool = False,
     batch_size: int = 8,
     padding_side: Optional[str] = None,
@@ -209,8 +209,11 @@ def attribute(
     Terms: embed, attn_L{l}, mlp_L{l} (sum to reward - bias), per head (with each layer's b_O term they
     sum to attn_L{l}), and with `neurons=True` per MLP neuron (with b_out they sum to mlp_L{l}). The
     identity is checked on every call; a head that is not linear in the final residual gets a warning.
+    heads=None: per-head terms when the model has per-head hooks (native architectures).
     """
     pairs = as_pairs(pairs)
+    if heads is None:
+        heads = "blocks.0.attn.hook_z" in model.hook_dict
     parts = {"chosen": [], "rejected": []}
     for batch in pair_batches(model, pairs, batch_size, progress and "attribute", padding_side):
         parts["chosen"].append(_attribute_batch(model, batch.chosen, heads, neurons))

@@ -339,23 +339,25 @@ def _readout_sweep(model, tcap: Capture, entries) -> torch.Tensor:
 
 
 def _start_layer(site: Site) -> int:
-    return 0 if site.kind == "embed" else site.layer
+    return -1 if site.kind == "embed" else site.layer  # -1: a full forward (hook_embed may precede positions)
 
 
-def _full_resid(model, tcap: Capture, l: int) -> torch.Tensor:
-    L = model.cfg.n_layers
-    if l == 0:
-        return tcap.full["hook_embed"]
-    return tcap.full[f"blocks.{l}.hook_resid_pre"] if l < L else tcap.full[f"blocks.{L - 1}.hook_resid_post"]
+def _resid_name(l: int, n_layers: int) -> str:
+    return f"blocks.{l}.hook_resid_pre" if l < n_layers else f"blocks.{n_layers - 1}.hook_resid_post"
 
 
 def _full_resid_names(model, sites: Sequence[Site]) -> List[str]:
     L = model.cfg.n_layers
-    names = set()
-    for s in sites:
-        l = _start_layer(s)
-        names.add("hook_embed" if l == 0 else f"blocks.{l}.hook_resid_pre" if l < L else f"blocks.{L - 1}.hook_resid_post")
-    return sorted(names)
+    return sorted({_resid_name(_start_layer(s), L) for s in sites if s.kind != "embed"})
+
+
+def has_readout_fast_path(model) -> bool:
+    """Whether the model's blocks have `Attention.forward_readout` (native architectures; the generic
+    path runs transformers' own layers and takes the `start_at_layer` route instead)."""
+    try:
+        return hasattr(model.blocks[0].attn, "forward_readout")
+    except (AttributeError, NotImplementedError, IndexError):
+        return False
 
 
 def _writer(patches: List[Tuple[torch.Tensor, torch.Tensor, Optional[int], torch.Tensor]]) -> Callable:
@@ -390,17 +392,18 @@ def _start_at_layer_sweep(model, tcap: Capture, sites, pos: _Positions, values, 
         for c in range(0, len(members), per_call):
             chunk = members[c:c + per_call]
             k = len(chunk)
-            x = _full_resid(model, tcap, layer).repeat(k, 1, 1)
+            ids = tok.input_ids.repeat(k, 1)
+            x = ids if layer < 0 else tcap.full[_resid_name(layer, L)].repeat(k, 1, 1)
             hooks: Dict[str, list] = {}
             for j, i in enumerate(chunk):
                 site = sites[i]
                 r = rows + j * B
-                if site.kind in ("embed", "resid"):
+                if site.kind == "resid":
                     x[r, t_pos] = values[i].to(x.dtype)
                 else:
                     hooks.setdefault(site.hook(L), []).append((r, t_pos, site.head, values[i]))
             rewards = model.run_with_hooks(
-                x, tok.attention_mask.repeat(k, 1), start_at_layer=layer, input_ids=tok.input_ids.repeat(k, 1),
+                x, tok.attention_mask.repeat(k, 1), start_at_layer=None if layer < 0 else layer, input_ids=ids,
                 readout_positions=tok.readout.repeat(k), fwd_hooks=[(h, _writer(p)) for h, p in hooks.items()],
             )
             out[:, chunk] = rewards.float().view(k, B).T
@@ -471,7 +474,8 @@ def _patch_batch(model, batch: PairBatch, sites, modes, positions, method, means
     for side, tok in sides.items():
         readout_names, full_names = [], []
         if side in targets and method == "fast":
-            engine_for[side] = "readout" if positions == "readout" and _readout_is_last(tok) else "layer"
+            fast = positions == "readout" and has_readout_fast_path(model) and _readout_is_last(tok)
+            engine_for[side] = "readout" if fast else "layer"
             if engine_for[side] == "readout":
                 readout_names += _target_readout_names(model, sites)
                 full_names += _kv_names(model)
