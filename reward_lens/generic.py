@@ -67,7 +67,7 @@ NATIVE_HINT = (
 )
 _HEAD_LEVEL_BLOCK_ATTRS = ("attn", "mlp", "ln1", "ln2", "ln1_post", "ln2_post")
 _HEAD_LEVEL_NAME_PARTS = (
-    ".attn.", ".mlp.", ".ln1.", ".ln2.", "hook_resid_mid", "hook_attn_in", "hook_mlp_in", "hook_q_input",
+    ".attn.", ".mlp.", ".ln1.", ".ln2.", "hook_attn_in", "hook_mlp_in", "hook_q_input",
     "hook_k_input", "hook_v_input",
 )
 _HEAD_LEVEL_WEIGHTS = ("W_Q", "W_K", "W_V", "W_O", "W_in", "W_gate", "W_out", "b_Q", "b_K", "b_V", "b_O", "b_in", "b_out")
@@ -99,6 +99,7 @@ class GenericRewardModelConfig(RewardModelConfig):
 
     generic: bool = True
     module_map: Dict[str, Optional[str]] = field(default_factory=dict)
+    sequential_layers: List[bool] = field(default_factory=list)  # False: attention and MLP in parallel
 
 
 # ---------------------------------------------------------------------------------------------- discovery
@@ -349,11 +350,13 @@ class GenericFinalNorm(nn.Module):
 class GenericBlock(nn.Module):
     """Hook points of one decoder layer; the layer itself runs inside the transformers model."""
 
-    def __init__(self, layer: int):
+    def __init__(self, layer: int, sequential: bool = True):
         super().__init__()
         self.layer = layer
         self.hook_resid_pre = HookPoint()  # [batch, pos, d_model]
         self.hook_attn_out = HookPoint()
+        if sequential:  # resid_pre + attn_out, what the MLP reads; absent when attention and MLP run in parallel
+            self.hook_resid_mid = HookPoint()
         self.hook_mlp_out = HookPoint()
         self.hook_resid_post = HookPoint()
 
@@ -361,6 +364,8 @@ class GenericBlock(nn.Module):
         try:
             return super().__getattr__(name)
         except AttributeError:
+            if name == "hook_resid_mid":
+                raise GenericPathError(f"layer {self.layer} runs attention and MLP in parallel: it has no resid_mid") from None
             if name in _HEAD_LEVEL_BLOCK_ATTRS:
                 raise GenericPathError(
                     f"blocks[{self.layer}].{name} does not exist on a generic-path model: {NATIVE_HINT}"
@@ -381,6 +386,7 @@ class _RunState:
     stop: Optional[int] = None  # raise _StopForward with the residual entering this layer
     bypass: bool = False  # run transformers untouched (load-time reference)
     calls: Optional[Dict[str, int]] = None  # hook-site call counts (load-time check)
+    resid_pre: Optional[torch.Tensor] = None  # the current layer's residual (for resid_mid)
 
 
 class GenericHookedRewardModel(HookedRewardModel):
@@ -415,13 +421,14 @@ class GenericHookedRewardModel(HookedRewardModel):
         self.hook_embed = HookPoint()
         if found.pos_embed is not None:
             self.hook_pos_embed = HookPoint()
-        self.blocks = nn.ModuleList([GenericBlock(l) for l in range(len(found.layers))])
-        self.ln_final = GenericFinalNorm(kind, eps, offset, None if fold_ln else found.final_norm)
-        self.reward_head = RewardHead(self.cfg)
-        self._load_head(found.score, fold_ln)
         base_params = inspect.signature(found.base.forward).parameters
         self._base_takes_positions = "position_ids" in base_params
         self._base_takes_use_cache = "use_cache" in base_params
+        self.cfg.sequential_layers = self._sequential_layers()
+        self.blocks = nn.ModuleList([GenericBlock(l, seq) for l, seq in enumerate(self.cfg.sequential_layers)])
+        self.ln_final = GenericFinalNorm(kind, eps, offset, None if fold_ln else found.final_norm)
+        self.reward_head = RewardHead(self.cfg)
+        self._load_head(found.score, fold_ln)
         self._layer_returns_tuple = False
         self._handles: List[Any] = []
         self._install_hooks()
@@ -440,6 +447,59 @@ class GenericHookedRewardModel(HookedRewardModel):
             self.mod_dict[name] = module
             if isinstance(module, HookPoint):
                 self.hook_dict[name] = module
+
+    def _probe_ids(self, rows: int, length: int, seed: int) -> torch.Tensor:
+        cfg = self.cfg
+        g = torch.Generator().manual_seed(seed)
+        ids = torch.randint(0, cfg.d_vocab, (1, length), generator=g)
+        if cfg.pad_token_id is not None and 0 <= cfg.pad_token_id < cfg.d_vocab:
+            ids[ids == cfg.pad_token_id] = (cfg.pad_token_id + 1) % cfg.d_vocab
+        return ids.expand(rows, -1).contiguous().to(cfg.device)
+
+    @torch.no_grad()
+    def _sequential_layers(self) -> List[bool]:
+        """Per layer, whether its MLP reads the attention output (sequential, resid_mid exists) or runs in
+        parallel with it: row l+1 of one batched probe perturbs layer l's attention output only."""
+        m = self._mods
+        n = len(m.layers)
+        ids = self._probe_ids(n + 1, 6, seed=1)
+        mlp_out: Dict[int, torch.Tensor] = {}
+
+        def perturb(l: int):
+            def fn(module, args, out):
+                a = (out[0] if isinstance(out, tuple) else out).clone()
+                g = torch.Generator().manual_seed(l)
+                noise = torch.randn(a.shape[1:], generator=g).to(device=a.device, dtype=a.dtype)
+                a[l + 1] = a[l + 1] + (a[l + 1].float().abs().mean() + 1.0).to(a.dtype) * noise
+                return (a,) + tuple(out[1:]) if isinstance(out, tuple) else a
+
+            return fn
+
+        def keep(l: int):
+            def fn(module, args, out):
+                mlp_out[l] = (out[0] if isinstance(out, tuple) else out).float()
+
+            return fn
+
+        handles = [m.attn[l].register_forward_hook(perturb(l)) for l in range(n)]
+        handles += [m.mlp[l].register_forward_hook(keep(l)) for l in range(n)]
+        kwargs: Dict[str, Any] = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+        if self._base_takes_positions:
+            kwargs["position_ids"] = torch.arange(ids.shape[1], device=ids.device)[None].expand_as(ids)
+        if self._base_takes_use_cache:
+            kwargs["use_cache"] = False
+        try:
+            m.base(**kwargs)
+        finally:
+            for h in handles:
+                h.remove()
+        out = []
+        for l in range(n):
+            if l not in mlp_out:
+                raise GenericLoadError(f"the MLP module of layer {l} ({self.cfg.module_map['mlp']}) never ran")
+            diff = (mlp_out[l][l + 1] - mlp_out[l][0]).abs().max().item()
+            out.append(diff > 1e-3 * (mlp_out[l][0].abs().max().item() + 1e-6))
+        return out
 
     def _load_head(self, score: nn.Linear, fold_ln: bool) -> None:
         with torch.no_grad():
@@ -478,6 +538,23 @@ class GenericHookedRewardModel(HookedRewardModel):
 
             return fn
 
+        def on_attn(l: int):
+            block, sequential = self.blocks[l], self.cfg.sequential_layers[l]
+
+            def fn(module, args, output):
+                if st.bypass or l < st.start:
+                    return None
+                count(f"attn{l}")
+                a = block.hook_attn_out(output[0] if isinstance(output, tuple) else output)
+                if sequential:
+                    mid = st.resid_pre + a
+                    new_mid = block.hook_resid_mid(mid)
+                    if new_mid is not mid:  # a hook replaced resid_mid: the layer adds resid_pre + this
+                        a = new_mid - st.resid_pre
+                return (a,) + tuple(output[1:]) if isinstance(output, tuple) else a
+
+            return fn
+
         def on_layer_input(l: int):
             def fn(module, args, kwargs):
                 if st.bypass or l < st.start:
@@ -493,6 +570,7 @@ class GenericHookedRewardModel(HookedRewardModel):
                     h = self.hook_embed(h)
                 count(f"resid_pre{l}")
                 h = self.blocks[l].hook_resid_pre(h)
+                st.resid_pre = h
                 if args:
                     args[0] = h
                 else:
@@ -524,7 +602,7 @@ class GenericHookedRewardModel(HookedRewardModel):
         for l, layer in enumerate(m.layers):
             block = self.blocks[l]
             reg(layer.register_forward_pre_hook(on_layer_input(l), with_kwargs=True))
-            reg(m.attn[l].register_forward_hook(on_output(block.hook_attn_out, f"attn{l}", l)))
+            reg(m.attn[l].register_forward_hook(on_attn(l)))
             reg(m.mlp[l].register_forward_hook(on_output(block.hook_mlp_out, f"mlp{l}", l)))
             reg(layer.register_forward_hook(on_output(block.hook_resid_post, f"resid_post{l}", l)))
         reg(m.final_norm.register_forward_hook(on_final_norm, with_kwargs=True))
@@ -798,6 +876,11 @@ class GenericHookedRewardModel(HookedRewardModel):
                 raise self._missing_hook(name)
 
     def _missing_hook(self, name: str) -> Exception:
+        if name.endswith("hook_resid_mid"):
+            return GenericPathError(
+                f"no hook {name!r}: that layer runs attention and MLP in parallel (GPT-NeoX style), so there is no "
+                "residual between them; use hook_resid_pre + hook_attn_out, or hook_resid_post"
+            )
         if any(part in name for part in _HEAD_LEVEL_NAME_PARTS):
             return GenericPathError(f"no hook {name!r} on a generic-path model: {NATIVE_HINT}")
         return KeyError(f"no hook point named {name!r}; this model's hook points: {', '.join(self.hook_dict)}")

@@ -194,6 +194,50 @@ def test_readout_patch_equals_a_patch_made_on_the_transformers_modules(hf, gener
     assert (patched - naive).abs().max() < REL * max(1.0, naive.abs().max().item())
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+def test_resid_mid_on_sequential_layers_only(hf, generic, arch):
+    model = generic[arch]
+    parallel = arch == "neox"
+    assert model.cfg.sequential_layers == [not parallel] * model.cfg.n_layers
+    target, tmask = padded_batch([9, 6], "right", seed=5)
+    source, smask = padded_batch([8, 10], "right", seed=6)
+    if parallel:
+        with pytest.raises(GenericPathError, match="parallel"):
+            model.run_with_cache(target, attention_mask=tmask, names_filter=["blocks.1.hook_resid_mid"])
+        return
+    _, cache = model.run_with_cache(target, attention_mask=tmask)
+    mid = cache["blocks.1.hook_resid_pre"] + cache["blocks.1.hook_attn_out"]
+    assert torch.equal(cache["blocks.1.hook_resid_mid"], mid)
+    # Patching resid_mid at the readout = adding (source mid - target resid_pre) there in place of attn_out.
+    t_read, s_read = model.readout_positions(target, tmask), model.readout_positions(source, smask)
+    _, src_cache = model.run_with_cache(source, attention_mask=smask)
+    src_mid = src_cache["blocks.1.hook_resid_mid"][torch.arange(2), s_read]
+
+    def patch(act, hook):
+        act = act.clone()
+        act[torch.arange(2), t_read] = src_mid
+        return act
+
+    patched = model.run_with_hooks(target, attention_mask=tmask, fwd_hooks=[("blocks.1.hook_resid_mid", patch)])
+    layers = {"gpt2": "transformer.h", "phi3": "model.layers", "gemma": "model.layers"}.get(arch, "gpt_neox.layers")
+    attn = {"gpt2": "attn", "phi3": "self_attn", "gemma": "self_attn"}.get(arch, "attention")
+    module = hf[arch].get_submodule(f"{layers}.1.{attn}")
+    pre = cache["blocks.1.hook_resid_pre"][torch.arange(2), t_read]
+
+    def replace(mod, args, out):
+        value = (out[0] if isinstance(out, tuple) else out).clone()
+        value[torch.arange(2), t_read] = src_mid - pre
+        return (value,) + tuple(out[1:]) if isinstance(out, tuple) else value
+
+    handle = module.register_forward_hook(replace)
+    try:
+        naive = hf_run(hf[arch], target, tmask).logits[:, 0]
+    finally:
+        handle.remove()
+    assert (patched - model(target, attention_mask=tmask)).abs().max() > 1e-3
+    assert (patched - naive).abs().max() < REL * max(1.0, naive.abs().max().item())
+
+
 def test_sum_rule_violation_is_refused_naming_the_layer():
     model = tiny("gpt2")
     block = model.transformer.h[1]
@@ -236,7 +280,7 @@ def test_head_level_tools_raise_a_clear_error(generic):
     with pytest.raises(GenericPathError, match="native"):
         model.run_with_cache(ids, names_filter=["blocks.1.attn.hook_z"])
     with pytest.raises(GenericPathError, match="native"):
-        model.run_with_cache(ids, readout_only=True, names_filter=["blocks.1.hook_resid_mid"])
+        model.run_with_cache(ids, readout_only=True, names_filter=["blocks.1.mlp.hook_post"])
     with pytest.raises(KeyError, match="hook points"):
         model.run_with_hooks(ids, fwd_hooks=[("blocks.0.hook_typo", lambda a, hook: a)])
 
