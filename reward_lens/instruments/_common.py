@@ -30,7 +30,7 @@ class Site:
 
     def hook(self, n_layers: int) -> str:
         if self.kind == "embed":
-            return "hook_embed"
+            return "hook_pos_embed" if self.name == "pos_embed" else "hook_embed"
         if self.kind == "attn":
             return f"blocks.{self.layer}.hook_attn_out"
         if self.kind == "mlp":
@@ -53,8 +53,13 @@ def _check_layers(layers: Optional[Sequence[int]], n_layers: int) -> List[int]:
 
 
 def component_sites(cfg, layers: Optional[Sequence[int]] = None, embed: bool = True) -> List[Site]:
-    """embed, then attn_L{l}, mlp_L{l} for each layer: the terms the residual stream is the sum of."""
+    """embed, then attn_L{l}, mlp_L{l} for each layer: the terms the residual stream is the sum of.
+
+    Models with learned position embeddings (generic path, e.g. GPT-2) add "pos_embed" after "embed".
+    """
     sites = [Site("embed", "embed", -1)] if embed else []
+    if embed and getattr(cfg, "positional_embedding_type", None) == "standard":
+        sites.append(Site("pos_embed", "embed", -1))
     for l in _check_layers(layers, cfg.n_layers):
         sites += [Site(f"attn_L{l}", "attn", l), Site(f"mlp_L{l}", "mlp", l)]
     return sites

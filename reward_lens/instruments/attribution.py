@@ -128,7 +128,7 @@ class AttributionResult:
         values = to_numpy(self.get(quantity))
         fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(max(6, 0.25 * len(self.components)), 3.5))
         x = range(len(self.components))
-        colors = ["tab:gray" if c == "embed" else "tab:blue" if c.startswith("attn") else "tab:orange" for c in self.components]
+        colors = ["tab:gray" if c in ("embed", "pos_embed") else "tab:blue" if c.startswith("attn") else "tab:orange" for c in self.components]
         ax.bar(x, values.mean(0), yerr=values.std(0) if len(values) > 1 else None, color=colors)
         ax.set_xticks(list(x))
         ax.set_xticklabels(self.components, rotation=90, fontsize=7)
@@ -143,7 +143,8 @@ class AttributionResult:
 def _attribute_batch(model, tok, heads: bool, neurons: bool):
     cfg = model.cfg
     L = cfg.n_layers
-    names = ["hook_embed", "ln_final.hook_scale"]
+    embeds = ["hook_embed"] + (["hook_pos_embed"] if cfg.positional_embedding_type == "standard" else [])
+    names = embeds + ["ln_final.hook_scale"]
     names += [f"blocks.{l}.hook_{k}_out" for l in range(L) for k in ("attn", "mlp")]
     if heads:
         names += [f"blocks.{l}.attn.hook_z" for l in range(L)]
@@ -160,7 +161,7 @@ def _attribute_batch(model, tok, heads: bool, neurons: bool):
     def term(x: torch.Tensor) -> torch.Tensor:
         return (x.float() * w).sum(-1)
 
-    comps = [term(acts["hook_embed"])]
+    comps = [term(acts[name]) for name in embeds]  # the order of component_sites
     for l in range(L):
         comps += [term(acts[f"blocks.{l}.hook_attn_out"]), term(acts[f"blocks.{l}.hook_mlp_out"])]
     out = {"terms": torch.stack(comps, -1), "bias": bias, "reward": cap.rewards.float()}

@@ -151,7 +151,8 @@ def _gradients(model, tok: Tokenized, hooks: Sequence[str]):
     def keep(x: torch.Tensor, hook) -> None:
         stored[hook.name] = x
 
-    fwd = [("hook_embed", leaf)] + [(h, keep) for h in hooks if h != "hook_embed"]
+    leaves = [h for h in ("hook_embed", "hook_pos_embed") if h in model.hook_dict]
+    fwd = [(h, leaf) for h in leaves] + [(h, keep) for h in hooks if h not in leaves]
     with torch.enable_grad():
         rewards = model.run_with_hooks(tok.input_ids, tok.attention_mask, readout_positions=tok.readout, fwd_hooks=fwd)
         grads = torch.autograd.grad(rewards.float().sum(), [stored[h] for h in hooks], allow_unused=True)
@@ -165,7 +166,7 @@ def attribution_patch(
     pairs,
     *,
     mode: Union[str, Sequence[str]] = "noising",
-    level: Union[str, Sequence[str]] = ("component", "head"),
+    level: Union[str, Sequence[str], None] = None,
     positions: str = "readout",
     layers: Optional[Sequence[int]] = None,
     batch_size: int = 8,
@@ -178,6 +179,8 @@ def attribution_patch(
     modes = [mode] if isinstance(mode, str) else list(dict.fromkeys(mode))
     _check_options(modes, positions, "fast")
     cfg = model.cfg
+    if level is None:  # components, and heads where the model has per-head hooks (native architectures)
+        level = ("component", "head") if "blocks.0.attn.hook_z" in model.hook_dict else "component"
     sites = sites_for(cfg, level, layers)
     if "mean" in modes and means is None:
         means = site_means(model, pairs, sites, positions, batch_size=batch_size, padding_side=padding_side)

@@ -39,6 +39,7 @@ from reward_lens.instruments.patching import (
     _site_values,
     _patch_batch,
     _patch_positions,
+    has_readout_fast_path,
     site_means,
 )
 from reward_lens.runner import capture, pair_batches, tokenize_pair_batch
@@ -53,7 +54,7 @@ def state_hook(site: Site, n_layers: int, state: str = "site") -> str:
     if state == "final":
         return final
     if site.kind == "embed":
-        return "hook_embed"
+        return site.hook(n_layers)
     if site.kind == "resid":
         return final if site.layer == n_layers else f"blocks.{site.layer}.hook_resid_pre"
     if site.kind in ("attn", "head"):
@@ -194,6 +195,11 @@ def divergence_patch(
     n = len(pairs)
     if n < 2:
         raise ValueError("divergence_patch calibrates on swaps between pairs; give at least 2 pairs")
+    if not has_readout_fast_path(model):
+        raise ValueError(
+            "divergence_patch scores the patched readout states of the KV-cache fast path, which needs a native "
+            "architecture; this model runs on the generic path (see conversion/GENERIC.md)"
+        )
     cfg = model.cfg
     L = cfg.n_layers
     sites = sites_for(cfg, level, layers)
@@ -231,7 +237,7 @@ def divergence_patch(
         out, (c, r), caps, kept = _patch_batch(
             model, batch, sites, [mode], "readout", "fast", means, ids[batch.index], 64, keep_states=True
         )
-        if (mode, target) not in kept:
+        if (mode, target) not in kept:  # (the generic path was refused above)
             raise ValueError("divergence_patch needs the readout to be each sequence's last attended token")
         patched.append(out[(mode, target)])
         clean_c.append(c)
