@@ -272,6 +272,8 @@ def reward_from_final_resid(
     """The reward read from final residual vectors [..., d_model] with the final norm recomputed on them,
     as the model does at its readout: direction . resid / scale(resid) + bias."""
     xf = resid.float()
+    if str(model.cfg.normalization_type).startswith("LN"):  # a LayerNorm final norm (generic path) centres first
+        xf = xf - xf.mean(-1, keepdim=True)
     scale = (xf.pow(2).mean(-1, keepdim=True) + model.ln_final.eps).sqrt()
     return ((xf / scale) * direction).sum(-1) + bias
 
