@@ -504,6 +504,29 @@ def gather_activations(
     return acts[:max_tokens] if max_tokens is not None else acts
 
 
+def topk_losses(
+    params: Dict[str, torch.Tensor], x: torch.Tensor, k: int, dead: Optional[torch.Tensor], aux_k: int
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(reconstruction loss, AuxK loss, [d_sae] which latents fired) of a TopK SAE on inputs x scaled so that E‖x − μ‖² = d_in (both are
+    then FVU-like). AuxK (Gao et al. 2024): the top `aux_k` pre-activations among `dead` latents, un-ReLU'd
+    so that latents whose inputs all fall below zero still get a gradient, reconstruct the detached error."""
+    d_in = x.shape[-1]
+    W_enc, W_dec, b_enc, b_dec = params["W_enc"], params["W_dec"], params["b_enc"], params["b_dec"]
+    pre = (x - b_dec) @ W_enc + b_enc
+    values, indices = pre.topk(k, dim=-1)
+    f = torch.zeros_like(pre).scatter(-1, indices, values.relu())
+    err = x - (f @ W_dec + b_dec)
+    mse = err.pow(2).sum(-1).mean() / d_in
+    aux = torch.zeros((), device=x.device)
+    n_dead = 0 if dead is None else int(dead.sum())
+    if n_dead:
+        ka = min(aux_k, n_dead)
+        aux_values, aux_idx = pre.masked_fill(~dead, float("-inf")).topk(ka, dim=-1)
+        f_aux = torch.zeros_like(pre).scatter(-1, aux_idx, aux_values)
+        aux = (err.detach() - f_aux @ W_dec).pow(2).sum(-1).mean() / d_in
+    return mse, aux, (f > 0).any(0).detach()
+
+
 def train_sae(
     model=None,
     data: Any = None,
@@ -611,25 +634,13 @@ def train_sae(
             order, cursor = torch.randperm(n_train, generator=g), 0
         xb = X[order[cursor : cursor + batch_size].to(device)]
         cursor += batch_size
-        W_enc, W_d, b_enc, b_dec = params["W_enc"], params["W_dec"], params["b_enc"], params["b_dec"]
-        pre = (xb - b_dec) @ W_enc + b_enc
-        values, indices = pre.topk(k, dim=-1)
-        f = torch.zeros_like(pre).scatter(-1, indices, values.relu())
-        err = xb - (f @ W_d + b_dec)
-        mse = err.pow(2).sum(-1).mean() / d_in  # = batch FVU estimate (inputs have E‖x − μ‖² = d_in)
+        dead = since_fired >= dead_after  # no firing in the last `dead_after` training tokens
+        n_dead = int(dead.sum())
+        mse, aux, fired = topk_losses(params, xb, k, dead if aux_coef > 0 else None, aux_k)
         with torch.no_grad():
-            fired = (f > 0).any(0)
             since_fired += xb.shape[0]
             since_fired[fired] = 0
-            dead = since_fired >= dead_after
-            n_dead = int(dead.sum())
-        aux = torch.zeros((), device=device)
-        if n_dead and aux_coef > 0:
-            ka = min(aux_k, n_dead)
-            # Raw (un-ReLU'd) pre-activations, so latents whose inputs all fall below zero still get a gradient.
-            aux_values, aux_idx = pre.masked_fill(~dead, float("-inf")).topk(ka, dim=-1)
-            f_aux = torch.zeros_like(pre).scatter(-1, aux_idx, aux_values)
-            aux = (err.detach() - f_aux @ W_d).pow(2).sum(-1).mean() / d_in
+        W_d = params["W_dec"]
         loss = mse + aux_coef * aux
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -17,10 +17,12 @@ reward by α·ρ·beta_u / s (s the final norm's scale at the readout) to first 
 
 from __future__ import annotations
 
+import functools
 import random
 from dataclasses import dataclass
 from typing import List
 
+import pytest
 import torch
 
 from helpers import tiny_hf_model
@@ -154,3 +156,42 @@ def quality_pairs(n: int, seed: int = 0):
         prompt, body = _sentence(rng, 3, 6) + " ?", _sentence(rng, 2, 5)
         pairs.append(PreferencePair(prompt, f"{body} {rng.choice(QUALITY)}", f"{body} {rng.choice(ENDINGS)}", id=f"q{seed}-{i}"))
     return pairs
+
+
+@functools.lru_cache(maxsize=None)
+def organism() -> Organism:
+    """The default organism, built once per test session (do not mutate it; edits work on copies)."""
+    return build_organism()
+
+
+def sprinkled_texts(n: int, seed: int = 3, rate: float = 0.2):
+    """(prompts, responses) whose responses contain concept words at random positions (SAE training data)."""
+    rng = random.Random(seed)
+    prompts = [_sentence(rng, 4, 6) + " ?" for _ in range(n)]
+    responses = [" ".join(rng.choice(CONCEPT) if rng.random() < rate else rng.choice(NEUTRAL)
+                          for _ in range(rng.randint(4, 10))) for _ in range(n)]
+    return prompts, responses
+
+
+@functools.lru_cache(maxsize=None)
+def tiny_armorm(tmp_root: str):
+    """A tiny random ArmoRM (tests/armorm_reference.py format) over the organism's vocabulary; its gate reads
+    the position of "Assistant :" in the plain prompt format."""
+    from armorm_reference import save_tiny_armorm
+
+    from reward_lens import HookedRewardModel
+
+    ids = {w: i for i, w in enumerate(VOCAB)}
+    path = save_tiny_armorm(f"{tmp_root}/armorm", vocab_size=len(VOCAB), pad_token_id=0, num_objectives=5,
+                            gating_token_pattern=[ids["Assistant"], ids[":"]])
+    return HookedRewardModel.from_pretrained(path, tokenizer=tiny_tokenizer())
+
+
+@pytest.fixture(autouse=True, scope="module")
+def single_thread():
+    """Tiny models run fastest on one thread (on a shared CPU, two threads can be 10x slower); import this
+    fixture into a test module to apply it there."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
