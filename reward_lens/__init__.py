@@ -24,3 +24,33 @@ __all__ += [
     "CascadeResult", "ComparisonResult", "ConflictResult", "DistortionResult", "ModelProfile", "compare_models",
     "detect_cascades", "distortion_index", "reward_conflicts",
 ]
+
+# Representations: SAEs, SAE features along the reward direction, concept vectors, reward editing (issue 6).
+from reward_lens.sae import SAEConfig, SAEMetrics, SparseAutoencoder, load_sae, train_sae  # noqa: E402
+from reward_lens.features import (  # noqa: E402
+    FeatureAblation,
+    FeatureAlignment,
+    FeatureAttribution,
+    feature_ablation,
+    feature_alignment,
+    feature_attribution,
+)
+from reward_lens.concepts import (  # noqa: E402
+    ConceptVector,
+    ContrastPair,
+    DoseResponse,
+    concept_effect,
+    concept_vector,
+    dose_response,
+    list_contrast_sets,
+    load_contrast_set,
+)
+from reward_lens.editing import RewardEdit, edit_reward  # noqa: E402
+from reward_lens.converters.export import export_hf  # noqa: E402
+
+__all__ += [
+    "ConceptVector", "ContrastPair", "DoseResponse", "FeatureAblation", "FeatureAlignment", "FeatureAttribution",
+    "RewardEdit", "SAEConfig", "SAEMetrics", "SparseAutoencoder", "concept_effect", "concept_vector", "dose_response",
+    "edit_reward", "export_hf", "feature_ablation", "feature_alignment", "feature_attribution", "list_contrast_sets",
+    "load_contrast_set", "load_sae", "train_sae",
+]
