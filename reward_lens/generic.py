@@ -8,6 +8,7 @@ its modules with torch hooks, under the names the native model uses at component
     hook_embed (the residual entering layer 0; with learned positions, the token embedding's output),
     hook_pos_embed (learned positions only)
     blocks.{l}.hook_resid_pre, blocks.{l}.hook_attn_out, blocks.{l}.hook_mlp_out, blocks.{l}.hook_resid_post
+    blocks.{l}.hook_resid_mid (resid_pre + attn_out; sequential layers only, not GPT-NeoX-style parallel ones)
     ln_final.hook_scale [batch, pos, 1] (float32), ln_final.hook_normalized
     reward_head.hook_rewards, reward_head.hook_pooled
 
@@ -1020,7 +1021,14 @@ def load_generic(
         module_map = json.loads(marker.read_text()).get("module_map") or None
     cls = sequence_classification_class(hf_config)
     if cls is None:
+        from reward_lens.loading import has_native_weight_map
+
         names = list(getattr(hf_config, "architectures", None) or [])
+        if has_native_weight_map(hf_config):
+            raise ValueError(
+                f"generic=True needs a transformers *ForSequenceClassification class, and {names} is none; this "
+                "architecture has a native weight map: load it without generic=True"
+            )
         raise ValueError(
             f"unsupported reward-model architecture {names or '(config has no architectures field)'}; natively "
             f"supported: {', '.join(supported_architectures())}. Generic loading was tried too, but it needs a "
