@@ -54,3 +54,13 @@ __all__ += [
     "edit_reward", "export_hf", "feature_ablation", "feature_alignment", "feature_attribution", "list_contrast_sets",
     "load_contrast_set", "load_sae", "train_sae",
 ]
+
+# The generic hooked path for any transformers *ForSequenceClassification RM (issue 8).
+from reward_lens.generic import (  # noqa: E402
+    GenericHookedRewardModel,
+    GenericLoadError,
+    GenericPathError,
+    GenericRewardModelConfig,
+)
+
+__all__ += ["GenericHookedRewardModel", "GenericLoadError", "GenericPathError", "GenericRewardModelConfig"]

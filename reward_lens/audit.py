@@ -240,14 +240,41 @@ def summary_table(audit: AuditResult) -> str:
     return "\n".join(["-" * width, *lines, "-" * width])
 
 
+def headline_frame(audit: AuditResult) -> pd.DataFrame:
+    """The few numbers a reader needs first, as (metric, value) rows of text."""
+    s = audit.summary
+    f = s["faithfulness"]
+    rows = [
+        ("model", f"{s['model']} ({s['architecture']}, {s['n_layers']} layers, d_model {s['d_model']}, {s['dtype']})"),
+        ("preference pairs", str(s["n_pairs"])),
+        ("pair accuracy (chosen > rejected)", f"{s['pair_accuracy']:.3f}"),
+        ("mean reward gap", f"{s['mean_reward_gap']:+.4f}"),
+        ("crystallization depth, normed lens (mean / median)",
+         "{mean:.2f} / {median:.2f}".format(**s["crystallization_depth"]["normed"])),
+        ("crystallization depth, frozen-scale lens (mean / median)",
+         "{mean:.2f} / {median:.2f}".format(**s["crystallization_depth"]["frozen"])),
+        ("attribution sum rule, max relative error", f"{s['attribution_max_relative_error']:.1e}"),
+        ("faithfulness: Spearman rho(|attribution|, noising effect), mean per pair",
+         f"{f['mean_rho']:+.3f} [{f['mean_rho_ci'][0]:+.3f}, {f['mean_rho_ci'][1]:+.3f}]"),
+        ("faithfulness: pooled rho", f"{f['pooled_rho']:+.3f} [{f['pooled_rho_ci'][0]:+.3f}, {f['pooled_rho_ci'][1]:+.3f}]"),
+    ]
+    if "divergence" in s:
+        rows.append(("patches flagged out of distribution", f"{s['divergence'].get('frac_flagged', float('nan')):.1%}"))
+    for dim, v in s["probes"].items():
+        rows.append((f"probe: {dim}", f"{v['verdict']} ({v['effect']:+.4f}, 95% CI [{v['ci_low']:+.4f}, {v['ci_high']:+.4f}])"))
+    rows.append(("total time", f"{s['total_time_s']:.1f} s"))
+    return pd.DataFrame(rows, columns=["metric", "value"])
+
+
 def build_report(audit: AuditResult):
     from reward_lens.report import Report
 
     s, r = audit.summary, audit.results
     rep = Report(f"reward-lens audit: {s['model']}")
     sec = rep.section("Summary")
-    sec.table(audit.to_frame().query("~metric.str.contains('per_pair') and ~metric.str.startswith('timings')",
-                                     engine="python"))
+    sec.table(headline_frame(audit))
+    sec.text("Every number here is also in results.json; per-pair and per-component values are in the CSV files.",
+             note=True)
     sec = rep.section("Reward lens")
     sec.text("The reward read from the residual stream after each layer at the readout position, chosen minus "
              "rejected. 'normed' recomputes the final norm on the intermediate residual (the logit-lens analogue); "
