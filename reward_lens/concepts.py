@@ -35,6 +35,7 @@ from jaxtyping import Float
 from reward_lens.runner import batches, readout_run, tokenize
 
 CONTRAST_SETS_DIR = Path(__file__).parent / "data" / "contrast_sets"
+CONTRAST_SET_ALIASES = {"sycophancy": "agreement", "length": "verbosity", "hedging": "confidence"}
 RESID_HOOKS = ("resid_pre", "resid_mid", "resid_post")
 
 
@@ -51,7 +52,10 @@ class ContrastPair:
 
 # ---------------------------------------------------------------------------------------------- data
 def list_contrast_sets() -> List[str]:
-    """Names of the bundled contrast sets (agreement, confidence, formatting, refusal, verbosity)."""
+    """Names of the bundled contrast sets: agreement (sycophancy: agreeing with the user's stated belief),
+    confidence (assertive vs hedged), formatting (markdown vs plain prose), refusal (refusing a benign
+    request vs answering it), verbosity (padded vs concise). Each row: prompt, positive (shows the concept),
+    negative (the same content without it); ≥ 20 natural-language pairs per set."""
     return sorted(p.stem for p in CONTRAST_SETS_DIR.glob("*.jsonl"))
 
 
@@ -59,7 +63,8 @@ def load_contrast_set(name_or_path: Union[str, Path]) -> List[ContrastPair]:
     """A bundled set by name (see `list_contrast_sets`) or a .jsonl file with prompt, positive, negative."""
     path = Path(name_or_path)
     if not path.suffix and not path.exists():
-        path = CONTRAST_SETS_DIR / f"{name_or_path}.jsonl"
+        name = CONTRAST_SET_ALIASES.get(str(name_or_path), str(name_or_path))
+        path = CONTRAST_SETS_DIR / f"{name}.jsonl"
         if not path.exists():
             raise ValueError(f"no bundled contrast set {str(name_or_path)!r}; bundled: {', '.join(list_contrast_sets())}")
     if not path.exists():
@@ -82,7 +87,7 @@ def load_contrast_set(name_or_path: Union[str, Path]) -> List[ContrastPair]:
 def _as_contrast(contrast: Any) -> Tuple[str, List[ContrastPair]]:
     if isinstance(contrast, (str, Path)):
         items = load_contrast_set(contrast)
-        return Path(str(contrast)).stem, items
+        return items[0].concept or Path(str(contrast)).stem, items
     items = list(contrast)
     if not items:
         raise ValueError("the contrast set is empty; pass ContrastPairs or a bundled set name")
@@ -358,8 +363,9 @@ def _fit(alphas: torch.Tensor, y: torch.Tensor) -> Tuple[float, float, float]:
 class DoseResponse:
     """Rewards after adding α·scale·v̂ at `hook_name`, per item and α; fit on the mean over items.
 
-    rewards: [n_items, n_alpha] (the model's output: reward, or ArmoRM's gated score / set objective);
-    objectives: [n_items, n_alpha, n_obj] for ArmoRM. slope is in reward per α (α in units of `scale`).
+    rewards: [n_rows, n_alpha], one row per evaluated response (for pairs: each pair's positive/chosen,
+    then its negative/rejected), the model's output (reward, or ArmoRM's gated score / set objective);
+    objectives: [n_rows, n_alpha, n_obj] for ArmoRM. slope is in reward per α (α in units of `scale`).
     """
 
     concept: str
@@ -496,12 +502,14 @@ def dose_response(
 
             hooks = [(hook_name, add)] + ([("reward_head.hook_pooled", grab)] if track_objectives else [])
             r = model.run_with_hooks(ids, mask, readout_positions=readout, fwd_hooks=hooks)
+            if r.dim() != 1:
+                raise ValueError(
+                    f"dose_response needs one reward per sequence; this model outputs {tuple(r.shape[1:])} per sequence"
+                )
             out_rewards.append(r.detach().float().reshape(b, n_alpha))
             if track_objectives:
                 out_objs.append(grabbed["objectives"].float().reshape(b, n_alpha, -1))
     rewards = torch.cat(out_rewards)
-    if rewards.dim() != 2:
-        raise ValueError("dose_response needs a scalar reward per sequence; for ArmoRM pass objective= or use the gated score")
     slope, intercept, r2 = _fit(alphas_t, rewards.mean(0))
     item_slopes = torch.tensor([_fit(alphas_t, row)[0] for row in rewards])
     objs = objective_directions(model)
