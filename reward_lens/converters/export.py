@@ -48,7 +48,7 @@ def _check_exportable(model) -> None:
         problems.append("a non-gated or missing MLP")
     if cfg.rotary_dim != cfg.d_head:
         problems.append(f"partial rotary (rotary_dim={cfg.rotary_dim}, d_head={cfg.d_head})")
-    if bool((model.reward_head.b_R != 0).any()):
+    if cfg.head_type == "scalar" and bool((model.reward_head.b_R != 0).any()):
         problems.append("a score bias (LlamaForSequenceClassification's score has none)")
     if problems:
         raise ValueError(
