@@ -64,3 +64,28 @@ from reward_lens.generic import (  # noqa: E402
 )
 
 __all__ += ["GenericHookedRewardModel", "GenericLoadError", "GenericPathError", "GenericRewardModelConfig"]
+
+# Instruments: reward lens, exact attribution, contrastive patching (KV-cache fast path), attribution
+# patching, the faithfulness gap, divergence-aware patching (issue 4).
+from reward_lens.data import PreferencePair, TokenPair, bundled_pairs, load_pairs  # noqa: E402
+from reward_lens.instruments import (  # noqa: E402
+    AtPComparison,
+    AtPResult,
+    AttributionResult,
+    DivergenceResult,
+    FaithfulnessResult,
+    LensResult,
+    PatchResult,
+    attribute,
+    attribution_patch,
+    divergence_patch,
+    faithfulness,
+    lens,
+    patch,
+)
+
+__all__ += [
+    "AtPComparison", "AtPResult", "AttributionResult", "DivergenceResult", "FaithfulnessResult", "LensResult",
+    "PatchResult", "PreferencePair", "TokenPair", "attribute", "attribution_patch", "bundled_pairs",
+    "divergence_patch", "faithfulness", "lens", "load_pairs", "patch",
+]

@@ -1,0 +1,85 @@
+"""Readout patching sweeps: the KV-cache fast path vs naive patching (one full forward per patch, as
+transformer_lens.patching does), on one pair.
+
+Setting (issue 4): fp32, a random-init LlamaForSequenceClassification with 12 layers, d_model 512 (8 heads
+of 64, 4 KV heads), converted with HookedRewardModel.from_hf_model; one pair of random token ids, chosen
+T=256 and rejected T=240 sharing a 128-token prompt. Sweeps: every component (embed + attn/mlp per layer,
+25 patches) and every head (96), noising at the readout. Each sweep's time includes its clean runs.
+Prints both times, the ratio, each in forward-pass equivalents (one forward of the 256-token chosen
+sequence, measured in the same run; targets: component sweep <= 3, heads <= 4) and max |fast - naive|.
+Run: python benchmarks/patching_sweep.py [--layers 12 --d-model 512 --seq 256 --repeats 5 --threads N]
+"""
+
+import argparse
+import statistics
+import time
+
+import torch
+import transformers
+
+from reward_lens import HookedRewardModel
+from reward_lens.data import TokenPair
+from reward_lens.instruments import patch
+
+
+def timed(fn, repeats):
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        out = fn()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return min(times), statistics.median(times), out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--layers", type=int, default=12)
+    ap.add_argument("--d-model", type=int, default=512)
+    ap.add_argument("--seq", type=int, default=256)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(
+        vocab_size=32000, hidden_size=args.d_model, intermediate_size=4 * args.d_model, num_hidden_layers=args.layers,
+        num_attention_heads=args.d_model // 64, num_key_value_heads=args.d_model // 128, num_labels=1, pad_token_id=0,
+        max_position_embeddings=4096,
+    )
+    hf = transformers.LlamaForSequenceClassification(cfg).eval()
+    model = HookedRewardModel.from_hf_model(hf, device=args.device)
+    del hf
+    prompt = torch.randint(1, cfg.vocab_size, (args.seq // 2,))
+    chosen = torch.cat([prompt, torch.randint(1, cfg.vocab_size, (args.seq - len(prompt),))])
+    rejected = torch.cat([prompt, torch.randint(1, cfg.vocab_size, (args.seq - 16 - len(prompt),))])
+    pair = [TokenPair(chosen, rejected)]
+    ids = chosen[None].to(args.device)
+
+    def forward():
+        with torch.no_grad():
+            return model(ids)
+
+    t_fwd, _, _ = timed(forward, args.repeats * 2)
+    print(f"setting: {args.layers} layers, d_model {args.d_model}, {cfg.num_attention_heads} heads "
+          f"({cfg.num_key_value_heads} KV), T={len(chosen)}/{len(rejected)}, fp32, {args.device}, "
+          f"torch threads {torch.get_num_threads()}")
+    print(f"one forward (T={len(chosen)}): {t_fwd * 1e3:.1f} ms")
+    for level, target in (("component", 3), ("head", 4)):
+        kw = dict(mode="noising", level=level, progress=False)
+        f_min, f_med, fast = timed(lambda: patch(model, pair, method="fast", **kw), args.repeats)
+        n_min, n_med, naive = timed(lambda: patch(model, pair, method="naive", **kw), max(1, args.repeats // 2))
+        err = (fast.patched[("noising", "chosen")] - naive.patched[("noising", "chosen")]).abs().max().item()
+        n = len(fast.sites)
+        print(f"{level} sweep ({n} patches): fast {f_min * 1e3:8.1f} ms (median {f_med * 1e3:.1f})  "
+              f"naive {n_min * 1e3:8.1f} ms (median {n_med * 1e3:.1f})  ratio naive/fast {n_min / f_min:6.1f}x")
+        print(f"    forward-pass equivalents: fast {f_min / t_fwd:.2f} (target <= {target}), naive {n_min / t_fwd:.1f};"
+              f"  max |fast - naive| = {err:.2e}")
+
+
+if __name__ == "__main__":
+    main()
