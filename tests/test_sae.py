@@ -1,6 +1,7 @@
 """TopK SAE training, metrics, the SAELens disk format (ours and SAELens-written directories), width errors."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -131,6 +132,21 @@ def _weights(d_in=8, d_sae=16, seed=0):
 def _meta(hook="blocks.0.hook_resid_post"):
     return {"model_name": "m", "hook_name": hook, "hook_head_index": None, "prepend_bos": True,
             "context_size": 128, "dataset_path": "d", "sae_lens_version": "6.5.1", "sae_lens_training_version": "6.5.1"}
+
+
+SAELENS_DIRS = Path(__file__).parent / "data" / "saelens"
+
+
+@pytest.mark.parametrize("name", ["topk", "standard", "jumprelu", "topk_training_inference"])
+def test_loads_directories_written_by_saelens(name):
+    """tests/data/saelens: tiny SAEs saved by SAELens 6.54 itself, with SAELens's own encode/decode outputs."""
+    directory = SAELENS_DIRS / name
+    sae = load_sae(directory)
+    expected = load_file(str(directory / "expected.safetensors"))
+    assert torch.allclose(sae.encode(expected["x"]), expected["feature_acts"], atol=1e-6)
+    assert torch.allclose(sae.decode(expected["feature_acts"]), expected["reconstruction"], atol=1e-5)
+    cfg = json.loads((directory / "cfg.json").read_text())
+    assert sae.cfg.architecture == cfg["architecture"] and sae.cfg.hook_name == cfg["metadata"]["hook_name"]
 
 
 def test_loads_saelens_v6_standard(tmp_path):
