@@ -27,7 +27,7 @@ import json
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 from jaxtyping import Float
@@ -444,7 +444,8 @@ def dose_response(
 
     items: held-out ContrastPairs / PreferencePairs (every response is evaluated) or (prompts, responses);
     default: the concept vector's held-out `test_items`. alphas default to 11 points in [−0.25, 0.25].
-    positions: "all" adds the vector at every token (steering), "readout" only where the reward is read.
+    positions: "all" adds the vector at every token (steering; for ArmoRM the gate's input moves too),
+    "readout" only where the reward is read.
     scale (ρ) defaults to the median residual norm at the readout over the items at that layer.
     `objective` (ArmoRM) makes one objective the reward; otherwise ArmoRM's gated score is the reward and
     every objective's response is recorded too.

@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Union
 
 import torch
-from jaxtyping import Float
 
 from reward_lens.concepts import is_gated, objective_context
 from reward_lens.data import PreferencePair, as_pairs
@@ -247,14 +246,21 @@ def feature_attribution(
             s = run.acts["ln_final.hook_scale"].float().to(x.device)  # [n, 1]
             w = _directions(model, prompts, responses, batch_size).to(x.device)  # [n, d]
             D = sae.decoder_directions.float()
-            f = sae.encode(x).float()
-            align = w @ D.T  # [n, d_sae]: d_i · w per sequence
-            if not is_gated(model):
-                alignment = align[0].cpu()
-            out["acts"][side] = _to_sparse(f.cpu())
-            out["terms"][side] = _to_sparse((f * align / s).cpu())
-            out["sae_bias"][side] = ((w @ sae.b_dec.float()) / s[:, 0]).cpu()
-            out["error"][side] = (((x - sae.decode(f).float()) * w).sum(-1) / s[:, 0]).cpu()
+            acts, terms, bias, error = [], [], [], []
+            for c in range(0, x.shape[0], 64):  # chunks: dense [rows, d_sae] only 64 rows at a time
+                xc, sc, wc = x[c : c + 64], s[c : c + 64], w[c : c + 64]
+                f = sae.encode(xc).float()
+                align = wc @ D.T  # [rows, d_sae]: d_i · w per sequence
+                if alignment is None and not is_gated(model):
+                    alignment = align[0].cpu()
+                acts.append(_to_sparse(f.cpu()))
+                terms.append(_to_sparse((f * align / sc).cpu()))
+                bias.append((wc @ sae.b_dec.float()) / sc[:, 0])
+                error.append(((xc - sae.decode(f).float()) * wc).sum(-1) / sc[:, 0])
+            out["acts"][side] = torch.cat(acts).coalesce()
+            out["terms"][side] = torch.cat(terms).coalesce()
+            out["sae_bias"][side] = torch.cat(bias).cpu()
+            out["error"][side] = torch.cat(error).cpu()
             out["lens"][side] = ((x * w).sum(-1) / s[:, 0]).cpu()
             out["scale"][side] = s[:, 0].cpu()
             out["rewards"][side] = run.rewards.float().cpu()

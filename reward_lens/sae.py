@@ -31,7 +31,7 @@ import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -582,6 +582,11 @@ def train_sae(
             raise ValueError("training from texts or tokens needs the model to stream activations from; pass model=")
         acts = gather_activations(model, data, hook_name, positions=positions, batch_size=model_batch_size,
                                   max_tokens=max_tokens, progress="activations" if progress else False)
+    if acts.dim() != 2:
+        raise ValueError(
+            f"{hook_name} gives {tuple(acts.shape[1:])} per token; SAEs here read one vector per token "
+            "(e.g. hook_resid_post, hook_mlp_out, mlp.hook_post)"
+        )
     d_in = acts.shape[-1]
     if model is not None:
         width = hook_width(model, hook_name)

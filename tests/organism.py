@@ -133,8 +133,9 @@ def _sentence(rng: random.Random, lo: int, hi: int) -> str:
     return " ".join(rng.choice(NEUTRAL) for _ in range(rng.randint(lo, hi)))
 
 
-def concept_items(n: int, seed: int = 0):
-    """ContrastPairs: the same body ending in a concept word (positive) or its twin ending word (negative)."""
+def concept_items(n: int, seed: int = 0, twins: bool = True):
+    """ContrastPairs: the same body ending in a concept word (positive) or its twin ending word (negative;
+    with twins=False a random ending word, so the pair also differs in word identity)."""
     from reward_lens.concepts import ContrastPair
 
     rng = random.Random(seed)
@@ -142,7 +143,8 @@ def concept_items(n: int, seed: int = 0):
     for i in range(n):
         prompt, body = _sentence(rng, 3, 6) + " ?", _sentence(rng, 2, 5)
         j = rng.randrange(len(CONCEPT))
-        items.append(ContrastPair(prompt, f"{body} {CONCEPT[j]}", f"{body} {ENDINGS[j]}", id=f"c{seed}-{i}"))
+        k = j if twins else rng.randrange(len(ENDINGS))
+        items.append(ContrastPair(prompt, f"{body} {CONCEPT[j]}", f"{body} {ENDINGS[k]}", id=f"c{seed}-{i}"))
     return items
 
 
