@@ -98,7 +98,7 @@ def test_text_pairs_frame_and_plot(llama_hf):
     pairs = bundled_pairs()[:5]
     res = attribute(model, pairs, batch_size=2, progress=False)
     check_exact(res)
-    frame = res.to_frame("all" if res.neurons_chosen is not None else "component")
+    frame = res.to_frame()
     assert list(frame.columns) == ["pair", "component", "layer", "level", "head", "chosen", "rejected", "gap"]
     assert len(frame) == 5 * (1 + 2 * model.cfg.n_layers)
     heads = res.to_frame("head")
@@ -114,3 +114,12 @@ def test_multi_output_head_is_a_clear_error(llama_hf):
     model = HookedRewardModel.from_hf_model(tiny_hf_model("llama", num_labels=2))
     with pytest.raises(ValueError, match="2 outputs"):
         attribute(model, PAIRS, progress=False)
+
+
+def test_a_head_the_decomposition_cannot_reproduce_is_reported(llama_model, monkeypatch):
+    import reward_lens.instruments.attribution as module
+
+    real = module.readout_direction
+    monkeypatch.setattr(module, "readout_direction", lambda model, tok: (2 * real(model, tok)[0], real(model, tok)[1]))
+    with pytest.warns(UserWarning, match="not linear in the final residual"):
+        attribute(llama_model, PAIRS, progress=False)

@@ -89,6 +89,13 @@ def test_fast_equals_naive_armorm(tmp_path, count_readout_sweeps):
         fast = patch(model, pairs, **kw)
         assert_same(fast, patch(model, pairs, method="naive", **kw))
     assert count_readout_sweeps  # the gate reads the prompt, so the per-sequence direction keeps the fast path exact
+    # ArmoRM reads the token before the first pad id: with a pad id inside a sequence, later tokens are
+    # attended after the readout, so the fast path must (and does) fall back to start_at_layer.
+    inner = [TokenPair(prompt + [11, 299, 13, 14], prompt + [21, 22])]
+    calls = len(count_readout_sweeps)
+    kw = dict(mode=["noising", "denoising"], level="component", progress=False)
+    assert_same(patch(model, inner, **kw), patch(model, inner, method="naive", **kw))
+    assert len(count_readout_sweeps) == calls + 1  # denoising's target (rejected) still takes the fast path
 
 
 def test_generic_path_falls_back_and_agrees(llama_hf):

@@ -268,31 +268,40 @@ def _kv_names(model) -> List[str]:
 
 def _entries(model, tcap: Capture, sites: Sequence[Site], values: Sequence[torch.Tensor]):
     """(layer, stage, state [B, d]) per site: the residual a readout patch leaves behind, and where the
-    recomputation resumes. Head patches rebuild the layer's attention output from z, like the forward."""
+    recomputation resumes. Head patches change the layer's attention output by (z'_h - z_h) W_O[h]
+    (before Gemma-2's post-norm), all heads of a layer in one product."""
     cfg, L = model.cfg, model.cfg.n_layers
     acts = tcap.at_readout
 
     def resid_pre(l: int) -> torch.Tensor:
         return acts[f"blocks.{l}.hook_resid_pre"] if l < L else acts[f"blocks.{L - 1}.hook_resid_post"]
 
-    out = []
-    for site, v in zip(sites, values):
+    out: List = [None] * len(sites)
+    heads_by_layer: Dict[int, List[int]] = {}
+    for i, (site, v) in enumerate(zip(sites, values)):
         if site.kind == "embed":
-            out.append((0, _PRE, v))
+            out[i] = (0, _PRE, v)
         elif site.kind == "resid":
-            out.append((site.layer, _PRE, v))
+            out[i] = (site.layer, _PRE, v)
         elif site.kind == "attn":
-            out.append((site.layer, _MID, resid_pre(site.layer) + v))
+            out[i] = (site.layer, _MID, resid_pre(site.layer) + v)
         elif site.kind == "mlp":
-            out.append((site.layer + 1, _PRE, acts[f"blocks.{site.layer}.hook_resid_mid"] + v))
+            out[i] = (site.layer + 1, _PRE, acts[f"blocks.{site.layer}.hook_resid_mid"] + v)
         else:
-            block = model.blocks[site.layer]
-            z = acts[f"blocks.{site.layer}.attn.hook_z"].clone()
-            z[:, site.head] = v
-            attn_out = z.reshape(z.shape[0], -1) @ block.attn.W_O.reshape(-1, cfg.d_model) + block.attn.b_O
-            if cfg.post_norms:
-                attn_out = block.ln1_post(attn_out)
-            out.append((site.layer, _MID, resid_pre(site.layer) + attn_out))
+            heads_by_layer.setdefault(site.layer, []).append(i)
+    for l, members in heads_by_layer.items():
+        attn = model.blocks[l].attn
+        z = acts[f"blocks.{l}.attn.hook_z"]  # [B, n_heads, d_head]
+        heads = [sites[i].head for i in members]
+        raw = z.reshape(z.shape[0], -1) @ attn.W_O.reshape(-1, cfg.d_model) + attn.b_O  # as the forward
+        new = torch.stack([values[i] for i in members], 1)  # [B, k, d_head]
+        delta = torch.einsum("bkh,khm->bkm", new - z[:, heads], attn.W_O[heads])
+        attn_out = raw[:, None] + delta
+        if cfg.post_norms:
+            attn_out = model.blocks[l].ln1_post(attn_out)
+        state = resid_pre(l)[:, None] + attn_out
+        for j, i in enumerate(members):
+            out[i] = (l, _MID, state[:, j])
     return out
 
 
@@ -486,6 +495,7 @@ def _patch_batch(model, batch: PairBatch, sites, modes, positions, method, means
         caps[side] = capture(model, tok, readout_names, full_names)
     out: Dict[Tuple[str, str], torch.Tensor] = {}
     states: Dict[Tuple[str, str], Tuple[torch.Tensor, torch.Tensor]] = {}
+    directions: Dict[str, Tuple[torch.Tensor, torch.Tensor]] = {}
     for mode in modes:
         src_side = _SOURCE.get(mode)
         for target in _TARGETS[mode]:
@@ -498,7 +508,9 @@ def _patch_batch(model, batch: PairBatch, sites, modes, positions, method, means
             elif engine_for[target] == "readout":
                 entries = _entries(model, tcap, sites, values)
                 final = _readout_sweep(model, tcap, entries)
-                direction, bias = readout_direction(model, tcap.tok)
+                if target not in directions:  # (ArmoRM: one forward for the gate; shared by the modes)
+                    directions[target] = readout_direction(model, tcap.tok)
+                direction, bias = directions[target]
                 out[(mode, target)] = reward_from_final_resid(model, final, direction[:, None], bias[:, None])
                 if keep_states:
                     states[(mode, target)] = (torch.stack([e[2] for e in entries], 1), final)
