@@ -4,7 +4,7 @@ plus hand-written hook checks and the semantics of the modes."""
 
 import pytest
 import torch
-from helpers import one_thread, tiny_hf_model, tiny_tokenizer, token_pairs  # noqa: F401
+from helpers import one_thread, tiny_tokenizer, token_pairs  # noqa: F401
 
 import reward_lens.instruments.patching as patching_module
 from reward_lens import HookedRewardModel

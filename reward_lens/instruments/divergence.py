@@ -30,7 +30,6 @@ import torch
 from reward_lens.data import as_pairs
 from reward_lens.instruments._common import Site, pair_labels, pyplot, sites_for, to_numpy
 from reward_lens.instruments.patching import (
-    _SOURCE,
     _TARGETS,
     PatchResult,
     _check_options,

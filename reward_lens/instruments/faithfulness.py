@@ -16,7 +16,7 @@ stand in for the attribution (how well does attribution patching rank the real e
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional, Tuple, Union
+from typing import List, Optional, Tuple
 
 import numpy as np
 import pandas as pd

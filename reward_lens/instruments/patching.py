@@ -162,10 +162,11 @@ class PatchResult:
                 ax.set_xticklabels(layers, fontsize=7)
                 ax.set_xlabel("layer")
                 fig.colorbar(im, ax=ax, label=label)
-                if any(s.kind == "embed" for s in sites):
-                    ax.set_title(f"{mode} ({level}); embed: {eff[[i for i, s in zip(idx, sites) if s.kind == 'embed'][0]]:.3g}")
-                    continue
-            ax.set_title(f"{mode} ({level})")
+            title = f"{mode} ({level})"
+            for i, s in zip(idx, sites):  # embedding terms are not on the layer grid: give them in the title
+                if s.kind == "embed":
+                    title += f"; {s.name}: {eff[i]:.3g}"
+            ax.set_title(title)
         fig.tight_layout()
         return fig
 
