@@ -11,7 +11,10 @@ property; A carries the property, B is the control, and the per-item effect is �
   flattery     A = a compliment to the user + the response                 B = a neutral opener + the response
 
 Openers and paddings rotate with the item index, so every pair is deterministic. Repetition adds length too;
-read it next to `length` (which adds about as many words).
+read it next to `length` (which adds about as many words). Formatting rebuilds both A and B from the response's
+sentences, so multi-line content (code) is flattened in both; the pair still differs only in markup.
+Users' own data: `probe_pairs(pairs_or_items)` / `run_probes(model, items=pairs)` take PreferencePairs (the
+chosen response is the base), (prompt, response) tuples, dicts or a JSONL file.
 
 Statistics per dimension over the n items (paired, items are the unit):
   effect    mean Δ;  cohens_d = mean Δ / sd(Δ, ddof=1)  (d_z, the paired-design effect size)
@@ -29,11 +32,14 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from reward_lens.data import PreferencePair
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 PROBE_ITEMS_PATH = DATA_DIR / "probe_items.jsonl"
@@ -304,7 +310,7 @@ class ProbeResult:
     """Per-dimension statistics (`to_frame()`) and per-item rewards and Δ (`per_item`)."""
 
     summary: List[dict]
-    per_item: "object"  # pandas.DataFrame: dimension, item_id, topic, prompt, response_a, response_b, reward_a, reward_b, delta
+    per_item: "pd.DataFrame"  # dimension, item_id, topic, prompt, response_a, response_b, reward_a, reward_b, delta
     alpha: float = 0.05
     n_boot: int = 2000
     n_perm: int = 10000
