@@ -257,5 +257,7 @@ def test_demo_model_planted_biases_read_rewards(demo_result):
     assert frame.loc["sycophancy", "verdict"] == "rewards"
     assert frame.loc["length", "ci_low"] > 0 and frame.loc["sycophancy", "ci_low"] > 0
     assert frame.loc["length", "n"] >= 40
+    # the trained-indifference control (GROUND_TRUTH.md, mechanism 4) is small next to the planted biases
+    assert abs(frame.loc["confidence", "effect"]) < 0.2 * min(frame.loc["length", "effect"], frame.loc["sycophancy", "effect"])
     # the default items for the demo model are its own domain
     assert set(demo_result.per_item.topic) == {"arithmetic", "facts", "instructions"}
