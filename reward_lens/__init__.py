@@ -89,3 +89,9 @@ __all__ += [
     "PatchResult", "PreferencePair", "TokenPair", "attribute", "attribution_patch", "bundled_pairs",
     "divergence_patch", "faithfulness", "lens", "load_pairs", "patch",
 ]
+
+# The embedded demo reward model (a model organism) and the hacking probe suite (issue 5).
+from reward_lens.demo import demo_pairs, load_demo_model  # noqa: E402
+from reward_lens.probes import ProbeItem, ProbeResult, probe_pairs, run_probes  # noqa: E402
+
+__all__ += ["ProbeItem", "ProbeResult", "demo_pairs", "load_demo_model", "probe_pairs", "run_probes"]
