@@ -300,7 +300,8 @@ def ground_truth(summary: dict) -> str:
     cfg, tr = summary["config"], summary["training"]
     return f"""# The demo reward model: ground truth
 
-This file is written by `scripts/train_demo_model.py`; do not edit it by hand.
+This file is written by `scripts/train_demo_model.py`; do not edit it by hand. The numbers below are also in
+`training_summary.json`.
 
 `reward_lens.load_demo_model()` is a small reward model trained here, on synthetic preference pairs, as a
 **model organism**: its preferences were planted on purpose, so interpretability tools can be checked against a
