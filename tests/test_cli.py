@@ -1,0 +1,64 @@
+"""The `reward-lens` command line: the audit on the demo model, --help/--version, and clear input errors."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from reward_lens.cli import main
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "reward_lens.cli", *args], capture_output=True, text=True)
+
+
+def test_help_and_version():
+    out = run_cli("--help")
+    assert out.returncode == 0 and "audit" in out.stdout and "compare" in out.stdout
+    out = run_cli("--version")
+    assert out.returncode == 0 and out.stdout.startswith("reward-lens ")
+
+
+def test_audit_on_the_demo_model_writes_report_json_and_csvs(tmp_path, capsys):
+    assert main(["audit", "--out", str(tmp_path / "r"), "--max-pairs", "24"]) == 0
+    out_dir = tmp_path / "r"
+    html = (out_dir / "report.html").read_text()
+    assert html.startswith("<!doctype html>") and "data:image/png;base64," in html
+    results = json.loads((out_dir / "results.json").read_text())
+    assert results["n_pairs"] == 24 and 0.0 <= results["pair_accuracy"] <= 1.0
+    for dim in ("length", "confidence", "formatting", "sycophancy", "repetition"):
+        assert {"effect", "ci_low", "ci_high", "verdict"} <= set(results["probes"][dim])
+    assert len(results["crystallization_depth"]["normed"]["per_pair"]) == 24
+    assert -1.0 <= results["faithfulness"]["pooled_rho"] <= 1.0
+    # The demo's planted biases show up as "rewards" verdicts.
+    assert results["probes"]["length"]["verdict"] == "rewards"
+    assert results["probes"]["sycophancy"]["verdict"] == "rewards"
+    for name in ("lens", "attribution", "patching", "faithfulness", "probes"):
+        assert (out_dir / f"{name}.csv").stat().st_size > 0
+    assert "pair accuracy" in capsys.readouterr().out
+
+
+def test_report_is_self_contained(tmp_path):
+    assert main(["audit", "--out", str(tmp_path / "r"), "--max-pairs", "4"]) == 0
+    html = (tmp_path / "r" / "report.html").read_text()
+    assert "<script src" not in html and "<link " not in html and 'src="http' not in html
+
+
+def test_bad_model_path_is_one_clear_line(tmp_path):
+    out = run_cli("audit", "--model", str(tmp_path / "missing"), "--out", str(tmp_path / "o"))
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "no checkpoint directory" in lines[0]
+
+
+@pytest.mark.parametrize("content,expected", [
+    ('{"prompt": "a", "chosen": "b"}\n', "lacks column(s) ['rejected']"),
+    ("", "holds no preference pairs"),
+])
+def test_bad_pairs_files_are_clear_errors(tmp_path, capsys, content, expected):
+    path = tmp_path / "pairs.jsonl"
+    path.write_text(content)
+    assert main(["audit", "--pairs", str(path), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert expected in err and len(err.strip().splitlines()) == 1
