@@ -62,3 +62,16 @@ def test_bad_pairs_files_are_clear_errors(tmp_path, capsys, content, expected):
     assert main(["audit", "--pairs", str(path), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert expected in err and len(err.strip().splitlines()) == 1
+
+
+def test_compare_a_model_with_itself(tmp_path):
+    assert main(["compare", "demo", "demo", "--max-pairs", "4", "--out", str(tmp_path / "c")]) == 0
+    rows = json.loads((tmp_path / "c" / "results.json").read_text())
+    values = {r["metric"]: r["value"] for r in rows}
+    assert values["probe_verdict_agreement"] == 1.0 and values["attribution_abs_tv"] == 0.0
+    assert (tmp_path / "c" / "report.html").exists()
+
+
+def test_compare_needs_two_models(capsys):
+    assert main(["compare", "demo"]) == 2
+    assert "at least two models" in capsys.readouterr().err
