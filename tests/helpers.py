@@ -116,3 +116,25 @@ try:
         torch.set_num_threads(before)
 except ImportError:  # helpers used outside pytest
     pass
+
+
+def hf_parity_run(hf, ids, mask):
+    """transformers forward with the position ids the hooked model uses by default (cumsum of the mask),
+    so a left-padded row is the same computation as the unpadded one; hidden states included."""
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        return hf(ids, attention_mask=mask, position_ids=pos, output_hidden_states=True)
+
+
+def assert_hf_parity(model, hf, ids, mask, tol: float = 1e-4) -> None:
+    """Rewards and every layer's hidden states (non-pad positions) within `tol` of transformers."""
+    out = hf_parity_run(hf, ids, mask)
+    rewards, cache = model.run_with_cache(ids, attention_mask=mask)
+    assert rewards.shape == (ids.shape[0],)
+    assert (rewards - out.logits[:, 0]).abs().max() < tol
+    for layer in range(model.cfg.n_layers - 1):  # HF's last hidden state is after the final norm
+        diff = (cache[f"blocks.{layer}.hook_resid_post"] - out.hidden_states[layer + 1]) * mask[..., None]
+        assert diff.abs().max() < tol, f"layer {layer}"
+    if model.ln_final.w is not None:  # unfolded: the final norm's output is comparable too
+        final = model.ln_final(cache[f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"])
+        assert ((final - out.hidden_states[-1]) * mask[..., None]).abs().max() < tol

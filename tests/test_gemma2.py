@@ -6,7 +6,7 @@ import pytest
 import torch
 import transformers
 
-from helpers import padded_batch
+from helpers import assert_hf_parity, hf_parity_run, padded_batch
 from reward_lens import HookedRewardModel
 
 TOL = 1e-4
@@ -37,10 +37,7 @@ def gemma_hf():
     return tiny_gemma2()
 
 
-def hf_run(hf, ids, mask):
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    with torch.no_grad():
-        return hf(ids, attention_mask=mask, position_ids=pos, output_hidden_states=True)
+hf_run = hf_parity_run
 
 
 def test_config_carries_every_quirk(gemma_hf):
@@ -58,15 +55,7 @@ def test_config_carries_every_quirk(gemma_hf):
 def test_rewards_and_hidden_states_match_transformers(gemma_hf, fold_ln, side):
     model = HookedRewardModel.from_hf_model(gemma_hf, fold_ln=fold_ln)
     ids, mask = padded_batch([12, 7, 10, 3], side)
-    out = hf_run(gemma_hf, ids, mask)
-    rewards, cache = model.run_with_cache(ids, attention_mask=mask)
-    assert (rewards - out.logits[:, 0]).abs().max() < TOL
-    for layer in range(model.cfg.n_layers - 1):  # HF's last hidden state is after the final norm
-        diff = (cache[f"blocks.{layer}.hook_resid_post"] - out.hidden_states[layer + 1]) * mask[..., None]
-        assert diff.abs().max() < TOL, f"layer {layer}"
-    final = model.ln_final(cache[f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"])
-    if not fold_ln:
-        assert ((final - out.hidden_states[-1]) * mask[..., None]).abs().max() < TOL
+    assert_hf_parity(model, gemma_hf, ids, mask, TOL)
 
 
 def test_final_logit_softcap_is_not_applied_to_the_reward(gemma_hf):

@@ -4,37 +4,19 @@ import pytest
 import torch
 
 from conftest import ARCHS
-from helpers import padded_batch
+from helpers import assert_hf_parity, padded_batch
 from reward_lens import HookedRewardModel
 
 TOL = 1e-4
-
-
-def hf_run(hf, ids, mask):
-    # transformers uses arange positions unless told; we give it the mask-derived ones ours use by default,
-    # so a left-padded row is the same computation as the unpadded one.
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    with torch.no_grad():
-        return hf(ids, attention_mask=mask, position_ids=pos, output_hidden_states=True)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("fold_ln", [False, True])
 @pytest.mark.parametrize("side", ["right", "left"])
 def test_rewards_and_hidden_states_match_transformers(hf_models, arch, fold_ln, side):
-    hf = hf_models[arch]
-    model = HookedRewardModel.from_hf_model(hf, fold_ln=fold_ln)
+    model = HookedRewardModel.from_hf_model(hf_models[arch], fold_ln=fold_ln)
     ids, mask = padded_batch([12, 7, 10, 3], side)
-    out = hf_run(hf, ids, mask)
-    rewards, cache = model.run_with_cache(ids, attention_mask=mask)
-    assert rewards.shape == (4,)
-    assert (rewards - out.logits[:, 0]).abs().max() < TOL
-    for layer in range(model.cfg.n_layers - 1):  # HF's last hidden state is after the final norm
-        diff = (cache[f"blocks.{layer}.hook_resid_post"] - out.hidden_states[layer + 1]) * mask[..., None]
-        assert diff.abs().max() < TOL, f"layer {layer}"
-    final = model.ln_final(cache[f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"])
-    if not fold_ln:
-        assert ((final - out.hidden_states[-1]) * mask[..., None]).abs().max() < TOL
+    assert_hf_parity(model, hf_models[arch], ids, mask, TOL)
 
 
 def test_padding_does_not_change_rewards(llama_model):

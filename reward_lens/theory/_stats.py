@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -76,3 +76,21 @@ def as_float_matrix(x, name: str, ncols: Optional[int] = None) -> np.ndarray:
     if not np.all(np.isfinite(arr)):
         raise ValueError(f"{name} holds NaN or inf values; drop or fill them before the analysis")
     return arr
+
+
+def to_float64(x: Any) -> np.ndarray:
+    """A tensor or array-like as a float64 numpy array."""
+    if hasattr(x, "detach"):
+        x = x.detach().cpu().double().numpy()
+    return np.asarray(x, dtype=np.float64)
+
+
+def named_rows(items: Any, names: Optional[Sequence[str]], prefix: str, what: str) -> Tuple[np.ndarray, List[str]]:
+    """Stack directions given as name -> vector or as an [m, d] matrix; unnamed rows get `prefix_{j}`."""
+    if isinstance(items, Mapping):
+        names = list(items) if names is None else list(names)
+        return np.stack([to_float64(items[n]).reshape(-1) for n in names]), names
+    matrix = to_float64(items)
+    if matrix.ndim != 2:
+        raise ValueError(f"{what} must be [n, d_model], got shape {matrix.shape}")
+    return matrix, [f"{prefix}_{j}" for j in range(matrix.shape[0])] if names is None else list(names)

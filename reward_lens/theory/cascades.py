@@ -21,7 +21,7 @@ finds one gets the other (a *cascade*). Definitions (also in ``docs/theory.md``)
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, List, Mapping, Optional, Sequence
 
 import numpy as np
 import pandas as pd

@@ -29,7 +29,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 import numpy as np
 import pandas as pd
 
-from reward_lens.theory._stats import as_float_matrix, check_level, column_correlations, fisher_ci
+from reward_lens.theory._stats import as_float_matrix, check_level, column_correlations, fisher_ci, named_rows, to_float64
 
 VERDICTS = ("aligned", "orthogonal", "conflicting")
 
@@ -130,12 +130,6 @@ class ConflictResult:
 # ------------------------------------------------------------------------------------------- plain data
 
 
-def _matrix(x: Any) -> np.ndarray:
-    if hasattr(x, "detach"):
-        x = x.detach().cpu().double().numpy()
-    return np.asarray(x, dtype=np.float64)
-
-
 def conflicts_from_directions(
     directions: Union[Any, Mapping[str, Any]],
     reward_deltas: Optional[Any] = None,
@@ -149,14 +143,7 @@ def conflicts_from_directions(
     check_level(level)
     if not 0 < threshold < 1:
         raise ValueError(f"threshold must be in (0, 1) (a cosine / correlation), got {threshold}")
-    if isinstance(directions, Mapping):
-        names = list(directions) if names is None else list(names)
-        W = np.stack([_matrix(directions[n]).reshape(-1) for n in names])
-    else:
-        W = _matrix(directions)
-        if W.ndim != 2:
-            raise ValueError(f"directions must be [n_terms, d_model], got shape {W.shape}")
-        names = [f"term_{j}" for j in range(W.shape[0])] if names is None else list(names)
+    W, names = named_rows(directions, names, "term", "directions")
     m, d = W.shape
     if len(names) != m:
         raise ValueError(f"{len(names)} names for {m} directions")
@@ -182,7 +169,7 @@ def conflicts_from_directions(
             if missing:
                 raise ValueError(f"reward_deltas frame lacks column(s) {missing} (one per term: {names})")
             reward_deltas = reward_deltas[names].to_numpy()
-        R = as_float_matrix(_matrix(reward_deltas), "reward_deltas", m)
+        R = as_float_matrix(to_float64(reward_deltas), "reward_deltas", m)
         n = R.shape[0]
         if n < 3:
             raise ValueError(f"reward-difference correlations need at least 3 pairs, got {n}")
@@ -307,7 +294,7 @@ def reward_conflicts(
     if isinstance(source, HookedRewardModel):
         model = source
         if directions is not None:
-            W, names_ = np.stack([_matrix(v).reshape(-1) for v in directions.values()]), list(directions)
+            W, names_ = np.stack([to_float64(v).reshape(-1) for v in directions.values()]), list(directions)
             if W.shape[1] != model.cfg.d_model:
                 raise ValueError(f"directions have width {W.shape[1]}, the model's residual is {model.cfg.d_model}")
         else:

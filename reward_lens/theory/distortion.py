@@ -47,7 +47,9 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 import numpy as np
 import pandas as pd
 
-from reward_lens.theory._stats import as_float_matrix, bootstrap_indices, check_level, percentile_ci
+from reward_lens.theory._stats import (
+    as_float_matrix, bootstrap_indices, check_level, named_rows, percentile_ci, to_float64,
+)
 
 ArrayLike = Any
 
@@ -375,21 +377,8 @@ def distortion_index(
 # ------------------------------------------------------------------------------------------- geometry
 
 
-def _to_numpy(x: Any) -> np.ndarray:
-    if hasattr(x, "detach"):
-        x = x.detach().cpu().double().numpy()
-    return np.asarray(x, dtype=np.float64)
-
-
 def _direction_matrix(directions: Any, names: Optional[Sequence[str]]) -> Tuple[np.ndarray, List[str]]:
-    if isinstance(directions, Mapping):
-        names = list(directions) if names is None else list(names)
-        U = np.stack([_to_numpy(directions[n]).reshape(-1) for n in names])
-    else:
-        U = _to_numpy(directions)
-        if U.ndim != 2:
-            raise ValueError(f"dimension directions must be [K, d_model], got shape {U.shape}")
-        names = [f"dim_{k}" for k in range(U.shape[0])] if names is None else list(names)
+    U, names = named_rows(directions, names, "dim", "dimension directions")
     if len(names) != U.shape[0]:
         raise ValueError(f"{len(names)} names for {U.shape[0]} dimension directions")
     norms = np.linalg.norm(U, axis=1)
@@ -427,10 +416,10 @@ def distortion_from_directions(
         raise ValueError("no probes given; pass probe name -> activation differences [n, d_model]")
     dq, dr, g_rows = [], [], []
     for p in probes:
-        delta = _to_numpy(probe_deltas[p])
+        delta = to_float64(probe_deltas[p])
         if delta.ndim != 2 or delta.shape[1] != U.shape[1] or delta.shape[0] == 0:
             raise ValueError(f"probe {p!r}: activation differences must be [n >= 1, {U.shape[1]}], got {delta.shape}")
-        w = _to_numpy(reward_direction[p] if isinstance(reward_direction, Mapping) else reward_direction)
+        w = to_float64(reward_direction[p] if isinstance(reward_direction, Mapping) else reward_direction)
         w = np.broadcast_to(w, delta.shape) if w.ndim == 1 else w
         if w.shape != delta.shape:
             raise ValueError(f"probe {p!r}: reward direction of shape {w.shape} does not match the differences {delta.shape}")
@@ -531,7 +520,7 @@ def distortion_from_model(
     U = {}
     for name, spec in specs.items():
         if hasattr(spec, "shape") and len(getattr(spec, "shape")) == 1:
-            U[name] = _to_numpy(spec)
+            U[name] = to_float64(spec)
         else:
             delta, _ = readout_states(model, spec, batch_size=batch_size)
             U[name] = delta.mean(0)
