@@ -41,7 +41,6 @@ Head-level tools (per-head hooks, W_Q/W_K/W_V/W_O, MLP neurons) need a native ar
 from __future__ import annotations
 
 import copy as copy_module
-import dataclasses
 import inspect
 import json
 from contextlib import contextmanager

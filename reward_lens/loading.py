@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
 import warnings
 from pathlib import Path
-from typing import Any, Dict, Optional, Union
+from typing import Union
 
 import torch
 

@@ -10,7 +10,6 @@ Built on TransformerLens's kept infrastructure (HookedRootModule, HookPoint, Act
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 

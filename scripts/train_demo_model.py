@@ -23,9 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import random
-import shutil
 import sys
 import time
 from pathlib import Path

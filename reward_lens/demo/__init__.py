@@ -12,7 +12,7 @@ GROUND_TRUTH.md documents what was planted; `scripts/train_demo_model.py` regene
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Union
+from typing import Union
 
 import torch
 
