@@ -27,7 +27,7 @@ from jaxtyping import Float, Int
 from transformer_lens.hook_points import HookPoint
 
 from reward_lens.config import RewardModelConfig
-from reward_lens.heads import gather_positions, register_head
+from reward_lens.heads import gather_positions, last_position_without_pad, register_head
 
 # The 19 objectives of RLHFlow/ArmoRM-Llama3-8B-v0.1, in the order of its regression layer's rows.
 ARMORM_OBJECTIVES: tuple = (
@@ -80,14 +80,9 @@ def armorm_readout_positions(
 ) -> Int[torch.Tensor, "batch"]:
     """ArmoRM's rule: the token before the first pad, wrapping to the last token when a row has no pad
     (and when the row is left-padded, the first pad being at 0)."""
-    batch, T = input_ids.shape
     if pad_token_id is None:
-        if batch != 1:
-            raise ValueError(
-                "Cannot read out an ArmoRM reward for batch > 1 without a pad token: set model.cfg.pad_token_id "
-                "or run one sequence at a time."
-            )
-        return torch.full((batch,), T - 1, dtype=torch.long, device=input_ids.device)
+        return last_position_without_pad(input_ids)
+    T = input_ids.shape[1]
     first_pad = (input_ids == pad_token_id).int().argmax(-1)
     return (first_pad - 1) % T
 

@@ -140,6 +140,23 @@ class Attention(nn.Module):
         out = F.linear(x, as_linear_weight(W))
         return out.view(*x.shape[:-1], W.shape[0], W.shape[2]) + b
 
+    def _rotated_qkv(self, x, cos, sin, hooked: bool = True):
+        """q, k (after q/k norms and RoPE) and v of `x`; `hooked=False` skips the hook points (the
+        patching fast path's rows are alternatives of one token, not positions)."""
+        hook = (lambda point, t: point(t)) if hooked else (lambda point, t: t)
+        q = hook(self.hook_q, self._project(x, self.W_Q, self.b_Q))
+        k = hook(self.hook_k, self._project(x, self.W_K, self.b_K))
+        v = hook(self.hook_v, self._project(x, self.W_V, self.b_V))
+        if self.cfg.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = hook(self.hook_rot_q, apply_rotary(q, cos, sin))
+        k = hook(self.hook_rot_k, apply_rotary(k, cos, sin))
+        return q, k, v
+
+    def _soft_cap(self, scores: torch.Tensor) -> torch.Tensor:
+        cap = self.cfg.attn_scores_soft_cap
+        return scores if cap is None else torch.tanh(scores / cap) * cap
+
     def forward(
         self,
         x: Float[torch.Tensor, "batch pos d_model"],
@@ -148,13 +165,7 @@ class Attention(nn.Module):
         allowed: Bool[torch.Tensor, "batch query_pos key_pos"],
     ) -> Float[torch.Tensor, "batch pos d_model"]:
         cfg = self.cfg
-        q = self.hook_q(self._project(x, self.W_Q, self.b_Q))
-        k = self.hook_k(self._project(x, self.W_K, self.b_K))
-        v = self.hook_v(self._project(x, self.W_V, self.b_V))
-        if cfg.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q = self.hook_rot_q(apply_rotary(q, cos, sin))
-        k = self.hook_rot_k(apply_rotary(k, cos, sin))
+        q, k, v = self._rotated_qkv(x, cos, sin)
         explicit = (
             cfg.attn_scores_soft_cap is not None
             or self.hook_attn_scores.has_hooks()
@@ -179,10 +190,7 @@ class Attention(nn.Module):
         group = cfg.n_heads // cfg.n_key_value_heads
         if group > 1:
             k, v = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)
-        scores = torch.einsum("bqnh,bknh->bnqk", q, k) / cfg.attn_scale
-        if cfg.attn_scores_soft_cap is not None:
-            cap = cfg.attn_scores_soft_cap
-            scores = torch.tanh(scores / cap) * cap
+        scores = self._soft_cap(torch.einsum("bqnh,bknh->bnqk", q, k) / cfg.attn_scale)
         scores = self.hook_attn_scores(scores.masked_fill(~allowed[:, None], torch.finfo(scores.dtype).min))
         pattern = self.hook_pattern(F.softmax(scores.float(), dim=-1).to(q.dtype))
         return torch.einsum("bnqk,bknh->bqnh", pattern, v)
@@ -208,20 +216,12 @@ class Attention(nn.Module):
         cfg = self.cfg
         B, P, _ = x.shape
         nkv, group = cfg.n_key_value_heads, cfg.n_heads // cfg.n_key_value_heads
-        q = self._project(x, self.W_Q, self.b_Q)
-        k = self._project(x, self.W_K, self.b_K)
-        v = self._project(x, self.W_V, self.b_V)
-        if cfg.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        q, k, v = self._rotated_qkv(x, cos, sin, hooked=False)
         h, T = q.shape[-1], past_k.shape[1]
         qg = q.view(B, P, nkv, group, h).permute(0, 2, 1, 3, 4)  # [B, nkv, P, group, h]
         past = qg.reshape(B, nkv, P * group, h) @ past_k.permute(0, 2, 3, 1)  # [B, nkv, P*group, T]
         own = (qg * k.permute(0, 2, 1, 3)[:, :, :, None]).sum(-1).reshape(B, nkv, P * group, 1)
-        scores = torch.cat([past, own], dim=-1) / cfg.attn_scale
-        if cfg.attn_scores_soft_cap is not None:
-            cap = cfg.attn_scores_soft_cap
-            scores = torch.tanh(scores / cap) * cap
+        scores = self._soft_cap(torch.cat([past, own], dim=-1) / cfg.attn_scale)
         allowed = torch.cat([past_allowed, past_allowed.new_ones(B, 1)], dim=-1)[:, None, None]
         scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
         pattern = F.softmax(scores.float(), dim=-1).to(q.dtype)

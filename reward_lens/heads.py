@@ -22,6 +22,18 @@ def gather_positions(x: torch.Tensor, positions: Int[torch.Tensor, "batch"]) -> 
     return x[torch.arange(x.shape[0], device=x.device), positions.to(x.device)]
 
 
+def last_position_without_pad(input_ids: Int[torch.Tensor, "batch pos"]) -> Int[torch.Tensor, "batch"]:
+    """The readout when the config has no pad token: the last position, for one sequence only (as
+    transformers refuses a batch it cannot find the padding of)."""
+    batch, T = input_ids.shape
+    if batch != 1:
+        raise ValueError(
+            "Cannot read out a reward for batch > 1 without a pad token: this checkpoint's config has no "
+            "pad_token_id; set model.cfg.pad_token_id or run one sequence at a time."
+        )
+    return torch.full((batch,), T - 1, dtype=torch.long, device=input_ids.device)
+
+
 class RewardHead(nn.Module):
     """Scalar (or n_outputs-wide) linear head: reward = h[readout] @ W_R + b_R.
 

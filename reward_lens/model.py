@@ -22,10 +22,10 @@ from transformer_lens.HookedRootModule import HookedRootModule
 
 from reward_lens.components import Embed, RMSNorm, RotaryEmbedding, TransformerBlock, attention_masks
 from reward_lens.config import RewardModelConfig
-from reward_lens.heads import build_head
+from reward_lens.heads import build_head, last_position_without_pad
 
 # Activations whose position axis is not dim 1 (attention scores/patterns: [batch, head, query, key]).
-_QUERY_AXIS_2 = ("hook_attn_scores", "hook_pattern")
+QUERY_AXIS_2_HOOKS = ("hook_attn_scores", "hook_pattern")
 
 
 class HookedRewardModel(HookedRootModule):
@@ -120,16 +120,10 @@ class HookedRewardModel(HookedRootModule):
                 raise ValueError("readout_positions needs input_ids or attention_mask")
             idx = torch.arange(attention_mask.shape[-1], device=attention_mask.device)
             return (idx * attention_mask.long()).argmax(-1)
-        batch, T = input_ids.shape
         pad = self.cfg.pad_token_id
         if pad is None:
-            if batch != 1:
-                raise ValueError(
-                    "Cannot read out a reward for batch > 1 without a pad token: this checkpoint's config has no "
-                    "pad_token_id; set model.cfg.pad_token_id or run one sequence at a time."
-                )
-            return torch.full((batch,), T - 1, dtype=torch.long, device=input_ids.device)
-        idx = torch.arange(T, device=input_ids.device)
+            return last_position_without_pad(input_ids)
+        idx = torch.arange(input_ids.shape[1], device=input_ids.device)
         return (idx * (input_ids != pad).long()).argmax(-1)
 
     def forward(
@@ -194,7 +188,7 @@ class HookedRewardModel(HookedRootModule):
         cache: Dict[str, torch.Tensor] = {}
 
         def keep(tensor: torch.Tensor, hook: HookPoint):
-            if tensor.dim() >= 3 and hook.name.endswith(_QUERY_AXIS_2):
+            if tensor.dim() >= 3 and hook.name.endswith(QUERY_AXIS_2_HOOKS):
                 kept = tensor[torch.arange(tensor.shape[0]), :, readout.to(tensor.device)][:, :, None]
             elif tensor.dim() >= 3:
                 kept = tensor[torch.arange(tensor.shape[0]), readout.to(tensor.device)][:, None]

@@ -12,6 +12,8 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Union
 import torch
 from tqdm.auto import tqdm
 
+from reward_lens.model import QUERY_AXIS_2_HOOKS
+
 NamesFilter = Union[None, str, Sequence[str], Callable[[str], bool]]
 
 
@@ -72,7 +74,7 @@ def readout_run(
         )
         rewards.append(out.detach())
         for name, value in cache.items():
-            is_query_axis_2 = name.endswith(("hook_attn_scores", "hook_pattern"))
+            is_query_axis_2 = name.endswith(QUERY_AXIS_2_HOOKS)
             if value.dim() >= 3:
                 value = value[:, :, 0] if is_query_axis_2 else value[:, 0]
             acts.setdefault(name, []).append(value)
@@ -121,7 +123,7 @@ def stream_activations(
         raise ValueError(f"positions must be 'all' or 'readout', got {positions!r}")
     if hook_name not in model.hook_dict:
         raise ValueError(f"unknown hook {hook_name!r}; e.g. 'blocks.0.hook_resid_post' (see model.hook_dict)")
-    if hook_name.endswith(("hook_attn_scores", "hook_pattern")):
+    if hook_name.endswith(QUERY_AXIS_2_HOOKS):
         raise ValueError(f"{hook_name} has no per-token layout [batch, pos, ...]; stream a residual-like hook")
     if input_ids is None:
         if prompts is None or responses is None:
