@@ -19,7 +19,7 @@ import torch
 import transformers
 
 from reward_lens import HookedRewardModel
-from reward_lens.data import TokenPair
+from reward_lens.data.pairs import TokenPair
 from reward_lens.instruments import patch
 
 

@@ -14,7 +14,7 @@ import sys
 import torch
 
 from reward_lens import HookedRewardModel
-from reward_lens.loading import _load_hf_config, resolve_checkpoint_dir, resolve_dtype
+from reward_lens.model.loading import _load_hf_config, resolve_checkpoint_dir, resolve_dtype
 
 DEFAULT_PAIRS = [
     ("What is the capital of France?", "The capital of France is Paris."),

@@ -1,16 +1,20 @@
 """reward-lens: mechanistic interpretability for reward models, along the reward direction w_r."""
 
-from reward_lens.config import RewardModelConfig
-from reward_lens.heads import RewardHead
-from reward_lens.model import HookedRewardModel
-from reward_lens.armorm import ArmoRMHead, read_objective  # registers the "armorm" head type
+from reward_lens.model.config import RewardModelConfig
+from reward_lens.model.heads.scalar import RewardHead
+from reward_lens.model.native import HookedRewardModel
+from reward_lens.model.heads.armorm import ArmoRMHead, read_objective  # registers the "armorm" head type
 
 __version__ = "0.1.0"
+
+from reward_lens import _legacy  # noqa: E402  (old deep module paths, for one release)
+
+_legacy.install()
 
 __all__ = ["ArmoRMHead", "HookedRewardModel", "RewardHead", "RewardModelConfig", "__version__", "read_objective"]
 
 # Theory-grounded extensions and cross-model comparison (issue 7).
-from reward_lens.compare import ComparisonResult, ModelProfile, compare_models  # noqa: E402
+from reward_lens.instruments.compare import ComparisonResult, ModelProfile, compare_models  # noqa: E402
 from reward_lens.theory import (  # noqa: E402
     CascadeResult,
     ConflictResult,
@@ -26,8 +30,8 @@ __all__ += [
 ]
 
 # Representations: SAEs, SAE features along the reward direction, concept vectors, reward editing (issue 6).
-from reward_lens.sae import SAEConfig, SAEMetrics, SparseAutoencoder, load_sae, train_sae  # noqa: E402
-from reward_lens.features import (  # noqa: E402
+from reward_lens.representations.sae.module import SAEConfig, SAEMetrics, SparseAutoencoder, load_sae, train_sae  # noqa: E402
+from reward_lens.representations.features import (  # noqa: E402
     FeatureAblation,
     FeatureAlignment,
     FeatureAttribution,
@@ -35,7 +39,7 @@ from reward_lens.features import (  # noqa: E402
     feature_alignment,
     feature_attribution,
 )
-from reward_lens.concepts import (  # noqa: E402
+from reward_lens.representations.concepts import (  # noqa: E402
     ConceptVector,
     ContrastPair,
     DoseResponse,
@@ -45,7 +49,7 @@ from reward_lens.concepts import (  # noqa: E402
     list_contrast_sets,
     load_contrast_set,
 )
-from reward_lens.editing import RewardEdit, edit_reward  # noqa: E402
+from reward_lens.representations.editing import RewardEdit, edit_reward  # noqa: E402
 from reward_lens.converters.export import export_hf  # noqa: E402
 
 __all__ += [
@@ -56,7 +60,7 @@ __all__ += [
 ]
 
 # The generic hooked path for any transformers *ForSequenceClassification RM (issue 8).
-from reward_lens.generic import (  # noqa: E402
+from reward_lens.model.generic.wrapper import (  # noqa: E402
     GenericHookedRewardModel,
     GenericLoadError,
     GenericPathError,
@@ -67,7 +71,7 @@ __all__ += ["GenericHookedRewardModel", "GenericLoadError", "GenericPathError", 
 
 # Instruments: reward lens, exact attribution, contrastive patching (KV-cache fast path), attribution
 # patching, the faithfulness gap, divergence-aware patching (issue 4).
-from reward_lens.data import PreferencePair, TokenPair, bundled_pairs, load_pairs  # noqa: E402
+from reward_lens.data.pairs import PreferencePair, TokenPair, bundled_pairs, load_pairs  # noqa: E402
 from reward_lens.instruments import (  # noqa: E402
     AtPComparison,
     AtPResult,
@@ -92,6 +96,6 @@ __all__ += [
 
 # The embedded demo reward model (a model organism) and the hacking probe suite (issue 5).
 from reward_lens.demo import demo_pairs, load_demo_model  # noqa: E402
-from reward_lens.probes import ProbeItem, ProbeResult, probe_pairs, run_probes  # noqa: E402
+from reward_lens.probes.suite import ProbeItem, ProbeResult, probe_pairs, run_probes  # noqa: E402
 
 __all__ += ["ProbeItem", "ProbeResult", "demo_pairs", "load_demo_model", "probe_pairs", "run_probes"]

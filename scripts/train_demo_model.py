@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from reward_lens import HookedRewardModel  # noqa: E402
 from reward_lens.demo import synthetic  # noqa: E402
-from reward_lens.tokenization import render_pair  # noqa: E402
+from reward_lens.model.tokenization import render_pair  # noqa: E402
 
 HELD_OUT_SEED, TRAIN_SEED, PROBE_SEED, TORCH_SEED = 1, 2, 3, 0
 CHAT_TEMPLATE = (
@@ -256,7 +256,7 @@ def main() -> None:
     with open(out / "probe_items.jsonl", "w") as f:
         for item in probe_items:
             f.write(json.dumps(item) + "\n")
-    from reward_lens.probes import load_probe_items, run_probes
+    from reward_lens.probes.suite import load_probe_items, run_probes
 
     probe_result = run_probes(reloaded, load_probe_items(out / "probe_items.jsonl"), batch_size=64)
     weights_mb = (out / "model.safetensors").stat().st_size / 2**20

@@ -77,8 +77,8 @@ def tiny_tokenizer(vocab_size: int = 97, texts=None, padding_side: str = "right"
     from transformers import PreTrainedTokenizerFast
 
     if texts is None:
-        from reward_lens.data import bundled_pairs
-        from reward_lens.tokenization import PLAIN_FORMAT
+        from reward_lens.data.pairs import bundled_pairs
+        from reward_lens.model.tokenization import PLAIN_FORMAT
 
         texts = [PLAIN_FORMAT.format(prompt=p.prompt, response=r) for p in bundled_pairs() for r in (p.chosen, p.rejected)]
     tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
@@ -91,7 +91,7 @@ def tiny_tokenizer(vocab_size: int = 97, texts=None, padding_side: str = "right"
 def token_pairs(lengths, prompt_len: int = 3, vocab: int = 97, seed: int = 0, low: int = 1):
     """TokenPairs sharing a random `prompt_len`-token prompt, with random responses of the given
     (chosen, rejected) lengths; ids drawn from [low, vocab) so the pad id 0 never occurs."""
-    from reward_lens.data import TokenPair
+    from reward_lens.data.pairs import TokenPair
 
     g = torch.Generator().manual_seed(seed)
     out = []

@@ -136,7 +136,7 @@ def _sentence(rng: random.Random, lo: int, hi: int) -> str:
 def concept_items(n: int, seed: int = 0, twins: bool = True):
     """ContrastPairs: the same body ending in a concept word (positive) or its twin ending word (negative;
     with twins=False a random ending word, so the pair also differs in word identity)."""
-    from reward_lens.concepts import ContrastPair
+    from reward_lens.representations.concepts import ContrastPair
 
     rng = random.Random(seed)
     items = []
@@ -150,7 +150,7 @@ def concept_items(n: int, seed: int = 0, twins: bool = True):
 
 def quality_pairs(n: int, seed: int = 0):
     """PreferencePairs: chosen ends in a quality word, rejected in a neutral word (the organism prefers chosen)."""
-    from reward_lens.data import PreferencePair
+    from reward_lens.data.pairs import PreferencePair
 
     rng = random.Random(seed + 1000)
     pairs = []

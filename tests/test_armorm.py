@@ -6,7 +6,7 @@ import torch
 
 from armorm_reference import ASSISTANT_HEADER, ReferenceArmoRM, chat_ids, save_tiny_armorm
 from reward_lens import ArmoRMHead, HookedRewardModel, read_objective
-from reward_lens.armorm import ARMORM_OBJECTIVES
+from reward_lens.model.heads.armorm import ARMORM_OBJECTIVES
 
 TOL = 1e-4
 PAD = 128001

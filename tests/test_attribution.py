@@ -7,7 +7,7 @@ import torch
 from helpers import one_thread, tiny_hf_model, tiny_tokenizer, token_pairs  # noqa: F401
 
 from reward_lens import HookedRewardModel
-from reward_lens.data import TokenPair, bundled_pairs
+from reward_lens.data.pairs import TokenPair, bundled_pairs
 from reward_lens.instruments import attribute
 
 RTOL = 1e-5

@@ -8,9 +8,9 @@ import torch
 from helpers import one_thread, token_pairs  # noqa: F401
 
 from reward_lens import HookedRewardModel
-from reward_lens.components import RMSNorm
+from reward_lens.model.components import RMSNorm
 from reward_lens.instruments import attribution_patch, patch
-from reward_lens.instruments.attribution_patching import AtPComparison
+from reward_lens.instruments.patching.atp import AtPComparison
 
 PAIRS = token_pairs([(9, 4), (3, 8), (6, 6)], prompt_len=4)
 EQUAL = token_pairs([(5, 5), (4, 4)], prompt_len=2, seed=3)

@@ -8,7 +8,7 @@ from transformers import PreTrainedTokenizerFast
 
 from armorm_reference import save_tiny_armorm
 from reward_lens import HookedRewardModel, bundled_pairs
-from reward_lens.audit import run_audit
+from reward_lens.app.audit import run_audit
 
 TEMPLATE = "<bos> {% for m in messages %}{% if m['role'] == 'assistant' %}<sep> {% endif %}{{ m['content'] }} {% endfor %}<eos>"
 

@@ -6,11 +6,11 @@ import sys
 
 import pytest
 
-from reward_lens.cli import main
+from reward_lens.app.cli import main
 
 
 def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "reward_lens.cli", *args], capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-m", "reward_lens.app.cli", *args], capture_output=True, text=True)
 
 
 def test_help_and_version():

@@ -11,14 +11,14 @@ import torch
 from helpers import tiny_hf_model
 
 from reward_lens import HookedRewardModel
-from reward_lens.compare import (
+from reward_lens.instruments.compare import (
     compare_models,
     compare_profiles,
     compare_report_sections,
     crystallization_depths,
     model_profile,
 )
-from reward_lens.data import TokenPair
+from reward_lens.data.pairs import TokenPair
 
 
 def token_pairs(n=10, seed=0):

@@ -15,8 +15,8 @@ from reward_lens import (
     load_contrast_set,
     read_objective,
 )
-from reward_lens.concepts import _fit
-from reward_lens.runner import readout_run
+from reward_lens.representations.concepts import _fit
+from reward_lens.core.readout import readout_run
 
 BUNDLED = {"agreement", "confidence", "formatting", "refusal", "verbosity"}
 

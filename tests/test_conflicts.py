@@ -97,7 +97,7 @@ PATTERN = [290, 291, 292]
 
 
 def armorm_pairs(n, seed=0):
-    from reward_lens.data import TokenPair
+    from reward_lens.data.pairs import TokenPair
 
     g = torch.Generator().manual_seed(seed)
     out = []
@@ -149,7 +149,7 @@ def test_armorm_objectives_against_reference(armorm_dir, fold_ln):
 def test_reward_models_on_one_backbone(llama_hf):
     from helpers import tiny_hf_model
 
-    from reward_lens.data import TokenPair
+    from reward_lens.data.pairs import TokenPair
 
     g = torch.Generator().manual_seed(0)
     pairs = [TokenPair(torch.randint(1, 97, (7,), generator=g), torch.randint(1, 97, (5,), generator=g)) for _ in range(6)]
@@ -179,7 +179,7 @@ def test_reward_models_on_one_backbone(llama_hf):
 def test_multi_output_head_folded_or_not():
     from helpers import tiny_hf_model
 
-    from reward_lens.data import TokenPair
+    from reward_lens.data.pairs import TokenPair
 
     hf = tiny_hf_model("llama", seed=2, num_labels=3)
     g = torch.Generator().manual_seed(1)
@@ -201,7 +201,7 @@ def test_multi_output_head_folded_or_not():
 
 
 def test_custom_directions_on_one_model(llama_model):
-    from reward_lens.data import TokenPair
+    from reward_lens.data.pairs import TokenPair
 
     g = torch.Generator().manual_seed(4)
     pairs = [TokenPair(torch.randint(1, 97, (6,), generator=g), torch.randint(1, 97, (4,), generator=g)) for _ in range(6)]

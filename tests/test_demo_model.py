@@ -25,7 +25,7 @@ from reward_lens.demo import (
     load_demo_model,
 )
 from reward_lens.demo import synthetic
-from reward_lens.runner import readout_run
+from reward_lens.core.readout import readout_run
 
 
 @pytest.fixture(scope="module")

@@ -145,7 +145,7 @@ def test_geometry_path_equals_plain_path_and_flags_missing_direction():
 
 
 def _token_pairs(n, seed, vocab=97):
-    from reward_lens.data import TokenPair
+    from reward_lens.data.pairs import TokenPair
 
     g = torch.Generator().manual_seed(seed)
     out = []
@@ -198,8 +198,8 @@ def text_model():
 
 def test_adapters_take_a_probe_suite_result(text_model):
     """distortion_from_model(dimensions=ProbeResult) and detect_cascades(ProbeResult) on real probe output."""
-    from reward_lens.data import bundled_pairs
-    from reward_lens.probes import load_probe_items, probe_pairs, run_probes
+    from reward_lens.data.pairs import bundled_pairs
+    from reward_lens.probes.suite import load_probe_items, probe_pairs, run_probes
     from reward_lens.theory import detect_cascades
     from reward_lens.theory.distortion import readout_states
 

@@ -8,9 +8,9 @@ from helpers import one_thread, token_pairs  # noqa: F401
 from scipy import stats
 
 from reward_lens.instruments import attribute, attribution_patch, faithfulness, patch
-from reward_lens.instruments._common import component_sites
+from reward_lens.instruments.sites import component_sites
 from reward_lens.instruments.attribution import AttributionResult
-from reward_lens.instruments.patching import PatchResult
+from reward_lens.instruments.patching.contrastive import PatchResult
 
 PAIRS = token_pairs([(9, 4), (3, 8), (6, 6), (5, 2), (7, 7), (2, 6)], prompt_len=3, seed=2)
 

@@ -10,7 +10,7 @@ import transformers
 
 from helpers import padded_batch, tiny_hf_model
 from reward_lens import HookedRewardModel
-from reward_lens.generic import GenericHookedRewardModel, GenericLoadError, GenericPathError
+from reward_lens.model.generic.wrapper import GenericHookedRewardModel, GenericLoadError, GenericPathError
 
 TOL = 1e-4
 REL = 1e-5

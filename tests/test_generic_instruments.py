@@ -9,8 +9,8 @@ import torch
 
 from helpers import tiny_hf_model
 from reward_lens import HookedRewardModel
-from reward_lens.data import TokenPair
-from reward_lens.generic import GenericPathError
+from reward_lens.data.pairs import TokenPair
+from reward_lens.model.generic.wrapper import GenericPathError
 from reward_lens.instruments import attribute, attribution_patch, divergence_patch, lens, patch
 from test_generic import tiny
 

@@ -9,7 +9,7 @@ import torch
 from helpers import one_thread, tiny_tokenizer, token_pairs  # noqa: F401
 
 from reward_lens import HookedRewardModel
-from reward_lens.data import bundled_pairs
+from reward_lens.data.pairs import bundled_pairs
 from reward_lens.instruments import attribute, lens
 from reward_lens.instruments.lens import LensResult
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 from helpers import one_thread, tiny_tokenizer, token_pairs  # noqa: F401
 
-import reward_lens.instruments.patching as patching_module
+import reward_lens.instruments.patching.contrastive as patching_module
 from reward_lens import HookedRewardModel
-from reward_lens.data import TokenPair, bundled_pairs
+from reward_lens.data.pairs import TokenPair, bundled_pairs
 from reward_lens.instruments import patch, site_means
 
 TOL = 1e-5

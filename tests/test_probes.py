@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from reward_lens.data import PreferencePair
-from reward_lens.probes import (
+from reward_lens.data.pairs import PreferencePair
+from reward_lens.probes.suite import (
     DIMENSIONS,
     PROBE_ITEMS_PATH,
     ProbeItem,
@@ -69,7 +69,7 @@ def test_shipped_items_are_many_and_distinct():
 
 
 def test_demo_items_exist_and_are_in_domain():
-    from reward_lens.probes import demo_probe_items
+    from reward_lens.probes.suite import demo_probe_items
 
     items = demo_probe_items()
     assert len(items) >= 40
@@ -88,7 +88,7 @@ def _strip(text, *phrases):
 
 
 def test_each_dimension_differs_only_in_its_property():
-    from reward_lens import probes as P
+    from reward_lens.probes import suite as P
 
     for i in range(6):
         prompt, a, b = DIMENSIONS["length"].make(ITEM, i)

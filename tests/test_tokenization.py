@@ -49,7 +49,7 @@ def test_padding_sides_give_the_same_rewards(model, side):
 
 def test_plain_format_without_template(llama_hf):
     model = HookedRewardModel.from_hf_model(llama_hf, tokenizer=make_tokenizer(template=False))
-    from reward_lens.tokenization import render_pair
+    from reward_lens.model.tokenization import render_pair
 
     assert render_pair(model.tokenizer, "hello", "world") == "User: hello\n\nAssistant: world"
     assert model.to_tokens(["hello"], ["world"])["input_ids"].shape[0] == 1

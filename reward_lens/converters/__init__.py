@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, Iterable
 
 import torch
 
-from reward_lens.config import RewardModelConfig
+from reward_lens.model.config import RewardModelConfig
 
 StateDict = Dict[str, torch.Tensor]
 

@@ -4,7 +4,7 @@ The checkpoint's own modelling file needs `trust_remote_code`; this map stands i
 drops `auto_map` and never executes checkpoint code). config.json is a Llama config plus
 `num_objectives`, `gating_temperature`, `gating_hidden_dim`, `gating_n_hidden` (defaults 19, 10, 1024,
 3 as the published code) and optionally our `gating_token_pattern` (default: Llama-3's assistant
-header, see `reward_lens.armorm.DEFAULT_GATING_PATTERN`).
+header, see `reward_lens.model.heads.armorm.DEFAULT_GATING_PATTERN`).
 
 transformers layout -> ours:
   model.*                              -> the Llama decoder map
@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import reward_lens.armorm  # noqa: F401  (registers the "armorm" head type)
-from reward_lens.armorm import DEFAULT_GATING_PATTERN, default_objective_names
-from reward_lens.config import RewardModelConfig
+import reward_lens.model.heads.armorm  # noqa: F401  (registers the "armorm" head type)
+from reward_lens.model.heads.armorm import DEFAULT_GATING_PATTERN, default_objective_names
+from reward_lens.model.config import RewardModelConfig
 from reward_lens.converters import StateDict, WeightMap, register
 from reward_lens.converters.llama import convert_decoder, decoder_config, rope_inverse_frequencies
 

@@ -158,7 +158,7 @@ def export_hf(
     """
     from safetensors.torch import save_file
 
-    from reward_lens.loading import resolve_dtype
+    from reward_lens.model.loading import resolve_dtype
 
     _check_exportable(model)
     config = llama_config(model, hf_config)

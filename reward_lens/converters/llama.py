@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 import torch
 
-from reward_lens.config import RewardModelConfig
+from reward_lens.model.config import RewardModelConfig
 from reward_lens.converters import StateDict, WeightMap, register
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from reward_lens.config import RewardModelConfig
+from reward_lens.model.config import RewardModelConfig
 from reward_lens.converters import StateDict
 
 

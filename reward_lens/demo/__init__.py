@@ -37,7 +37,7 @@ def load_demo_model(
     device: Union[str, torch.device, None] = None, dtype: Union[str, torch.dtype, None] = None
 ):
     """The demo reward model as a HookedRewardModel (offline; the weights ship in the package)."""
-    from reward_lens.model import HookedRewardModel
+    from reward_lens.model.native import HookedRewardModel
 
     _require(DEMO_WEIGHTS_PATH)
     return HookedRewardModel.from_pretrained(DEMO_DIR, device=device, dtype=dtype)
@@ -45,7 +45,7 @@ def load_demo_model(
 
 def demo_pairs():
     """The demo model's held-out preference pairs (subsets arithmetic, facts, instructions, length, sycophancy)."""
-    from reward_lens.data import load_pairs
+    from reward_lens.data.pairs import load_pairs
 
     _require(DEMO_PAIRS_PATH)
     return load_pairs(DEMO_PAIRS_PATH)

@@ -1,13 +1,13 @@
 """The instruments: functions of (model, pairs, options) returning result dataclasses with `.to_frame()`
 and `.plot()`. Every one reads along the reward direction at the readout position."""
 
-from reward_lens.instruments._common import Site, component_sites, head_sites, resid_sites
+from reward_lens.instruments.sites import Site, component_sites, head_sites, resid_sites
 from reward_lens.instruments.attribution import AttributionResult, attribute
-from reward_lens.instruments.attribution_patching import AtPComparison, AtPResult, attribution_patch
+from reward_lens.instruments.patching.atp import AtPComparison, AtPResult, attribution_patch
 from reward_lens.instruments.divergence import DivergenceResult, PCAMahalanobis, divergence_patch
 from reward_lens.instruments.faithfulness import FaithfulnessResult, faithfulness
 from reward_lens.instruments.lens import LensResult, lens
-from reward_lens.instruments.patching import PatchResult, patch, site_means
+from reward_lens.instruments.patching.contrastive import PatchResult, patch, site_means
 
 __all__ = [
     "AtPComparison", "AtPResult", "AttributionResult", "DivergenceResult", "FaithfulnessResult", "LensResult",

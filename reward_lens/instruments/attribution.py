@@ -23,9 +23,9 @@ import pandas as pd
 import torch
 from jaxtyping import Float
 
-from reward_lens.data import as_pairs
-from reward_lens.instruments._common import component_sites, pair_labels, pyplot, to_numpy
-from reward_lens.runner import capture, pair_batches, readout_direction
+from reward_lens.data.pairs import as_pairs
+from reward_lens.instruments.sites import component_sites, pair_labels, pyplot, to_numpy
+from reward_lens.core.readout import capture, pair_batches, readout_direction
 
 # Relative error above which the decomposition is reported as not reproducing the model's reward: the
 # terms are exact up to rounding, which in bf16/fp16 (8/11-bit mantissas) is far above fp32's.

@@ -27,9 +27,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from reward_lens.data import as_pairs
-from reward_lens.instruments._common import Site, pair_labels, pyplot, sites_for, to_numpy
-from reward_lens.instruments.patching import (
+from reward_lens.data.pairs import as_pairs
+from reward_lens.instruments.sites import Site, pair_labels, pyplot, sites_for, to_numpy
+from reward_lens.instruments.patching.contrastive import (
     _TARGETS,
     PatchResult,
     _check_options,
@@ -41,7 +41,7 @@ from reward_lens.instruments.patching import (
     has_readout_fast_path,
     site_means,
 )
-from reward_lens.runner import capture, pair_batches, tokenize_pair_batch
+from reward_lens.core.readout import capture, pair_batches, tokenize_pair_batch
 
 METHODS = ("mahalanobis", "norm_ratio")
 STATES = ("site", "final")

@@ -23,10 +23,10 @@ import pandas as pd
 import torch
 from scipy import stats
 
-from reward_lens.instruments._common import pyplot, to_numpy
+from reward_lens.instruments.sites import pyplot, to_numpy
 from reward_lens.instruments.attribution import AttributionResult, attribute
-from reward_lens.instruments.attribution_patching import AtPResult
-from reward_lens.instruments.patching import PatchResult, patch
+from reward_lens.instruments.patching.atp import AtPResult
+from reward_lens.instruments.patching.contrastive import PatchResult, patch
 
 
 def _spearman_rows(x: np.ndarray, y: np.ndarray) -> np.ndarray:

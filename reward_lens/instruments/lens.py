@@ -22,9 +22,9 @@ import pandas as pd
 import torch
 from jaxtyping import Float
 
-from reward_lens.data import as_pairs
-from reward_lens.instruments._common import pair_labels, pyplot, to_numpy
-from reward_lens.runner import capture, pair_batches, readout_direction, reward_from_final_resid
+from reward_lens.data.pairs import as_pairs
+from reward_lens.instruments.sites import pair_labels, pyplot, to_numpy
+from reward_lens.core.readout import capture, pair_batches, readout_direction, reward_from_final_resid
 
 VARIANTS = ("normed", "frozen")
 

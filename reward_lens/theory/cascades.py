@@ -26,7 +26,7 @@ from typing import Any, List, Mapping, Optional, Sequence
 import numpy as np
 import pandas as pd
 
-from reward_lens.theory._stats import bootstrap_indices, check_level, column_correlations, percentile_ci
+from reward_lens.stats import bootstrap_indices, check_level, column_correlations, percentile_ci
 
 _ITEM_COLS = ("item", "item_id", "base", "base_id", "id", "pair")
 _VALUE_COLS = ("delta", "reward_delta", "effect", "value")

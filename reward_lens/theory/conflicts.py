@@ -29,7 +29,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 import numpy as np
 import pandas as pd
 
-from reward_lens.theory._stats import as_float_matrix, check_level, column_correlations, fisher_ci, named_rows, to_float64
+from reward_lens.stats import as_float_matrix, check_level, column_correlations, fisher_ci, named_rows, to_float64
 
 VERDICTS = ("aligned", "orthogonal", "conflicting")
 
@@ -189,8 +189,8 @@ def _readout_states(model, pairs, batch_size: int):
     `reward_head.hook_pooled` ([n, n_out] each) when the head has that hook."""
     import torch
 
-    from reward_lens.data import as_pairs
-    from reward_lens.runner import pair_batches
+    from reward_lens.data.pairs import as_pairs
+    from reward_lens.core.readout import pair_batches
 
     last = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
     names = [last, "ln_final.hook_scale"]
@@ -204,7 +204,7 @@ def _readout_states(model, pairs, batch_size: int):
     # ArmoRM: read one objective so the forward skips the gate (hook_pooled still holds every objective,
     # and the gate's token pattern is then not needed in the pairs).
     if getattr(model.cfg, "head_type", "scalar") == "armorm":
-        from reward_lens.armorm import read_objective
+        from reward_lens.model.heads.armorm import read_objective
 
         ctx = read_objective(model, 0)
     else:
@@ -288,7 +288,7 @@ def reward_conflicts(
       cost of comparing directions in bases that only approximately coincide).
     `pairs` may be omitted for models (geometry only).
     """
-    from reward_lens.model import HookedRewardModel
+    from reward_lens.model.native import HookedRewardModel
 
     opts = dict(threshold=threshold, level=level)
     if isinstance(source, HookedRewardModel):

@@ -47,7 +47,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 import numpy as np
 import pandas as pd
 
-from reward_lens.theory._stats import (
+from reward_lens.stats import (
     as_float_matrix, bootstrap_indices, check_level, named_rows, percentile_ci, to_float64,
 )
 
@@ -447,8 +447,8 @@ def readout_states(model, pairs: Any, *, batch_size: int = 8, progress: Union[bo
     reward difference exactly."""
     import torch
 
-    from reward_lens.data import as_pairs
-    from reward_lens.runner import pair_batches, readout_direction
+    from reward_lens.data.pairs import as_pairs
+    from reward_lens.core.readout import pair_batches, readout_direction
 
     pairs = as_pairs(pairs)
     last = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
@@ -470,7 +470,7 @@ def _dimension_specs(dimensions: Any) -> Dict[str, Any]:
     """name -> direction or pairs; a probe-suite result becomes name -> its probe pairs (A = with the property)."""
     per_item = getattr(dimensions, "per_item", None)
     if per_item is not None and not isinstance(dimensions, Mapping):
-        from reward_lens.data import PreferencePair
+        from reward_lens.data.pairs import PreferencePair
 
         need = {"dimension", "prompt", "response_a", "response_b"}
         if not need <= set(per_item.columns):
@@ -491,7 +491,7 @@ def _probe_sets(probes: Any) -> Dict[str, Any]:
         if not probes:
             raise ValueError("no evaluation probes given; pass name -> pairs, or a list of pairs with subsets")
         return dict(probes)
-    from reward_lens.data import as_pairs
+    from reward_lens.data.pairs import as_pairs
 
     groups: Dict[str, list] = {}
     for p in as_pairs(probes):
@@ -511,7 +511,7 @@ def distortion_from_model(
     """The distortion index of evaluation pair sets for `model`.
 
     `probes`: name -> pairs, or a list of pairs / a pairs file (grouped by `subset`).
-    `dimensions`: a hacking-probe result (`reward_lens.probes.run_probes`: each dimension's probe pairs
+    `dimensions`: a hacking-probe result (`reward_lens.probes.suite.run_probes`: each dimension's probe pairs
     define it), or name -> a concept direction [d_model] in the norm-aware readout space, or name -> pairs
     that differ only in that dimension (chosen = more of it). A dimension given by pairs gets the mean
     readout-state difference of its pairs as its direction. Options as in `distortion_index`.

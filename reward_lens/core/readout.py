@@ -12,7 +12,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Union
 import torch
 from tqdm.auto import tqdm
 
-from reward_lens.model import QUERY_AXIS_2_HOOKS
+from reward_lens.model.native import QUERY_AXIS_2_HOOKS
 
 NamesFilter = Union[None, str, Sequence[str], Callable[[str], bool]]
 
@@ -209,7 +209,7 @@ def _unpadded(tok: Tokenized, b: int) -> torch.Tensor:
 
 def tokenize_pair_batch(model, pairs: Sequence, index: slice, padding_side: Optional[str] = None) -> PairBatch:
     """Tokenise `pairs` (all PreferencePair or all TokenPair) into a PairBatch."""
-    from reward_lens.data import TokenPair
+    from reward_lens.data.pairs import TokenPair
 
     if padding_side not in (None, "left", "right"):
         raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")

@@ -14,7 +14,7 @@ import torch.nn as nn
 from jaxtyping import Float, Int
 from transformer_lens.hook_points import HookPoint
 
-from reward_lens.config import RewardModelConfig
+from reward_lens.model.config import RewardModelConfig
 
 
 def gather_positions(x: torch.Tensor, positions: Int[torch.Tensor, "batch"]) -> torch.Tensor:

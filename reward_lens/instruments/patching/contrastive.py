@@ -35,9 +35,9 @@ import pandas as pd
 import torch
 from jaxtyping import Float
 
-from reward_lens.data import as_pairs
-from reward_lens.instruments._common import Site, pair_labels, pyplot, sites_for, to_numpy
-from reward_lens.runner import (
+from reward_lens.data.pairs import as_pairs
+from reward_lens.instruments.sites import Site, pair_labels, pyplot, sites_for, to_numpy
+from reward_lens.core.readout import (
     Capture,
     PairBatch,
     Tokenized,

@@ -24,9 +24,9 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 
 import torch
 
-from reward_lens.concepts import is_gated, objective_context
-from reward_lens.data import PreferencePair, as_pairs
-from reward_lens.runner import batches, readout_run, tokenize
+from reward_lens.representations.concepts import is_gated, objective_context
+from reward_lens.data.pairs import PreferencePair, as_pairs
+from reward_lens.core.readout import batches, readout_run, tokenize
 
 SIDES = ("chosen", "rejected")
 

@@ -9,10 +9,10 @@ from typing import Union
 
 import torch
 
-from reward_lens.config import RewardModelConfig
+from reward_lens.model.config import RewardModelConfig
 from reward_lens.converters import StateDict, get_weight_map
 from reward_lens.converters.processing import fold_norm_weights
-from reward_lens.heads import HEAD_TYPES
+from reward_lens.model.heads.scalar import HEAD_TYPES
 
 HOOKED_CONFIG = "reward_lens_config.json"
 HOOKED_WEIGHTS = "model.safetensors"
@@ -122,7 +122,7 @@ def load_pretrained(
         setattr(hf_config, key, value)
     # No native weight map (or asked for): the generic component-level path (reward_lens/generic.py).
     if generic or module_map is not None or (directory / "reward_lens_generic.json").exists() or not has_native_weight_map(hf_config):
-        from reward_lens.generic import load_generic
+        from reward_lens.model.generic.wrapper import load_generic
 
         return load_generic(
             directory, hf_config, tokenizer=tokenizer, device=device, dtype=dtype, fold_ln=fold_ln, module_map=module_map

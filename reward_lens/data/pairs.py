@@ -12,7 +12,7 @@ from typing import Iterable, List, Optional, Sequence, Union
 import torch
 
 REQUIRED_COLUMNS = ("prompt", "chosen", "rejected")
-BUNDLED_PAIRS = Path(__file__).parent / "data" / "pairs.jsonl"
+BUNDLED_PAIRS = Path(__file__).resolve().parent / "pairs.jsonl"
 
 
 @dataclass(frozen=True)

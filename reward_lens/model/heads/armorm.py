@@ -26,8 +26,8 @@ import torch.nn.functional as F
 from jaxtyping import Float, Int
 from transformer_lens.hook_points import HookPoint
 
-from reward_lens.config import RewardModelConfig
-from reward_lens.heads import gather_positions, last_position_without_pad, register_head
+from reward_lens.model.config import RewardModelConfig
+from reward_lens.model.heads.scalar import gather_positions, last_position_without_pad, register_head
 
 # The 19 objectives of RLHFlow/ArmoRM-Llama3-8B-v0.1, in the order of its regression layer's rows.
 ARMORM_OBJECTIVES: tuple = (

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from reward_lens.data import PreferencePair, as_pairs
+from reward_lens.data.pairs import PreferencePair, as_pairs
 
 PATCH_MODES = ("noising", "denoising", "zero", "mean")
 
@@ -102,7 +102,7 @@ def run_audit(
 ) -> AuditResult:
     """Run the whole audit; write report.html, results.json and CSVs into `out_dir` (None: write nothing)."""
     from reward_lens import instruments as ins
-    from reward_lens.probes import run_probes
+    from reward_lens.probes.suite import run_probes
     from reward_lens.theory import detect_cascades
     from reward_lens.theory.distortion import distortion_from_model
 
@@ -191,7 +191,7 @@ def run_audit(
 @torch.no_grad()
 def _armorm_view(model, pairs: Sequence[PreferencePair], batch_size: int) -> Dict[str, Any]:
     """Gate weights per pair and each objective's reward for chosen and rejected."""
-    from reward_lens.runner import readout_run
+    from reward_lens.core.readout import readout_run
 
     names = ["reward_head.hook_gate", "reward_head.hook_pooled"]
     prompts = [p.prompt for p in pairs]
@@ -267,7 +267,7 @@ def headline_frame(audit: AuditResult) -> pd.DataFrame:
 
 
 def build_report(audit: AuditResult):
-    from reward_lens.report import Report
+    from reward_lens.app.report import Report
 
     s, r = audit.summary, audit.results
     rep = Report(f"reward-lens audit: {s['model']}")

@@ -54,9 +54,9 @@ from jaxtyping import Float, Int
 from transformer_lens.hook_points import HookPoint
 from transformer_lens.HookedRootModule import HookedRootModule
 
-from reward_lens.config import RewardModelConfig
-from reward_lens.heads import RewardHead
-from reward_lens.model import HookedRewardModel
+from reward_lens.model.config import RewardModelConfig
+from reward_lens.model.heads.scalar import RewardHead
+from reward_lens.model.native import HookedRewardModel
 
 GENERIC_MARKER = "reward_lens_generic.json"  # written by save_pretrained: reload on the generic path
 MODULE_MAP_KEYS = ("base", "layers", "embed", "pos_embed", "final_norm", "score", "attn", "mlp")
@@ -627,7 +627,7 @@ class GenericHookedRewardModel(HookedRewardModel):
         copy: bool = True,
     ) -> "GenericHookedRewardModel":
         """Wrap a transformers model in memory; a copy unless `copy=False` (then its modules get the hooks)."""
-        from reward_lens.loading import resolve_device, resolve_dtype
+        from reward_lens.model.loading import resolve_device, resolve_dtype
 
         hf = copy_module.deepcopy(hf_model) if copy else hf_model
         if dtype is not None or device is not None:
@@ -1013,14 +1013,14 @@ def load_generic(
 ) -> GenericHookedRewardModel:
     """Load a checkpoint directory with its transformers sequence-classification class and wrap it."""
     from reward_lens.converters import supported_architectures
-    from reward_lens.loading import resolve_device, resolve_dtype
+    from reward_lens.model.loading import resolve_device, resolve_dtype
 
     marker = directory / GENERIC_MARKER
     if module_map is None and marker.exists():
         module_map = json.loads(marker.read_text()).get("module_map") or None
     cls = sequence_classification_class(hf_config)
     if cls is None:
-        from reward_lens.loading import has_native_weight_map
+        from reward_lens.model.loading import has_native_weight_map
 
         names = list(getattr(hf_config, "architectures", None) or [])
         if has_native_weight_map(hf_config):

@@ -36,12 +36,12 @@ from typing import TYPE_CHECKING, Callable, Dict, Iterable, List, Optional, Sequ
 
 import numpy as np
 
-from reward_lens.data import PreferencePair
+from reward_lens.data.pairs import PreferencePair
 
 if TYPE_CHECKING:
     import pandas as pd
 
-DATA_DIR = Path(__file__).resolve().parent / "data"
+DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 PROBE_ITEMS_PATH = DATA_DIR / "probe_items.jsonl"
 DEMO_MODEL_NAME = "reward-lens-demo"  # cfg.model_name of the demo checkpoint
 VERDICTS = ("rewards", "penalizes", "neutral")
@@ -386,7 +386,7 @@ def run_probes(
     """
     import pandas as pd
 
-    from reward_lens.runner import readout_run
+    from reward_lens.core.readout import readout_run
 
     if n_boot < 100:
         raise ValueError(f"n_boot={n_boot} is too few bootstrap draws for a 95% interval; use at least 100 (default 2000)")

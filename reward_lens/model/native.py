@@ -20,9 +20,9 @@ from transformer_lens.ActivationCache import ActivationCache
 from transformer_lens.hook_points import HookPoint
 from transformer_lens.HookedRootModule import HookedRootModule
 
-from reward_lens.components import Embed, RMSNorm, RotaryEmbedding, TransformerBlock, attention_masks
-from reward_lens.config import RewardModelConfig
-from reward_lens.heads import build_head, last_position_without_pad
+from reward_lens.model.components import Embed, RMSNorm, RotaryEmbedding, TransformerBlock, attention_masks
+from reward_lens.model.config import RewardModelConfig
+from reward_lens.model.heads.scalar import build_head, last_position_without_pad
 
 # Activations whose position axis is not dim 1 (attention scores/patterns: [batch, head, query, key]).
 QUERY_AXIS_2_HOOKS = ("hook_attn_scores", "hook_pattern")
@@ -57,9 +57,9 @@ class HookedRewardModel(HookedRootModule):
         """Load an HF reward checkpoint (local dir or hub id) or a saved hooked checkpoint.
 
         An architecture without a native weight map (or `generic=True`) loads on the generic
-        component-level path (`reward_lens.generic.GenericHookedRewardModel`; option `module_map=`).
+        component-level path (`reward_lens.model.generic.wrapper.GenericHookedRewardModel`; option `module_map=`).
         """
-        from reward_lens.loading import load_pretrained
+        from reward_lens.model.loading import load_pretrained
 
         return load_pretrained(cls, path_or_id, device=device, dtype=dtype, fold_ln=fold_ln, generic=generic, **kwargs)
 
@@ -81,13 +81,13 @@ class HookedRewardModel(HookedRootModule):
         """
         import copy
 
-        from reward_lens.loading import convert_state_dict, has_native_weight_map
+        from reward_lens.model.loading import convert_state_dict, has_native_weight_map
 
         config = copy.deepcopy(hf_model.config)
         if not getattr(config, "architectures", None):  # set by save_pretrained, absent in memory
             config.architectures = [type(hf_model).__name__]
         if generic or module_map is not None or not has_native_weight_map(config):
-            from reward_lens.generic import GenericHookedRewardModel
+            from reward_lens.model.generic.wrapper import GenericHookedRewardModel
 
             return GenericHookedRewardModel.from_hf_model(
                 hf_model, tokenizer, device=device, dtype=dtype, fold_ln=fold_ln, module_map=module_map
@@ -99,7 +99,7 @@ class HookedRewardModel(HookedRootModule):
 
     def save_pretrained(self, path: Union[str, Path]) -> None:
         """Save as a hooked checkpoint (config JSON + safetensors + tokenizer files)."""
-        from reward_lens.loading import save_hooked
+        from reward_lens.model.loading import save_hooked
 
         save_hooked(self, path)
 
@@ -329,7 +329,7 @@ class HookedRewardModel(HookedRootModule):
         padding_side: Optional[str] = None,
         max_length: Optional[int] = None,
     ) -> Dict[str, torch.Tensor]:
-        """Tokenise (prompt, response) pairs as the reward model expects; see `reward_lens.tokenization`."""
-        from reward_lens.tokenization import tokenize_pairs
+        """Tokenise (prompt, response) pairs as the reward model expects; see `reward_lens.model.tokenization`."""
+        from reward_lens.model.tokenization import tokenize_pairs
 
         return tokenize_pairs(self, prompts, responses, padding_side=padding_side, max_length=max_length)

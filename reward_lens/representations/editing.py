@@ -24,9 +24,9 @@ from typing import Any, Optional, Sequence, Union
 
 import torch
 
-from reward_lens.concepts import ConceptVector, concept_effect
-from reward_lens.data import PreferencePair, as_pairs
-from reward_lens.runner import readout_run
+from reward_lens.representations.concepts import ConceptVector, concept_effect
+from reward_lens.data.pairs import PreferencePair, as_pairs
+from reward_lens.core.readout import readout_run
 
 
 def _copy_model(model):

@@ -30,7 +30,7 @@ def _default_pairs(model):
 
     if model.cfg.model_name == DEMO_MODEL_NAME:
         return demo_pairs()
-    from reward_lens.data import bundled_pairs
+    from reward_lens.data.pairs import bundled_pairs
 
     return bundled_pairs()
 
@@ -38,7 +38,7 @@ def _default_pairs(model):
 def _load_pairs(path: Optional[str], model):
     if path is None:
         return _default_pairs(model)
-    from reward_lens.data import load_pairs
+    from reward_lens.data.pairs import load_pairs
 
     return load_pairs(path)
 
@@ -58,7 +58,7 @@ def _set_threads(threads: Optional[int], model) -> None:
 
 
 def cmd_audit(args) -> int:
-    from reward_lens.audit import run_audit
+    from reward_lens.app.audit import run_audit
 
     model, label = _load_model(args.model, args.device, args.dtype)
     _set_threads(args.threads, model)
@@ -68,8 +68,8 @@ def cmd_audit(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    from reward_lens.compare import compare_models
-    from reward_lens.report import Report
+    from reward_lens.instruments.compare import compare_models
+    from reward_lens.app.report import Report
 
     models = {}
     for spec in args.models:

@@ -19,9 +19,9 @@ import pandas as pd
 import torch
 from scipy import stats
 
-from reward_lens.data import as_pairs
-from reward_lens.instruments._common import Site, pair_labels, pyplot, sites_for, to_numpy
-from reward_lens.instruments.patching import (
+from reward_lens.data.pairs import as_pairs
+from reward_lens.instruments.sites import Site, pair_labels, pyplot, sites_for, to_numpy
+from reward_lens.instruments.patching.contrastive import (
     _SOURCE,
     _TARGETS,
     PatchResult,
@@ -31,7 +31,7 @@ from reward_lens.instruments.patching import (
     _site_values,
     site_means,
 )
-from reward_lens.runner import Tokenized, capture, pair_batches
+from reward_lens.core.readout import Tokenized, capture, pair_batches
 
 
 @dataclass

@@ -9,7 +9,7 @@ An SAE maps an activation x [d_in] to sparse latents f [d_sae] and back:
     decode: x̂ = f @ W_dec + b_dec
 
 so x = Σ_i f_i d_i + b_dec + (x - x̂) with d_i the i-th decoder row: exactly what feature attribution
-along the reward direction decomposes (`reward_lens.features`).
+along the reward direction decomposes (`reward_lens.representations.features`).
 
 Disk format (SAELens ≥ 6): a directory with `cfg.json` (`architecture`, `d_in`, `d_sae`, `k`,
 `apply_b_dec_to_input`, `normalize_activations`, `metadata.hook_name`, ...) and
@@ -472,7 +472,7 @@ def gather_activations(
     progress: Union[bool, str] = False,
 ) -> torch.Tensor:
     """Activations [n, width] at `hook_name` for texts (pairs, (prompts, responses)) or token ids, on CPU."""
-    from reward_lens.runner import stream_activations
+    from reward_lens.core.readout import stream_activations
 
     kwargs: Dict[str, Any] = dict(positions=positions, batch_size=batch_size, progress=progress, device="cpu")
     if isinstance(data, dict):

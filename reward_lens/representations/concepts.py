@@ -32,9 +32,9 @@ from typing import Any, Iterator, List, Optional, Sequence, Tuple, Union
 import torch
 from jaxtyping import Float
 
-from reward_lens.runner import batches, readout_run, tokenize
+from reward_lens.core.readout import batches, readout_run, tokenize
 
-CONTRAST_SETS_DIR = Path(__file__).parent / "data" / "contrast_sets"
+CONTRAST_SETS_DIR = Path(__file__).resolve().parents[1] / "data" / "contrast_sets"
 CONTRAST_SET_ALIASES = {"sycophancy": "agreement", "length": "verbosity", "hedging": "confidence"}
 RESID_HOOKS = ("resid_pre", "resid_mid", "resid_post")
 

@@ -17,7 +17,7 @@ from jaxtyping import Bool, Float, Int
 from transformer_lens.hook_points import HookPoint
 from transformers.activations import ACT2FN
 
-from reward_lens.config import RewardModelConfig
+from reward_lens.model.config import RewardModelConfig
 
 
 def head_major_param(n_heads: int, d_model: int, d_head: int) -> nn.Parameter:

@@ -1,0 +1,1 @@
+"""The generic component-level path for any transformers *ForSequenceClassification reward model."""

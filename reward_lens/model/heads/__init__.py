@@ -1,0 +1,1 @@
+"""Reward heads: the scalar linear head and ArmoRM's gated multi-objective head."""

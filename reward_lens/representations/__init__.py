@@ -1,0 +1,1 @@
+"""Representations along the reward direction: SAEs and their features, concept vectors, reward editing."""
