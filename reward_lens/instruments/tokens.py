@@ -252,9 +252,17 @@ def _token_strings(model, ids: torch.Tensor) -> List[str]:
     return [tokenizer.decode([int(i)]) for i in ids]
 
 
+def supports_token_attribution(model) -> bool:
+    """Whether the model exposes per-head attention patterns and values (native architectures)."""
+    try:
+        return act_name("pattern", 0) in model.hook_dict and hasattr(model.blocks[0], "attn")
+    except (AttributeError, NotImplementedError, IndexError):  # the generic path raises on head-level attributes
+        return False
+
+
 def check_token_level(model) -> None:
     """A clear error when the model has no per-head attention patterns and values (the generic path)."""
-    if act_name("pattern", 0) not in model.hook_dict or not hasattr(model.blocks[0], "attn"):
+    if not supports_token_attribution(model):
         raise ValueError(
             "token_attribution needs per-head attention patterns and values, which this model (the generic "
             "component-level path) does not expose; use attribute(model, pairs) for exact attention-layer terms, "
