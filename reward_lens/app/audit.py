@@ -136,10 +136,7 @@ def run_audit(
 
     attr = results["attribution"] = step("exact attribution", lambda: ins.attribute(model, pairs, batch_size=batch_size))
     summary["attribution_max_relative_error"] = float(attr.max_relative_error())
-    if ins.tokens.supports_token_attribution(model):  # token heatmaps of the pairs with the largest gaps
-        top = [pairs[int(i)] for i in torch.argsort(gap.abs(), descending=True)[:TOKEN_PAIRS]]
-        results["tokens"] = step("token attribution (largest gaps)",
-                                 lambda: ins.token_attribution(model, top, batch_size=batch_size))
+    results.update(_token_heatmaps(model, pairs, gap, step, batch_size))
 
     patch_res = results["patching"] = step(
         "contrastive patching (noising, denoising, zero, mean; fast path)",
@@ -193,6 +190,16 @@ def run_audit(
     if out_dir is not None:
         write_outputs(audit, Path(out_dir), echo)
     return audit
+
+
+def _token_heatmaps(model, pairs, gap: torch.Tensor, step: _Steps, batch_size: int) -> Dict[str, Any]:
+    """{"tokens": TokenAttributionResult} of the pairs with the largest |reward gap| ({} on the generic path)."""
+    from reward_lens.instruments.tokens import supports_token_attribution, token_attribution
+
+    if not supports_token_attribution(model):
+        return {}
+    top = [pairs[int(i)] for i in torch.argsort(gap.abs(), descending=True)[:TOKEN_PAIRS]]
+    return {"tokens": step("token attribution (largest gaps)", lambda: token_attribution(model, top, batch_size=batch_size))}
 
 
 @torch.no_grad()
