@@ -99,3 +99,8 @@ from reward_lens.demo import demo_pairs, load_demo_model  # noqa: E402
 from reward_lens.probes.suite import ProbeItem, ProbeResult, probe_pairs, run_probes  # noqa: E402
 
 __all__ += ["ProbeItem", "ProbeResult", "demo_pairs", "load_demo_model", "probe_pairs", "run_probes"]
+
+# Which tokens the reward reads (exact token-level attribution) and readout-aligned path patching (issue 17).
+from reward_lens.instruments import PathPatchResult, TokenAttributionResult, path_patch, token_attribution  # noqa: E402
+
+__all__ += ["PathPatchResult", "TokenAttributionResult", "path_patch", "token_attribution"]

@@ -24,6 +24,7 @@ import torch
 from reward_lens.data.pairs import PreferencePair, as_pairs
 
 PATCH_MODES = ("noising", "denoising", "zero", "mean")
+TOKEN_PAIRS = 3  # pairs with the largest |reward gap| whose token heatmaps the report shows
 
 
 @dataclass
@@ -135,6 +136,7 @@ def run_audit(
 
     attr = results["attribution"] = step("exact attribution", lambda: ins.attribute(model, pairs, batch_size=batch_size))
     summary["attribution_max_relative_error"] = float(attr.max_relative_error())
+    results.update(_token_heatmaps(model, pairs, gap, step, batch_size))
 
     patch_res = results["patching"] = step(
         "contrastive patching (noising, denoising, zero, mean; fast path)",
@@ -180,12 +182,24 @@ def run_audit(
     }
     if "divergence" in results:
         frames["divergence"] = results["divergence"].to_frame()
+    if "tokens" in results:
+        frames["token_attribution"] = results["tokens"].token_totals()
     if "armorm" in results:
         frames["armorm_objectives"] = results["armorm"]["frame"]
     audit = AuditResult(summary=_jsonable(summary), frames=frames, results=results)
     if out_dir is not None:
         write_outputs(audit, Path(out_dir), echo)
     return audit
+
+
+def _token_heatmaps(model, pairs, gap: torch.Tensor, step: _Steps, batch_size: int) -> Dict[str, Any]:
+    """{"tokens": TokenAttributionResult} of the pairs with the largest |reward gap| ({} on the generic path)."""
+    from reward_lens.instruments.tokens import supports_token_attribution, token_attribution
+
+    if not supports_token_attribution(model):
+        return {}
+    top = [pairs[int(i)] for i in torch.argsort(gap.abs(), descending=True)[:TOKEN_PAIRS]]
+    return {"tokens": step("token attribution (largest gaps)", lambda: token_attribution(model, top, batch_size=batch_size))}
 
 
 @torch.no_grad()
@@ -284,6 +298,12 @@ def build_report(audit: AuditResult):
     sec.text(f"Direct attribution of the reward gap to embed, every attention and MLP output; the terms sum to the "
              f"gap minus the bias (max relative error {s['attribution_max_relative_error']:.1e}).")
     sec.figure(r["attribution"].plot())
+    if "tokens" in r:
+        sec = rep.section("Which tokens the reward reads")
+        sec.text("Exact token-level attribution of the pairs with the largest reward gaps: each token's direct read "
+                 "into the readout through every attention head (the terms, with the MLP and embedding terms at the "
+                 f"readout, sum to the reward; max relative error {r['tokens'].max_relative_error():.1e}).")
+        sec.html(r["tokens"].html())
     sec = rep.section("Contrastive activation patching")
     sec.text("Readout-position patches, effects normalised by the clean gap. noising: run chosen, patch in rejected's "
              "activation; denoising: run rejected, patch in chosen's; zero / mean: ablations.")

@@ -43,6 +43,11 @@ class Section:
             self.parts.append(f'<p class="note">first {max_rows} of {len(frame)} rows; all rows are in the CSV files</p>')
         return self
 
+    def html(self, markup: str) -> "Section":
+        """A trusted, self-contained HTML fragment (e.g. a token heatmap), inserted as is."""
+        self.parts.append(markup)
+        return self
+
     def figure(self, fig: Any, alt: str = "") -> "Section":
         self.parts.append(f'<img alt="{html.escape(alt or self.title)}" src="{figure_to_data_uri(fig)}">')
         return self

@@ -1,0 +1,445 @@
+"""Readout-aligned path patching (Wang et al. 2022; Goldowsky-Dill et al. 2023).
+
+The effect of the path sender -> receiver: the sender's output difference (source run - target run) is
+added to the receiver's input only, every other component keeps its target-run value, and what the
+receiver then computes flows on to the reward. Exactly (docs/theory.md, "Path patching"):
+
+    Δ = out_S(source)[readout_s] - out_S(target)[readout_t]                          the sender's difference
+    head sender L{l}H{h}: out = z_h W_O[h] (Gemma-2: times (1 + w_post) / s_post, the target's post-norm scale);
+    attn_L{l} / mlp_L{l} senders: hook_attn_out / hook_mlp_out.
+
+    receiver "readout":       reward(resid_final_t + Δ)   (the final norm recomputed, as the model reads it)
+    receiver "L{l}H{h}.q":    head h's query at the readout computed from ln1(resid_pre_t + Δ); its keys and
+                              values and every other head from the target run
+    receiver "L{l}KV{g}.k"/".v": key/value head g's key (value) at the readout from ln1(resid_pre_t + Δ)
+                              (under GQA one key/value head serves n_heads / n_kv query heads: one receiver)
+    receiver "mlp_L{l}":      the MLP's output at the readout computed from ln2(resid_mid_t + Δ)
+
+The receiver's new value replaces its target-run value and everything downstream of it is recomputed (as in
+Wang et al.'s final step); components between sender and receiver never see Δ. Readout-aligned as `patch`
+is: chosen and rejected differ in length, so the sender's readout output is compared across runs, and only
+the target's readout token changes. Since the readout is the last attended token, nothing attends to it:
+the other positions keep their target values without being frozen explicitly.
+
+Modes: "noising" (target chosen, source rejected) and "denoising" (target rejected, source chosen).
+Methods: "naive" runs full forwards with hooks (one to compute the receiver's new value from its input plus
+Δ, one with that value written in); "fast" reuses the target run's cache (post-RoPE keys and values of all
+other positions) and recomputes only the readout token from the receiver's layer on. They agree within 1e-5
+(tested). A receiver must read the residual after the sender writes it (a later layer, or the MLP of the
+sender's own attention layer); other cells are NaN.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Float
+
+from reward_lens.core.readout import Capture, Tokenized, capture, pair_batches, readout_direction, reward_from_final_resid
+from reward_lens.data.pairs import as_pairs
+from reward_lens.instruments.sites import pair_labels, pyplot, to_numpy
+from reward_lens.model.components import apply_rotary
+from reward_lens.model.hooks import act_name, final_resid_name
+
+PATH_MODES = ("noising", "denoising")
+PATH_METHODS = ("fast", "naive")
+_TARGET = {"noising": ("chosen", "rejected"), "denoising": ("rejected", "chosen")}  # (target, source)
+
+
+@dataclass(frozen=True)
+class PathNode:
+    """A sender (kind "head", "attn", "mlp") or receiver (kind "q", "k", "v", "mlp", "readout") of a path.
+    `layer` is the block (None for the readout); `index` the query head (q, head) or key/value head (k, v)."""
+
+    name: str
+    kind: str
+    layer: Optional[int] = None
+    index: Optional[int] = None
+
+    def writes_before(self, receiver: "PathNode") -> bool:
+        """Whether this sender's output reaches `receiver`'s input directly (the receiver reads later)."""
+        if receiver.kind == "readout":
+            return True
+        if receiver.kind == "mlp" and self.kind in ("head", "attn"):
+            return receiver.layer >= self.layer
+        return receiver.layer > self.layer
+
+
+_SENDER = re.compile(r"^(?:L(\d+)H(\d+)|(attn|mlp)_L(\d+))$")
+_RECEIVER = re.compile(r"^(?:L(\d+)H(\d+)\.q|L(\d+)KV(\d+)\.([kv])|mlp_L(\d+)|readout)$")
+
+
+def _check(cfg, node: PathNode) -> PathNode:
+    limit = cfg.n_heads if node.kind in ("head", "q") else cfg.n_key_value_heads
+    if node.layer is not None and not 0 <= node.layer < cfg.n_layers:
+        raise ValueError(f"{node.name}: layer {node.layer} out of range; this model has blocks 0..{cfg.n_layers - 1}")
+    if node.index is not None and not 0 <= node.index < limit:
+        raise ValueError(f"{node.name}: index {node.index} out of range (0..{limit - 1})")
+    return node
+
+
+def parse_sender(cfg, name: str) -> PathNode:
+    """'L{l}H{h}' (a head's output), 'attn_L{l}' or 'mlp_L{l}' (a whole component's output)."""
+    m = _SENDER.match(name)
+    if not m:
+        raise ValueError(f"unknown sender {name!r}; use 'L{{l}}H{{h}}', 'attn_L{{l}}' or 'mlp_L{{l}}'")
+    if m.group(1) is not None:
+        return _check(cfg, PathNode(name, "head", int(m.group(1)), int(m.group(2))))
+    return _check(cfg, PathNode(name, m.group(3), int(m.group(4))))
+
+
+def parse_receiver(cfg, name: str) -> PathNode:
+    """'L{l}H{h}.q', 'L{l}KV{g}.k', 'L{l}KV{g}.v', 'mlp_L{l}' or 'readout' (the direct path)."""
+    m = _RECEIVER.match(name)
+    if not m:
+        raise ValueError(f"unknown receiver {name!r}; use 'L{{l}}H{{h}}.q', 'L{{l}}KV{{g}}.k', 'L{{l}}KV{{g}}.v', "
+                         "'mlp_L{l}' or 'readout'")
+    if m.group(1) is not None:
+        return _check(cfg, PathNode(name, "q", int(m.group(1)), int(m.group(2))))
+    if m.group(3) is not None:
+        return _check(cfg, PathNode(name, m.group(5), int(m.group(3)), int(m.group(4))))
+    if m.group(6) is not None:
+        return _check(cfg, PathNode(name, "mlp", int(m.group(6))))
+    return PathNode("readout", "readout")
+
+
+def default_receivers(cfg) -> List[str]:
+    """Every head's query, every key/value head's key and value, every MLP, and the readout."""
+    out: List[str] = []
+    for l in range(cfg.n_layers):
+        out += [f"L{l}H{h}.q" for h in range(cfg.n_heads)]
+        out += [f"L{l}KV{g}.{kv}" for kv in ("k", "v") for g in range(cfg.n_key_value_heads)]
+        out.append(f"mlp_L{l}")
+    return out + ["readout"]
+
+
+@dataclass
+class PathPatchResult:
+    """Patched rewards of the target run per pair, sender and receiver: `patched` [n_pairs, n_senders,
+    n_receivers] (NaN where the receiver does not read the sender's output); `clean_chosen` /
+    `clean_rejected` [n_pairs]. effect = patched - clean target reward; normalised by the clean gap
+    (chosen - rejected), noising -1 means the path carries the whole preference."""
+
+    pair_ids: List[str]
+    senders: List[str]
+    receivers: List[str]
+    mode: str
+    method: str
+    clean_chosen: Float[torch.Tensor, "pair"]
+    clean_rejected: Float[torch.Tensor, "pair"]
+    patched: Float[torch.Tensor, "pair sender receiver"]
+
+    @property
+    def target(self) -> str:
+        return _TARGET[self.mode][0]
+
+    @property
+    def clean_gap(self) -> torch.Tensor:
+        return self.clean_chosen - self.clean_rejected
+
+    def effect(self, normalized: bool = False) -> torch.Tensor:
+        clean = self.clean_chosen if self.target == "chosen" else self.clean_rejected
+        eff = self.patched - clean[:, None, None]
+        return eff / self.clean_gap[:, None, None] if normalized else eff
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per (pair, sender, receiver) path that exists: pair, sender, receiver, mode, target,
+        clean_reward, patched_reward, effect, clean_gap, normalized_effect."""
+        eff, norm = to_numpy(self.effect()), to_numpy(self.effect(normalized=True))
+        p = to_numpy(self.patched)
+        clean = to_numpy(self.clean_chosen if self.target == "chosen" else self.clean_rejected)
+        gap = to_numpy(self.clean_gap)
+        rows = [(pid, s, r, self.mode, self.target, clean[i], p[i, a, b], eff[i, a, b], gap[i], norm[i, a, b])
+                for i, pid in enumerate(self.pair_ids) for a, s in enumerate(self.senders)
+                for b, r in enumerate(self.receivers) if np.isfinite(p[i, a, b])]
+        return pd.DataFrame(rows, columns=["pair", "sender", "receiver", "mode", "target", "clean_reward",
+                                           "patched_reward", "effect", "clean_gap", "normalized_effect"])
+
+    def summary(self) -> pd.DataFrame:
+        """Mean (normalised) effect per path over pairs, largest |mean effect| first."""
+        frame = self.to_frame()
+        out = frame.groupby(["sender", "receiver"], sort=False).agg(
+            mean_effect=("effect", "mean"), mean_normalized_effect=("normalized_effect", "mean"),
+            std_effect=("effect", "std")).reset_index()
+        return out.reindex(out.mean_effect.abs().sort_values(ascending=False).index).reset_index(drop=True)
+
+    def plot(self, normalized: bool = True, ax=None):
+        """Sender x receiver heatmap of the mean effect over pairs (blank: no such path)."""
+        plt = pyplot()
+        grid = to_numpy(self.effect(normalized=normalized)).mean(0)
+        fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(
+            figsize=(max(5, 0.3 * len(self.receivers) + 2), max(2.5, 0.3 * len(self.senders) + 1.5)))
+        finite = grid[np.isfinite(grid)]
+        lim = float(np.abs(finite).max()) if finite.size and np.abs(finite).max() > 0 else 1.0
+        im = ax.imshow(np.ma.masked_invalid(grid), aspect="auto", cmap="RdBu", vmin=-lim, vmax=lim)
+        ax.set_xticks(range(len(self.receivers)))
+        ax.set_xticklabels(self.receivers, rotation=90, fontsize=7)
+        ax.set_yticks(range(len(self.senders)))
+        ax.set_yticklabels(self.senders, fontsize=7)
+        ax.set_xlabel("receiver")
+        ax.set_ylabel("sender")
+        fig.colorbar(im, ax=ax, label="normalised effect" if normalized else "effect")
+        ax.set_title(f"Path patching ({self.mode}, target {self.target}), mean over {len(self.pair_ids)} pair(s)")
+        fig.tight_layout()
+        return fig
+
+
+# ---------------------------------------------------------------------------------------------------
+# Sender differences at the readout
+
+
+def _sender_names(model, senders: Sequence[PathNode]) -> List[str]:
+    cfg = model.cfg
+    names = set()
+    for s in senders:
+        if s.kind == "head":
+            names.add(act_name("z", s.layer))
+            if cfg.post_norms:
+                names.add(act_name("scale", s.layer, norm="ln1_post"))
+        else:
+            names.add(act_name(f"{s.kind}_out", s.layer))
+    return sorted(names)
+
+
+def sender_delta(model, sender: PathNode, tgt: Dict[str, torch.Tensor], src: Dict[str, torch.Tensor]) -> torch.Tensor:
+    """Δ [B, d_model]: the sender's output at the source readout minus at the target readout (head outputs
+    through Gemma-2's post-norm with the target's scale frozen)."""
+    cfg = model.cfg
+    if sender.kind != "head":
+        name = act_name(f"{sender.kind}_out", sender.layer)
+        return src[name] - tgt[name]
+    z = act_name("z", sender.layer)
+    W_O = model.blocks[sender.layer].attn.W_O[sender.index]
+    delta = (src[z][:, sender.index] - tgt[z][:, sender.index]) @ W_O
+    if cfg.post_norms:
+        norm = model.blocks[sender.layer].ln1_post
+        delta = delta * (cfg.norm_weight_offset + norm.w) / tgt[act_name("scale", sender.layer, norm="ln1_post")]
+    return delta
+
+
+# ---------------------------------------------------------------------------------------------------
+# Fast path: the readout token alone, from the receiver's layer on, over the target's cached keys/values
+
+
+@dataclass
+class _Context:
+    cap: Capture
+    cos: torch.Tensor  # [B, 1, rotary_dim] at the readout
+    sin: torch.Tensor
+    allowed: Dict[Optional[int], torch.Tensor]  # window -> [B, T]: the other positions the readout sees
+
+
+def _context(model, tok: Tokenized, extra: Sequence[str]) -> _Context:
+    cfg, L = model.cfg, model.cfg.n_layers
+    readout_names = [act_name(k, l) for l in range(L) for k in ("resid_pre", "resid_mid")]
+    full_names = [act_name(k, l) for l in range(L) for k in ("rot_k", "v")]
+    cap = capture(model, tok, readout_names + [final_resid_name(L)] + list(extra), full_names)
+    B, T = tok.input_ids.shape
+    device = tok.input_ids.device
+    readout, mask = tok.readout.to(device), tok.attention_mask.to(device)
+    idx = torch.arange(T, device=device)
+    if bool((mask.bool() & (idx[None] > readout[:, None])).any()):
+        raise ValueError("the fast path needs the readout to be the last attended token of every row; use method='naive'")
+    position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    cos, sin = model.rotary(position_ids[torch.arange(B, device=device), readout][:, None], cfg.dtype)
+    before = mask.bool() & (idx[None] < readout[:, None])
+    allowed = {w: before if w is None else before & (idx[None] > readout[:, None] - w) for w in set(cfg.window_sizes)}
+    return _Context(cap, cos, sin, allowed)
+
+
+def one_token_attention(model, layer: int, xq, xk, xv, ctx: _Context) -> torch.Tensor:
+    """z [B, P, n_heads, d_head] of P alternative readout tokens, each query head h reading `xq[:, :, h]`
+    (normalised input), each key/value head g its key from `xk[:, :, g]` and value from `xv[:, :, g]`,
+    attending to the target's cached keys/values of the other positions plus its own fresh key/value."""
+    cfg, attn = model.cfg, model.blocks[layer].attn
+    group = cfg.n_heads // cfg.n_key_value_heads
+    B, P = xq.shape[:2]
+    q = torch.einsum("bpnd,ndh->bpnh", xq, attn.W_Q) + attn.b_Q
+    k = torch.einsum("bpnd,ndh->bpnh", xk, attn.W_K) + attn.b_K
+    v = torch.einsum("bpnd,ndh->bpnh", xv, attn.W_V) + attn.b_V
+    if cfg.qk_norm:
+        q, k = attn.q_norm(q), attn.k_norm(k)
+    cos, sin = ctx.cos.expand(B, P, -1), ctx.sin.expand(B, P, -1)
+    q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+    past_k = ctx.cap.full[act_name("rot_k", layer)].repeat_interleave(group, dim=2)  # [B, T, H, d_head]
+    past_v = ctx.cap.full[act_name("v", layer)].repeat_interleave(group, dim=2)
+    k, v = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)
+    scores = torch.cat([torch.einsum("bpnh,btnh->bpnt", q, past_k), (q * k).sum(-1, keepdim=True)], -1) / cfg.attn_scale
+    if cfg.attn_scores_soft_cap is not None:
+        scores = torch.tanh(scores / cfg.attn_scores_soft_cap) * cfg.attn_scores_soft_cap
+    allowed = ctx.allowed[attn.window]
+    allowed = torch.cat([allowed, allowed.new_ones(B, 1)], -1)[:, None, None]
+    pattern = torch.softmax(scores.masked_fill(~allowed, torch.finfo(scores.dtype).min).float(), -1).to(q.dtype)
+    return torch.einsum("bpnt,btnh->bpnh", pattern[..., :-1], past_v) + pattern[..., -1:] * v
+
+
+def _finish_block(model, layer: int, resid_pre, z, mlp_delta=None):
+    """resid_post of block `layer` from the readout's resid_pre and z [B, P, H, d_head]; `mlp_delta` is
+    added to the MLP's input only (an MLP receiver)."""
+    cfg, block = model.cfg, model.blocks[layer]
+    attn_out = torch.einsum("bpnh,nhm->bpm", z, block.attn.W_O) + block.attn.b_O
+    if cfg.post_norms:
+        attn_out = block.ln1_post(attn_out)
+    mid = resid_pre + attn_out
+    mlp_out = block.mlp(block.ln2(mid if mlp_delta is None else mid + mlp_delta))
+    if cfg.post_norms:
+        mlp_out = block.ln2_post(mlp_out)
+    return mid + mlp_out
+
+
+def _fast_receiver(model, receiver: PathNode, deltas: torch.Tensor, ctx: _Context, direction, bias) -> torch.Tensor:
+    """Patched rewards [B, P] for P sender differences `deltas` [B, P, d] into one receiver."""
+    cfg, L = model.cfg, model.cfg.n_layers
+    acts = ctx.cap.at_readout
+    P = deltas.shape[1]
+    if receiver.kind == "readout":
+        final = acts[final_resid_name(L)][:, None] + deltas
+        return reward_from_final_resid(model, final, direction[:, None], bias[:, None])
+    l = receiver.layer
+    pre = acts[act_name("resid_pre", l)][:, None].expand(-1, P, -1)
+    if receiver.kind == "mlp":
+        mid = acts[act_name("resid_mid", l)][:, None]
+        mlp_out = model.blocks[l].mlp(model.blocks[l].ln2(mid + deltas))
+        if cfg.post_norms:
+            mlp_out = model.blocks[l].ln2_post(mlp_out)
+        state = mid + mlp_out
+    else:
+        x_t, x_p = model.blocks[l].ln1(pre), model.blocks[l].ln1(pre + deltas)
+        inputs = {}
+        for kind, n in (("q", cfg.n_heads), ("k", cfg.n_key_value_heads), ("v", cfg.n_key_value_heads)):
+            x = x_t[:, :, None].expand(-1, -1, n, -1).clone()
+            if receiver.kind == kind:
+                x[:, :, receiver.index] = x_p
+            inputs[kind] = x
+        z = one_token_attention(model, l, inputs["q"], inputs["k"], inputs["v"], ctx)
+        state = _finish_block(model, l, pre, z)
+    for later in range(l + 1, L):
+        x = model.blocks[later].ln1(state)[:, :, None]
+        x_kv = x.expand(-1, -1, cfg.n_key_value_heads, -1)
+        z = one_token_attention(model, later, x.expand(-1, -1, cfg.n_heads, -1), x_kv, x_kv, ctx)
+        state = _finish_block(model, later, state, z)
+    return reward_from_final_resid(model, state, direction[:, None], bias[:, None])
+
+
+# ---------------------------------------------------------------------------------------------------
+# Naive reference: full forwards with hooks
+
+
+def _naive_receiver(model, receiver: PathNode, delta: torch.Tensor, tok: Tokenized) -> torch.Tensor:
+    """Patched rewards [B]: a target forward computing the receiver's value from its input + Δ, then a
+    target forward with that value written in (everything downstream recomputed)."""
+    L = model.cfg.n_layers
+    B = tok.input_ids.shape[0]
+    rows, readout = torch.arange(B, device=tok.input_ids.device), tok.readout.to(tok.input_ids.device)
+
+    def add_delta(t, hook):
+        t = t.clone()
+        t[rows, readout] += delta.to(t.dtype)
+        return t
+
+    def run(hooks):
+        return model.run_with_hooks(tok.input_ids, tok.attention_mask, readout_positions=tok.readout, fwd_hooks=hooks)
+
+    if receiver.kind == "readout":
+        return run([(final_resid_name(L), add_delta)]).float()
+    l = receiver.layer
+    if receiver.kind == "mlp":
+        entry, value_name, index = act_name("resid_mid", l), act_name("mlp_out", l), None
+    else:
+        entry, value_name, index = act_name("resid_pre", l), act_name(receiver.kind, l), receiver.index
+    kept = {}
+
+    def keep(t, hook):
+        kept["value"] = t[rows, readout].clone() if index is None else t[rows, readout, index].clone()
+
+    run([(entry, add_delta), (value_name, keep)])
+
+    def write(t, hook):
+        t = t.clone()
+        if index is None:
+            t[rows, readout] = kept["value"]
+        else:
+            t[rows, readout, index] = kept["value"]
+        return t
+
+    return run([(value_name, write)]).float()
+
+
+# ---------------------------------------------------------------------------------------------------
+# The instrument
+
+
+@torch.no_grad()
+def _batch_paths(model, batch, senders, receivers, mode, method) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
+    t_side, s_side = _TARGET[mode]
+    tok, stok = getattr(batch, t_side), getattr(batch, s_side)
+    names = _sender_names(model, senders)
+    src = capture(model, stok, readout_names=names)
+    B = tok.input_ids.shape[0]
+    if method == "fast":
+        ctx = _context(model, tok, names)
+        tgt, rewards = ctx.cap.at_readout, ctx.cap.rewards
+        direction, bias = readout_direction(model, tok)
+    else:
+        tcap = capture(model, tok, readout_names=names)
+        tgt, rewards = tcap.at_readout, tcap.rewards
+    out = torch.full((B, len(senders), len(receivers)), float("nan"))
+    deltas = [sender_delta(model, s, tgt, src.at_readout) for s in senders]
+    for j, r in enumerate(receivers):
+        valid = [i for i, s in enumerate(senders) if s.writes_before(r)]
+        if not valid:
+            continue
+        if method == "fast":
+            d = torch.stack([deltas[i] for i in valid], 1)
+            out[:, valid, j] = _fast_receiver(model, r, d, ctx, direction, bias).float().cpu()
+        else:
+            for i in valid:
+                out[:, i, j] = _naive_receiver(model, r, deltas[i], tok).cpu()
+    return out, {t_side: rewards.float().cpu(), s_side: src.rewards.float().cpu()}
+
+
+def path_patch(
+    model,
+    pairs,
+    senders: Optional[Sequence[str]] = None,
+    receivers: Optional[Sequence[str]] = None,
+    *,
+    mode: str = "noising",
+    method: str = "fast",
+    batch_size: int = 8,
+    padding_side: Optional[str] = None,
+    progress: Union[bool, str] = False,
+) -> PathPatchResult:
+    """Readout-aligned path patching of every (sender, receiver) path (module docstring; docs/theory.md).
+
+    senders: 'L{l}H{h}', 'attn_L{l}', 'mlp_L{l}' (default: every head). receivers: 'L{l}H{h}.q',
+    'L{l}KV{g}.k', 'L{l}KV{g}.v', 'mlp_L{l}', 'readout' (default: all of them). mode: 'noising' or
+    'denoising'. method: 'fast' (default) or 'naive' (full forwards; the reference).
+    """
+    cfg = model.cfg
+    if act_name("z", 0) not in model.hook_dict or not hasattr(model.blocks[0], "attn"):
+        raise ValueError("path_patch needs per-head hooks and weights (a native architecture); this model runs on the "
+                         "generic component-level path: use patch(model, pairs, level='component') instead")
+    if mode not in PATH_MODES:
+        raise ValueError(f"mode must be one of {PATH_MODES} (path patching adds a source - target difference), got {mode!r}")
+    if method not in PATH_METHODS:
+        raise ValueError(f"method must be one of {PATH_METHODS}, got {method!r}")
+    pairs = as_pairs(pairs)
+    snodes = [parse_sender(cfg, s) for s in (senders or [f"L{l}H{h}" for l in range(cfg.n_layers) for h in range(cfg.n_heads)])]
+    rnodes = [parse_receiver(cfg, r) for r in (receivers or default_receivers(cfg))]
+    patched, clean = [], {"chosen": [], "rejected": []}
+    for batch in pair_batches(model, pairs, batch_size, progress and "path patching", padding_side):
+        out, rewards = _batch_paths(model, batch, snodes, rnodes, mode, method)
+        patched.append(out)
+        for side, r in rewards.items():
+            clean[side].append(r)
+    return PathPatchResult(
+        pair_ids=pair_labels(pairs), senders=[s.name for s in snodes], receivers=[r.name for r in rnodes],
+        mode=mode, method=method, clean_chosen=torch.cat(clean["chosen"]), clean_rejected=torch.cat(clean["rejected"]),
+        patched=torch.cat(patched),
+    )
