@@ -33,6 +33,7 @@ import torch
 from jaxtyping import Float
 
 from reward_lens.core.readout import batches, readout_run, tokenize
+from reward_lens.plotting import figure_axes, finish
 
 CONTRAST_SETS_DIR = Path(__file__).resolve().parents[1] / "data" / "contrast_sets"
 CONTRAST_SET_ALIASES = {"sycophancy": "agreement", "length": "verbosity", "hedging": "confidence"}
@@ -256,12 +257,21 @@ class ConceptVector:
             rows.append(row)
         return pd.DataFrame(rows)
 
-    def plot(self):
-        """Cosine with the reward direction and held-out accuracy per layer."""
-        import matplotlib.figure
+    def summary(self):
+        """One row: the layer with the best held-out accuracy, its accuracy and cosine, the largest |cosine|."""
+        import pandas as pd
 
-        fig = matplotlib.figure.Figure(figsize=(6.5, 3.2))
-        ax = fig.subplots()
+        best = int(self.accuracy.argmax())
+        return pd.DataFrame([{
+            "concept": self.name, "method": self.method, "n_layers": len(self.layers), "n_train": self.n_train,
+            "best_layer": self.layers[best], "best_accuracy": float(self.accuracy[best]),
+            "cosine_at_best": float(self.cosine[best]), "max_abs_cosine": float(self.cosine.abs().max()),
+        }])
+
+    def plot(self, ax=None):
+        """Cosine with the reward direction and held-out accuracy per layer."""
+        created = ax is None
+        fig, ax = figure_axes(ax, (6.5, 3.2))
         ax.plot(self.layers, self.cosine.numpy(), marker="o", label="cos(v, w_r)")
         ax.plot(self.layers, self.accuracy.numpy(), marker="s", ls="--", label="held-out accuracy")
         ax.axhline(0, color="grey", lw=0.5)
@@ -269,8 +279,7 @@ class ConceptVector:
         ax.set_ylim(-1.05, 1.05)
         ax.set_title(f"concept '{self.name}' ({self.method})")
         ax.legend(loc="best", fontsize=8)
-        fig.tight_layout()
-        return fig
+        return finish(fig, created)
 
 
 @torch.no_grad()
@@ -406,12 +415,21 @@ class DoseResponse:
         frame.insert(1, "hook", self.hook_name)
         return frame
 
-    def plot(self):
-        """Mean reward vs α with the 10–90% band over items and the linear fit."""
-        import matplotlib.figure
+    def summary(self):
+        """One row: the fit of the mean reward against α (slope, intercept, R²) and the spread of item slopes."""
+        import pandas as pd
 
-        fig = matplotlib.figure.Figure(figsize=(5.5, 3.6))
-        ax = fig.subplots()
+        return pd.DataFrame([{
+            "concept": self.concept, "hook": self.hook_name, "n_items": self.rewards.shape[0],
+            "n_alphas": self.rewards.shape[1], "scale": self.scale, "slope": self.slope, "intercept": self.intercept,
+            "r2": self.r2, "item_slope_median": float(self.item_slopes.median()),
+            "frac_items_positive_slope": float((self.item_slopes > 0).float().mean()),
+        }])
+
+    def plot(self, ax=None):
+        """Mean reward vs α with the 10–90% band over items and the linear fit."""
+        created = ax is None
+        fig, ax = figure_axes(ax, (5.5, 3.6))
         a = self.alphas.numpy()
         mean = self.rewards.mean(0).numpy()
         lo, hi = torch.quantile(self.rewards, 0.1, dim=0).numpy(), torch.quantile(self.rewards, 0.9, dim=0).numpy()
@@ -422,8 +440,7 @@ class DoseResponse:
         ax.set_ylabel("reward")
         ax.set_title(f"dose-response: {self.concept}")
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        return fig
+        return finish(fig, created)
 
 
 @torch.no_grad()
