@@ -443,6 +443,38 @@ class DoseResponse:
         return finish(fig, created)
 
 
+def _steered_rewards(model, tok, hook_name: str, shift: torch.Tensor, positions: str, n_alpha: int,
+                     track_objectives: bool) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Rewards [b, n_alpha] (and ArmoRM objectives [b, n_alpha, n_obj]) of one tokenized batch, each sequence
+    repeated n_alpha times with `shift` [b·n_alpha, d] added at `hook_name` (every position or the readout)."""
+    b = tok.input_ids.shape[0]
+    ids = tok.input_ids.repeat_interleave(n_alpha, 0)
+    mask = tok.attention_mask.repeat_interleave(n_alpha, 0)
+    readout = tok.readout.repeat_interleave(n_alpha, 0)
+
+    def add(resid: torch.Tensor, hook) -> torch.Tensor:
+        if positions == "all":
+            return resid + shift[:, None, :]
+        resid = resid.clone()
+        rows = torch.arange(resid.shape[0], device=resid.device)
+        resid[rows, readout.to(resid.device)] += shift
+        return resid
+
+    grabbed = {}
+
+    def grab(pooled: torch.Tensor, hook) -> None:
+        grabbed["objectives"] = pooled.detach()
+
+    hooks = [(hook_name, add)] + ([("reward_head.hook_pooled", grab)] if track_objectives else [])
+    r = model.run_with_hooks(ids, mask, readout_positions=readout, fwd_hooks=hooks)
+    if r.dim() != 1:
+        raise ValueError(
+            f"dose_response needs one reward per sequence; this model outputs {tuple(r.shape[1:])} per sequence"
+        )
+    objs = grabbed["objectives"].float().reshape(b, n_alpha, -1) if track_objectives else None
+    return r.detach().float().reshape(b, n_alpha), objs
+
+
 @torch.no_grad()
 def dose_response(
     model,
@@ -499,34 +531,11 @@ def dose_response(
         out_rewards, out_objs = [], []
         for sl in batches(len(prompts), max(1, batch_size), "dose-response" if progress else False):
             tok = tokenize(model, prompts[sl], responses[sl])
-            b = tok.input_ids.shape[0]
-            ids = tok.input_ids.repeat_interleave(n_alpha, 0)
-            mask = tok.attention_mask.repeat_interleave(n_alpha, 0)
-            readout = tok.readout.repeat_interleave(n_alpha, 0)
-            shift = (alphas_t.repeat(b).to(v.device, v.dtype) * scale)[:, None] * v  # [b·n_alpha, d]
-
-            def add(resid: torch.Tensor, hook) -> torch.Tensor:
-                if positions == "all":
-                    return resid + shift[:, None, :]
-                resid = resid.clone()
-                rows = torch.arange(resid.shape[0], device=resid.device)
-                resid[rows, readout.to(resid.device)] += shift
-                return resid
-
-            grabbed = {}
-
-            def grab(pooled: torch.Tensor, hook) -> None:
-                grabbed["objectives"] = pooled.detach()
-
-            hooks = [(hook_name, add)] + ([("reward_head.hook_pooled", grab)] if track_objectives else [])
-            r = model.run_with_hooks(ids, mask, readout_positions=readout, fwd_hooks=hooks)
-            if r.dim() != 1:
-                raise ValueError(
-                    f"dose_response needs one reward per sequence; this model outputs {tuple(r.shape[1:])} per sequence"
-                )
-            out_rewards.append(r.detach().float().reshape(b, n_alpha))
+            shift = (alphas_t.repeat(tok.input_ids.shape[0]).to(v.device, v.dtype) * scale)[:, None] * v
+            r, objs = _steered_rewards(model, tok, hook_name, shift, positions, n_alpha, track_objectives)
+            out_rewards.append(r)
             if track_objectives:
-                out_objs.append(grabbed["objectives"].float().reshape(b, n_alpha, -1))
+                out_objs.append(objs)
     rewards = torch.cat(out_rewards)
     slope, intercept, r2 = _fit(alphas_t, rewards.mean(0))
     item_slopes = torch.tensor([_fit(alphas_t, row)[0] for row in rewards])
