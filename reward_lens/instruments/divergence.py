@@ -103,6 +103,10 @@ class DivergenceResult(PairRewards):
     settings: dict = field(default_factory=dict)
 
     @property
+    def pair_ids(self) -> List[str]:
+        return self.patching.pair_ids
+
+    @property
     def reward_chosen(self) -> torch.Tensor:
         return self.patching.clean_chosen
 
