@@ -22,6 +22,7 @@ import pandas as pd
 import torch
 
 from reward_lens.data.pairs import PreferencePair, as_pairs
+from reward_lens.plotting import finish, panels
 
 PATCH_MODES = ("noising", "denoising", "zero", "mean")
 
@@ -52,8 +53,6 @@ class AuditResult:
     def plot(self, ax=None):
         """Three panels: the reward lens, the exact attribution of the gap, the hacking probes.
         `ax`: three Axes (or one, split in three)."""
-        from reward_lens.plotting import finish, panels
-
         created = ax is None
         fig, axes = panels(ax, 3, (18, 4.2))
         for a, key in zip(axes, ("lens", "attribution", "probes")):
