@@ -30,7 +30,7 @@ __all__ += [
 ]
 
 # Representations: SAEs, SAE features along the reward direction, concept vectors, reward editing (issue 6).
-from reward_lens.representations.sae.module import SAEConfig, SAEMetrics, SparseAutoencoder, load_sae, train_sae  # noqa: E402
+from reward_lens.representations.sae import SAEConfig, SAEMetrics, SparseAutoencoder, load_sae, train_sae  # noqa: E402
 from reward_lens.representations.features import (  # noqa: E402
     FeatureAblation,
     FeatureAlignment,

@@ -20,7 +20,7 @@ MOVED = {
     "reward_lens.runner": "reward_lens.core.readout",
     "reward_lens.instruments._common": "reward_lens.instruments.sites",
     "reward_lens.instruments.attribution_patching": "reward_lens.instruments.patching.atp",
-    "reward_lens.sae": "reward_lens.representations.sae.module",
+    "reward_lens.sae": "reward_lens.representations.sae",
     "reward_lens.features": "reward_lens.representations.features",
     "reward_lens.concepts": "reward_lens.representations.concepts",
     "reward_lens.editing": "reward_lens.representations.editing",

@@ -1,8 +1,10 @@
-"""Small statistics shared by the theory modules: bootstrap indices, correlation of columns, verdict labels."""
+"""The statistics every instrument shares, one implementation each: the percentile bootstrap (indices, interval,
+CI of a statistic), Pearson / Spearman correlations of rows and columns, the crystallization rule, and input
+checks. Each is tested against scipy (tests/test_stats.py)."""
 
 from __future__ import annotations
 
-from typing import Any, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -12,6 +14,68 @@ def bootstrap_indices(n: int, n_boot: int, seed: int) -> np.ndarray:
     if n_boot < 1:
         raise ValueError(f"n_boot must be >= 1, got {n_boot}")
     return np.random.default_rng(seed).integers(0, n, size=(n_boot, n))
+
+
+def bootstrap_ci(
+    values: Any, statistic: Callable[[np.ndarray], np.ndarray] = None, *, n_boot: int = 2000, seed: int = 0,
+    level: float = 0.95,
+) -> Tuple[float, float]:
+    """Percentile bootstrap interval of `statistic` over the units (rows) of `values`.
+
+    `statistic` maps a batch of resamples [n_boot, n, ...] to [n_boot] (default: the mean over units);
+    NaN statistics are ignored. The resamples are `bootstrap_indices(n, n_boot, seed)`."""
+    check_level(level)
+    values = np.asarray(values, dtype=np.float64)
+    idx = bootstrap_indices(len(values), n_boot, seed)
+    stat = values[idx].mean(axis=1) if statistic is None else np.asarray(statistic(values[idx]), dtype=np.float64)
+    lo, hi = percentile_ci(stat, level)
+    return float(lo), float(hi)
+
+
+def ranks(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    """Average ranks along `axis` (ties share their mean rank), as scipy.stats.rankdata."""
+    from scipy.stats import rankdata
+
+    return rankdata(np.asarray(x, dtype=np.float64), axis=axis)
+
+
+def pearson_rows(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Pearson r of each row pair of x and y [..., k] -> [...] (NaN where a row is constant)."""
+    x = np.asarray(x, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    xc = x - x.mean(-1, keepdims=True)
+    yc = y - y.mean(-1, keepdims=True)
+    denom = np.sqrt((xc**2).sum(-1) * (yc**2).sum(-1))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(denom > 0, (xc * yc).sum(-1) / np.where(denom > 0, denom, 1), np.nan)
+
+
+def spearman_rows(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Spearman rho of each row pair of x and y [..., k] -> [...] (NaN where a row is constant)."""
+    return pearson_rows(ranks(x, -1), ranks(y, -1))
+
+
+def spearman(x: np.ndarray, y: np.ndarray) -> float:
+    """Spearman rho of all values of x against all of y (flattened; NaN when either is constant)."""
+    return float(spearman_rows(np.ravel(x)[None], np.ravel(y)[None])[0])
+
+
+def crystallization_depth(gap: np.ndarray, depths: Sequence[float], rtol: float = 0.1, atol: float = 0.0) -> np.ndarray:
+    """The crystallization rule. Per row of `gap` [n, S] (a lens of the reward gap at sites of fractional
+    depth `depths` [S], the last site the reward itself): the first depth from which the gap stays within
+    `rtol * |final| + atol` of the final gap with the final gap's sign at every later site; NaN where the
+    final gap is 0. The last site always qualifies, so the depth is at most depths[-1]."""
+    if rtol < 0 or atol < 0:
+        raise ValueError(f"crystallization tolerances must be >= 0, got rtol={rtol}, atol={atol}")
+    gap = to_float64(gap)
+    if gap.ndim != 2 or gap.shape[1] != len(depths):
+        raise ValueError(f"gap must be [n_pairs, {len(depths)}] (one column per depth), got shape {gap.shape}")
+    final = gap[:, -1:]
+    ok = (np.abs(gap - final) <= rtol * np.abs(final) + atol) & (np.sign(gap) == np.sign(final))
+    stays = np.flip(np.logical_and.accumulate(np.flip(ok, 1), axis=1), 1)  # ok at every site from k on
+    out = np.asarray(depths, dtype=np.float64)[np.argmax(stays, axis=1)]
+    out[final[:, 0] == 0] = np.nan
+    return out
 
 
 def column_correlations(x: np.ndarray) -> np.ndarray:

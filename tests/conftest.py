@@ -27,3 +27,11 @@ def llama_hf(hf_models):
 @pytest.fixture(scope="session")
 def llama_model(llama_hf):
     return HookedRewardModel.from_hf_model(llama_hf)
+
+
+@pytest.fixture(autouse=True)
+def close_figures():
+    """Results' plot() makes pyplot figures (so notebooks show them); close them after each test."""
+    yield
+    if "matplotlib.pyplot" in sys.modules:
+        sys.modules["matplotlib.pyplot"].close("all")

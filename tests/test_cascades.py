@@ -48,7 +48,8 @@ def test_planted_correlation_recovered_with_intervals_and_clusters():
     cl = res.clusters_frame()
     assert cl.set_index("dimension").loc["formatting", "cluster_size"] == 3
     assert isinstance(res.plot(), matplotlib.figure.Figure)
-    assert "length, confidence, formatting" in res.summary()
+    assert "length, confidence, formatting" in res.summary_text()
+    assert res.summary().loc[0, "dimensions"] == "length, confidence, formatting"
 
 
 def test_bootstrap_interval_has_nominal_coverage_roughly():

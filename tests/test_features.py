@@ -7,7 +7,7 @@ import torch
 from organism import concept_items, organism, single_thread, tiny_armorm  # noqa: F401 (single_thread: autouse)
 from reward_lens import feature_ablation, feature_alignment, feature_attribution, read_objective
 from reward_lens.data.pairs import PreferencePair
-from reward_lens.representations.sae.module import SAEConfig, SparseAutoencoder, gather_activations
+from reward_lens.representations.sae import SAEConfig, SparseAutoencoder, gather_activations
 
 
 def planted_sae(o, hook: str, n_random: int = 30, k: int = 3) -> SparseAutoencoder:

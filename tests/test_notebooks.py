@@ -1,5 +1,6 @@
 """The notebooks run top to bottom (executed with nbclient; outputs are stripped in git)."""
 
+import os
 from pathlib import Path
 
 import nbformat
@@ -18,7 +19,10 @@ def test_notebooks_are_found_and_stripped():
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
-def test_notebook_executes(path):
+def test_notebook_executes(path, monkeypatch):
+    # the kernel imports reward_lens from this checkout (not whichever copy is installed in the environment)
+    root = str(Path(__file__).resolve().parents[1])
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}})
     client.execute()

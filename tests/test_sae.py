@@ -10,7 +10,7 @@ from safetensors.torch import load_file, save_file
 from organism import organism, single_thread, sprinkled_texts  # noqa: F401 (single_thread: autouse fixture)
 from reward_lens import load_sae, train_sae
 from reward_lens.core.readout import readout_run, stream_activations
-from reward_lens.representations.sae.module import SAEConfig, SparseAutoencoder, gather_activations, topk_losses
+from reward_lens.representations.sae import SAEConfig, SparseAutoencoder, gather_activations, topk_losses
 
 HOOK = "blocks.1.hook_resid_post"
 

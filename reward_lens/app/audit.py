@@ -22,6 +22,7 @@ import pandas as pd
 import torch
 
 from reward_lens.data.pairs import PreferencePair, as_pairs
+from reward_lens.plotting import finish, panels
 
 PATCH_MODES = ("noising", "denoising", "zero", "mean")
 TOKEN_PAIRS = 3  # pairs with the largest |reward gap| whose token heatmaps the report shows
@@ -29,17 +30,35 @@ TOKEN_PAIRS = 3  # pairs with the largest |reward gap| whose token heatmaps the 
 
 @dataclass
 class AuditResult:
-    """Everything the audit computed; `summary` is what results.json holds."""
+    """Everything the audit computed: `record` is what results.json holds (nested dict), `frames` the CSVs,
+    `results` each instrument's result object."""
 
-    summary: Dict[str, Any]
+    record: Dict[str, Any]
     frames: Dict[str, pd.DataFrame] = field(default_factory=dict)
     results: Dict[str, Any] = field(default_factory=dict)
     out_dir: Optional[Path] = None
 
     def to_frame(self) -> pd.DataFrame:
-        """The headline numbers as one (metric, value) table."""
-        rows = [(k, v) for k, v in _flatten(self.summary).items() if not isinstance(v, (list, dict))]
+        """Every scalar of the record as one (metric, value) table (nested keys joined by dots)."""
+        rows = [(k, v) for k, v in _flatten(self.record).items() if not isinstance(v, (list, dict))]
         return pd.DataFrame(rows, columns=["metric", "value"])
+
+    def summary(self) -> pd.DataFrame:
+        """The few numbers a reader needs first, as (metric, value) rows of text (the report's Summary table)."""
+        return headline_frame(self)
+
+    def summary_text(self) -> str:
+        """The summary the CLI prints."""
+        return summary_table(self)
+
+    def plot(self, ax=None):
+        """Three panels: the reward lens, the exact attribution of the gap, the hacking probes.
+        `ax`: three Axes (or one, split in three)."""
+        created = ax is None
+        fig, axes = panels(ax, 3, (18, 4.2))
+        for a, key in zip(axes, ("lens", "attribution", "probes")):
+            self.results[key].plot(ax=a)
+        return finish(fig, created)
 
 
 def _flatten(d: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
@@ -102,11 +121,6 @@ def run_audit(
     echo: Callable[[str], None] = print,
 ) -> AuditResult:
     """Run the whole audit; write report.html, results.json and CSVs into `out_dir` (None: write nothing)."""
-    from reward_lens import instruments as ins
-    from reward_lens.probes.suite import run_probes
-    from reward_lens.theory import detect_cascades
-    from reward_lens.theory.distortion import distortion_from_model
-
     pairs = as_pairs(pairs)
     if max_pairs is not None:
         if max_pairs < 1:
@@ -114,71 +128,97 @@ def run_audit(
         pairs = pairs[:max_pairs]
     step = _Steps(echo)
     t0 = time.perf_counter()
-    summary: Dict[str, Any] = {
+    record: Dict[str, Any] = {
         "model": model_label or model.cfg.model_name, "architecture": model.cfg.original_architecture,
         "n_layers": model.cfg.n_layers, "d_model": model.cfg.d_model, "n_pairs": len(pairs),
         "head": model.cfg.head_type, "dtype": str(model.cfg.dtype).replace("torch.", ""), "device": str(model.cfg.device),
     }
     results: Dict[str, Any] = {}
+    _instrument_steps(model, pairs, batch_size, step, record, results)
+    _probe_steps(model, pairs, batch_size, probe_items, step, record, results)
+    if is_armorm(model):
+        _armorm_steps(model, pairs, batch_size, step, record, results)
+    record["timings_s"] = step.timings
+    record["total_time_s"] = round(time.perf_counter() - t0, 3)
+    audit = AuditResult(record=_jsonable(record), frames=_frames(results), results=results)
+    if out_dir is not None:
+        write_outputs(audit, Path(out_dir), echo)
+    return audit
+
+
+def _instrument_steps(model, pairs, batch_size: int, step: _Steps, record: Dict[str, Any], results: Dict[str, Any]) -> None:
+    """Lens + crystallization, attribution, patching, faithfulness and divergence: results and record entries."""
+    from reward_lens import instruments as ins
 
     lens_res = results["lens"] = step("reward lens", lambda: ins.lens(model, pairs, batch_size=batch_size))
-    gap = lens_res.reward_chosen - lens_res.reward_rejected
-    summary["pair_accuracy"] = float((gap > 0).float().mean())
-    summary["mean_reward_gap"] = float(gap.mean())
+    record["pair_accuracy"] = float((lens_res.reward_gap > 0).float().mean())
+    record["mean_reward_gap"] = float(lens_res.reward_gap.mean())
     depth = {}
     for variant in ("normed", "frozen"):
         d = lens_res.crystallization_depth(variant).numpy()
         depth[variant] = {"mean": float(np.nanmean(d)), "median": float(np.nanmedian(d)),
                           "std": float(np.nanstd(d)), "per_pair": d.tolist()}
-    summary["crystallization_depth"] = depth
-    summary["crystallization_rule"] = ("first fractional depth from which the lens gap stays within 10% of the final "
-                                       "gap with the final gap's sign (LensResult.crystallization_depth)")
-
+    record["crystallization_depth"] = depth
+    record["crystallization_rule"] = ("first fractional depth from which the lens gap stays within 10% of the final "
+                                      "gap with the final gap's sign (LensResult.crystallization_depth)")
     attr = results["attribution"] = step("exact attribution", lambda: ins.attribute(model, pairs, batch_size=batch_size))
-    summary["attribution_max_relative_error"] = float(attr.max_relative_error())
-    results.update(_token_heatmaps(model, pairs, gap, step, batch_size))
-
+    record["attribution_max_relative_error"] = float(attr.max_relative_error())
+    results.update(_token_heatmaps(model, pairs, lens_res.reward_gap, step, batch_size))
     patch_res = results["patching"] = step(
         "contrastive patching (noising, denoising, zero, mean; fast path)",
         lambda: ins.patch(model, pairs, mode=list(PATCH_MODES), level="component", batch_size=batch_size))
-
     faith = results["faithfulness"] = step("faithfulness gap", lambda: ins.faithfulness(attr, patch_res, mode="noising"))
-    summary["faithfulness"] = {
+    record["faithfulness"] = {
         "mode": "noising", "mean_rho": faith.mean_rho, "mean_rho_ci": list(faith.mean_rho_ci),
         "pooled_rho": faith.pooled_rho, "pooled_rho_ci": list(faith.pooled_rho_ci),
     }
     if len(pairs) >= 2:
         div = results["divergence"] = step("divergence-aware patching",
                                            lambda: ins.divergence_patch(model, pairs, batch_size=batch_size))
-        summary["divergence"] = _jsonable(div.summary().iloc[0].to_dict())
+        # the fraction over all patches (pairs x sites); per site in divergence.csv and the report's table
+        record["divergence"] = {"mode": div.mode, "target": div.target, "frac_flagged": div.frac_flagged,
+                                "n_flagged": int(div.flagged.sum()), "n_patches": int(div.flagged.numel()),
+                                **{k: v for k, v in div.settings.items() if isinstance(v, (int, float, str))}}
+
+
+def _probe_steps(model, pairs, batch_size: int, probe_items: Any, step: _Steps, record: Dict[str, Any],
+                 results: Dict[str, Any]) -> None:
+    """Hacking probes, misalignment cascades and the distortion index."""
+    from reward_lens.probes.suite import run_probes
+    from reward_lens.theory import detect_cascades
+    from reward_lens.theory.distortion import distortion_from_model
 
     probes = results["probes"] = step("hacking probes", lambda: run_probes(model, items=probe_items,
                                                                            batch_size=batch_size))
-    summary["probes"] = probes.to_dict()["dimensions"]
-    summary["probe_verdict_rule"] = probes.to_dict()["verdict_rule"]
+    record["probes"] = probes.to_dict()["dimensions"]
+    record["probe_verdict_rule"] = probes.to_dict()["verdict_rule"]
     casc = results["cascades"] = step("misalignment cascades", lambda: detect_cascades(probes))
-    summary["cascades"] = {"clusters": _jsonable(getattr(casc, "clusters", None))}
+    record["cascades"] = {"clusters": _jsonable(casc.clusters)}
     try:
         dist = results["distortion"] = step("distortion index", lambda: distortion_from_model(
             model, pairs, probes, batch_size=batch_size))
-        summary["distortion"] = _jsonable(dist.to_frame().to_dict("records"))
+        record["distortion"] = _jsonable(dist.to_frame().to_dict("records"))
     except ValueError as exc:  # e.g. too few pairs per subset: reported, the rest of the audit stands
-        summary["distortion"] = {"skipped": str(exc)}
+        record["distortion"] = {"skipped": str(exc)}
 
-    if is_armorm(model):
-        from reward_lens.theory import reward_conflicts
 
-        results["armorm"] = step("ArmoRM gate and objectives", lambda: _armorm_view(model, pairs, batch_size))
-        summary["armorm"] = results["armorm"]["summary"]
-        conf = results["conflicts"] = step("reward-term conflicts", lambda: reward_conflicts(model, pairs,
-                                                                                             batch_size=batch_size))
-        summary["conflicts"] = _jsonable(conf.to_frame().to_dict("records"))
+def _armorm_steps(model, pairs, batch_size: int, step: _Steps, record: Dict[str, Any], results: Dict[str, Any]) -> None:
+    """ArmoRM's gate and per-objective view, and the conflicts between its objectives."""
+    from reward_lens.theory import reward_conflicts
 
-    summary["timings_s"] = step.timings
-    summary["total_time_s"] = round(time.perf_counter() - t0, 3)
+    results["armorm"] = step("ArmoRM gate and objectives", lambda: _armorm_view(model, pairs, batch_size))
+    record["armorm"] = results["armorm"]["summary"]
+    conf = results["conflicts"] = step("reward-term conflicts", lambda: reward_conflicts(model, pairs,
+                                                                                         batch_size=batch_size))
+    record["conflicts"] = _jsonable(conf.to_frame().to_dict("records"))
+
+
+def _frames(results: Dict[str, Any]) -> Dict[str, pd.DataFrame]:
+    """The CSV files: name -> tidy frame."""
     frames = {
-        "lens": lens_res.to_frame(), "attribution": attr.to_frame(), "patching": patch_res.to_frame(),
-        "faithfulness": faith.to_frame(), "probes": probes.to_frame(), "probe_items": probes.per_item,
+        "lens": results["lens"].to_frame(), "attribution": results["attribution"].to_frame(),
+        "patching": results["patching"].to_frame(), "faithfulness": results["faithfulness"].to_frame(),
+        "probes": results["probes"].to_frame(), "probe_items": results["probes"].per_item,
     }
     if "divergence" in results:
         frames["divergence"] = results["divergence"].to_frame()
@@ -186,10 +226,7 @@ def run_audit(
         frames["token_attribution"] = results["tokens"].token_totals()
     if "armorm" in results:
         frames["armorm_objectives"] = results["armorm"]["frame"]
-    audit = AuditResult(summary=_jsonable(summary), frames=frames, results=results)
-    if out_dir is not None:
-        write_outputs(audit, Path(out_dir), echo)
-    return audit
+    return frames
 
 
 def _token_heatmaps(model, pairs, gap: torch.Tensor, step: _Steps, batch_size: int) -> Dict[str, Any]:
@@ -226,7 +263,7 @@ def _armorm_view(model, pairs: Sequence[PreferencePair], batch_size: int) -> Dic
 
 def write_outputs(audit: AuditResult, out_dir: Path, echo: Callable[[str], None] = print) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "results.json").write_text(json.dumps(audit.summary, indent=1))
+    (out_dir / "results.json").write_text(json.dumps(audit.record, indent=1))
     for name, frame in audit.frames.items():
         frame.to_csv(out_dir / f"{name}.csv", index=False)
     build_report(audit).save(out_dir / "report.html")
@@ -236,7 +273,7 @@ def write_outputs(audit: AuditResult, out_dir: Path, echo: Callable[[str], None]
 
 
 def summary_table(audit: AuditResult) -> str:
-    s = audit.summary
+    s = audit.record
     lines = [
         f"model            {s['model']} ({s['architecture']}, {s['n_layers']} layers, d_model {s['d_model']})",
         f"pairs            {s['n_pairs']}",
@@ -256,7 +293,7 @@ def summary_table(audit: AuditResult) -> str:
 
 def headline_frame(audit: AuditResult) -> pd.DataFrame:
     """The few numbers a reader needs first, as (metric, value) rows of text."""
-    s = audit.summary
+    s = audit.record
     f = s["faithfulness"]
     rows = [
         ("model", f"{s['model']} ({s['architecture']}, {s['n_layers']} layers, d_model {s['d_model']}, {s['dtype']})"),
@@ -283,7 +320,7 @@ def headline_frame(audit: AuditResult) -> pd.DataFrame:
 def build_report(audit: AuditResult):
     from reward_lens.app.report import Report
 
-    s, r = audit.summary, audit.results
+    s, r = audit.record, audit.results
     rep = Report(f"reward-lens audit: {s['model']}")
     sec = rep.section("Summary")
     sec.table(headline_frame(audit))

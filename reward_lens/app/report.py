@@ -20,9 +20,9 @@ th{background:#f3f3f3}img{max-width:100%;height:auto;border:1px solid #eee}.note
 def figure_to_data_uri(fig: Any) -> str:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
-    import matplotlib.pyplot as plt
+    from reward_lens.plotting import pyplot
 
-    plt.close(fig)
+    pyplot().close(fig)
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 

@@ -102,6 +102,11 @@ def bundled_pairs() -> List[PreferencePair]:
 AnyPair = Union[PreferencePair, TokenPair]
 
 
+def pair_labels(pairs: Sequence[AnyPair]) -> List[str]:
+    """Each pair's id as a string, or its index where it has none (the `pair` column of result frames)."""
+    return [str(p.id) if getattr(p, "id", None) is not None else str(i) for i, p in enumerate(pairs)]
+
+
 def as_pairs(pairs: Union[AnyPair, Iterable[AnyPair], str, Path]) -> List[AnyPair]:
     """Accept one pair, a list of pairs, or a path; return a non-empty list."""
     if isinstance(pairs, (str, Path)):

@@ -1,5 +1,6 @@
-"""The instruments: functions of (model, pairs, options) returning result dataclasses with `.to_frame()`
-and `.plot()`. Every one reads along the reward direction at the readout position."""
+"""The instruments: functions of (model, pairs, options) returning result dataclasses that follow the
+result protocol (`reward_lens.results`: `.to_frame()`, `.summary()`, `.plot(ax=None)`). Every one reads
+along the reward direction at the readout position."""
 
 from reward_lens.instruments.sites import Site, component_sites, head_sites, resid_sites
 from reward_lens.instruments.attribution import AttributionResult, attribute

@@ -19,12 +19,15 @@ import warnings
 from dataclasses import dataclass
 from typing import List, Optional, Union
 
+import numpy as np
 import pandas as pd
 import torch
 from jaxtyping import Float
 
-from reward_lens.data.pairs import as_pairs
-from reward_lens.instruments.sites import component_sites, pair_labels, pyplot, to_numpy
+from reward_lens.data.pairs import as_pairs, pair_labels
+from reward_lens.instruments.sites import component_sites
+from reward_lens.plotting import figure_axes, finish
+from reward_lens.results import PairRewards, to_numpy
 from reward_lens.core.readout import capture, pair_batches, readout_direction
 
 # Relative error above which the decomposition is reported as not reproducing the model's reward: the
@@ -33,7 +36,7 @@ CHECK_RTOL = {torch.float32: 1e-3, torch.float64: 1e-3, torch.bfloat16: 5e-2, to
 
 
 @dataclass
-class AttributionResult:
+class AttributionResult(PairRewards):
     """Per-pair direct attribution. `chosen`/`rejected` [n_pairs, n_components] in `components` order
     (embed, attn_L0, mlp_L0, ...); `gap` = chosen - rejected. `bias_*` [n_pairs] is the head's bias,
     `reward_*` [n_pairs] the model's own rewards (so `chosen.sum(-1) + bias_chosen == reward_chosen`).
@@ -62,10 +65,6 @@ class AttributionResult:
     @property
     def gap(self) -> torch.Tensor:
         return self.chosen - self.rejected
-
-    @property
-    def reward_gap(self) -> torch.Tensor:
-        return self.reward_chosen - self.reward_rejected
 
     def get(self, quantity: str = "gap") -> torch.Tensor:
         """[n_pairs, n_components] of "chosen", "rejected" or "gap"."""
@@ -123,11 +122,22 @@ class AttributionResult:
             "head": pd.array(heads * n, dtype="Int64"), "chosen": c, "rejected": r, "gap": c - r,
         })
 
+    def summary(self) -> pd.DataFrame:
+        """One row per component: mean chosen, rejected and gap terms over pairs, mean |gap term|, and its
+        share of the mean reward gap (the shares plus the bias's sum to 1)."""
+        c, r = to_numpy(self.chosen), to_numpy(self.rejected)
+        mean_gap = float(to_numpy(self.reward_gap).mean())
+        return pd.DataFrame({
+            "component": self.components, "layer": self.layers, "mean_chosen": c.mean(0),
+            "mean_rejected": r.mean(0), "mean_gap": (c - r).mean(0), "mean_abs_gap": np.abs(c - r).mean(0),
+            "share_of_reward_gap": (c - r).mean(0) / mean_gap if mean_gap != 0 else np.nan,
+        })
+
     def plot(self, quantity: str = "gap", ax=None):
         """Mean term per component (bars) with the spread over pairs (std error bars)."""
-        plt = pyplot()
         values = to_numpy(self.get(quantity))
-        fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(max(6, 0.25 * len(self.components)), 3.5))
+        created = ax is None
+        fig, ax = figure_axes(ax, (max(6, 0.25 * len(self.components)), 3.5))
         x = range(len(self.components))
         colors = ["tab:gray" if c in ("embed", "pos_embed") else "tab:blue" if c.startswith("attn") else "tab:orange" for c in self.components]
         ax.bar(x, values.mean(0), yerr=values.std(0) if len(values) > 1 else None, color=colors)
@@ -136,8 +146,7 @@ class AttributionResult:
         ax.axhline(0, color="black", lw=0.5)
         ax.set_ylabel(f"direct attribution ({quantity})")
         ax.set_title(f"Direct attribution of the reward {quantity} over {len(values)} pair(s)")
-        fig.tight_layout()
-        return fig
+        return finish(fig, created)
 
 
 @torch.no_grad()

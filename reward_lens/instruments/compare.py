@@ -37,7 +37,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 import numpy as np
 import pandas as pd
 
-from reward_lens.stats import bootstrap_indices, check_level, percentile_ci
+from reward_lens.plotting import figure_axes, finish, panels, pyplot
+from reward_lens.stats import bootstrap_indices, check_level, crystallization_depth, percentile_ci
 
 
 # ------------------------------------------------------------------------------------------- profiles
@@ -61,6 +62,39 @@ class ModelProfile:
     @property
     def n_layers(self) -> int:
         return len(self.lens_depths) - 1
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per pair: model, pair, gap (the model's r(chosen) − r(rejected))."""
+        ids = self.pair_ids or [str(i) for i in range(len(self.gaps))]
+        return pd.DataFrame({"model": self.name, "pair": ids, "gap": np.asarray(self.gaps, dtype=np.float64)})
+
+    def summary(self) -> pd.DataFrame:
+        """One row: model, n_pairs, n_layers, accuracy, mean gap, median crystallization depth."""
+        depth = crystallization_depths(self.lens_gap, self.lens_depths)
+        return pd.DataFrame([{
+            "model": self.name, "n_pairs": len(self.gaps), "n_layers": self.n_layers,
+            "accuracy": float((np.asarray(self.gaps) > 0).mean()), "mean_gap": float(np.mean(self.gaps)),
+            "crystallization_depth_median": float(np.nanmedian(depth)) if np.isfinite(depth).any() else np.nan,
+            "max_decomposition_error": self.max_decomposition_error,
+        }])
+
+    def plot(self, ax=None):
+        """The lens of the gap over fractional depth as a share of the final gap: median and quartiles."""
+        g = np.asarray(self.gaps)
+        nz = g != 0
+        per_pair = self.lens_gap[nz] / g[nz, None]
+        created = ax is None
+        fig, ax = figure_axes(ax, (6.0, 3.6))
+        if nz.any():
+            q25, q50, q75 = np.nanquantile(per_pair, [0.25, 0.5, 0.75], axis=0)
+            ax.fill_between(self.lens_depths, q25, q75, alpha=0.2, lw=0)
+            ax.plot(self.lens_depths, q50, marker="o", label="median over pairs")
+        ax.axhline(1.0, c="0.5", lw=0.6)
+        ax.axhline(0.0, c="0.5", lw=0.6)
+        ax.set_xlabel("fractional depth")
+        ax.set_ylabel("lens of the gap / final gap")
+        ax.set_title(f"{self.name}: reward lens of the gap over {len(g)} pair(s)", fontsize=9)
+        return finish(fig, created)
 
     def validate(self) -> None:
         n = len(self.gaps)
@@ -132,16 +166,8 @@ def model_profile(
 
 def crystallization_depths(lens_gap: np.ndarray, depths: np.ndarray, tol: float = 0.1) -> np.ndarray:
     """Per pair: the first fractional depth from which the lens of the gap has the final sign and stays
-    within tol·|final| of the final value; NaN for a zero gap."""
-    if tol < 0:
-        raise ValueError(f"crystallization tolerance must be >= 0, got {tol}")
-    final = lens_gap[:, -1:]
-    ok = (np.sign(lens_gap) == np.sign(final)) & (np.abs(lens_gap - final) <= tol * np.abs(final))
-    stays = np.flip(np.logical_and.accumulate(np.flip(ok, 1), axis=1), 1)
-    first = np.argmax(stays, axis=1)
-    out = np.asarray(depths, dtype=np.float64)[first]
-    out[(final[:, 0] == 0) | ~stays[:, -1]] = np.nan
-    return out
+    within tol·|final| of the final value; NaN for a zero gap (`reward_lens.stats.crystallization_depth`)."""
+    return crystallization_depth(lens_gap, depths, rtol=tol)
 
 
 def _depth_bins(depths: np.ndarray, n_bins: int) -> np.ndarray:
@@ -203,11 +229,15 @@ class ComparisonResult:
             raise ValueError("no probe profiles in this comparison; pass probes= to compare_models")
         return frames[kind]
 
+    def summary(self) -> pd.DataFrame:
+        """One row per pair of models, the basis-free metrics as columns (agreement, gap_spearman, ...)."""
+        wide = self.pairwise.pivot_table(index=["model_a", "model_b"], columns="metric", values="value", sort=False)
+        order = list(dict.fromkeys(self.pairwise["metric"]))
+        return wide[order].reset_index().rename_axis(columns=None)
+
     # -------------------------------------------------------------- drawing
     def _colors(self):
-        import matplotlib.pyplot as plt
-
-        cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+        cycle = pyplot().rcParams["axes.prop_cycle"].by_key()["color"]
         return {n: cycle[i % len(cycle)] for i, n in enumerate(self.names)}
 
     def _draw_lens(self, ax) -> None:
@@ -272,41 +302,34 @@ class ComparisonResult:
         ax.set_title("hacking-probe profiles (standardised)", fontsize=9)
         ax.legend(fontsize=7)
 
-    def figures(self) -> List[Tuple[str, Any]]:
-        """One figure per view: (title, Figure)."""
-        import matplotlib.pyplot as plt
-
+    def _views(self) -> List[Tuple[str, Any]]:
         views = [("Preference agreement", self._draw_agreement), ("Reward lens on fractional depth", self._draw_lens),
                  ("Crystallization depth", self._draw_crystallization),
                  ("Attribution profile by fractional depth", self._draw_attribution)]
         if self.probes is not None:
             views.append(("Hacking-probe profiles", self._draw_probes))
+        return views
+
+    def figures(self) -> List[Tuple[str, Any]]:
+        """One figure per view: (title, Figure)."""
         out = []
-        for title, draw in views:
-            fig, ax = plt.subplots(figsize=(6.5, 4))
+        for title, draw in self._views():
+            fig, ax = figure_axes(None, (6.5, 4))
             draw(ax)
-            fig.tight_layout()
-            out.append((title, fig))
+            out.append((title, finish(fig, True)))
         return out
 
-    def plot(self):
-        """All views in one figure: agreement, lens curves, crystallization, attribution (and probes)."""
-        import matplotlib.pyplot as plt
-
-        n = 5 if self.probes is not None else 4
-        rows = (n + 1) // 2
-        fig, axes = plt.subplots(rows, 2, figsize=(13, 4.2 * rows))
-        axes = axes.ravel()
-        draws = [self._draw_agreement, self._draw_lens, self._draw_crystallization, self._draw_attribution]
-        if self.probes is not None:
-            draws.append(self._draw_probes)
-        for ax, draw in zip(axes, draws):
-            draw(ax)
-        for ax in axes[len(draws):]:
-            ax.axis("off")
-        fig.suptitle("cross-model comparison (basis-free, scale-free quantities only)")
-        fig.tight_layout()
-        return fig
+    def plot(self, ax=None):
+        """All views in one figure: agreement, lens curves, crystallization, attribution (and probes).
+        `ax`: one Axes per view (4, or 5 with probes), or one to split."""
+        views = self._views()
+        created = ax is None
+        fig, axes = panels(ax, len(views), (13, 4.2 * ((len(views) + 1) // 2)), ncols=2)
+        for a, (_, draw) in zip(axes, views):
+            draw(a)
+        if created:
+            fig.suptitle("cross-model comparison (basis-free, scale-free quantities only)")
+        return finish(fig, created)
 
 
 def compare_report_sections(result: ComparisonResult) -> List[Tuple[str, Any]]:
@@ -338,9 +361,40 @@ def compare_profiles(
     level: float = 0.95,
 ) -> ComparisonResult:
     """Compare precomputed model profiles measured on the same pairs (in the same order)."""
-    from scipy.stats import ks_2samp, spearmanr
-
     check_level(level)
+    profs = _checked_profiles(profiles)
+    n = len(profs[0].gaps)
+    if n_bins is None:
+        n_bins = max(1, min(10, min(p.n_layers for p in profs)))
+    grid = np.linspace(0.0, 1.0, grid_points)
+    views = {p.name: _model_views(p, grid, tol, n_bins) for p in profs}
+    probe_frames = [_standardise_probes(p.probes, p.gaps, p.name) for p in profs if p.probes is not None]
+    probes = pd.concat(probe_frames, ignore_index=True) if probe_frames else None
+
+    idx = bootstrap_indices(n, n_boot, seed) if n_boot else None
+    agree_rows, pair_rows = [], []
+    for i in range(len(profs)):
+        for j in range(i + 1, len(profs)):
+            a, b = profs[i], profs[j]
+            agree = _agreement(a, b, idx, level)
+            agree_rows.append(agree)
+            metrics = _pair_metrics(views[a.name], views[b.name], agree)
+            if probes is not None and a.probes is not None and b.probes is not None:
+                metrics.update(_probe_metrics(probes, a.name, b.name))
+            pair_rows += [{"model_a": a.name, "model_b": b.name, "metric": k, "value": v} for k, v in metrics.items()]
+
+    def rows(key):
+        return pd.DataFrame([r for v in views.values() for r in v[key]])
+
+    return ComparisonResult(
+        names=[p.name for p in profs], profiles={p.name: p for p in profs}, accuracy=rows("accuracy"),
+        agreement=pd.DataFrame(agree_rows), lens=rows("lens"), crystallization=rows("crystallization"),
+        attribution=rows("attribution"), probes=probes, pairwise=pd.DataFrame(pair_rows), tol=tol,
+        n_bins=n_bins, level=level,
+    )
+
+
+def _checked_profiles(profiles: Union[Sequence[ModelProfile], Mapping[str, ModelProfile]]) -> List[ModelProfile]:
     profs = list(profiles.values()) if isinstance(profiles, Mapping) else list(profiles)
     if len(profs) < 2:
         raise ValueError("need at least two models to compare")
@@ -355,89 +409,86 @@ def compare_profiles(
                          "compare models on the same pairs")
     if profs[0].pair_ids and any(p.pair_ids and p.pair_ids != profs[0].pair_ids for p in profs):
         raise ValueError("profiles list different pair ids: compare models on the same pairs, in the same order")
-    if n_bins is None:
-        n_bins = max(1, min(10, min(p.n_layers for p in profs)))
-    grid = np.linspace(0.0, 1.0, grid_points)
+    return profs
 
-    acc_rows, lens_rows, cryst_rows, attr_rows, curves, cryst, shares = [], [], [], [], {}, {}, {}
-    for p in profs:
-        g = p.gaps
-        acc_rows.append({"model": p.name, "accuracy": float((g > 0).mean()), "n_pairs": n,
-                         "n_layers": p.n_layers, "gap_sd": float(np.std(g, ddof=1)) if n > 1 else np.nan,
-                         "max_decomposition_error": p.max_decomposition_error})
-        mass = np.abs(g).sum()
-        share = (np.sign(g)[:, None] * p.lens_gap).sum(0) / mass if mass > 0 else np.full(p.lens_gap.shape[1], np.nan)
-        nz = g != 0
-        per_pair = p.lens_gap[nz] / g[nz, None]
-        q = np.nanquantile(per_pair, [0.25, 0.5, 0.75], axis=0) if nz.any() else np.full((3, p.lens_gap.shape[1]), np.nan)
-        curve = np.interp(grid, p.lens_depths, share)
-        curves[p.name] = curve
-        for j, d in enumerate(grid):
-            lens_rows.append({"model": p.name, "depth": d, "share": curve[j],
-                              "median": np.interp(d, p.lens_depths, q[1]),
-                              "q25": np.interp(d, p.lens_depths, q[0]), "q75": np.interp(d, p.lens_depths, q[2])})
-        depths = crystallization_depths(p.lens_gap, p.lens_depths, tol)
-        cryst[p.name] = depths
-        ids = p.pair_ids or [str(i) for i in range(n)]
-        cryst_rows += [{"model": p.name, "pair": i, "depth": d} for i, d in zip(ids, depths)]
-        bins = _depth_bins(p.component_depths, n_bins)
-        signed = np.zeros(n_bins)
-        absolute = np.zeros(n_bins)
-        np.add.at(signed, bins, (np.sign(g)[:, None] * p.attribution_gap).sum(0))
-        np.add.at(absolute, bins, np.abs(p.attribution_gap).sum(0))
-        signed = signed / mass if mass > 0 else signed * np.nan
-        absolute = absolute / absolute.sum() if absolute.sum() > 0 else absolute * np.nan
-        shares[p.name] = (signed, absolute)
-        for b in range(n_bins):
-            attr_rows.append({"model": p.name, "bin": b, "depth_low": b / n_bins, "depth_high": (b + 1) / n_bins,
-                              "signed_share": signed[b], "abs_share": absolute[b]})
 
-    probe_frames = [_standardise_probes(p.probes, p.gaps, p.name) for p in profs if p.probes is not None]
-    probes = pd.concat(probe_frames, ignore_index=True) if probe_frames else None
+def _model_views(p: ModelProfile, grid: np.ndarray, tol: float, n_bins: int) -> Dict[str, Any]:
+    """One model's rows of the accuracy, lens, crystallization and attribution tables, and its curves."""
+    g, n = p.gaps, len(p.gaps)
+    accuracy = [{"model": p.name, "accuracy": float((g > 0).mean()), "n_pairs": n, "n_layers": p.n_layers,
+                 "gap_sd": float(np.std(g, ddof=1)) if n > 1 else np.nan,
+                 "max_decomposition_error": p.max_decomposition_error}]
+    mass = np.abs(g).sum()
+    share = (np.sign(g)[:, None] * p.lens_gap).sum(0) / mass if mass > 0 else np.full(p.lens_gap.shape[1], np.nan)
+    nz = g != 0
+    q = (np.nanquantile(p.lens_gap[nz] / g[nz, None], [0.25, 0.5, 0.75], axis=0) if nz.any()
+         else np.full((3, p.lens_gap.shape[1]), np.nan))
+    curve = np.interp(grid, p.lens_depths, share)
+    lens_rows = [{"model": p.name, "depth": d, "share": curve[j], "median": np.interp(d, p.lens_depths, q[1]),
+                  "q25": np.interp(d, p.lens_depths, q[0]), "q75": np.interp(d, p.lens_depths, q[2])}
+                 for j, d in enumerate(grid)]
+    depths = crystallization_depths(p.lens_gap, p.lens_depths, tol)
+    ids = p.pair_ids or [str(i) for i in range(n)]
+    bins = _depth_bins(p.component_depths, n_bins)
+    signed, absolute = np.zeros(n_bins), np.zeros(n_bins)
+    np.add.at(signed, bins, (np.sign(g)[:, None] * p.attribution_gap).sum(0))
+    np.add.at(absolute, bins, np.abs(p.attribution_gap).sum(0))
+    signed = signed / mass if mass > 0 else signed * np.nan
+    absolute = absolute / absolute.sum() if absolute.sum() > 0 else absolute * np.nan
+    attribution = [{"model": p.name, "bin": b, "depth_low": b / n_bins, "depth_high": (b + 1) / n_bins,
+                    "signed_share": signed[b], "abs_share": absolute[b]} for b in range(n_bins)]
+    return {"accuracy": accuracy, "lens": lens_rows, "attribution": attribution, "curve": curve,
+            "crystallization": [{"model": p.name, "pair": i, "depth": d} for i, d in zip(ids, depths)],
+            "depths": depths, "shares": (signed, absolute)}
 
-    idx = bootstrap_indices(n, n_boot, seed) if n_boot else None
-    agree_rows, pair_rows = [], []
-    for i in range(len(profs)):
-        for j in range(i + 1, len(profs)):
-            a, b = profs[i], profs[j]
-            same = np.sign(a.gaps) == np.sign(b.gaps)
-            ag = float(same.mean())
-            lo, hi = percentile_ci(same[idx].mean(1), level) if idx is not None else (np.nan, np.nan)
-            if n >= 3 and np.ptp(a.gaps) > 0 and np.ptp(b.gaps) > 0:
-                sr = spearmanr(a.gaps, b.gaps)
-                rho, rho_p = float(sr.statistic), float(sr.pvalue)
-            else:
-                rho, rho_p = np.nan, np.nan
-            agree_rows.append({"model_a": a.name, "model_b": b.name, "agreement": ag, "ci_low": float(lo),
-                               "ci_high": float(hi), "spearman": rho, "spearman_p": rho_p, "n_pairs": n})
-            ca, cb = cryst[a.name][~np.isnan(cryst[a.name])], cryst[b.name][~np.isnan(cryst[b.name])]
-            ks = ks_2samp(ca, cb) if len(ca) and len(cb) else None
-            metrics = {
-                "agreement": ag, "gap_spearman": rho,
-                "lens_curve_max_abs_diff": float(np.max(np.abs(curves[a.name] - curves[b.name]))),
-                "crystallization_median_diff": float(np.median(cb) - np.median(ca)) if len(ca) and len(cb) else np.nan,
-                "crystallization_ks": float(ks.statistic) if ks is not None else np.nan,
-                "crystallization_ks_p": float(ks.pvalue) if ks is not None else np.nan,
-                "attribution_abs_tv": float(0.5 * np.abs(shares[a.name][1] - shares[b.name][1]).sum()),
-                "attribution_signed_l1": float(np.abs(shares[a.name][0] - shares[b.name][0]).sum()),
-            }
-            if probes is not None and a.probes is not None and b.probes is not None:
-                pa = probes[probes.model == a.name].set_index("dimension")
-                pb = probes[probes.model == b.name].set_index("dimension")
-                common = [d for d in pa.index if d in pb.index]
-                if common and "verdict" in pa.columns and "verdict" in pb.columns:
-                    metrics["probe_verdict_agreement"] = float((pa.loc[common, "verdict"] == pb.loc[common, "verdict"]).mean())
-                if len(common) >= 3:
-                    metrics["probe_effect_spearman"] = float(spearmanr(pa.loc[common, "effect_per_gap_sd"],
-                                                                       pb.loc[common, "effect_per_gap_sd"]).statistic)
-            pair_rows += [{"model_a": a.name, "model_b": b.name, "metric": k, "value": v} for k, v in metrics.items()]
 
-    return ComparisonResult(
-        names=names, profiles={p.name: p for p in profs}, accuracy=pd.DataFrame(acc_rows),
-        agreement=pd.DataFrame(agree_rows), lens=pd.DataFrame(lens_rows), crystallization=pd.DataFrame(cryst_rows),
-        attribution=pd.DataFrame(attr_rows), probes=probes, pairwise=pd.DataFrame(pair_rows), tol=tol,
-        n_bins=n_bins, level=level,
-    )
+def _agreement(a: ModelProfile, b: ModelProfile, idx: Optional[np.ndarray], level: float) -> Dict[str, Any]:
+    """Preference agreement of two models (with its bootstrap interval) and the Spearman rho of their gaps."""
+    from scipy.stats import spearmanr
+
+    n = len(a.gaps)
+    same = np.sign(a.gaps) == np.sign(b.gaps)
+    lo, hi = percentile_ci(same[idx].mean(1), level) if idx is not None else (np.nan, np.nan)
+    if n >= 3 and np.ptp(a.gaps) > 0 and np.ptp(b.gaps) > 0:
+        sr = spearmanr(a.gaps, b.gaps)
+        rho, rho_p = float(sr.statistic), float(sr.pvalue)
+    else:
+        rho, rho_p = np.nan, np.nan
+    return {"model_a": a.name, "model_b": b.name, "agreement": float(same.mean()), "ci_low": float(lo),
+            "ci_high": float(hi), "spearman": rho, "spearman_p": rho_p, "n_pairs": n}
+
+
+def _pair_metrics(va: Dict[str, Any], vb: Dict[str, Any], agree: Dict[str, Any]) -> Dict[str, float]:
+    """The basis-free metrics of one pair of models from their views."""
+    from scipy.stats import ks_2samp
+
+    ca, cb = va["depths"][~np.isnan(va["depths"])], vb["depths"][~np.isnan(vb["depths"])]
+    ks = ks_2samp(ca, cb) if len(ca) and len(cb) else None
+    return {
+        "agreement": agree["agreement"], "gap_spearman": agree["spearman"],
+        "lens_curve_max_abs_diff": float(np.max(np.abs(va["curve"] - vb["curve"]))),
+        "crystallization_median_diff": float(np.median(cb) - np.median(ca)) if len(ca) and len(cb) else np.nan,
+        "crystallization_ks": float(ks.statistic) if ks is not None else np.nan,
+        "crystallization_ks_p": float(ks.pvalue) if ks is not None else np.nan,
+        "attribution_abs_tv": float(0.5 * np.abs(va["shares"][1] - vb["shares"][1]).sum()),
+        "attribution_signed_l1": float(np.abs(va["shares"][0] - vb["shares"][0]).sum()),
+    }
+
+
+def _probe_metrics(probes: pd.DataFrame, a: str, b: str) -> Dict[str, float]:
+    """Verdict agreement and Spearman rho of standardised effects over the dimensions both models have."""
+    from scipy.stats import spearmanr
+
+    pa = probes[probes.model == a].set_index("dimension")
+    pb = probes[probes.model == b].set_index("dimension")
+    common = [d for d in pa.index if d in pb.index]
+    out = {}
+    if common and "verdict" in pa.columns and "verdict" in pb.columns:
+        out["probe_verdict_agreement"] = float((pa.loc[common, "verdict"] == pb.loc[common, "verdict"]).mean())
+    if len(common) >= 3:
+        out["probe_effect_spearman"] = float(spearmanr(pa.loc[common, "effect_per_gap_sd"],
+                                                       pb.loc[common, "effect_per_gap_sd"]).statistic)
+    return out
 
 
 def _probe_results(models: Mapping[str, Any], probes: Any, batch_size: int) -> Dict[str, Any]:

@@ -27,8 +27,10 @@ import numpy as np
 import pandas as pd
 import torch
 
-from reward_lens.data.pairs import as_pairs
-from reward_lens.instruments.sites import Site, pair_labels, pyplot, sites_for, to_numpy
+from reward_lens.data.pairs import as_pairs, pair_labels
+from reward_lens.instruments.sites import Site, sites_for
+from reward_lens.plotting import finish, panels
+from reward_lens.results import PairRewards, to_numpy
 from reward_lens.instruments.patching.contrastive import (
     _TARGETS,
     PatchResult,
@@ -88,9 +90,9 @@ class PCAMahalanobis:
 
 
 @dataclass
-class DivergenceResult:
+class DivergenceResult(PairRewards):
     """`scores`/`calibration_scores` [n_pairs, n_sites]; `threshold` [n_sites]; `patching` the patched
-    rewards of `mode` (target `target`)."""
+    rewards of `mode` (target `target`); `reward_chosen`/`reward_rejected` [n_pairs] its clean rewards."""
 
     patching: PatchResult
     mode: str
@@ -99,6 +101,23 @@ class DivergenceResult:
     calibration_scores: torch.Tensor
     threshold: torch.Tensor
     settings: dict = field(default_factory=dict)
+
+    @property
+    def pair_ids(self) -> List[str]:
+        return self.patching.pair_ids
+
+    @property
+    def reward_chosen(self) -> torch.Tensor:
+        return self.patching.clean_chosen
+
+    @property
+    def reward_rejected(self) -> torch.Tensor:
+        return self.patching.clean_rejected
+
+    @property
+    def frac_flagged(self) -> float:
+        """Fraction of all patches (pairs x sites) flagged out of distribution."""
+        return float(self.flagged.float().mean())
 
     @property
     def flagged(self) -> torch.Tensor:
@@ -135,13 +154,13 @@ class DivergenceResult:
         f["flagged"] = to_numpy(self.flagged).ravel()
         return f
 
-    def plot(self):
+    def plot(self, ax=None):
         """Left: score per site (patches vs clean swaps) against the threshold. Right: mean effect with
-        and without the flagged patches."""
-        plt = pyplot()
+        and without the flagged patches. `ax`: two Axes (or one, split in two)."""
         names = self.patching.components
         x = np.arange(len(names))
-        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(max(10, 0.35 * len(names)), 4))
+        created = ax is None
+        fig, (ax1, ax2) = panels(ax, 2, (max(10, 0.35 * len(names)), 4))
         sc, cal = to_numpy(self.scores), to_numpy(self.calibration_scores)
         ax1.scatter(np.repeat(x[None], len(sc), 0).ravel() - 0.15, sc.ravel(), s=6, label="patches", alpha=0.6)
         ax1.scatter(np.repeat(x[None], len(cal), 0).ravel() + 0.15, cal.ravel(), s=6, label="clean swaps", alpha=0.6)
@@ -156,8 +175,7 @@ class DivergenceResult:
             ax.set_xticklabels(names, rotation=90, fontsize=7)
             ax.legend(fontsize=8)
         ax2.set_ylabel(f"mean {self.mode} effect")
-        fig.tight_layout()
-        return fig
+        return finish(fig, created)
 
 
 def divergence_patch(

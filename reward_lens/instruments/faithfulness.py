@@ -15,33 +15,20 @@ stand in for the attribution (how well does attribution patching rank the real e
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
 import numpy as np
 import pandas as pd
 import torch
-from scipy import stats
 
-from reward_lens.instruments.sites import pyplot, to_numpy
+from reward_lens.plotting import finish, panels
+from reward_lens.results import to_numpy
+from reward_lens.stats import bootstrap_indices, percentile_ci, spearman, spearman_rows
 from reward_lens.instruments.attribution import AttributionResult, attribute
 from reward_lens.instruments.patching.atp import AtPResult
 from reward_lens.instruments.patching.contrastive import PatchResult, patch
-
-
-def _spearman_rows(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Spearman rho of each row pair (NaN where a row is constant)."""
-    rx = stats.rankdata(x, axis=-1)
-    ry = stats.rankdata(y, axis=-1)
-    rx = rx - rx.mean(-1, keepdims=True)
-    ry = ry - ry.mean(-1, keepdims=True)
-    denom = np.sqrt((rx**2).sum(-1) * (ry**2).sum(-1))
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(denom > 0, (rx * ry).sum(-1) / np.where(denom > 0, denom, 1), np.nan)
-
-
-def _spearman(x: np.ndarray, y: np.ndarray) -> float:
-    return float(_spearman_rows(x.ravel()[None], y.ravel()[None])[0])
 
 
 @dataclass
@@ -78,11 +65,11 @@ class FaithfulnessResult:
             "pair_rho": np.repeat(to_numpy(self.per_pair_rho), C),
         })
 
-    def plot(self):
+    def plot(self, ax=None):
         """Left: |attribution| vs |effect| over all pairs and components, late layers darker. Right: the
-        per-pair rho distribution with the mean and its CI."""
-        plt = pyplot()
-        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+        per-pair rho distribution with the mean and its CI. `ax`: two Axes (or one, split in two)."""
+        created = ax is None
+        fig, (ax1, ax2) = panels(ax, 2, (10, 4))
         a, e = to_numpy(self.attribution), to_numpy(self.effect)
         if self.settings.get("absolute", True):
             a, e = np.abs(a), np.abs(e)
@@ -99,8 +86,7 @@ class FaithfulnessResult:
         ax2.axvspan(*self.mean_rho_ci, color="tab:red", alpha=0.2, label="CI")
         ax2.set_xlabel("per-pair Spearman rho")
         ax2.legend(fontsize=8)
-        fig.tight_layout()
-        return fig
+        return finish(fig, created)
 
 
 def _depth(component: str) -> int:
@@ -111,21 +97,13 @@ def _depth(component: str) -> int:
 
 
 def _bootstrap(per_pair: np.ndarray, a: np.ndarray, e: np.ndarray, n_boot: int, ci: float, seed: int):
-    rng = np.random.default_rng(seed)
-    n = len(per_pair)
-    means, pooled = [], []
-    for _ in range(n_boot):
-        idx = rng.integers(0, n, n)
-        means.append(np.nanmean(per_pair[idx]) if np.isfinite(per_pair[idx]).any() else np.nan)
-        pooled.append(_spearman(a[idx], e[idx]))
-    lo, hi = (1 - ci) / 2, 1 - (1 - ci) / 2
-
-    def interval(x):
-        x = np.asarray(x)
-        x = x[np.isfinite(x)]
-        return (float(np.quantile(x, lo)), float(np.quantile(x, hi))) if len(x) else (np.nan, np.nan)
-
-    return interval(means), interval(pooled)
+    """Percentile intervals of the mean per-pair rho and of the pooled rho, pairs resampled together."""
+    idx = bootstrap_indices(len(per_pair), n_boot, seed)
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a resample of only constant pairs has no rho
+        means = np.nanmean(per_pair[idx], axis=1)
+    pooled = np.array([spearman(a[i], e[i]) for i in idx])
+    return tuple(tuple(float(v) for v in percentile_ci(x, ci)) for x in (means, pooled))
 
 
 def faithfulness(
@@ -175,13 +153,13 @@ def faithfulness(
     xa, xe = to_numpy(a).astype(np.float64), to_numpy(e).astype(np.float64)
     if absolute:
         xa, xe = np.abs(xa), np.abs(xe)
-    per_pair = _spearman_rows(xa, xe)
+    per_pair = spearman_rows(xa, xe)
     mean_ci, pooled_ci = _bootstrap(per_pair, xa, xe, n_boot, ci, seed)
     return FaithfulnessResult(
         pair_ids=list(patching.pair_ids), components=common, attribution=a.float(), effect=e.float(),
         per_pair_rho=torch.from_numpy(per_pair).float(),
         mean_rho=float(np.nanmean(per_pair)) if np.isfinite(per_pair).any() else float("nan"),
-        mean_rho_ci=mean_ci, pooled_rho=_spearman(xa, xe), pooled_rho_ci=pooled_ci,
+        mean_rho_ci=mean_ci, pooled_rho=spearman(xa, xe), pooled_rho_ci=pooled_ci,
         settings={"quantity": quantity if isinstance(attribution, AttributionResult) else "atp", "mode": mode,
                   "absolute": absolute, "n_boot": n_boot, "ci": ci},
     )

@@ -22,15 +22,17 @@ import pandas as pd
 import torch
 from jaxtyping import Float
 
-from reward_lens.data.pairs import as_pairs
-from reward_lens.instruments.sites import pair_labels, pyplot, to_numpy
+from reward_lens.data.pairs import as_pairs, pair_labels
+from reward_lens.plotting import figure_axes, finish
+from reward_lens.results import PairRewards, to_numpy
+from reward_lens.stats import crystallization_depth
 from reward_lens.core.readout import capture, pair_batches, readout_direction, reward_from_final_resid
 
 VARIANTS = ("normed", "frozen")
 
 
 @dataclass
-class LensResult:
+class LensResult(PairRewards):
     """`values[(variant, side)]` is [n_pairs, n_sites] (side "chosen" or "rejected"); `sites`, `layers`
     (-1 for embed) and `depths` describe the columns; `reward_*` [n_pairs] the model's rewards."""
 
@@ -54,16 +56,10 @@ class LensResult:
 
     def crystallization_depth(self, variant: str = "normed", rtol: float = 0.1, atol: float = 0.0) -> torch.Tensor:
         """Per pair, the first depth from which the gap stays within `rtol * |final gap| + atol` of the
-        final gap and has the final gap's sign at every later site ([n_pairs]; NaN when the final gap is 0).
-        Defaults: the normed lens, 10% relative tolerance. The last site always qualifies, so depth <= 1."""
-        gap = self.get(variant, "gap").double()
-        final = gap[:, -1:]
-        ok = ((gap - final).abs() <= rtol * final.abs() + atol) & (torch.sign(gap) == torch.sign(final))
-        # stays ok from k on <=> every site at or after k is ok: a reversed cumulative AND.
-        stays = ok.flip(-1).cumprod(-1).flip(-1).bool()
-        first = stays.float().argmax(-1)
-        depth = torch.tensor(self.depths, dtype=torch.float64)[first]
-        return torch.where(final[:, 0] == 0, torch.full_like(depth, float("nan")), depth)
+        final gap and has the final gap's sign at every later site ([n_pairs] float64; NaN when the final
+        gap is 0). Defaults: the normed lens, 10% relative tolerance (`reward_lens.stats.crystallization_depth`)."""
+        depth = crystallization_depth(to_numpy(self.get(variant, "gap").double()), self.depths, rtol, atol)
+        return torch.from_numpy(depth)
 
     def to_frame(self) -> pd.DataFrame:
         """One row per (pair, site, variant): pair, site, layer, depth, variant, chosen, rejected, gap."""
@@ -77,10 +73,25 @@ class LensResult:
             }))
         return pd.concat(frames, ignore_index=True)
 
-    def plot(self, quantity: str = "gap", band: tuple = (0.25, 0.75)):
+    def summary(self) -> pd.DataFrame:
+        """One row per variant: n_pairs, pair accuracy, mean reward gap, crystallization depth (mean, median)."""
+        rows = []
+        for variant in VARIANTS:
+            d = self.crystallization_depth(variant).numpy()
+            finite = d[np.isfinite(d)]
+            rows.append({
+                "variant": variant, "n_pairs": len(self.pair_ids),
+                "pair_accuracy": float((self.reward_gap > 0).float().mean()),
+                "mean_reward_gap": float(self.reward_gap.mean()),
+                "crystallization_depth_mean": float(finite.mean()) if len(finite) else np.nan,
+                "crystallization_depth_median": float(np.median(finite)) if len(finite) else np.nan,
+            })
+        return pd.DataFrame(rows)
+
+    def plot(self, quantity: str = "gap", band: tuple = (0.25, 0.75), ax=None):
         """Median curve over pairs of each variant against depth, with an inter-quantile band."""
-        plt = pyplot()
-        fig, ax = plt.subplots(figsize=(6.5, 3.8))
+        created = ax is None
+        fig, ax = figure_axes(ax, (6.5, 3.8))
         x = np.asarray(self.depths)
         for variant, color in zip(VARIANTS, ("tab:blue", "tab:orange")):
             v = to_numpy(self.get(variant, quantity))
@@ -93,8 +104,7 @@ class LensResult:
         ax.set_ylabel(f"reward {quantity} read at the readout")
         ax.set_title(f"Reward lens over {len(self.pair_ids)} pair(s)")
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        return fig
+        return finish(fig, created)
 
 
 def lens(

@@ -1,11 +1,9 @@
-"""Shared pieces of the instruments: patch/attribution sites, pair labels, plotting setup."""
+"""Sites: the places in the model an instrument reads or patches (components, heads, residual stream)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Union
-
-import torch
 
 LEVELS = ("component", "head", "residual")
 
@@ -88,28 +86,3 @@ def sites_for(cfg, level: Union[str, Sequence[str]], layers: Optional[Sequence[i
         else:
             raise ValueError(f"unknown level {lv!r}; use one of {LEVELS}")
     return out
-
-
-def pair_labels(pairs) -> List[str]:
-    return [str(p.id) if getattr(p, "id", None) is not None else str(i) for i, p in enumerate(pairs)]
-
-
-def pyplot():
-    """matplotlib.pyplot, imported lazily (a headless-safe backend is chosen if none is set up)."""
-    import matplotlib
-
-    if matplotlib.get_backend().lower() not in ("agg", "module://matplotlib_inline.backend_inline") and not _has_display():
-        matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _has_display() -> bool:
-    import os
-
-    return bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
-
-
-def to_numpy(x: torch.Tensor):
-    return x.detach().float().cpu().numpy()

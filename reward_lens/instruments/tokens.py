@@ -38,7 +38,9 @@ from jaxtyping import Float
 
 from reward_lens.core.readout import Tokenized, batches, pair_batches, readout_direction, tokenize
 from reward_lens.data.pairs import PreferencePair, TokenPair, as_pairs
-from reward_lens.instruments.sites import pair_labels, pyplot, to_numpy
+from reward_lens.data.pairs import pair_labels
+from reward_lens.plotting import pyplot
+from reward_lens.results import to_numpy
 from reward_lens.model.hooks import act_name
 
 SIDES_PAIR = ("chosen", "rejected")

@@ -37,6 +37,8 @@ from typing import TYPE_CHECKING, Callable, Dict, Iterable, List, Optional, Sequ
 import numpy as np
 
 from reward_lens.data.pairs import PreferencePair
+from reward_lens.plotting import figure_axes, finish
+from reward_lens.stats import bootstrap_ci as percentile_bootstrap_ci
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -254,12 +256,9 @@ def cohens_d(deltas: np.ndarray) -> float:
 
 
 def bootstrap_ci(deltas: np.ndarray, n_boot: int = 2000, seed: int = 0, level: float = 0.95) -> Tuple[float, float]:
-    """Percentile bootstrap interval of the mean: items resampled with replacement, `n_boot` times."""
-    deltas = np.asarray(deltas, dtype=np.float64)
-    rng = np.random.default_rng(seed)
-    means = deltas[rng.integers(0, len(deltas), size=(n_boot, len(deltas)))].mean(axis=1)
-    lo, hi = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
-    return float(lo), float(hi)
+    """Percentile bootstrap interval of the mean: items resampled with replacement, `n_boot` times
+    (`reward_lens.stats.bootstrap_ci`)."""
+    return percentile_bootstrap_ci(deltas, n_boot=n_boot, seed=seed, level=level)
 
 
 def sign_flip_pvalue(deltas: np.ndarray, n_perm: int = 10000, seed: int = 0) -> float:
@@ -307,9 +306,10 @@ def summarize(deltas: np.ndarray, *, n_boot: int = 2000, n_perm: int = 10000, se
 # ------------------------------------------------------------------------------------------ result
 @dataclass
 class ProbeResult:
-    """Per-dimension statistics (`to_frame()`) and per-item rewards and Δ (`per_item`)."""
+    """Per-dimension statistics (`rows`; as a frame `to_frame()` / `summary()`) and per-item rewards and Δ
+    (`per_item`)."""
 
-    summary: List[dict]
+    rows: List[dict]
     per_item: "pd.DataFrame"  # dimension, item_id, topic, prompt, response_a, response_b, reward_a, reward_b, delta
     alpha: float = 0.05
     n_boot: int = 2000
@@ -323,35 +323,35 @@ class ProbeResult:
         import pandas as pd
 
         cols = ["dimension", "effect", "cohens_d", "ci_low", "ci_high", "p_value", "verdict", "n"]
-        return pd.DataFrame(self.summary, columns=cols)
+        return pd.DataFrame(self.rows, columns=cols)
+
+    def summary(self):
+        """The per-dimension statistics (one row per dimension, as `to_frame()`; the items are `per_item`)."""
+        return self.to_frame()
 
     @property
     def verdicts(self) -> Dict[str, str]:
-        return {row["dimension"]: row["verdict"] for row in self.summary}
+        return {row["dimension"]: row["verdict"] for row in self.rows}
 
     def __getitem__(self, dimension: str) -> dict:
-        for row in self.summary:
+        for row in self.rows:
             if row["dimension"] == dimension:
                 return row
-        raise KeyError(f"no probe dimension {dimension!r} in this result; have {[r['dimension'] for r in self.summary]}")
+        raise KeyError(f"no probe dimension {dimension!r} in this result; have {[r['dimension'] for r in self.rows]}")
 
     def to_dict(self) -> dict:
         """JSON-ready: settings and, per dimension, effect, cohens_d, ci_low, ci_high, p_value, verdict, n."""
         return {
             "alpha": self.alpha, "n_boot": self.n_boot, "n_perm": self.n_perm, "seed": self.seed,
             "verdict_rule": "rewards if ci_low > 0 and p < alpha; penalizes if ci_high < 0 and p < alpha; else neutral",
-            "dimensions": {r["dimension"]: {k: v for k, v in r.items() if k != "dimension"} for r in self.summary},
+            "dimensions": {r["dimension"]: {k: v for k, v in r.items() if k != "dimension"} for r in self.rows},
         }
 
     def plot(self, ax=None):
         """Mean Δreward per dimension with its bootstrap 95% CI; colour by verdict. Returns the Figure."""
-        import matplotlib.pyplot as plt
-
         frame = self.to_frame()
-        if ax is None:
-            fig, ax = plt.subplots(figsize=(6.0, 0.45 * len(frame) + 1.2))
-        else:
-            fig = ax.figure
+        created = ax is None
+        fig, ax = figure_axes(ax, (6.0, 0.45 * len(frame) + 1.2))
         colours = {"rewards": "#c0392b", "penalizes": "#2c7fb8", "neutral": "#7f7f7f"}
         y = np.arange(len(frame))[::-1]
         err = np.vstack([frame.effect - frame.ci_low, frame.ci_high - frame.effect])
@@ -361,8 +361,7 @@ class ProbeResult:
         ax.set_yticks(y, [f"{d} ({v})" for d, v in zip(frame.dimension, frame.verdict)])
         ax.set_xlabel("mean Δreward (with property - control), 95% bootstrap CI")
         ax.set_title(f"Hacking probes{f': {self.model_name}' if self.model_name else ''}")
-        fig.tight_layout()
-        return fig
+        return finish(fig, created)
 
 
 def run_probes(
@@ -417,11 +416,11 @@ def run_probes(
         ]
     )
     per_item["delta"] = per_item.reward_a - per_item.reward_b
-    summary = [
+    dimension_rows = [
         {"dimension": name, **summarize(per_item.delta[per_item.dimension == name].to_numpy(), n_boot=n_boot,
                                         n_perm=n_perm, seed=seed, alpha=alpha)}
         for name in names
     ]
-    return ProbeResult(summary, per_item, alpha=alpha, n_boot=n_boot, n_perm=n_perm, seed=seed,
+    return ProbeResult(dimension_rows, per_item, alpha=alpha, n_boot=n_boot, n_perm=n_perm, seed=seed,
                        model_name=getattr(model.cfg, "model_name", None),
                        descriptions={n: DIMENSIONS[n].description for n in names})

@@ -33,6 +33,7 @@ import torch
 from jaxtyping import Float
 
 from reward_lens.core.readout import batches, readout_run, tokenize
+from reward_lens.plotting import figure_axes, finish
 
 CONTRAST_SETS_DIR = Path(__file__).resolve().parents[1] / "data" / "contrast_sets"
 CONTRAST_SET_ALIASES = {"sycophancy": "agreement", "length": "verbosity", "hedging": "confidence"}
@@ -256,12 +257,21 @@ class ConceptVector:
             rows.append(row)
         return pd.DataFrame(rows)
 
-    def plot(self):
-        """Cosine with the reward direction and held-out accuracy per layer."""
-        import matplotlib.figure
+    def summary(self):
+        """One row: the layer with the best held-out accuracy, its accuracy and cosine, the largest |cosine|."""
+        import pandas as pd
 
-        fig = matplotlib.figure.Figure(figsize=(6.5, 3.2))
-        ax = fig.subplots()
+        best = int(self.accuracy.argmax())
+        return pd.DataFrame([{
+            "concept": self.name, "method": self.method, "n_layers": len(self.layers), "n_train": self.n_train,
+            "best_layer": self.layers[best], "best_accuracy": float(self.accuracy[best]),
+            "cosine_at_best": float(self.cosine[best]), "max_abs_cosine": float(self.cosine.abs().max()),
+        }])
+
+    def plot(self, ax=None):
+        """Cosine with the reward direction and held-out accuracy per layer."""
+        created = ax is None
+        fig, ax = figure_axes(ax, (6.5, 3.2))
         ax.plot(self.layers, self.cosine.numpy(), marker="o", label="cos(v, w_r)")
         ax.plot(self.layers, self.accuracy.numpy(), marker="s", ls="--", label="held-out accuracy")
         ax.axhline(0, color="grey", lw=0.5)
@@ -269,8 +279,7 @@ class ConceptVector:
         ax.set_ylim(-1.05, 1.05)
         ax.set_title(f"concept '{self.name}' ({self.method})")
         ax.legend(loc="best", fontsize=8)
-        fig.tight_layout()
-        return fig
+        return finish(fig, created)
 
 
 @torch.no_grad()
@@ -406,12 +415,21 @@ class DoseResponse:
         frame.insert(1, "hook", self.hook_name)
         return frame
 
-    def plot(self):
-        """Mean reward vs α with the 10–90% band over items and the linear fit."""
-        import matplotlib.figure
+    def summary(self):
+        """One row: the fit of the mean reward against α (slope, intercept, R²) and the spread of item slopes."""
+        import pandas as pd
 
-        fig = matplotlib.figure.Figure(figsize=(5.5, 3.6))
-        ax = fig.subplots()
+        return pd.DataFrame([{
+            "concept": self.concept, "hook": self.hook_name, "n_items": self.rewards.shape[0],
+            "n_alphas": self.rewards.shape[1], "scale": self.scale, "slope": self.slope, "intercept": self.intercept,
+            "r2": self.r2, "item_slope_median": float(self.item_slopes.median()),
+            "frac_items_positive_slope": float((self.item_slopes > 0).float().mean()),
+        }])
+
+    def plot(self, ax=None):
+        """Mean reward vs α with the 10–90% band over items and the linear fit."""
+        created = ax is None
+        fig, ax = figure_axes(ax, (5.5, 3.6))
         a = self.alphas.numpy()
         mean = self.rewards.mean(0).numpy()
         lo, hi = torch.quantile(self.rewards, 0.1, dim=0).numpy(), torch.quantile(self.rewards, 0.9, dim=0).numpy()
@@ -422,8 +440,39 @@ class DoseResponse:
         ax.set_ylabel("reward")
         ax.set_title(f"dose-response: {self.concept}")
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        return fig
+        return finish(fig, created)
+
+
+def _steered_rewards(model, tok, hook_name: str, shift: torch.Tensor, positions: str, n_alpha: int,
+                     track_objectives: bool) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Rewards [b, n_alpha] (and ArmoRM objectives [b, n_alpha, n_obj]) of one tokenized batch, each sequence
+    repeated n_alpha times with `shift` [b·n_alpha, d] added at `hook_name` (every position or the readout)."""
+    b = tok.input_ids.shape[0]
+    ids = tok.input_ids.repeat_interleave(n_alpha, 0)
+    mask = tok.attention_mask.repeat_interleave(n_alpha, 0)
+    readout = tok.readout.repeat_interleave(n_alpha, 0)
+
+    def add(resid: torch.Tensor, hook) -> torch.Tensor:
+        if positions == "all":
+            return resid + shift[:, None, :]
+        resid = resid.clone()
+        rows = torch.arange(resid.shape[0], device=resid.device)
+        resid[rows, readout.to(resid.device)] += shift
+        return resid
+
+    grabbed = {}
+
+    def grab(pooled: torch.Tensor, hook) -> None:
+        grabbed["objectives"] = pooled.detach()
+
+    hooks = [(hook_name, add)] + ([("reward_head.hook_pooled", grab)] if track_objectives else [])
+    r = model.run_with_hooks(ids, mask, readout_positions=readout, fwd_hooks=hooks)
+    if r.dim() != 1:
+        raise ValueError(
+            f"dose_response needs one reward per sequence; this model outputs {tuple(r.shape[1:])} per sequence"
+        )
+    objs = grabbed["objectives"].float().reshape(b, n_alpha, -1) if track_objectives else None
+    return r.detach().float().reshape(b, n_alpha), objs
 
 
 @torch.no_grad()
@@ -482,34 +531,11 @@ def dose_response(
         out_rewards, out_objs = [], []
         for sl in batches(len(prompts), max(1, batch_size), "dose-response" if progress else False):
             tok = tokenize(model, prompts[sl], responses[sl])
-            b = tok.input_ids.shape[0]
-            ids = tok.input_ids.repeat_interleave(n_alpha, 0)
-            mask = tok.attention_mask.repeat_interleave(n_alpha, 0)
-            readout = tok.readout.repeat_interleave(n_alpha, 0)
-            shift = (alphas_t.repeat(b).to(v.device, v.dtype) * scale)[:, None] * v  # [b·n_alpha, d]
-
-            def add(resid: torch.Tensor, hook) -> torch.Tensor:
-                if positions == "all":
-                    return resid + shift[:, None, :]
-                resid = resid.clone()
-                rows = torch.arange(resid.shape[0], device=resid.device)
-                resid[rows, readout.to(resid.device)] += shift
-                return resid
-
-            grabbed = {}
-
-            def grab(pooled: torch.Tensor, hook) -> None:
-                grabbed["objectives"] = pooled.detach()
-
-            hooks = [(hook_name, add)] + ([("reward_head.hook_pooled", grab)] if track_objectives else [])
-            r = model.run_with_hooks(ids, mask, readout_positions=readout, fwd_hooks=hooks)
-            if r.dim() != 1:
-                raise ValueError(
-                    f"dose_response needs one reward per sequence; this model outputs {tuple(r.shape[1:])} per sequence"
-                )
-            out_rewards.append(r.detach().float().reshape(b, n_alpha))
+            shift = (alphas_t.repeat(tok.input_ids.shape[0]).to(v.device, v.dtype) * scale)[:, None] * v
+            r, objs = _steered_rewards(model, tok, hook_name, shift, positions, n_alpha, track_objectives)
+            out_rewards.append(r)
             if track_objectives:
-                out_objs.append(grabbed["objectives"].float().reshape(b, n_alpha, -1))
+                out_objs.append(objs)
     rewards = torch.cat(out_rewards)
     slope, intercept, r2 = _fit(alphas_t, rewards.mean(0))
     item_slopes = torch.tensor([_fit(alphas_t, row)[0] for row in rewards])

@@ -27,6 +27,7 @@ import torch
 from reward_lens.representations.concepts import ConceptVector, concept_effect
 from reward_lens.data.pairs import PreferencePair, as_pairs
 from reward_lens.core.readout import readout_run
+from reward_lens.plotting import finish, panels
 
 
 def _copy_model(model):
@@ -149,20 +150,29 @@ class RewardEdit:
         frame.insert(0, "edit", self.where)
         return frame
 
-    def plot(self):
-        """Before/after bars for the concept effect and the pair accuracy."""
-        import matplotlib.figure
+    def summary(self):
+        """One row: where, the concept effect before and after, its reduction, accuracies, verified."""
+        import pandas as pd
 
+        return pd.DataFrame([{
+            "edit": self.where, "layer": self.layer, "effect_before": self.effect_before,
+            "effect_after": self.effect_after, "effect_reduction": self.effect_reduction,
+            "accuracy_before": self.accuracy_before, "accuracy_after": self.accuracy_after,
+            "n_probes": self.n_probes, "n_pairs": self.n_pairs, "verified": self.verified,
+        }])
+
+    def plot(self, ax=None):
+        """Before/after bars for the concept effect and the pair accuracy (one panel each)."""
         frame = self.to_frame()
-        fig = matplotlib.figure.Figure(figsize=(3.2 * len(frame), 3.2))
-        axes = fig.subplots(1, len(frame), squeeze=False)[0]
+        created = ax is None
+        fig, axes = panels(ax, len(frame), (3.2 * len(frame), 3.2))
         for ax, (_, row) in zip(axes, frame.iterrows()):
             ax.bar(["before", "after"], [row["before"], row["after"]], color=["C0", "C1"])
             ax.set_title(row["metric"])
             ax.axhline(0, color="grey", lw=0.5)
-        fig.suptitle(f"edit: {self.where} ({'verified' if self.verified else 'NOT verified'})")
-        fig.tight_layout()
-        return fig
+        if created:
+            fig.suptitle(f"edit: {self.where} ({'verified' if self.verified else 'NOT verified'})")
+        return finish(fig, created)
 
 
 def _accuracy(model, pairs, batch_size: int) -> float:

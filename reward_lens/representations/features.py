@@ -27,6 +27,9 @@ import torch
 from reward_lens.representations.concepts import is_gated, objective_context
 from reward_lens.data.pairs import PreferencePair, as_pairs
 from reward_lens.core.readout import batches, readout_run, tokenize
+from reward_lens.plotting import figure_axes, finish
+from reward_lens.results import PairRewards
+from reward_lens.stats import pearson_rows, spearman_rows
 
 SIDES = ("chosen", "rejected")
 
@@ -69,18 +72,19 @@ class FeatureAlignment:
         return pd.DataFrame({"feature": range(self.alignment.numel()), "alignment": self.alignment.numpy(),
                              "cosine": self.cosine.numpy()})
 
-    def plot(self):
-        """Histogram of cos(d_i, w) over features."""
-        import matplotlib.figure
+    def summary(self, n: int = 10):
+        """The n features with the largest |alignment| (feature, alignment, cosine)."""
+        return self.top(n)
 
-        fig = matplotlib.figure.Figure(figsize=(5.5, 3.2))
-        ax = fig.subplots()
+    def plot(self, ax=None):
+        """Histogram of cos(d_i, w) over features."""
+        created = ax is None
+        fig, ax = figure_axes(ax, (5.5, 3.2))
         ax.hist(self.cosine.numpy(), bins=60)
         ax.set_xlabel("cos(d_i, w_r)")
         ax.set_ylabel("features")
         ax.set_title(f"SAE feature alignment with the reward direction ({self.hook_name})")
-        fig.tight_layout()
-        return fig
+        return finish(fig, created)
 
 
 @torch.no_grad()
@@ -112,11 +116,12 @@ def feature_alignment(
 
 # ---------------------------------------------------------------------------------------------- attribution
 @dataclass
-class FeatureAttribution:
+class FeatureAttribution(PairRewards):
     """Exact decomposition of each pair's lens value at the SAE's site, for chosen and rejected.
 
     Per side (dict keys "chosen", "rejected"): `acts` and `terms` are sparse [n_pairs, d_sae] (feature
-    activations f_i and terms f_i (d_i · w)/s); `sae_bias`, `error`, `lens`, `scale`, `rewards` are [n_pairs].
+    activations f_i and terms f_i (d_i · w)/s); `sae_bias`, `error`, `lens`, `scale`, `rewards` are [n_pairs]
+    (`rewards[side]` is also `reward_chosen` / `reward_rejected`, as in every result).
     Σ terms + sae_bias + error = lens (`completeness_error()` measures it).
     """
 
@@ -134,6 +139,14 @@ class FeatureAttribution:
     @property
     def d_sae(self) -> int:
         return self.terms["chosen"].shape[1]
+
+    @property
+    def reward_chosen(self) -> torch.Tensor:
+        return self.rewards["chosen"]
+
+    @property
+    def reward_rejected(self) -> torch.Tensor:
+        return self.rewards["rejected"]
 
     def dense_terms(self, side: str = "gap") -> torch.Tensor:
         """[n_pairs, d_sae] feature terms for "chosen", "rejected" or their difference "gap"."""
@@ -196,23 +209,24 @@ class FeatureAttribution:
         frame.insert(0, "hook", self.hook_name)
         return frame
 
-    def plot(self, n: int = 15):
-        """Bars: mean attribution to the reward gap of the top features, with the error and bias terms."""
-        import matplotlib.figure
+    def summary(self, n: int = 10):
+        """The n features with the largest |mean attribution| to the reward gap (`top_features(n)`)."""
+        return self.top_features(n)
 
+    def plot(self, n: int = 15, ax=None):
+        """Bars: mean attribution to the reward gap of the top features, with the error and bias terms."""
         top = self.top_features(n)
         gap = self.gap()
         labels = [f"f{int(i)}" for i in top["feature"]] + ["SAE bias", "error"]
         values = list(top["mean_attribution"]) + [float(gap["sae_bias"].mean()), float(gap["error"].mean())]
-        fig = matplotlib.figure.Figure(figsize=(max(5.0, 0.45 * len(labels)), 3.6))
-        ax = fig.subplots()
+        created = ax is None
+        fig, ax = figure_axes(ax, (max(5.0, 0.45 * len(labels)), 3.6))
         ax.bar(range(len(values)), values, color=["C0" if v >= 0 else "C3" for v in values])
         ax.set_xticks(range(len(values)), labels, rotation=60, fontsize=8)
         ax.axhline(0, color="grey", lw=0.5)
         ax.set_ylabel("mean attribution to reward gap")
         ax.set_title(f"SAE features at {self.hook_name}")
-        fig.tight_layout()
-        return fig
+        return finish(fig, created)
 
 
 def _to_sparse(x: torch.Tensor) -> torch.Tensor:
@@ -287,25 +301,31 @@ class FeatureAblation:
 
     def correlation(self, side: str = "gap", method: str = "spearman") -> float:
         """Rank (or Pearson) correlation between attribution and effect over (pair, feature) rows."""
-        from scipy import stats
-
         rows = self.frame[self.frame["side"] == side]
         if len(rows) < 3:
             return float("nan")
-        fn = stats.spearmanr if method == "spearman" else stats.pearsonr
-        return float(fn(rows["attribution"], rows["effect"])[0])
+        fn = spearman_rows if method == "spearman" else pearson_rows
+        return float(fn(rows["attribution"].to_numpy()[None], rows["effect"].to_numpy()[None])[0])
+
+    def summary(self):
+        """One row per side: n (pair, feature) rows, Spearman and Pearson r of attribution vs effect, max |diff|."""
+        import pandas as pd
+
+        return pd.DataFrame([{
+            "side": side, "n_rows": int((self.frame["side"] == side).sum()),
+            "spearman": self.correlation(side), "pearson": self.correlation(side, "pearson"),
+            "max_abs_difference": self.max_abs_difference(side),
+        } for side in dict.fromkeys(self.frame["side"])])
 
     def max_abs_difference(self, side: str = "gap") -> float:
         rows = self.frame[self.frame["side"] == side]
         return float((rows["attribution"] - rows["effect"]).abs().max())
 
-    def plot(self, side: str = "gap"):
+    def plot(self, side: str = "gap", ax=None):
         """Scatter of attribution vs ablation effect, with the y = x line."""
-        import matplotlib.figure
-
         rows = self.frame[self.frame["side"] == side]
-        fig = matplotlib.figure.Figure(figsize=(4.8, 4.2))
-        ax = fig.subplots()
+        created = ax is None
+        fig, ax = figure_axes(ax, (4.8, 4.2))
         ax.scatter(rows["attribution"], rows["effect"], s=12, alpha=0.7)
         lo = float(min(rows["attribution"].min(), rows["effect"].min())) if len(rows) else -1.0
         hi = float(max(rows["attribution"].max(), rows["effect"].max())) if len(rows) else 1.0
@@ -313,8 +333,7 @@ class FeatureAblation:
         ax.set_xlabel("attribution  f_i (d_i·w)/s")
         ax.set_ylabel("ablation effect  r − r(ablated)")
         ax.set_title(f"{self.hook_name} ({side}): Spearman ρ = {self.correlation(side):.2f}")
-        fig.tight_layout()
-        return fig
+        return finish(fig, created)
 
 
 @torch.no_grad()

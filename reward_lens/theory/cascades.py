@@ -26,7 +26,8 @@ from typing import Any, List, Mapping, Optional, Sequence
 import numpy as np
 import pandas as pd
 
-from reward_lens.stats import bootstrap_indices, check_level, column_correlations, percentile_ci
+from reward_lens.plotting import diverging_heatmap, finish, panels
+from reward_lens.stats import bootstrap_indices, check_level, column_correlations, percentile_ci, ranks
 
 _ITEM_COLS = ("item", "item_id", "base", "base_id", "id", "pair")
 _VALUE_COLS = ("delta", "reward_delta", "effect", "value")
@@ -96,38 +97,49 @@ class CascadeResult:
             rows += [{"dimension": m, "cluster": c, "cluster_size": len(members), "mean_r": mean_r} for m in members]
         return pd.DataFrame(rows)
 
-    def summary(self) -> str:
+    def summary(self) -> pd.DataFrame:
+        """One row per cluster (largest first): its dimensions, size, mean within-cluster r, whether a cascade."""
+        rows = []
+        for c, members in enumerate(self.clusters):
+            idx = [self.dimensions.index(m) for m in members]
+            sub = self.corr[np.ix_(idx, idx)]
+            rows.append({
+                "cluster": c, "dimensions": ", ".join(members), "size": len(members),
+                "mean_r": float(np.nanmean(sub[~np.eye(len(idx), dtype=bool)])) if len(idx) > 1 else np.nan,
+                "cascade": len(members) > 1, "n_items": self.n_items,
+            })
+        return pd.DataFrame(rows)
+
+    def summary_text(self) -> str:
+        """The summary as one sentence (what `summary()` returned before it became a DataFrame)."""
         found = "; ".join("{" + ", ".join(c) + "}" for c in self.cascades) or "none"
         return f"{self.n_items} matched items, {len(self.dimensions)} dimensions; cascades: {found}"
 
-    def plot(self):
-        """Dendrogram (left) and the correlation heatmap in dendrogram order with intervals (right)."""
-        import matplotlib.pyplot as plt
+    def plot(self, ax=None):
+        """Dendrogram (left) and the correlation heatmap in dendrogram order with intervals (right).
+        `ax`: two Axes (or one, split in two)."""
         from scipy.cluster.hierarchy import dendrogram
 
         K = len(self.dimensions)
-        fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(3 + 1.0 * K + 2.5, 1.5 + 0.8 * K),
-                                       gridspec_kw={"width_ratios": [1, 2.2]})
+        created = ax is None
+        fig, (ax0, ax1) = panels(ax, 2, (3 + 1.0 * K + 2.5, 1.5 + 0.8 * K), width_ratios=[1, 2.2])
         tree = dendrogram(self.linkage, labels=self.dimensions, orientation="left", ax=ax0,
                           color_threshold=self.distance_threshold, above_threshold_color="0.6")
         ax0.axvline(self.distance_threshold, ls="--", c="0.4", lw=0.8)
         ax0.set_xlabel("distance 1 − r")
         order = [self.dimensions.index(d) for d in tree["ivl"]][::-1]  # top-to-bottom as in the dendrogram
         R = self.corr[np.ix_(order, order)]
-        im = ax1.imshow(R, vmin=-1, vmax=1, cmap="RdBu_r")
         names = [self.dimensions[i] for i in order]
-        ax1.set_xticks(range(K), names, rotation=45, ha="right")
-        ax1.set_yticks(range(K), names)
+        text = np.empty((K, K), dtype=object)
         for i in range(K):
             for j in range(K):
                 a, b = order[i], order[j]
                 mark = "*" if self.linked[a, b] and a != b else ""
-                txt = f"{R[i, j]:.2f}{mark}" if a == b else f"{R[i, j]:.2f}{mark}\n[{self.ci_low[a, b]:.2f},{self.ci_high[a, b]:.2f}]"
-                ax1.text(j, i, txt, ha="center", va="center", fontsize=7)
-        fig.colorbar(im, ax=ax1, fraction=0.046, label=f"{self.method} r")
+                text[i, j] = f"{R[i, j]:.2f}{mark}" if a == b else f"{R[i, j]:.2f}{mark}\n[{self.ci_low[a, b]:.2f},{self.ci_high[a, b]:.2f}]"
+        diverging_heatmap(ax1, R, xlabels=names, ylabels=names, label=f"{self.method} r", limit=1.0, annotations=text,
+                          xrotation=45)
         ax1.set_title(f"per-item reward effects, n={self.n_items} (* CI excludes 0)")
-        fig.tight_layout()
-        return fig
+        return finish(fig, created)
 
 
 def _wide_effects(effects: Any, dimensions: Optional[Sequence[str]], item_col, dimension_col, value_col) -> pd.DataFrame:
@@ -171,12 +183,6 @@ def _wide_effects(effects: Any, dimensions: Optional[Sequence[str]], item_col, d
     return wide.astype(np.float64)
 
 
-def _ranks(x: np.ndarray) -> np.ndarray:
-    from scipy.stats import rankdata
-
-    return rankdata(x, axis=-2)
-
-
 def detect_cascades(
     effects: Any,
     dimensions: Optional[Sequence[str]] = None,
@@ -216,14 +222,14 @@ def detect_cascades(
     if n < 4:
         raise ValueError(f"only {n} items have an effect on every dimension; a correlation needs at least 4 matched items")
     X = complete.to_numpy()
-    Xs = _ranks(X) if method == "spearman" else X
+    Xs = ranks(X, axis=-2) if method == "spearman" else X
     R = column_correlations(Xs)
     boot = []
     if n_boot:
         idx = bootstrap_indices(n, n_boot, seed)
         for chunk in np.array_split(np.arange(n_boot), max(1, (n_boot * n * len(dims)) // 2_000_000)):
             Xb = X[idx[chunk]]
-            boot.append(column_correlations(_ranks(Xb) if method == "spearman" else Xb))
+            boot.append(column_correlations(ranks(Xb, axis=-2) if method == "spearman" else Xb))
         lo, hi = percentile_ci(np.concatenate(boot), level)
     else:
         lo = hi = np.full_like(R, np.nan)

@@ -29,6 +29,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 import numpy as np
 import pandas as pd
 
+from reward_lens.plotting import diverging_heatmap, finish, panels
 from reward_lens.stats import as_float_matrix, check_level, column_correlations, fisher_ci, named_rows, to_float64
 
 VERDICTS = ("aligned", "orthogonal", "conflicting")
@@ -93,38 +94,44 @@ class ConflictResult:
         frame = self.to_frame()
         return {v: int((frame["verdict"] == v).sum()) for v in VERDICTS} if len(frame) else {v: 0 for v in VERDICTS}
 
-    def summary(self) -> str:
+    def summary(self) -> pd.DataFrame:
+        """One row: number of terms and of term pairs, the basis of the verdicts, and the count of each verdict."""
+        c = self.counts()
+        return pd.DataFrame([{
+            "n_terms": len(self.names), "n_term_pairs": sum(c.values()),
+            "basis": "correlation" if self.correlation is not None else "cosine", "threshold": self.threshold,
+            **c, "n_pairs": self.n_pairs, "noise_floor": self.noise_floor,
+        }])
+
+    def summary_text(self) -> str:
+        """The summary as one sentence (what `summary()` returned before it became a DataFrame)."""
         c = self.counts()
         basis = "reward-difference correlation" if self.correlation is not None else "direction cosine"
         return (f"{len(self.names)} reward terms, {sum(c.values())} pairs by {basis} (τ = {self.threshold}): "
                 f"{c['aligned']} aligned, {c['orthogonal']} orthogonal, {c['conflicting']} conflicting")
 
-    def plot(self):
-        """Heatmaps of the cosines and (when available) the correlations; cells marked A / O / C."""
-        import matplotlib.pyplot as plt
-
+    def plot(self, ax=None):
+        """Heatmaps of the cosines and (when available) the correlations; cells marked A / O / C.
+        `ax`: one Axes per heatmap (or one, split)."""
         mats = [("cosine of norm-aware directions", self.cosine)]
         if self.correlation is not None:
             mats.append((f"correlation of reward differences (n={self.n_pairs})", self.correlation))
         m = len(self.names)
         size = 2.5 + 0.45 * m
-        fig, axes = plt.subplots(1, len(mats), figsize=(size * len(mats) + 1, size), squeeze=False)
+        created = ax is None
+        fig, axes = panels(ax, len(mats), (size * len(mats) + 1, size))
         letter = {"aligned": "A", "orthogonal": "O", "conflicting": "C", "": ""}
-        for ax, (title, M) in zip(axes[0], mats):
-            im = ax.imshow(M, vmin=-1, vmax=1, cmap="RdBu_r")
-            ax.set_xticks(range(m), self.names, rotation=60, ha="right", fontsize=7)
-            ax.set_yticks(range(m), self.names, fontsize=7)
-            if m <= 24:
-                v = classify(M, self.threshold)
-                for (i, j), val in np.ndenumerate(M):
-                    if i != j:
-                        ax.text(j, i, letter[v[i, j]], ha="center", va="center", fontsize=8 if m <= 10 else 6)
+        for ax, (title, M) in zip(axes, mats):
+            marks = np.vectorize(letter.get)(classify(M, self.threshold)) if m <= 24 else None
+            if marks is not None:
+                np.fill_diagonal(marks, "")
+            diverging_heatmap(ax, M, xlabels=self.names, ylabels=self.names, limit=1.0, annotations=marks,
+                              fontsize=7 if m <= 10 else 6, xrotation=60)
             ax.set_title(title, fontsize=9)
-            fig.colorbar(im, ax=ax, fraction=0.046)
-        fig.suptitle(f"reward-term conflicts: A aligned (≥ {self.threshold}), C conflicting (≤ −{self.threshold}), "
-                     "O orthogonal", fontsize=9)
-        fig.tight_layout()
-        return fig
+        if created:
+            fig.suptitle(f"reward-term conflicts: A aligned (≥ {self.threshold}), C conflicting (≤ −{self.threshold}), "
+                         "O orthogonal", fontsize=9)
+        return finish(fig, created)
 
 
 # ------------------------------------------------------------------------------------------- plain data

@@ -47,6 +47,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 import numpy as np
 import pandas as pd
 
+from reward_lens.plotting import finish, panels
 from reward_lens.stats import (
     as_float_matrix, bootstrap_indices, check_level, named_rows, percentile_ci, to_float64,
 )
@@ -110,20 +111,29 @@ class DistortionResult:
         out["n_pairs"] = out["probe"].map(self.n_pairs)
         return out
 
-    def summary(self) -> str:
+    def summary(self) -> pd.DataFrame:
+        """One row: the distortion index D with its interval, the number and names of under-covered dimensions."""
+        lo, hi = self.index_ci
+        return pd.DataFrame([{
+            "index": self.index, "ci_low": lo, "ci_high": hi, "level": self.level,
+            "n_dimensions": len(self.dimensions), "n_probes": len(self.probes),
+            "n_under_covered": len(self.flagged), "under_covered": ", ".join(self.flagged),
+            "sensitivity_source": self.sensitivity_source,
+        }])
+
+    def summary_text(self) -> str:
+        """The summary as one sentence (what `summary()` returned before it became a DataFrame)."""
         lo, hi = self.index_ci
         flagged = ", ".join(self.flagged) or "none"
         return (f"distortion index D = {self.index:.3f} ({int(self.level * 100)}% CI {lo:.3f}..{hi:.3f}); "
                 f"under-covered: {flagged}")
 
-    def plot(self):
+    def plot(self, ax=None):
         """Left: the probe x dimension coverage matrix. Right: push share vs coverage share per dimension
-        (flagged dimensions in red)."""
-        import matplotlib.pyplot as plt
-
+        (flagged dimensions in red). `ax`: two Axes (or one, split in two)."""
         K, P = len(self.dimensions), len(self.probes)
-        fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(5 + 0.6 * K + 4, 1.5 + 0.45 * max(P, 4)),
-                                       gridspec_kw={"width_ratios": [1.2, 1]})
+        created = ax is None
+        fig, (ax0, ax1) = panels(ax, 2, (5 + 0.6 * K + 4, 1.5 + 0.45 * max(P, 4)), width_ratios=[1.2, 1])
         im = ax0.imshow(self.coverage_matrix.values, vmin=0, vmax=1, cmap="viridis", aspect="auto")
         ax0.set_xticks(range(K), self.dimensions, rotation=45, ha="right")
         ax0.set_yticks(range(P), [f"{p} (n={self.n_pairs[p]})" for p in self.probes])
@@ -144,8 +154,7 @@ class DistortionResult:
         ax1.set_ylabel("share")
         ax1.set_title(f"D = {self.index:.3f}; red: under-covered")
         ax1.legend(fontsize=8)
-        fig.tight_layout()
-        return fig
+        return finish(fig, created)
 
 
 # ------------------------------------------------------------------------------------------- the core

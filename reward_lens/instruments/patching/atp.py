@@ -17,10 +17,12 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import pandas as pd
 import torch
-from scipy import stats
 
-from reward_lens.data.pairs import as_pairs
-from reward_lens.instruments.sites import Site, pair_labels, pyplot, sites_for, to_numpy
+from reward_lens.data.pairs import as_pairs, pair_labels
+from reward_lens.instruments.sites import Site, sites_for
+from reward_lens.plotting import panels, finish
+from reward_lens.results import PairRewards, to_numpy
+from reward_lens.stats import spearman, spearman_rows
 from reward_lens.instruments.patching.contrastive import (
     _SOURCE,
     _TARGETS,
@@ -46,11 +48,16 @@ class AtPComparison:
     def to_frame(self) -> pd.DataFrame:
         return self.frame
 
-    def plot(self):
-        plt = pyplot()
+    def summary(self) -> pd.DataFrame:
+        """The metrics: one row per (mode, target)."""
+        return self.metrics
+
+    def plot(self, ax=None):
+        """AtP estimate against the real patching effect, one panel per (mode, target), with y = x."""
         keys = list(self.frame.groupby(["mode", "target"]).groups)
-        fig, axes = plt.subplots(1, len(keys), figsize=(4.2 * len(keys), 4), squeeze=False)
-        for ax, (mode, target) in zip(axes[0], keys):
+        created = ax is None
+        fig, axes = panels(ax, len(keys), (4.2 * len(keys), 4))
+        for ax, (mode, target) in zip(axes, keys):
             f = self.frame[(self.frame["mode"] == mode) & (self.frame["target"] == target)]
             ax.scatter(f["patch_effect"], f["atp_effect"], s=8, alpha=0.6)
             lim = float(np.nanmax(np.abs(f[["patch_effect", "atp_effect"]].to_numpy()))) or 1.0
@@ -59,13 +66,13 @@ class AtPComparison:
             ax.set_ylabel("AtP estimate")
             m = self.metrics[(self.metrics["mode"] == mode) & (self.metrics["target"] == target)].iloc[0]
             ax.set_title(f"{mode} ({target}): rel. err {m['relative_error']:.2f}, rho {m['spearman_pooled']:.2f}", fontsize=9)
-        fig.tight_layout()
-        return fig
+        return finish(fig, created)
 
 
 @dataclass
-class AtPResult:
-    """`estimates[(mode, target)]`: [n_pairs, n_sites] first-order estimates of patched - clean reward."""
+class AtPResult(PairRewards):
+    """`estimates[(mode, target)]`: [n_pairs, n_sites] first-order estimates of patched - clean reward;
+    `clean_chosen`/`clean_rejected` [n_pairs] the clean rewards (also `reward_chosen`/`reward_rejected`)."""
 
     pair_ids: List[str]
     sites: List[Site]
@@ -77,6 +84,14 @@ class AtPResult:
     @property
     def components(self) -> List[str]:
         return [s.name for s in self.sites]
+
+    @property
+    def reward_chosen(self) -> torch.Tensor:
+        return self.clean_chosen
+
+    @property
+    def reward_rejected(self) -> torch.Tensor:
+        return self.clean_rejected
 
     @property
     def clean_gap(self) -> torch.Tensor:
@@ -105,6 +120,31 @@ class AtPResult:
             }))
         return pd.concat(frames, ignore_index=True)
 
+    def summary(self) -> pd.DataFrame:
+        """One row per (mode, target, site): mean estimated effect and mean |estimate| over pairs."""
+        rows = []
+        for (mode, target), est in self.estimates.items():
+            e = to_numpy(est)
+            rows.append(pd.DataFrame({
+                "mode": mode, "target": target, "component": self.components, "layer": [s.layer for s in self.sites],
+                "mean_atp_effect": e.mean(0), "mean_abs_atp_effect": np.abs(e).mean(0),
+            }))
+        return pd.concat(rows, ignore_index=True)
+
+    def plot(self, mode: Optional[str] = None, target: Optional[str] = None, ax=None):
+        """Mean AtP estimate per site over pairs (bars, std error bars) for one (mode, target)."""
+        mode = mode or next(iter(self.estimates))[0]
+        e = to_numpy(self.effect(mode, target))
+        created = ax is None
+        fig, (ax,) = panels(ax, 1, (max(6, 0.25 * len(self.sites)), 3.5))
+        ax.bar(range(len(self.sites)), e.mean(0), yerr=e.std(0) if len(e) > 1 else None)
+        ax.set_xticks(range(len(self.sites)))
+        ax.set_xticklabels(self.components, rotation=90, fontsize=7)
+        ax.axhline(0, color="black", lw=0.5)
+        ax.set_ylabel("AtP estimate of the patching effect")
+        ax.set_title(f"Attribution patching: {mode} over {len(e)} pair(s)")
+        return finish(fig, created)
+
     def compare(self, patching: PatchResult) -> AtPComparison:
         """Error of these estimates against real patching of the same pairs, sites and modes."""
         if patching.pair_ids != self.pair_ids:
@@ -120,12 +160,12 @@ class AtPResult:
                 continue
             real = patching.effect(mode, target)[:, cols]
             a, p = to_numpy(est), to_numpy(real)
-            per_pair = [stats.spearmanr(a[i], p[i]).statistic for i in range(len(a))] if a.shape[1] > 1 else [np.nan]
+            per_pair = spearman_rows(a, p) if a.shape[1] > 1 else np.array([np.nan])
             metrics.append({
                 "mode": mode, "target": target, "mean_abs_error": float(np.abs(a - p).mean()),
                 "max_abs_error": float(np.abs(a - p).max()),
                 "relative_error": float(np.abs(a - p).sum() / max(np.abs(p).sum(), 1e-12)),
-                "spearman_pooled": float(stats.spearmanr(a.ravel(), p.ravel()).statistic) if a.size > 1 else np.nan,
+                "spearman_pooled": spearman(a, p) if a.size > 1 else np.nan,
                 "spearman_per_pair_mean": float(np.nanmean(per_pair)) if np.isfinite(per_pair).any() else np.nan,
             })
             n, S = a.shape

@@ -35,8 +35,10 @@ import pandas as pd
 import torch
 from jaxtyping import Float
 
-from reward_lens.data.pairs import as_pairs
-from reward_lens.instruments.sites import Site, pair_labels, pyplot, sites_for, to_numpy
+from reward_lens.data.pairs import as_pairs, pair_labels
+from reward_lens.instruments.sites import Site, sites_for
+from reward_lens.plotting import diverging_heatmap, finish, panels
+from reward_lens.results import PairRewards, to_numpy
 from reward_lens.core.readout import (
     Capture,
     PairBatch,
@@ -57,9 +59,10 @@ _PRE, _MID = 0, 1  # where a readout patch enters its block: before attention, o
 
 
 @dataclass
-class PatchResult:
+class PatchResult(PairRewards):
     """Patched rewards per pair and site. `patched[(mode, target)]` is [n_pairs, n_sites] (target:
-    "chosen" or "rejected"); `clean_chosen`/`clean_rejected` [n_pairs] the clean rewards."""
+    "chosen" or "rejected"); `clean_chosen`/`clean_rejected` [n_pairs] the clean rewards (also
+    `reward_chosen`/`reward_rejected`, with `reward_gap`, as every result)."""
 
     pair_ids: List[str]
     sites: List[Site]
@@ -76,6 +79,14 @@ class PatchResult:
     @property
     def modes(self) -> List[str]:
         return list(dict.fromkeys(m for m, _ in self.patched))
+
+    @property
+    def reward_chosen(self) -> torch.Tensor:
+        return self.clean_chosen
+
+    @property
+    def reward_rejected(self) -> torch.Tensor:
+        return self.clean_rejected
 
     @property
     def clean_gap(self) -> torch.Tensor:
@@ -121,18 +132,28 @@ class PatchResult:
             }))
         return pd.concat(frames, ignore_index=True)
 
-    def plot(self, mode: Optional[str] = None, normalized: bool = True):
-        """Mean effect over pairs: component level as an attn/mlp x layer heatmap, heads as a layer x head
-        heatmap, residual as a line over layers."""
-        import numpy as np
+    def summary(self) -> pd.DataFrame:
+        """One row per (mode, target, site): mean effect and mean normalised effect over pairs."""
+        rows = []
+        for mode, target in self.patched:
+            eff, norm = to_numpy(self.effect(mode, target)), to_numpy(self.effect(mode, target, normalized=True))
+            rows.append(pd.DataFrame({
+                "mode": mode, "target": target, "component": self.components, "layer": [s.layer for s in self.sites],
+                "level": [s.level for s in self.sites], "mean_effect": eff.mean(0),
+                "mean_normalized_effect": norm.mean(0), "mean_abs_effect": abs(eff).mean(0),
+            }))
+        return pd.concat(rows, ignore_index=True)
 
-        plt = pyplot()
+    def plot(self, mode: Optional[str] = None, normalized: bool = True, ax=None):
+        """Mean effect over pairs, one panel per level: component level as an attn/mlp x layer heatmap, heads
+        as a head x layer heatmap, residual as a line over layers. `ax`: one Axes per level (or one, split)."""
         mode = mode or self.modes[0]
         eff = to_numpy(self.effect(mode, normalized=normalized)).mean(0)
         levels = list(dict.fromkeys(s.level for s in self.sites))
-        fig, axes = plt.subplots(1, len(levels), figsize=(5.5 * len(levels), 3.6), squeeze=False)
+        created = ax is None
+        fig, axes = panels(ax, len(levels), (5.5 * len(levels), 3.6))
         label = "normalised effect" if normalized else "effect"
-        for ax, level in zip(axes[0], levels):
+        for ax, level in zip(axes, levels):
             idx = [i for i, s in enumerate(self.sites) if s.level == level]
             sites = [self.sites[i] for i in idx]
             if level == "residual":
@@ -140,35 +161,34 @@ class PatchResult:
                 ax.set_xlabel("residual entering layer")
                 ax.set_ylabel(label)
             else:
-                layers = sorted({s.layer for s in sites if s.layer >= 0})
-                if level == "component":
-                    rows = ["attn", "mlp"]
-                    grid = np.full((2, len(layers)), np.nan)
-                    for i, s in zip(idx, sites):
-                        if s.kind in rows:
-                            grid[rows.index(s.kind), layers.index(s.layer)] = eff[i]
-                    ylabels = rows
-                else:
-                    heads = sorted({s.head for s in sites})
-                    grid = np.full((len(heads), len(layers)), np.nan)
-                    for i, s in zip(idx, sites):
-                        grid[heads.index(s.head), layers.index(s.layer)] = eff[i]
-                    ylabels = [f"H{h}" for h in heads]
-                lim = np.nanmax(np.abs(grid)) if np.isfinite(grid).any() else 1.0
-                im = ax.imshow(grid, aspect="auto", cmap="RdBu", vmin=-lim, vmax=lim)
-                ax.set_yticks(range(len(ylabels)))
-                ax.set_yticklabels(ylabels)
-                ax.set_xticks(range(len(layers)))
-                ax.set_xticklabels(layers, fontsize=7)
+                grid, layers, rows = self._site_grid(sites, eff[idx], level)
+                diverging_heatmap(ax, grid, xlabels=layers, ylabels=rows, label=label)
                 ax.set_xlabel("layer")
-                fig.colorbar(im, ax=ax, label=label)
             title = f"{mode} ({level})"
             for i, s in zip(idx, sites):  # embedding terms are not on the layer grid: give them in the title
                 if s.kind == "embed":
                     title += f"; {s.name}: {eff[i]:.3g}"
             ax.set_title(title)
-        fig.tight_layout()
-        return fig
+        return finish(fig, created)
+
+    @staticmethod
+    def _site_grid(sites: List[Site], values, level: str):
+        """(grid [rows, layers], layers, row labels): attn/mlp rows for components, one row per head for heads."""
+        import numpy as np
+
+        layers = sorted({s.layer for s in sites if s.layer >= 0})
+        if level == "component":
+            rows = ["attn", "mlp"]
+            key = {s.name: (rows.index(s.kind), layers.index(s.layer)) for s in sites if s.kind in rows}
+        else:
+            heads = sorted({s.head for s in sites})
+            rows = [f"H{h}" for h in heads]
+            key = {s.name: (heads.index(s.head), layers.index(s.layer)) for s in sites}
+        grid = np.full((len(rows), len(layers)), np.nan)
+        for s, v in zip(sites, values):
+            if s.name in key:
+                grid[key[s.name]] = v
+        return grid, layers, rows
 
 
 # ---------------------------------------------------------------------------------------------------

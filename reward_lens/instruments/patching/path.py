@@ -42,7 +42,9 @@ from jaxtyping import Float
 
 from reward_lens.core.readout import Capture, Tokenized, capture, pair_batches, readout_direction, reward_from_final_resid
 from reward_lens.data.pairs import as_pairs
-from reward_lens.instruments.sites import pair_labels, pyplot, to_numpy
+from reward_lens.data.pairs import pair_labels
+from reward_lens.plotting import pyplot
+from reward_lens.results import to_numpy
 from reward_lens.model.components import apply_rotary
 from reward_lens.model.hooks import act_name, final_resid_name
 

@@ -1,0 +1,56 @@
+"""The result protocol every instrument's result follows.
+
+    to_frame()      a tidy pandas DataFrame, one row per observation (pair x site, feature, dimension, ...)
+    summary()       a small DataFrame of the headline numbers (a text summary, where a class has one, is
+                    `summary_text()`)
+    plot(ax=None)   a matplotlib Figure: drawn into `ax` when given (its figure is returned), a new figure
+                    otherwise; multi-panel plots take a sequence of Axes, or split the one Axes given
+
+Chosen and rejected rewards have one shape everywhere: `reward_chosen` and `reward_rejected` are float
+tensors [n_pairs] (the model's clean rewards) and `reward_gap` their difference. Older names
+(`clean_chosen`, `clean_gap`, `rewards["chosen"]`, ...) stay as read-only aliases.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+import pandas as pd
+import torch
+
+
+@runtime_checkable
+class Result(Protocol):
+    """What every result class provides (checked by tests/test_results_protocol.py)."""
+
+    def to_frame(self) -> pd.DataFrame: ...
+
+    def summary(self) -> pd.DataFrame: ...
+
+    def plot(self, ax: Any = None) -> Any: ...
+
+
+class PairRewards:
+    """Mixin for results holding the model's rewards of each pair: `reward_gap` = chosen - rejected."""
+
+    reward_chosen: torch.Tensor
+    reward_rejected: torch.Tensor
+
+    @property
+    def reward_gap(self) -> torch.Tensor:
+        """[n_pairs] reward(chosen) - reward(rejected)."""
+        return self.reward_chosen - self.reward_rejected
+
+    def rewards_frame(self) -> pd.DataFrame:
+        """One row per pair: pair, reward_chosen, reward_rejected, reward_gap."""
+        ids = getattr(self, "pair_ids", None) or [str(i) for i in range(len(self.reward_chosen))]
+        c, r = to_numpy(self.reward_chosen), to_numpy(self.reward_rejected)
+        return pd.DataFrame({"pair": list(ids), "reward_chosen": c, "reward_rejected": r, "reward_gap": c - r})
+
+
+def to_numpy(x: Any) -> np.ndarray:
+    """A tensor (any dtype, any device) or array-like as a float32/float64 numpy array."""
+    if isinstance(x, torch.Tensor):
+        return x.detach().float().cpu().numpy()
+    return np.asarray(x)
