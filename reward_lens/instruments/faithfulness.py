@@ -113,6 +113,8 @@ def _depth(component: str) -> int:
 def _bootstrap(per_pair: np.ndarray, a: np.ndarray, e: np.ndarray, n_boot: int, ci: float, seed: int):
     rng = np.random.default_rng(seed)
     n = len(per_pair)
+    if n < 2:  # resampling one pair gives a zero-width interval: report the CI as not available (NaN)
+        return (np.nan, np.nan), (np.nan, np.nan)
     means, pooled = [], []
     for _ in range(n_boot):
         idx = rng.integers(0, n, n)

@@ -19,6 +19,7 @@ import pandas as pd
 import torch
 from scipy import stats
 
+from reward_lens.core.validation import safe_ratio
 from reward_lens.data.pairs import as_pairs
 from reward_lens.instruments.sites import Site, pair_labels, pyplot, sites_for, to_numpy
 from reward_lens.instruments.patching.contrastive import (
@@ -87,7 +88,7 @@ class AtPResult:
         if (mode, target) not in self.estimates:
             raise KeyError(f"no estimates for mode={mode!r}, target={target!r}; have {sorted(self.estimates)}")
         eff = self.estimates[(mode, target)]
-        return eff / self.clean_gap[:, None] if normalized else eff
+        return safe_ratio(eff, self.clean_gap[:, None]) if normalized else eff
 
     def to_frame(self) -> pd.DataFrame:
         """pair, component, layer, head, level, mode, target, position, atp_effect, normalized_effect."""
@@ -101,7 +102,7 @@ class AtPResult:
                 "layer": [s.layer for s in self.sites] * n,
                 "head": pd.array([s.head for s in self.sites] * n, dtype="Int64"),
                 "level": [s.level for s in self.sites] * n, "mode": mode, "target": target,
-                "position": self.positions, "atp_effect": e.ravel(), "normalized_effect": (e / gap[:, None]).ravel(),
+                "position": self.positions, "atp_effect": e.ravel(), "normalized_effect": safe_ratio(e, gap[:, None]).ravel(),
             }))
         return pd.concat(frames, ignore_index=True)
 

@@ -35,6 +35,7 @@ import pandas as pd
 import torch
 from jaxtyping import Float
 
+from reward_lens.core.validation import safe_ratio
 from reward_lens.data.pairs import as_pairs
 from reward_lens.instruments.sites import Site, pair_labels, pyplot, sites_for, to_numpy
 from reward_lens.core.readout import (
@@ -97,7 +98,7 @@ class PatchResult:
         mode, target = self._key(mode, target)
         clean = self.clean_chosen if target == "chosen" else self.clean_rejected
         eff = self.patched[(mode, target)] - clean[:, None]
-        return eff / self.clean_gap[:, None] if normalized else eff
+        return safe_ratio(eff, self.clean_gap[:, None]) if normalized else eff
 
     def to_frame(self) -> pd.DataFrame:
         """One row per (pair, site, mode, target): pair, component, layer, head, level, mode, target,
@@ -117,7 +118,7 @@ class PatchResult:
                 "level": [s.level for s in self.sites] * n,
                 "mode": mode, "target": target, "position": self.positions,
                 "clean_reward": clean.repeat(S), "patched_reward": p.ravel(), "effect": eff.ravel(),
-                "clean_gap": gap.repeat(S), "normalized_effect": (eff / gap[:, None]).ravel(),
+                "clean_gap": gap.repeat(S), "normalized_effect": safe_ratio(eff, gap[:, None]).ravel(),
             }))
         return pd.concat(frames, ignore_index=True)
 
@@ -128,7 +129,7 @@ class PatchResult:
 
         plt = pyplot()
         mode = mode or self.modes[0]
-        eff = to_numpy(self.effect(mode, normalized=normalized)).mean(0)
+        eff = np.nanmean(to_numpy(self.effect(mode, normalized=normalized)), 0)  # ties (NaN) left out
         levels = list(dict.fromkeys(s.level for s in self.sites))
         fig, axes = plt.subplots(1, len(levels), figsize=(5.5 * len(levels), 3.6), squeeze=False)
         label = "normalised effect" if normalized else "effect"
