@@ -48,9 +48,20 @@ def check_out_dir(out: Union[str, Path, None]) -> Path:
         parent = parent.parent
     if not parent.is_dir():
         raise OutputError(f"--out {str(path)!r} lies under {str(parent)!r}, which is a file; choose another --out")
-    if not os.access(parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK | os.X_OK)):
-        raise OutputError(f"--out {str(path)!r}: no permission to write in {str(parent)!r}; choose a writable place")
+    for place in (parent, path) if path.exists() else (parent,):
+        if not _writable(place):
+            raise OutputError(f"--out {str(path)!r}: cannot write in {str(place)!r} (no permission or a read-only "
+                              "file system); choose a writable place")
     return path
+
+
+def _writable(directory: Path) -> bool:
+    """A real probe (a temporary file, removed at once): os.access is wrong for root and read-only mounts."""
+    try:
+        with tempfile.TemporaryFile(dir=directory):
+            return True
+    except OSError:
+        return False
 
 
 def is_report_dir(path: Path) -> bool:

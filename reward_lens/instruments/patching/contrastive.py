@@ -465,6 +465,8 @@ def site_means(model, pairs, sites: Sequence[Site], positions: str = "readout", 
 
 
 def _check_options(modes, positions, method):
+    if not modes:
+        raise ValueError(f"no patching mode given (mode={modes!r}); use one or more of {MODES}")
     bad = [m for m in modes if m not in MODES]
     if bad:
         raise ValueError(f"unknown patching mode(s) {bad}; use {MODES}")

@@ -369,7 +369,7 @@ def load_sae(
     the recorded hook. SAEs trained with `normalize_activations="expected_average_only_in"` need the
     dataset's `norm_scaling_factor` (SAELens keeps it outside the directory); it is folded into the weights.
     """
-    from safetensors.torch import load_file
+    from reward_lens.model.checks import check_finite_weights, load_safetensors, read_json
 
     directory = Path(path).expanduser()
     cfg_file = directory / SAE_CFG_FILENAME
@@ -379,13 +379,13 @@ def load_sae(
             f"{str(directory)!r} is not an SAE directory: expected {SAE_CFG_FILENAME} and {SAE_WEIGHTS_FILENAME} "
             "(SAELens's format; save one with sae.save(path))"
         )
-    raw = json.loads(cfg_file.read_text())
+    raw = read_json(cfg_file)
     cfg, norm = _parse_saelens_config(raw, str(directory))
     if hook_name is not None:
         cfg.hook_name = hook_name
     if dtype is not None:
         cfg.dtype = _dtype_name(dtype)
-    sd = {k: v.float() for k, v in load_file(str(weights_file)).items()}
+    sd = {k: v.float() for k, v in load_safetensors(weights_file).items()}
     if cfg.architecture == "jumprelu" and "threshold" not in sd:
         if "log_threshold" not in sd:
             raise ValueError(f"{directory}: a jumprelu SAE needs a 'threshold' (or 'log_threshold') tensor")
@@ -404,6 +404,7 @@ def load_sae(
             raise ValueError(f"{directory}: {SAE_WEIGHTS_FILENAME} lacks {name!r} (has {sorted(sd)})")
         if tuple(sd[name].shape) != shape:
             raise ValueError(f"{directory}: {name} has shape {tuple(sd[name].shape)}, cfg.json implies {shape}")
+    check_finite_weights(((k, sd[k]) for k in expected), str(weights_file))
     if norm == "expected_average_only_in":
         if norm_scaling_factor is None:
             raise ValueError(
@@ -423,7 +424,7 @@ def load_sae(
             getattr(sae, name).copy_(sd[name].to(_DTYPES[cfg.dtype]))
     sparsity = directory / SPARSITY_FILENAME
     if sparsity.exists():
-        log_freq = load_file(str(sparsity)).get("sparsity")
+        log_freq = load_safetensors(sparsity).get("sparsity")
         if log_freq is not None and log_freq.shape == (cfg.d_sae,):
             freq = (10.0 ** log_freq.float()).clamp(max=1.0)
             freq[freq < 1e-9] = 0.0
@@ -595,7 +596,15 @@ def train_sae(
     n = acts.shape[0]
     if n < 2:
         raise ValueError(f"got {n} activation row(s); an SAE needs many tokens (thousands or more)")
-    d_sae = int(d_sae or expansion * d_in)
+    finite = torch.isfinite(acts).all(-1)
+    if not bool(finite.all()):
+        raise ValueError(f"{int((~finite).sum())} of {n} activation rows hold NaN/inf (first: row "
+                         f"{int((~finite).nonzero()[0])}); an SAE trained on them is NaN: check the model and inputs")
+    if d_sae is not None and (isinstance(d_sae, bool) or int(d_sae) != d_sae or d_sae < 1):
+        raise ValueError(f"d_sae must be a positive number of latents, got {d_sae!r} (or leave it None: expansion * d_in)")
+    if expansion is None or expansion < 1:
+        raise ValueError(f"expansion must be >= 1, got {expansion!r}")
+    d_sae = int(d_sae if d_sae is not None else expansion * d_in)
     if not 1 <= k <= d_sae:
         raise ValueError(f"k must be in [1, d_sae={d_sae}], got {k}")
     if not 0.0 <= val_fraction < 1.0:
