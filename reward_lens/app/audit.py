@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional, Sequence, Union
@@ -149,8 +150,10 @@ def _audit(model, pairs, *, max_pairs, batch_size, probe_items, model_label, ech
     depth = {}
     for variant in ("normed", "frozen"):
         d = lens_res.crystallization_depth(variant).numpy()
-        depth[variant] = {"mean": float(np.nanmean(d)), "median": float(np.nanmedian(d)),
-                          "std": float(np.nanstd(d)), "per_pair": d.tolist()}
+        with warnings.catch_warnings():  # all pairs tied: every depth is NaN, and so are these (no warning)
+            warnings.simplefilter("ignore", RuntimeWarning)
+            depth[variant] = {"mean": float(np.nanmean(d)), "median": float(np.nanmedian(d)),
+                              "std": float(np.nanstd(d)), "per_pair": d.tolist()}
     summary["crystallization_depth"] = depth
     summary["crystallization_rule"] = ("first fractional depth from which the lens gap stays within 10% of the final "
                                        "gap with the final gap's sign (LensResult.crystallization_depth)")

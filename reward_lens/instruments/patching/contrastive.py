@@ -27,6 +27,7 @@ residual. method="naive" runs one full `run_with_hooks` forward per patch (the r
 
 from __future__ import annotations
 
+import warnings
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
@@ -129,7 +130,9 @@ class PatchResult:
 
         plt = pyplot()
         mode = mode or self.modes[0]
-        eff = np.nanmean(to_numpy(self.effect(mode, normalized=normalized)), 0)  # ties (NaN) left out
+        with warnings.catch_warnings():  # ties (NaN) left out; all tied: an empty (NaN) map, no warning
+            warnings.simplefilter("ignore", RuntimeWarning)
+            eff = np.nanmean(to_numpy(self.effect(mode, normalized=normalized)), 0)
         levels = list(dict.fromkeys(s.level for s in self.sites))
         fig, axes = plt.subplots(1, len(levels), figsize=(5.5 * len(levels), 3.6), squeeze=False)
         label = "normalised effect" if normalized else "effect"
