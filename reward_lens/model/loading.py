@@ -127,9 +127,12 @@ def load_pretrained(
     if generic or module_map is not None or (directory / "reward_lens_generic.json").exists() or not has_native_weight_map(hf_config):
         from reward_lens.model.generic.wrapper import load_generic
 
-        return load_generic(
+        model = load_generic(
             directory, hf_config, tokenizer=tokenizer, device=device, dtype=dtype, fold_ln=fold_ln, module_map=module_map
         )
+        check_finite_weights(model.state_dict().items(), str(directory))  # transformers loaded these: same checks
+        check_tokenizer_vocab(tokenizer, model.cfg.d_vocab, str(directory))
+        return model
     hf_sd = load_hf_state_dict(directory)
     check_hf_tensors(hf_config, hf_sd, directory)
     return convert_state_dict(
