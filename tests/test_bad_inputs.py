@@ -611,3 +611,26 @@ def test_a_real_subprocess_user_error_is_one_line_without_traceback(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "reward_lens.app.cli", "audit", "--device", "meta", "--out",
                           str(tmp_path / "o")], capture_output=True, text=True, env=env)
     assert bad.returncode == 2 and "--device meta" in one_line(bad.stderr) and not (tmp_path / "o").exists()
+
+
+def test_an_interrupt_between_the_two_renames_restores_the_previous_report(tmp_path, monkeypatch):
+    import reward_lens.app.output as output
+
+    out = tmp_path / "o"
+    _fake_old_report(out)
+    before = {p.name: p.read_text() for p in out.iterdir()}
+    real, calls = os.replace, []
+
+    def replace(src, dst):
+        calls.append((src, dst))
+        if len(calls) == 2:  # the old report is aside, the new one not yet in place
+            raise KeyboardInterrupt
+        real(src, dst)
+
+    monkeypatch.setattr(output.os, "replace", replace)
+    with pytest.raises(KeyboardInterrupt):
+        with ReportDir(out) as rd:
+            rd.commit(lambda d: (d / "results.json").write_text('{"model": "new"}'))
+    monkeypatch.setattr(output.os, "replace", real)
+    assert {p.name: p.read_text() for p in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["o"]

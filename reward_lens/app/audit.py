@@ -147,14 +147,7 @@ def _audit(model, pairs, *, max_pairs, batch_size, probe_items, model_label, ech
     gap = lens_res.reward_chosen - lens_res.reward_rejected
     summary["pair_accuracy"] = float((gap > 0).float().mean())
     summary["mean_reward_gap"] = float(gap.mean())
-    depth = {}
-    for variant in ("normed", "frozen"):
-        d = lens_res.crystallization_depth(variant).numpy()
-        with warnings.catch_warnings():  # all pairs tied: every depth is NaN, and so are these (no warning)
-            warnings.simplefilter("ignore", RuntimeWarning)
-            depth[variant] = {"mean": float(np.nanmean(d)), "median": float(np.nanmedian(d)),
-                              "std": float(np.nanstd(d)), "per_pair": d.tolist()}
-    summary["crystallization_depth"] = depth
+    summary["crystallization_depth"] = depth_summary(lens_res)
     summary["crystallization_rule"] = ("first fractional depth from which the lens gap stays within 10% of the final "
                                        "gap with the final gap's sign (LensResult.crystallization_depth)")
 
@@ -208,6 +201,18 @@ def _audit(model, pairs, *, max_pairs, batch_size, probe_items, model_label, ech
     if "armorm" in results:
         frames["armorm_objectives"] = results["armorm"]["frame"]
     return AuditResult(summary=_jsonable(summary), frames=frames, results=results)
+
+
+def depth_summary(lens_res) -> Dict[str, Any]:
+    """Crystallization depth per lens variant: mean, median, std over pairs and the per-pair values."""
+    depth = {}
+    for variant in ("normed", "frozen"):
+        d = lens_res.crystallization_depth(variant).numpy()
+        with warnings.catch_warnings():  # all pairs tied: every depth is NaN, and so are these (no warning)
+            warnings.simplefilter("ignore", RuntimeWarning)
+            depth[variant] = {"mean": float(np.nanmean(d)), "median": float(np.nanmedian(d)),
+                              "std": float(np.nanstd(d)), "per_pair": d.tolist()}
+    return depth
 
 
 @torch.no_grad()

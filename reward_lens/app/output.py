@@ -145,6 +145,9 @@ class ReportDir:
             os.replace(tmp, self.path)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
+            if old is not None and old.exists() and not self.path.exists():  # interrupted between the renames
+                os.replace(old, self.path)
+                old = None
             raise
         finally:
             if old is not None:

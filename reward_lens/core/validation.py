@@ -51,18 +51,23 @@ def check_token_ids(model, input_ids: Any, name: str = "input_ids") -> torch.Ten
     return ids.long() if ids.dtype != torch.long else ids
 
 
-def check_attention_mask(mask: Any, shape: Tuple[int, ...], name: str = "attention_mask") -> torch.Tensor:
-    """A binary [batch, pos] mask of the ids' shape with at least one attended token per row."""
+def check_attention_mask(
+    mask: Any, shape: Tuple[int, ...], name: str = "attention_mask", values: bool = True
+) -> torch.Tensor:
+    """A binary [batch, pos] mask of the ids' shape with at least one attended token per row
+    (`values=False`: the shape only)."""
     mask = _as_tensor(mask, name)
     if mask.dim() == 1 and len(shape) == 2 and shape[0] == 1:
         mask = mask[None]
     if tuple(mask.shape) != tuple(shape):
         raise ValueError(f"{name} has shape {tuple(mask.shape)} but the input is {tuple(shape)}; give one 0/1 per token")
+    if not values:
+        return mask
     if mask.dtype.is_floating_point and not torch.isfinite(mask).all():
         raise ValueError(f"{name} holds NaN or inf; give 0 (padding) or 1 (token)")
     if not ((mask == 0) | (mask == 1)).all():
-        values = sorted({float(v) for v in mask.unique()[:6].tolist()})
-        raise ValueError(f"{name} must be binary (0 = padding, 1 = token), found values {values}")
+        found = sorted({float(v) for v in mask.unique()[:6].tolist()})
+        raise ValueError(f"{name} must be binary (0 = padding, 1 = token), found values {found}")
     empty = (mask == 0).all(-1).nonzero().flatten()
     if len(empty):
         raise ValueError(f"{name} row {int(empty[0])} is all zeros (no token to read the reward from); drop that row")

@@ -152,8 +152,8 @@ class HookedRewardModel(HookedRootModule):
             start_at_layer = 0
         else:
             residual = input
-            if attention_mask is not None:
-                attention_mask = check_attention_mask(attention_mask, tuple(residual.shape[:2]))
+            if attention_mask is not None:  # shape only: a mid-model restart reuses a checked mask (no device sync)
+                attention_mask = check_attention_mask(attention_mask, tuple(residual.shape[:2]), values=False)
         batch, T = residual.shape[:2]
         device = residual.device
         if attention_mask is None:
