@@ -10,9 +10,10 @@ Outputs in `out_dir`: report.html (self-contained), results.json (machine-readab
 
 from __future__ import annotations
 
-import json
+import contextlib
 import math
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional, Sequence, Union
@@ -21,7 +22,9 @@ import numpy as np
 import pandas as pd
 import torch
 
+from reward_lens.app.output import ReportDir, clean_json, provenance, write_csv, write_json
 from reward_lens.data.pairs import PreferencePair, as_pairs
+from reward_lens.data.validate import tie_indices
 from reward_lens.plotting import finish, panels
 
 PATCH_MODES = ("noising", "denoising", "zero", "mean")
@@ -82,7 +85,7 @@ def _jsonable(x: Any) -> Any:
     if isinstance(x, np.ndarray):
         return _jsonable(x.tolist())
     if isinstance(x, (np.floating, float)):
-        return None if math.isnan(float(x)) else float(x)
+        return None if not math.isfinite(float(x)) else float(x)
     if isinstance(x, np.integer):
         return int(x)
     if isinstance(x, np.bool_):
@@ -119,8 +122,27 @@ def run_audit(
     probe_items: Any = None,
     model_label: str = "",
     echo: Callable[[str], None] = print,
+    run_info: Optional[Dict[str, Any]] = None,
 ) -> AuditResult:
-    """Run the whole audit; write report.html, results.json and CSVs into `out_dir` (None: write nothing)."""
+    """Run the whole audit; write report.html, results.json and CSVs into `out_dir` (None: write nothing).
+
+    `out_dir` is checked (and locked) before any work and the report is swapped in whole at the end
+    (`reward_lens.app.output.ReportDir`); `run_info` (pairs file, options) goes into results.json."""
+    report_dir = None if out_dir is None else (out_dir if isinstance(out_dir, ReportDir) else ReportDir(out_dir))
+    if run_info is None:
+        run_info = provenance(pairs if isinstance(pairs, (str, Path)) else None,
+                              {"max_pairs": max_pairs, "batch_size": batch_size})
+    with report_dir or contextlib.nullcontext():
+        audit = _audit(model, pairs, max_pairs=max_pairs, batch_size=batch_size, probe_items=probe_items,
+                       model_label=model_label, echo=echo)
+        audit.record = {**clean_json(run_info), **audit.record}
+        if report_dir is not None:
+            write_outputs(audit, report_dir, echo)
+    return audit
+
+
+def _audit(model, pairs, *, max_pairs, batch_size, probe_items, model_label, echo) -> AuditResult:
+    """The audit's steps; `run_audit` checks the output first and writes it after."""
     pairs = as_pairs(pairs)
     if max_pairs is not None:
         if max_pairs < 1:
@@ -132,6 +154,7 @@ def run_audit(
         "model": model_label or model.cfg.model_name, "architecture": model.cfg.original_architecture,
         "n_layers": model.cfg.n_layers, "d_model": model.cfg.d_model, "n_pairs": len(pairs),
         "head": model.cfg.head_type, "dtype": str(model.cfg.dtype).replace("torch.", ""), "device": str(model.cfg.device),
+        "n_ties": len(tie_indices(pairs)),
     }
     results: Dict[str, Any] = {}
     _instrument_steps(model, pairs, batch_size, step, record, results)
@@ -140,10 +163,7 @@ def run_audit(
         _armorm_steps(model, pairs, batch_size, step, record, results)
     record["timings_s"] = step.timings
     record["total_time_s"] = round(time.perf_counter() - t0, 3)
-    audit = AuditResult(record=_jsonable(record), frames=_frames(results), results=results)
-    if out_dir is not None:
-        write_outputs(audit, Path(out_dir), echo)
-    return audit
+    return AuditResult(record=_jsonable(record), frames=_frames(results), results=results)
 
 
 def _instrument_steps(model, pairs, batch_size: int, step: _Steps, record: Dict[str, Any], results: Dict[str, Any]) -> None:
@@ -153,12 +173,7 @@ def _instrument_steps(model, pairs, batch_size: int, step: _Steps, record: Dict[
     lens_res = results["lens"] = step("reward lens", lambda: ins.lens(model, pairs, batch_size=batch_size))
     record["pair_accuracy"] = float((lens_res.reward_gap > 0).float().mean())
     record["mean_reward_gap"] = float(lens_res.reward_gap.mean())
-    depth = {}
-    for variant in ("normed", "frozen"):
-        d = lens_res.crystallization_depth(variant).numpy()
-        depth[variant] = {"mean": float(np.nanmean(d)), "median": float(np.nanmedian(d)),
-                          "std": float(np.nanstd(d)), "per_pair": d.tolist()}
-    record["crystallization_depth"] = depth
+    record["crystallization_depth"] = depth_summary(lens_res)
     record["crystallization_rule"] = ("first fractional depth from which the lens gap stays within 10% of the final "
                                       "gap with the final gap's sign (LensResult.crystallization_depth)")
     attr = results["attribution"] = step("exact attribution", lambda: ins.attribute(model, pairs, batch_size=batch_size))
@@ -239,6 +254,18 @@ def _token_heatmaps(model, pairs, gap: torch.Tensor, step: _Steps, batch_size: i
     return {"tokens": step("token attribution (largest gaps)", lambda: token_attribution(model, top, batch_size=batch_size))}
 
 
+def depth_summary(lens_res) -> Dict[str, Any]:
+    """Crystallization depth per lens variant: mean, median, std over pairs and the per-pair values."""
+    depth = {}
+    for variant in ("normed", "frozen"):
+        d = lens_res.crystallization_depth(variant).numpy()
+        with warnings.catch_warnings():  # all pairs tied: every depth is NaN, and so are these (no warning)
+            warnings.simplefilter("ignore", RuntimeWarning)
+            depth[variant] = {"mean": float(np.nanmean(d)), "median": float(np.nanmedian(d)),
+                              "std": float(np.nanstd(d)), "per_pair": d.tolist()}
+    return depth
+
+
 @torch.no_grad()
 def _armorm_view(model, pairs: Sequence[PreferencePair], batch_size: int) -> Dict[str, Any]:
     """Gate weights per pair and each objective's reward for chosen and rejected."""
@@ -261,15 +288,35 @@ def _armorm_view(model, pairs: Sequence[PreferencePair], batch_size: int) -> Dic
     return {"frame": frame, "summary": _jsonable({"objectives": frame.to_dict("records")})}
 
 
-def write_outputs(audit: AuditResult, out_dir: Path, echo: Callable[[str], None] = print) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "results.json").write_text(json.dumps(audit.record, indent=1))
-    for name, frame in audit.frames.items():
-        frame.to_csv(out_dir / f"{name}.csv", index=False)
-    build_report(audit).save(out_dir / "report.html")
-    audit.out_dir = out_dir
+def write_outputs(audit: AuditResult, out_dir: Union[str, Path, ReportDir], echo: Callable[[str], None] = print) -> None:
+    """report.html, results.json and the CSVs, swapped into `out_dir` as one set (no NaN/inf in any file)."""
+    report_dir = out_dir if isinstance(out_dir, ReportDir) else ReportDir(out_dir)
+    report = build_report(audit)  # built before anything is written: a failure here leaves no files
+
+    def write(tmp: Path) -> None:
+        write_json(tmp / "results.json", audit.record)
+        for name, frame in audit.frames.items():
+            write_csv(tmp / f"{name}.csv", frame)
+        report.save(tmp / "report.html")
+
+    with report_dir:
+        audit.out_dir = report_dir.commit(write)
     echo(summary_table(audit))
-    echo(f"[reward-lens] wrote {out_dir / 'report.html'}, results.json and {len(audit.frames)} CSV files")
+    echo(f"[reward-lens] wrote {audit.out_dir / 'report.html'}, results.json and {len(audit.frames)} CSV files")
+
+
+def fmt(value: Any, spec: str = "+.3f", missing: str = "n/a") -> str:
+    """`value` formatted, or `missing` for None / NaN (a tie's ratio, a CI over too few pairs)."""
+    try:
+        return missing if value is None or not math.isfinite(float(value)) else format(value, spec)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def fmt_ci(low: Any, high: Any, spec: str = "+.3f", n: Optional[int] = None) -> str:
+    if fmt(low) == "n/a" or fmt(high) == "n/a":
+        return "CI not available" + (f" (n={n})" if n is not None else "")
+    return f"[{fmt(low, spec)}, {fmt(high, spec)}]"
 
 
 def summary_table(audit: AuditResult) -> str:
@@ -277,14 +324,15 @@ def summary_table(audit: AuditResult) -> str:
     lines = [
         f"model            {s['model']} ({s['architecture']}, {s['n_layers']} layers, d_model {s['d_model']})",
         f"pairs            {s['n_pairs']}",
-        f"pair accuracy    {s['pair_accuracy']:.3f}   mean reward gap {s['mean_reward_gap']:+.4f}",
-        "crystallization  normed lens: mean depth {mean:.2f} (median {median:.2f})".format(
-            **s["crystallization_depth"]["normed"]),
-        "faithfulness     Spearman rho(|attribution|, noising effect): mean {m:+.3f} [{l:+.3f}, {h:+.3f}], pooled {p:+.3f}".format(
-            m=s["faithfulness"]["mean_rho"], l=s["faithfulness"]["mean_rho_ci"][0],
-            h=s["faithfulness"]["mean_rho_ci"][1], p=s["faithfulness"]["pooled_rho"]),
-        *[f"{'hacking probes' if i == 0 else '':16} {dim:<12} {v['verdict']:<10} effect {v['effect']:+.4f} "
-          f"[{v['ci_low']:+.4f}, {v['ci_high']:+.4f}]" for i, (dim, v) in enumerate(s["probes"].items())],
+        f"pair accuracy    {fmt(s['pair_accuracy'], '.3f')}   mean reward gap {fmt(s['mean_reward_gap'], '+.4f')}"
+        + (f"   ({s['n_ties']} tied pairs)" if s.get("n_ties") else ""),
+        "crystallization  normed lens: mean depth {} (median {})".format(
+            fmt(s["crystallization_depth"]["normed"]["mean"], ".2f"), fmt(s["crystallization_depth"]["normed"]["median"], ".2f")),
+        "faithfulness     Spearman rho(|attribution|, noising effect): mean {} {}, pooled {}".format(
+            fmt(s["faithfulness"]["mean_rho"]), fmt_ci(*s["faithfulness"]["mean_rho_ci"], n=s["n_pairs"]),
+            fmt(s["faithfulness"]["pooled_rho"])),
+        *[f"{'hacking probes' if i == 0 else '':16} {dim:<12} {v['verdict']:<10} effect {fmt(v['effect'], '+.4f')} "
+          f"{fmt_ci(v['ci_low'], v['ci_high'], '+.4f')}" for i, (dim, v) in enumerate(s["probes"].items())],
         f"total time       {s['total_time_s']:.1f} s",
     ]
     width = max(len(line) for line in lines)
@@ -298,21 +346,22 @@ def headline_frame(audit: AuditResult) -> pd.DataFrame:
     rows = [
         ("model", f"{s['model']} ({s['architecture']}, {s['n_layers']} layers, d_model {s['d_model']}, {s['dtype']})"),
         ("preference pairs", str(s["n_pairs"])),
-        ("pair accuracy (chosen > rejected)", f"{s['pair_accuracy']:.3f}"),
-        ("mean reward gap", f"{s['mean_reward_gap']:+.4f}"),
-        ("crystallization depth, normed lens (mean / median)",
-         "{mean:.2f} / {median:.2f}".format(**s["crystallization_depth"]["normed"])),
-        ("crystallization depth, frozen-scale lens (mean / median)",
-         "{mean:.2f} / {median:.2f}".format(**s["crystallization_depth"]["frozen"])),
-        ("attribution sum rule, max relative error", f"{s['attribution_max_relative_error']:.1e}"),
+        ("pair accuracy (chosen > rejected)", fmt(s["pair_accuracy"], ".3f")),
+        ("tied pairs (chosen == rejected; their normalised effects are NaN)", str(s.get("n_ties", 0))),
+        ("mean reward gap", fmt(s["mean_reward_gap"], "+.4f")),
+        *[(f"crystallization depth, {name} (mean / median)",
+           f"{fmt(s['crystallization_depth'][key]['mean'], '.2f')} / {fmt(s['crystallization_depth'][key]['median'], '.2f')}")
+          for key, name in (("normed", "normed lens"), ("frozen", "frozen-scale lens"))],
+        ("attribution sum rule, max relative error", fmt(s["attribution_max_relative_error"], ".1e")),
         ("faithfulness: Spearman rho(|attribution|, noising effect), mean per pair",
-         f"{f['mean_rho']:+.3f} [{f['mean_rho_ci'][0]:+.3f}, {f['mean_rho_ci'][1]:+.3f}]"),
-        ("faithfulness: pooled rho", f"{f['pooled_rho']:+.3f} [{f['pooled_rho_ci'][0]:+.3f}, {f['pooled_rho_ci'][1]:+.3f}]"),
+         f"{fmt(f['mean_rho'])} {fmt_ci(*f['mean_rho_ci'], n=s['n_pairs'])}"),
+        ("faithfulness: pooled rho", f"{fmt(f['pooled_rho'])} {fmt_ci(*f['pooled_rho_ci'], n=s['n_pairs'])}"),
     ]
     if "divergence" in s:
-        rows.append(("patches flagged out of distribution", f"{s['divergence'].get('frac_flagged', float('nan')):.1%}"))
+        rows.append(("patches flagged out of distribution", fmt(s["divergence"].get("frac_flagged"), ".1%")))
     for dim, v in s["probes"].items():
-        rows.append((f"probe: {dim}", f"{v['verdict']} ({v['effect']:+.4f}, 95% CI [{v['ci_low']:+.4f}, {v['ci_high']:+.4f}])"))
+        rows.append((f"probe: {dim}", f"{v['verdict']} ({fmt(v['effect'], '+.4f')}, 95% CI "
+                                       f"{fmt_ci(v['ci_low'], v['ci_high'], '+.4f')})"))
     rows.append(("total time", f"{s['total_time_s']:.1f} s"))
     return pd.DataFrame(rows, columns=["metric", "value"])
 
@@ -333,7 +382,7 @@ def build_report(audit: AuditResult):
     sec.figure(r["lens"].plot())
     sec = rep.section("Exact attribution")
     sec.text(f"Direct attribution of the reward gap to embed, every attention and MLP output; the terms sum to the "
-             f"gap minus the bias (max relative error {s['attribution_max_relative_error']:.1e}).")
+             f"gap minus the bias (max relative error {fmt(s['attribution_max_relative_error'], '.1e')}).")
     sec.figure(r["attribution"].plot())
     if "tokens" in r:
         sec = rep.section("Which tokens the reward reads")

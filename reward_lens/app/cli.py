@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import List, Optional
 
 from reward_lens import __version__
+from reward_lens.app.options import CLIError, validate_args
+
+# What a user can cause (bad paths, values, files, checkpoints): one line, exit 2. Anything else is a bug
+# and keeps its traceback; --debug shows the traceback of user errors too.
+USER_ERRORS = (ValueError, OSError, CLIError)
 
 
-class CLIError(Exception):
-    """A bad input, reported as one line."""
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, with its usage errors as one line (exit 2) like every other input error."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}; see {self.prog} --help\n")
 
 
 def _load_model(spec: Optional[str], device: Optional[str], dtype: Optional[str]):
@@ -59,32 +66,44 @@ def _set_threads(threads: Optional[int], model) -> None:
 
 def cmd_audit(args) -> int:
     from reward_lens.app.audit import run_audit
+    from reward_lens.app.output import ReportDir, provenance
 
-    model, label = _load_model(args.model, args.device, args.dtype)
-    _set_threads(args.threads, model)
-    pairs = _load_pairs(args.pairs, model)
-    run_audit(model, pairs, args.out, max_pairs=args.max_pairs, batch_size=args.batch_size, model_label=label)
+    with ReportDir(args.out) as out:  # checked and locked before any work
+        model, label = _load_model(args.model, args.device, args.dtype)
+        _set_threads(args.threads, model)
+        pairs = _load_pairs(args.pairs, model)
+        info = provenance(args.pairs, {k: v for k, v in vars(args).items() if k not in ("func", "debug")})
+        run_audit(model, pairs, out, max_pairs=args.max_pairs, batch_size=args.batch_size, model_label=label,
+                  run_info=info)
     return 0
 
 
 def cmd_compare(args) -> int:
-    from reward_lens.instruments.compare import compare_models
-    from reward_lens.app.report import Report
+    from reward_lens.app.output import ReportDir, provenance
 
-    models = {}
-    for spec in args.models:
-        model, label = _load_model(spec, args.device, args.dtype)
-        name = Path(label).name or label
-        while name in models:
-            name += "'"
-        models[name] = model
-    _set_threads(args.threads, max(models.values(), key=lambda m: m.cfg.d_model))
-    pairs = _load_pairs(args.pairs, next(iter(models.values())))
-    if args.max_pairs:
-        pairs = pairs[: args.max_pairs]
+    with ReportDir(args.out) as out:  # checked and locked before any work
+        models = {}
+        for spec in args.models:
+            model, label = _load_model(spec, args.device, args.dtype)
+            name = Path(label).name or label
+            while name in models:
+                name += "'"
+            models[name] = model
+        _set_threads(args.threads, max(models.values(), key=lambda m: m.cfg.d_model))
+        pairs = _load_pairs(args.pairs, next(iter(models.values())))
+        if args.max_pairs:
+            pairs = pairs[: args.max_pairs]
+        info = provenance(args.pairs, {k: v for k, v in vars(args).items() if k not in ("func", "debug")})
+        _write_comparison(models, pairs, args, out, info)
+    return 0
+
+
+def _write_comparison(models, pairs, args, out, info) -> None:
+    from reward_lens.app.output import write_csv, write_json
+    from reward_lens.app.report import Report
+    from reward_lens.instruments.compare import compare_models
+
     result = compare_models(models, pairs, probes=True, batch_size=args.batch_size, progress=True)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     report = Report("reward-lens comparison: " + " vs ".join(models))
     sec = report.section("Summary")
     sec.text("Only basis-free quantities are compared: residual bases differ between models, so directions and "
@@ -93,22 +112,26 @@ def cmd_compare(args) -> int:
     summary = result.to_frame("summary")
     sec.table(summary)
     sec.figure(result.plot())
-    report.save(out / "report.html")
-    summary.to_csv(out / "summary.csv", index=False)
-    (out / "results.json").write_text(json.dumps(summary.to_dict("records"), indent=1, default=str))
+
+    def write(tmp: Path) -> None:
+        report.save(tmp / "report.html")
+        write_csv(tmp / "summary.csv", summary)
+        write_json(tmp / "results.json", summary.to_dict("records"))
+        write_json(tmp / "run.json", {**info, "models": list(models)})
+
+    path = out.commit(write)
     print(summary.to_string(index=False))
-    print(f"[reward-lens] wrote {out / 'report.html'}")
-    return 0
+    print(f"[reward-lens] wrote {path / 'report.html'}")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="reward-lens",
         description="Mechanistic interpretability for reward models: reward lens, exact attribution, contrastive "
                     "patching, hacking probes, along the reward direction w_r.",
     )
     parser.add_argument("--version", action="version", version=f"reward-lens {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
 
     def common(p):
         p.add_argument("--pairs", help="preference pairs (.jsonl/.json/.csv/.parquet with prompt, chosen, rejected)")
@@ -118,6 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--batch-size", type=int, default=8)
         p.add_argument("--threads", type=int, default=None,
                        help="torch CPU threads (default: 1 for models with d_model <= 1024 on CPU, else torch's)")
+        p.add_argument("--debug", action="store_true", help="show the full traceback of an error")
 
     audit = sub.add_parser("audit", help="audit one reward model (default: the embedded demo model and its pairs)")
     audit.add_argument("--model", default=None, help="checkpoint directory or hub id (default: the demo model)")
@@ -139,9 +163,20 @@ def main(argv: Optional[List[str]] = None) -> int:
         print("reward-lens compare: error: give at least two models to compare", file=sys.stderr)
         return 2
     try:
+        validate_args(args)
         return args.func(args)
-    except (FileNotFoundError, ValueError, CLIError) as exc:
-        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        print(f"reward-lens {args.command}: interrupted; no partial report was written", file=sys.stderr)
+        return 130
+    except USER_ERRORS as exc:
+        if args.debug:
+            raise
+        text = str(exc).strip()
+        message = text.splitlines()[0] if text else type(exc).__name__
+        if isinstance(exc, OSError) and not isinstance(exc, FileNotFoundError) and exc.filename and exc.filename not in message:
+            message += f" ({exc.filename})"
         print(f"reward-lens {args.command}: error: {message}", file=sys.stderr)
         return 2
 

@@ -12,6 +12,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Union
 import torch
 from tqdm.auto import tqdm
 
+from reward_lens.core.validation import check_finite_rewards
 from reward_lens.model.native import QUERY_AXIS_2_HOOKS
 
 NamesFilter = Union[None, str, Sequence[str], Callable[[str], bool]]
@@ -22,6 +23,7 @@ class Tokenized:
     input_ids: torch.Tensor  # [batch, pos]
     attention_mask: torch.Tensor  # [batch, pos]
     readout: torch.Tensor  # [batch] readout position of each row
+    labels: Optional[List[str]] = None  # what each row is ("pair rl-3, chosen"), for error messages
 
 
 @dataclass
@@ -72,6 +74,7 @@ def readout_run(
             tok.input_ids, attention_mask=tok.attention_mask, readout_only=True,
             readout_positions=tok.readout, names_filter=names_filter if names_filter is not None else (lambda n: False),
         )
+        check_finite_rewards(out, [f"input {i} (prompt {str(prompts[i])[:40]!r})" for i in range(sl.start, sl.stop)])
         rewards.append(out.detach())
         for name, value in cache.items():
             is_query_axis_2 = name.endswith(QUERY_AXIS_2_HOOKS)
@@ -232,6 +235,8 @@ def tokenize_pair_batch(model, pairs: Sequence, index: slice, padding_side: Opti
         else:
             differ = (c[:n] != r[:n]).nonzero()
             prompt_len.append(int(differ[0]) if len(differ) else n)
+    names = [f"pair {getattr(p, 'id', None) or index.start + b}" for b, p in enumerate(pairs)]
+    chosen.labels, rejected.labels = [f"{n}, chosen" for n in names], [f"{n}, rejected" for n in names]
     return PairBatch(chosen, rejected, torch.tensor(prompt_len, dtype=torch.long), index)
 
 
@@ -310,4 +315,5 @@ def capture(model, tok: Tokenized, readout_names: Sequence[str] = (), full_names
     rewards = model.run_with_hooks(
         tok.input_ids, tok.attention_mask, readout_positions=tok.readout, fwd_hooks=hooks
     )
+    check_finite_rewards(rewards, tok.labels)
     return Capture(tok, rewards, at_readout, full)

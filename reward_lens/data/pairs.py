@@ -4,12 +4,13 @@ and demos."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable, List, Optional, Sequence, Union
 
 import torch
+
+from reward_lens.data.validate import Text, normalize_label, normalize_text, read_records, validate_records, warn_ties
 
 REQUIRED_COLUMNS = ("prompt", "chosen", "rejected")
 BUNDLED_PAIRS = Path(__file__).resolve().parent / "pairs.jsonl"
@@ -17,13 +18,22 @@ BUNDLED_PAIRS = Path(__file__).resolve().parent / "pairs.jsonl"
 
 @dataclass(frozen=True)
 class PreferencePair:
-    """One preference comparison: the same prompt with a chosen (preferred) and a rejected response."""
+    """One preference comparison: the same prompt with a chosen (preferred) and a rejected response.
 
-    prompt: str
-    chosen: str
-    rejected: str
+    Each text is a `str` or a conversation (a list of {"role", "content"} messages, stored as a tuple of
+    dicts and rendered with the chat template); None / NaN / other types are refused."""
+
+    prompt: Text
+    chosen: Text
+    rejected: Text
     subset: Optional[str] = None
     id: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        for name in ("prompt", "chosen", "rejected"):
+            object.__setattr__(self, name, normalize_text(getattr(self, name), f"PreferencePair.{name}"))
+        for name in ("subset", "id"):
+            object.__setattr__(self, name, normalize_label(getattr(self, name), f"PreferencePair.{name}"))
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -50,47 +60,14 @@ class TokenPair:
             raise ValueError("a TokenPair needs at least one token in both chosen and rejected")
 
 
-def _records_to_pairs(records: Sequence[dict], source: str) -> List[PreferencePair]:
-    if not records:
-        raise ValueError(f"{source} holds no preference pairs; give at least one row with prompt, chosen, rejected")
-    missing = [c for c in REQUIRED_COLUMNS if c not in records[0]]
-    if missing:
-        raise ValueError(
-            f"{source} lacks column(s) {missing}; preference files need columns prompt, chosen, rejected "
-            f"(optional: subset, id); found {sorted(records[0])}"
-        )
-    pairs = []
-    for i, r in enumerate(records):
-        sid = r.get("id")
-        pairs.append(
-            PreferencePair(
-                prompt=str(r["prompt"]), chosen=str(r["chosen"]), rejected=str(r["rejected"]),
-                subset=None if r.get("subset") is None else str(r["subset"]),
-                id=str(sid) if sid is not None and sid == sid else str(i),
-            )
-        )
-    return pairs
-
-
 def load_pairs(path: Union[str, Path]) -> List[PreferencePair]:
-    """Read pairs from .jsonl, .json (a list of objects), .csv or .parquet with RewardBench's columns."""
+    """Read pairs from .jsonl (also pretty-printed), .json (a list of objects, one object, {"pairs": [...]}
+    or columns), .csv or .parquet with RewardBench's columns. Every row is validated
+    (`reward_lens.data.validate`); errors name the file, line/row and column; ties are kept with a warning."""
     path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"no pairs file at {str(path)!r}")
-    suffix = path.suffix.lower()
-    if suffix == ".jsonl":
-        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    elif suffix == ".json":
-        data = json.loads(path.read_text())
-        records = data if isinstance(data, list) else data.get("pairs", [])
-    elif suffix in (".csv", ".parquet"):
-        import pandas as pd
-
-        frame = pd.read_csv(path) if suffix == ".csv" else pd.read_parquet(path)
-        records = frame.to_dict("records")
-    else:
-        raise ValueError(f"unsupported pairs file type {suffix!r}; use .jsonl, .json, .csv or .parquet")
-    return _records_to_pairs(records, str(path))
+    pairs = validate_records(read_records(path), str(path), PreferencePair)
+    warn_ties(pairs, str(path))
+    return pairs
 
 
 def bundled_pairs() -> List[PreferencePair]:
@@ -113,6 +90,10 @@ def as_pairs(pairs: Union[AnyPair, Iterable[AnyPair], str, Path]) -> List[AnyPai
         return load_pairs(pairs)
     if isinstance(pairs, (PreferencePair, TokenPair)):
         return [pairs]
+    if not isinstance(pairs, Iterable) or isinstance(pairs, (dict, bytes)):
+        raise TypeError(
+            f"pairs must be a PreferencePair, a list of them, or a pairs file path; got {type(pairs).__name__}"
+        )
     pairs = list(pairs)
     if not pairs:
         raise ValueError("no preference pairs given; pass at least one PreferencePair")

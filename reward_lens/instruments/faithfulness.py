@@ -98,6 +98,8 @@ def _depth(component: str) -> int:
 
 def _bootstrap(per_pair: np.ndarray, a: np.ndarray, e: np.ndarray, n_boot: int, ci: float, seed: int):
     """Percentile intervals of the mean per-pair rho and of the pooled rho, pairs resampled together."""
+    if len(per_pair) < 2:  # resampling one pair gives a zero-width interval: the CI is not available (NaN)
+        return (np.nan, np.nan), (np.nan, np.nan)
     idx = bootstrap_indices(len(per_pair), n_boot, seed)
     with np.errstate(invalid="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # a resample of only constant pairs has no rho

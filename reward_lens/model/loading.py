@@ -12,6 +12,10 @@ import torch
 from reward_lens.model.config import RewardModelConfig
 from reward_lens.converters import StateDict, get_weight_map
 from reward_lens.converters.processing import fold_norm_weights
+from reward_lens.model.checks import (
+    CheckpointError, check_finite_weights, check_hf_tensors, check_overrides, check_state_dict, check_tokenizer_vocab,
+    load_safetensors, read_json,
+)
 from reward_lens.model.heads.scalar import HEAD_TYPES
 
 HOOKED_CONFIG = "reward_lens_config.json"
@@ -72,18 +76,16 @@ def resolve_checkpoint_dir(path_or_id: Union[str, Path]) -> Path:
 
 def load_hf_state_dict(directory: Path) -> StateDict:
     """All tensors of a transformers checkpoint directory (sharded or not, safetensors or .bin)."""
-    from safetensors.torch import load_file
-
     index = directory / "model.safetensors.index.json"
     if index.exists():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        shards = sorted(set(read_json(index).get("weight_map", {}).values()))
         sd: StateDict = {}
         for shard in shards:
-            sd.update(load_file(str(directory / shard)))
+            sd.update(load_safetensors(directory / shard))
         return sd
     single = directory / "model.safetensors"
     if single.exists():
-        return load_file(str(single))
+        return load_safetensors(single)
     bins = sorted(directory.glob("pytorch_model*.bin"))
     if bins:
         sd = {}
@@ -114,21 +116,27 @@ def load_pretrained(
     if tokenizer is None:
         tokenizer = load_tokenizer(directory)
     if (directory / HOOKED_CONFIG).exists():
-        return load_hooked(cls, directory, tokenizer=tokenizer, device=device, dtype=dtype, fold_ln=fold_ln)
+        return load_hooked(cls, directory, tokenizer=tokenizer, device=device, dtype=dtype, fold_ln=fold_ln, **overrides)
     if not (directory / "config.json").exists():
         raise FileNotFoundError(f"{directory} has no config.json; is it a transformers checkpoint directory?")
     hf_config = _load_hf_config(directory)
+    check_overrides(hf_config, overrides)  # a misspelled option is an error, as in transformers
     for key, value in overrides.items():
         setattr(hf_config, key, value)
     # No native weight map (or asked for): the generic component-level path (reward_lens/generic.py).
     if generic or module_map is not None or (directory / "reward_lens_generic.json").exists() or not has_native_weight_map(hf_config):
         from reward_lens.model.generic.wrapper import load_generic
 
-        return load_generic(
+        model = load_generic(
             directory, hf_config, tokenizer=tokenizer, device=device, dtype=dtype, fold_ln=fold_ln, module_map=module_map
         )
+        check_finite_weights(model.state_dict().items(), str(directory))  # transformers loaded these: same checks
+        check_tokenizer_vocab(tokenizer, model.cfg.d_vocab, str(directory))
+        return model
+    hf_sd = load_hf_state_dict(directory)
+    check_hf_tensors(hf_config, hf_sd, directory)
     return convert_state_dict(
-        cls, hf_config, load_hf_state_dict(directory), tokenizer=tokenizer, device=device, dtype=dtype, fold_ln=fold_ln
+        cls, hf_config, hf_sd, tokenizer=tokenizer, device=device, dtype=dtype, fold_ln=fold_ln, source=str(directory)
     )
 
 
@@ -136,14 +144,17 @@ def _load_hf_config(directory: Path):
     """transformers' config class for the checkpoint's model_type; never runs remote code."""
     from transformers import AutoConfig
 
-    raw = json.loads((directory / "config.json").read_text())
+    raw = read_json(directory / "config.json")
     raw.pop("auto_map", None)  # remote-code pointers: our weight maps stand in for that code
     model_type = raw.get("model_type")
     try:
         return AutoConfig.for_model(model_type, **{k: v for k, v in raw.items() if k != "model_type"})
-    except (ValueError, KeyError):
+    except (ValueError, KeyError, TypeError) as exc:
         from reward_lens.converters import supported_architectures
 
+        if model_type is not None and "model_type" not in str(exc) and "Unrecognized" not in str(exc):
+            raise CheckpointError(f"{directory / 'config.json'} is invalid for model_type {model_type!r}: "
+                                  f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
         raise ValueError(
             f"config.json in {directory} has model_type {model_type!r}, which transformers does not know; "
             f"supported architectures: {', '.join(supported_architectures())} (generic loading was tried too: it "
@@ -160,16 +171,26 @@ def has_native_weight_map(hf_config) -> bool:
         return False
 
 
-def convert_state_dict(cls, hf_config, hf_state_dict: StateDict, *, tokenizer=None, device=None, dtype=None, fold_ln=True):
+def convert_state_dict(
+    cls, hf_config, hf_state_dict: StateDict, *, tokenizer=None, device=None, dtype=None, fold_ln=True,
+    source: str = "the checkpoint",
+):
     """transformers config + state dict -> HookedRewardModel (weights converted, norms optionally folded)."""
     weight_map = get_weight_map(hf_config)
     cfg = weight_map.build_config(hf_config)
-    sd = weight_map.convert(hf_state_dict, cfg, hf_config)
-    return _build(cls, cfg, sd, tokenizer=tokenizer, device=device, dtype=dtype, fold_ln=fold_ln)
+    try:
+        sd = weight_map.convert(hf_state_dict, cfg, hf_config)
+    except KeyError as exc:
+        raise CheckpointError(f"{source} lacks tensor {exc.args[0]!r}; the checkpoint is incomplete") from None
+    return _build(cls, cfg, sd, tokenizer=tokenizer, device=device, dtype=dtype, fold_ln=fold_ln, source=source)
 
 
-def _build(cls, cfg: RewardModelConfig, sd: StateDict, *, tokenizer, device, dtype, fold_ln):
+def _build(cls, cfg: RewardModelConfig, sd: StateDict, *, tokenizer, device, dtype, fold_ln, source="the checkpoint"):
     dtype, device = resolve_dtype(dtype), resolve_device(device)
+    with torch.device("meta"):  # shapes to check the weights against, before folding touches them
+        check_state_dict(cls(cfg, tokenizer=None).state_dict(), sd, source)
+    check_finite_weights(sd.items(), source)
+    check_tokenizer_vocab(tokenizer, cfg.d_vocab, source)
     if fold_ln and cfg.normalization_type == "RMS":
         sd = fold_norm_weights(sd, cfg, HEAD_TYPES[cfg.head_type].final_norm_readers)
     cfg.dtype, cfg.device = dtype, device
@@ -193,12 +214,17 @@ def save_hooked(model, path: Union[str, Path]) -> None:
         model.tokenizer.save_pretrained(str(path))
 
 
-def load_hooked(cls, directory: Path, *, tokenizer=None, device=None, dtype=None, fold_ln=True):
-    from safetensors.torch import load_file
-
-    cfg = RewardModelConfig.from_dict(json.loads((directory / HOOKED_CONFIG).read_text()))
-    sd = load_file(str(directory / HOOKED_WEIGHTS))
+def load_hooked(cls, directory: Path, *, tokenizer=None, device=None, dtype=None, fold_ln=True, **overrides):
+    raw = read_json(directory / HOOKED_CONFIG)
+    check_overrides(None, overrides, known=raw)
+    raw.update(overrides)
+    try:
+        cfg = RewardModelConfig.from_dict(raw)
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise CheckpointError(f"{directory / HOOKED_CONFIG} is invalid: {str(exc).splitlines()[0]}") from None
+    sd = load_safetensors(directory / HOOKED_WEIGHTS)
     for key in list(sd):
         if key.endswith(("attn.W_Q", "attn.W_K", "attn.W_V")):  # restore the fast storage layout
             sd[key] = sd[key].transpose(1, 2).contiguous().transpose(1, 2)
-    return _build(cls, cfg, sd, tokenizer=tokenizer, device=device, dtype=dtype, fold_ln=fold_ln)
+    return _build(cls, cfg, sd, tokenizer=tokenizer, device=device, dtype=dtype, fold_ln=fold_ln,
+                  source=str(directory / HOOKED_WEIGHTS))

@@ -20,6 +20,7 @@ from transformer_lens.ActivationCache import ActivationCache
 from transformer_lens.hook_points import HookPoint
 from transformer_lens.HookedRootModule import HookedRootModule
 
+from reward_lens.core.validation import check_attention_mask, check_model_inputs
 from reward_lens.model.components import Embed, RMSNorm, RotaryEmbedding, TransformerBlock, attention_masks
 from reward_lens.model.config import RewardModelConfig
 from reward_lens.model.heads.scalar import build_head, last_position_without_pad
@@ -145,11 +146,14 @@ class HookedRewardModel(HookedRootModule):
         sequence gets the same reward as the unpadded one.
         """
         if start_at_layer is None:
+            input, attention_mask = check_model_inputs(self, input, attention_mask)
             input_ids = input
             residual = self.hook_embed(self.embed(input.to(self.cfg.device)))
             start_at_layer = 0
         else:
             residual = input
+            if attention_mask is not None:  # shape only: a mid-model restart reuses a checked mask (no device sync)
+                attention_mask = check_attention_mask(attention_mask, tuple(residual.shape[:2]), values=False)
         batch, T = residual.shape[:2]
         device = residual.device
         if attention_mask is None:
@@ -180,6 +184,8 @@ class HookedRewardModel(HookedRootModule):
         return out, ActivationCache(cache_dict, self, has_batch_dim=not kwargs.get("remove_batch_dim", False))
 
     def _run_with_readout_cache(self, input, attention_mask=None, *, names_filter=None, device=None, **kwargs):
+        if kwargs.get("start_at_layer") is None:  # checked here too: the readout is found before the forward
+            input, attention_mask = check_model_inputs(self, input, attention_mask)
         ids = kwargs.get("input_ids", input if kwargs.get("start_at_layer") is None else None)
         readout = kwargs.pop("readout_positions", None)
         if readout is None:
@@ -204,11 +210,13 @@ class HookedRewardModel(HookedRootModule):
     def _filter_names(self, names_filter) -> List[str]:
         if names_filter is None:
             return list(self.hook_dict)
-        if isinstance(names_filter, str):
-            return [names_filter]
         if callable(names_filter):
             return [n for n in self.hook_dict if names_filter(n)]
-        return list(names_filter)
+        names = [names_filter] if isinstance(names_filter, str) else list(names_filter)
+        unknown = [n for n in names if n not in self.hook_dict]
+        if unknown:
+            raise ValueError(f"unknown hook name(s) {unknown[:3]}; see model.hook_dict (e.g. 'blocks.0.hook_resid_post')")
+        return names
 
     # ------------------------------------------------------------------ reward direction
     @property

@@ -7,7 +7,8 @@ would double it). Without a template, the documented plain format
     "User: {prompt}\\n\\nAssistant: {response}"
 
 tokenised with the tokenizer's usual special tokens. Over-long inputs are cut from the left (the
-response end, where the reward is read, is kept) with a warning.
+response end, where the reward is read, is kept) with a warning. Conversations (tuples of
+{"role", "content"} messages, see `reward_lens.data.validate`) are rendered by the template as given.
 """
 
 from __future__ import annotations
@@ -20,11 +21,24 @@ import torch
 PLAIN_FORMAT = "User: {prompt}\n\nAssistant: {response}"
 
 
-def render_pair(tokenizer, prompt: str, response: str) -> str:
+def conversation(prompt, response) -> list:
+    """The chat messages of (prompt, response); each is text or a tuple of {"role", "content"} messages. A
+    response conversation that already starts with the prompt's messages is used whole (no duplicate)."""
+    head = list(prompt) if isinstance(prompt, (list, tuple)) else [{"role": "user", "content": prompt}]
+    if isinstance(response, (list, tuple)):
+        tail = list(response)
+        implicit_prompt = prompt == "" or tail[: len(head)] == head  # TRL's implicit-prompt conversations
+        return tail if implicit_prompt else head + tail
+    return head + [{"role": "assistant", "content": response}]
+
+
+def render_pair(tokenizer, prompt, response) -> str:
+    messages = conversation(prompt, response)
     if getattr(tokenizer, "chat_template", None):
-        conversation = [{"role": "user", "content": prompt}, {"role": "assistant", "content": response}]
-        return tokenizer.apply_chat_template(conversation, tokenize=False)
-    return PLAIN_FORMAT.format(prompt=prompt, response=response)
+        return tokenizer.apply_chat_template(messages, tokenize=False)
+    if isinstance(prompt, str) and isinstance(response, str):
+        return PLAIN_FORMAT.format(prompt=prompt, response=response)
+    return "\n\n".join(f"{m['role'].capitalize()}: {m['content']}" for m in messages)
 
 
 def tokenize_pairs(
@@ -41,8 +55,17 @@ def tokenize_pairs(
             "this model has no tokenizer (the checkpoint ships no tokenizer files); set model.tokenizer = "
             "AutoTokenizer.from_pretrained(...) or pass input_ids directly"
         )
+    if prompts is None or responses is None:
+        raise TypeError("to_tokens needs prompts and responses (text, or lists of text); got None")
+    if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1):
+        raise ValueError(f"max_length must be a positive number of tokens, got {max_length!r}")
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
     responses = [responses] if isinstance(responses, str) else list(responses)
+    if not prompts:
+        raise ValueError("to_tokens got no prompts; pass at least one (prompt, response)")
+    bad = [x for x in prompts + responses if not isinstance(x, (str, tuple, list))]
+    if bad:
+        raise TypeError(f"prompts and responses must be text or chat-message lists; got {type(bad[0]).__name__}")
     if len(prompts) != len(responses):
         raise ValueError(f"got {len(prompts)} prompts but {len(responses)} responses; pass one response per prompt")
     if padding_side not in (None, "left", "right"):

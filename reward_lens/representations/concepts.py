@@ -311,6 +311,8 @@ def concept_vector(
     bad = [l for l in layers if not 0 <= l < n_layers]
     if bad:
         raise ValueError(f"layers {bad} out of range: the model has {n_layers} layers")
+    if not 0.0 <= test_fraction < 1.0:
+        raise ValueError(f"test_fraction must be in [0, 1) (the rest trains the vector), got {test_fraction!r}")
     order = list(range(len(items)))
     random.Random(seed).shuffle(order)
     n_test = int(round(len(items) * test_fraction)) if len(items) >= 4 else 0

@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from reward_lens.core.validation import safe_ratio
 from reward_lens.data.pairs import as_pairs, pair_labels
 from reward_lens.instruments.sites import Site, sites_for
 from reward_lens.plotting import panels, finish
@@ -102,7 +103,7 @@ class AtPResult(PairRewards):
         if (mode, target) not in self.estimates:
             raise KeyError(f"no estimates for mode={mode!r}, target={target!r}; have {sorted(self.estimates)}")
         eff = self.estimates[(mode, target)]
-        return eff / self.clean_gap[:, None] if normalized else eff
+        return safe_ratio(eff, self.clean_gap[:, None]) if normalized else eff
 
     def to_frame(self) -> pd.DataFrame:
         """pair, component, layer, head, level, mode, target, position, atp_effect, normalized_effect."""
@@ -116,7 +117,7 @@ class AtPResult(PairRewards):
                 "layer": [s.layer for s in self.sites] * n,
                 "head": pd.array([s.head for s in self.sites] * n, dtype="Int64"),
                 "level": [s.level for s in self.sites] * n, "mode": mode, "target": target,
-                "position": self.positions, "atp_effect": e.ravel(), "normalized_effect": (e / gap[:, None]).ravel(),
+                "position": self.positions, "atp_effect": e.ravel(), "normalized_effect": safe_ratio(e, gap[:, None]).ravel(),
             }))
         return pd.concat(frames, ignore_index=True)
 

@@ -27,14 +27,17 @@ residual. method="naive" runs one full `run_with_hooks` forward per patch (the r
 
 from __future__ import annotations
 
+import warnings
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
+import numpy as np
 import pandas as pd
 import torch
 from jaxtyping import Float
 
+from reward_lens.core.validation import safe_ratio
 from reward_lens.data.pairs import as_pairs, pair_labels
 from reward_lens.instruments.sites import Site, sites_for
 from reward_lens.plotting import diverging_heatmap, finish, panels
@@ -108,7 +111,7 @@ class PatchResult(PairRewards):
         mode, target = self._key(mode, target)
         clean = self.clean_chosen if target == "chosen" else self.clean_rejected
         eff = self.patched[(mode, target)] - clean[:, None]
-        return eff / self.clean_gap[:, None] if normalized else eff
+        return safe_ratio(eff, self.clean_gap[:, None]) if normalized else eff
 
     def to_frame(self) -> pd.DataFrame:
         """One row per (pair, site, mode, target): pair, component, layer, head, level, mode, target,
@@ -128,7 +131,7 @@ class PatchResult(PairRewards):
                 "level": [s.level for s in self.sites] * n,
                 "mode": mode, "target": target, "position": self.positions,
                 "clean_reward": clean.repeat(S), "patched_reward": p.ravel(), "effect": eff.ravel(),
-                "clean_gap": gap.repeat(S), "normalized_effect": (eff / gap[:, None]).ravel(),
+                "clean_gap": gap.repeat(S), "normalized_effect": safe_ratio(eff, gap[:, None]).ravel(),
             }))
         return pd.concat(frames, ignore_index=True)
 
@@ -148,7 +151,9 @@ class PatchResult(PairRewards):
         """Mean effect over pairs, one panel per level: component level as an attn/mlp x layer heatmap, heads
         as a head x layer heatmap, residual as a line over layers. `ax`: one Axes per level (or one, split)."""
         mode = mode or self.modes[0]
-        eff = to_numpy(self.effect(mode, normalized=normalized)).mean(0)
+        with warnings.catch_warnings():  # ties (NaN) left out; all tied: an empty (NaN) map, no warning
+            warnings.simplefilter("ignore", RuntimeWarning)
+            eff = np.nanmean(to_numpy(self.effect(mode, normalized=normalized)), 0)
         levels = list(dict.fromkeys(s.level for s in self.sites))
         created = ax is None
         fig, axes = panels(ax, len(levels), (5.5 * len(levels), 3.6))
@@ -484,6 +489,8 @@ def site_means(model, pairs, sites: Sequence[Site], positions: str = "readout", 
 
 
 def _check_options(modes, positions, method):
+    if not modes:
+        raise ValueError(f"no patching mode given (mode={modes!r}); use one or more of {MODES}")
     bad = [m for m in modes if m not in MODES]
     if bad:
         raise ValueError(f"unknown patching mode(s) {bad}; use {MODES}")

@@ -54,6 +54,7 @@ from jaxtyping import Float, Int
 from transformer_lens.hook_points import HookPoint
 from transformer_lens.HookedRootModule import HookedRootModule
 
+from reward_lens.core.validation import check_model_inputs
 from reward_lens.model.config import RewardModelConfig
 from reward_lens.model.heads.scalar import RewardHead
 from reward_lens.model.native import HookedRewardModel
@@ -682,6 +683,7 @@ class GenericHookedRewardModel(HookedRewardModel):
             raise ValueError(f"need 0 <= start_at_layer <= stop_at_layer <= n_layers={n}; got {start_at_layer}, {stop_at_layer}")
         device = self.cfg.device
         if start_at_layer is None:
+            input, attention_mask = check_model_inputs(self, input, attention_mask)
             input_ids = input.to(device)
             embeds = None
             batch, T = input_ids.shape

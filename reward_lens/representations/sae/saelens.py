@@ -137,7 +137,7 @@ def read_saelens(
 ) -> Tuple[SAEConfig, Dict[str, torch.Tensor]]:
     """(config, float32 weights) from an SAE directory in SAELens's format (any version), with older
     versions' scaling factors and a dataset norm factor folded into the weights."""
-    from safetensors.torch import load_file
+    from reward_lens.model.checks import check_finite_weights, load_safetensors, read_json
 
     directory = Path(path).expanduser()
     cfg_file = directory / SAE_CFG_FILENAME
@@ -147,13 +147,13 @@ def read_saelens(
             f"{str(directory)!r} is not an SAE directory: expected {SAE_CFG_FILENAME} and {SAE_WEIGHTS_FILENAME} "
             "(SAELens's format; save one with sae.save(path))"
         )
-    raw = json.loads(cfg_file.read_text())
+    raw = read_json(cfg_file)
     cfg, norm = parse_saelens_config(raw, str(directory))
     if hook_name is not None:
         cfg.hook_name = hook_name
     if dtype is not None:
         cfg.dtype = dtype_name(dtype)
-    sd = {k: v.float() for k, v in load_file(str(weights_file)).items()}
+    sd = {k: v.float() for k, v in load_safetensors(weights_file).items()}
     if cfg.architecture == "jumprelu" and "threshold" not in sd:
         if "log_threshold" not in sd:
             raise ValueError(f"{directory}: a jumprelu SAE needs a 'threshold' (or 'log_threshold') tensor")
@@ -172,6 +172,7 @@ def read_saelens(
             raise ValueError(f"{directory}: {SAE_WEIGHTS_FILENAME} lacks {name!r} (has {sorted(sd)})")
         if tuple(sd[name].shape) != shape:
             raise ValueError(f"{directory}: {name} has shape {tuple(sd[name].shape)}, cfg.json implies {shape}")
+    check_finite_weights(((k, sd[k]) for k in expected), str(weights_file))
     if norm == "expected_average_only_in":
         if norm_scaling_factor is None:
             raise ValueError(
@@ -190,13 +191,13 @@ def read_saelens(
 
 def read_extras(path: Union[str, Path], d_sae: int) -> Tuple[Optional[torch.Tensor], Dict[str, Any]]:
     """(firing frequency [d_sae] from sparsity.safetensors or None, our training record or {})."""
-    from safetensors.torch import load_file
+    from reward_lens.model.checks import load_safetensors
 
     directory = Path(path).expanduser()
     freq = None
     sparsity = directory / SPARSITY_FILENAME
     if sparsity.exists():
-        log_freq = load_file(str(sparsity)).get("sparsity")
+        log_freq = load_safetensors(sparsity).get("sparsity")
         if log_freq is not None and log_freq.shape == (d_sae,):
             freq = (10.0 ** log_freq.float()).clamp(max=1.0)
             freq[freq < 1e-9] = 0.0

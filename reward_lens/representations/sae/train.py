@@ -152,7 +152,15 @@ def train_sae(
     hook_name, acts = _training_activations(model, data, hook_name, layer, positions, max_tokens, model_batch_size,
                                             progress)
     n, d_in = acts.shape
-    d_sae = int(d_sae or expansion * d_in)
+    finite = torch.isfinite(acts).all(-1)
+    if not bool(finite.all()):
+        raise ValueError(f"{int((~finite).sum())} of {n} activation rows hold NaN/inf (first: row "
+                         f"{int((~finite).nonzero()[0])}); an SAE trained on them is NaN: check the model and inputs")
+    if d_sae is not None and (isinstance(d_sae, bool) or int(d_sae) != d_sae or d_sae < 1):
+        raise ValueError(f"d_sae must be a positive number of latents, got {d_sae!r} (or leave it None: expansion * d_in)")
+    if expansion is None or expansion < 1:
+        raise ValueError(f"expansion must be >= 1, got {expansion!r}")
+    d_sae = int(d_sae if d_sae is not None else expansion * d_in)
     if not 1 <= k <= d_sae:
         raise ValueError(f"k must be in [1, d_sae={d_sae}], got {k}")
     if not 0.0 <= val_fraction < 1.0:

@@ -1,0 +1,93 @@
+"""Every CLI option checked before any work, the same way for every command (`audit`, `compare`).
+
+A bad value is a `CLIError` with one line that names the option and says what to give; nothing is
+loaded or written first. `--out` is checked by `reward_lens.app.output.check_out_dir`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+from reward_lens.app.output import check_out_dir
+from reward_lens.data.validate import SUFFIXES
+
+
+class CLIError(ValueError):
+    """A bad input, reported as one line."""
+
+
+def check_device(device: Optional[str]) -> None:
+    import torch
+
+    if device is None:
+        return
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise CLIError(f"--device {device!r} is not a device; use cpu or cuda (cuda:N)") from None
+    if dev.type == "cpu":
+        return
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise CLIError(f"--device {device} requested but CUDA is not available here; use --device cpu")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise CLIError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) here")
+        return
+    if dev.type == "mps" and torch.backends.mps.is_available():
+        return
+    raise CLIError(f"--device {device} is not supported here; use cpu or cuda")
+
+
+def check_dtype(dtype: Optional[str]) -> None:
+    from reward_lens.model.loading import resolve_dtype
+
+    try:
+        resolve_dtype(dtype)
+    except ValueError as exc:
+        raise CLIError(f"--dtype: {exc}") from None
+
+
+def check_positive(name: str, value: Optional[int]) -> None:
+    if value is not None and value < 1:
+        raise CLIError(f"{name} must be >= 1, got {value}")
+
+
+def check_pairs_file(path: Optional[str]) -> None:
+    if path is None:
+        return
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise CLIError(f"--pairs: no pairs file at {str(path)!r}")
+    if p.is_dir():
+        raise CLIError(f"--pairs {str(path)!r} is a directory; give a pairs file ({', '.join(SUFFIXES)})")
+    if p.suffix.lower() not in SUFFIXES:
+        raise CLIError(f"--pairs {str(path)!r}: unsupported file type {p.suffix!r}; use {', '.join(SUFFIXES)}")
+
+
+def check_model_spec(spec: Optional[str]) -> None:
+    """'demo', a checkpoint directory, or a hub id (org/name); a missing local path is refused here."""
+    if spec is None or spec == "demo":
+        return
+    p = Path(spec).expanduser()
+    if p.exists() and not p.is_dir():
+        raise CLIError(f"model {spec!r} is a file; give the checkpoint directory (config.json + weights) or a hub id")
+    if not p.exists() and (spec.startswith((".", "/", "~")) or spec.count("/") != 1 or not spec.strip()):
+        raise CLIError(f"no checkpoint directory at {spec!r}; pass a directory holding config.json and safetensors "
+                       "weights, or a hub id such as 'Skywork/Skywork-Reward-Llama-3.1-8B-v0.2'")
+
+
+def validate_args(args: Any) -> None:
+    """All options of `args` (an argparse namespace of any command), before any work."""
+    check_device(args.device)
+    check_dtype(args.dtype)
+    check_positive("--max-pairs", args.max_pairs)
+    check_positive("--batch-size", args.batch_size)
+    check_positive("--threads", args.threads)
+    check_pairs_file(args.pairs)
+    for spec in getattr(args, "models", None) or [getattr(args, "model", None)]:
+        check_model_spec(spec)
+    try:
+        check_out_dir(args.out)
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None

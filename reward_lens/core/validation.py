@@ -1,0 +1,110 @@
+"""Validation of model inputs and outputs at the one boundary every forward passes through.
+
+`check_model_inputs` runs at the model's forward entry (and `run_with_cache(readout_only=True)`), so every
+instrument's inputs are checked once: token ids are integers in [0, d_vocab) (a -1 would silently read the
+last embedding row), masks are binary, of the ids' shape, with no all-zero row, and no longer than n_ctx.
+`check_finite_rewards` stops a run at the first non-finite reward, naming the pair and side.
+`safe_ratio` is the NaN-not-inf division every normalised quantity uses (a tie has a zero gap).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+
+
+def _as_tensor(value: Any, name: str) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, np.ndarray) or (isinstance(value, (list, tuple)) and not any(isinstance(v, str) for v in value)):
+        try:
+            return torch.as_tensor(np.asarray(value))
+        except (ValueError, TypeError):
+            raise ValueError(f"{name} is a ragged or non-numeric list; pad it to a rectangle or use model.to_tokens") from None
+    if isinstance(value, (str, list, tuple)):
+        raise TypeError(f"{name} is text; tokenise it first with model.to_tokens(prompts, responses)")
+    raise TypeError(f"{name} must be a tensor of token ids [batch, pos], got {type(value).__name__}")
+
+
+def check_token_ids(model, input_ids: Any, name: str = "input_ids") -> torch.Tensor:
+    """Token ids as a [batch, pos] integer tensor with every id in [0, d_vocab), no longer than n_ctx."""
+    ids = _as_tensor(input_ids, name)
+    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+        raise TypeError(f"{name} must hold integer token ids, got dtype {ids.dtype}; residual inputs need start_at_layer")
+    if ids.dim() == 1:
+        ids = ids[None]
+    if ids.dim() != 2:
+        raise ValueError(f"{name} must be [batch, pos] (or [pos]), got shape {tuple(ids.shape)}")
+    if ids.numel() == 0:
+        raise ValueError(f"{name} is empty (shape {tuple(ids.shape)}); give at least one token per sequence")
+    lo, hi = int(ids.min()), int(ids.max())
+    vocab = model.cfg.d_vocab
+    if lo < 0 or hi >= vocab:
+        bad = lo if lo < 0 else hi
+        raise ValueError(f"{name} holds token id {bad}, outside the model's vocabulary [0, {vocab}); "
+                         "check the tokenizer matches the model")
+    if ids.shape[1] > model.cfg.n_ctx:
+        raise ValueError(f"{name} has {ids.shape[1]} positions, beyond the model's context n_ctx={model.cfg.n_ctx}; "
+                         "truncate it (model.to_tokens cuts from the left with max_length)")
+    return ids.long() if ids.dtype != torch.long else ids
+
+
+def check_attention_mask(
+    mask: Any, shape: Tuple[int, ...], name: str = "attention_mask", values: bool = True
+) -> torch.Tensor:
+    """A binary [batch, pos] mask of the ids' shape with at least one attended token per row
+    (`values=False`: the shape only)."""
+    mask = _as_tensor(mask, name)
+    if mask.dim() == 1 and len(shape) == 2 and shape[0] == 1:
+        mask = mask[None]
+    if tuple(mask.shape) != tuple(shape):
+        raise ValueError(f"{name} has shape {tuple(mask.shape)} but the input is {tuple(shape)}; give one 0/1 per token")
+    if not values:
+        return mask
+    if mask.dtype.is_floating_point and not torch.isfinite(mask).all():
+        raise ValueError(f"{name} holds NaN or inf; give 0 (padding) or 1 (token)")
+    if not ((mask == 0) | (mask == 1)).all():
+        found = sorted({float(v) for v in mask.unique()[:6].tolist()})
+        raise ValueError(f"{name} must be binary (0 = padding, 1 = token), found values {found}")
+    empty = (mask == 0).all(-1).nonzero().flatten()
+    if len(empty):
+        raise ValueError(f"{name} row {int(empty[0])} is all zeros (no token to read the reward from); drop that row")
+    return mask.long()
+
+
+def check_model_inputs(model, input_ids: Any, attention_mask: Any = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """(ids, mask) checked and converted (lists/arrays -> tensors, [pos] -> [1, pos])."""
+    ids = check_token_ids(model, input_ids)
+    if attention_mask is not None:
+        attention_mask = check_attention_mask(attention_mask, tuple(ids.shape))
+    return ids, attention_mask
+
+
+def check_finite_rewards(rewards: torch.Tensor, labels: Optional[Sequence[str]] = None) -> None:
+    """Refuse a non-finite reward, naming the sequence (`labels[b]`, e.g. "pair rl-3, chosen")."""
+    finite = torch.isfinite(rewards.reshape(rewards.shape[0], -1)).all(-1) if rewards.dim() else torch.isfinite(rewards)
+    if bool(finite.all()):
+        return
+    b = int((~finite).nonzero().flatten()[0])
+    what = labels[b] if labels is not None and b < len(labels) else f"sequence {b} of its batch"
+    raise ValueError(
+        f"non-finite reward ({float(rewards.reshape(rewards.shape[0], -1)[b, 0])}) for {what}; check the model's "
+        "weights and dtype (float16 overflows: try dtype='float32'), and that input's tokens"
+    )
+
+
+ArrayLike = Union[torch.Tensor, np.ndarray]
+
+
+def safe_ratio(numerator: ArrayLike, denominator: ArrayLike) -> ArrayLike:
+    """numerator / denominator with NaN (never ±inf) where the denominator is 0 (e.g. a tie's zero gap)."""
+    if isinstance(numerator, torch.Tensor) or isinstance(denominator, torch.Tensor):
+        num, den = torch.as_tensor(numerator), torch.as_tensor(denominator)
+        out = num / torch.where(den == 0, torch.ones_like(den), den)
+        return torch.where(den == 0, torch.full_like(out, float("nan")), out)
+    num, den = np.asarray(numerator, dtype=float), np.asarray(denominator, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = num / np.where(den == 0, 1.0, den)
+    return np.where(den == 0, np.nan, out)

@@ -1,0 +1,157 @@
+"""Checkpoint checks: every load error names the file and the tensor, and what to do.
+
+- `read_json`: config files, with the file and line of a syntax error.
+- `load_safetensors`: empty / truncated / garbage files refused with their path.
+- `check_hf_tensors`: the checkpoint's tensors against what the transformers class for its config holds
+  (built on the meta device, so no memory): missing, shape (incl. `num_labels` vs `score.weight`), dtype;
+  unexpected tensors are warned about, as transformers does.
+- `check_state_dict`: the converted weights against the hooked model (missing, unexpected, shape).
+- `check_finite_weights`: one pass, NaN/inf weights named.
+- `check_tokenizer_vocab`: a tokenizer whose ids reach beyond the embedding is refused.
+- `check_overrides`: unknown keyword arguments to `from_pretrained` are a TypeError, as in transformers.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Mapping, Optional
+
+import torch
+
+
+class CheckpointError(ValueError):
+    """A damaged or mismatched checkpoint; the message names the file and tensor."""
+
+
+def _listing(names: List[str], k: int = 4) -> str:
+    return ", ".join(names[:k]) + (f" and {len(names) - k} more" if len(names) > k else "")
+
+
+def read_json(path: Path) -> Dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{path} is not valid JSON (line {exc.lineno} column {exc.colno}: {exc.msg}); "
+                              "repair or re-download it") from None
+    except UnicodeDecodeError:
+        raise CheckpointError(f"{path} is not UTF-8 text; repair or re-download it") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path} holds a JSON {type(data).__name__}, not an object; repair or re-download it")
+    return data
+
+
+def load_safetensors(path: Path) -> Dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    if not path.exists():
+        raise CheckpointError(f"weight file {path} is missing (named by the checkpoint's index); re-download it")
+    if path.stat().st_size == 0:
+        raise CheckpointError(f"weight file {path} is empty; re-download or re-save the checkpoint")
+    try:
+        return load_file(str(path))
+    except Exception as exc:  # safetensors' SafetensorError, OSError on truncation
+        if isinstance(exc, (KeyboardInterrupt, MemoryError)):
+            raise
+        raise CheckpointError(f"weight file {path} is corrupt or truncated ({type(exc).__name__}: "
+                              f"{str(exc).splitlines()[0] if str(exc) else ''}); re-download or re-save it") from None
+
+
+def tensor_files(directory: Path) -> Dict[str, str]:
+    """Which file holds each tensor (sharded checkpoints: from the index), for error messages."""
+    index = directory / "model.safetensors.index.json"
+    if index.exists():
+        return dict(read_json(index).get("weight_map", {}))
+    return {}
+
+
+def _where(name: str, files: Mapping[str, str], directory: Path, default: str = "model.safetensors") -> str:
+    return str(directory / files.get(name, default))
+
+
+def expected_hf_tensors(hf_config: Any) -> Optional[Dict[str, torch.Size]]:
+    """Names and shapes of the transformers *ForSequenceClassification model for this config (meta device);
+    None when there is no such class (e.g. custom heads): the converted weights are checked instead."""
+    from reward_lens.model.generic.wrapper import sequence_classification_class
+
+    cls = sequence_classification_class(hf_config)
+    if cls is None:
+        return None
+    try:
+        with torch.device("meta"):
+            model = cls(hf_config)
+    except Exception:  # a config transformers cannot build: the conversion reports what is wrong
+        return None
+    return {k: v.shape for k, v in model.state_dict().items()}
+
+
+def check_hf_tensors(hf_config: Any, sd: Mapping[str, torch.Tensor], directory: Path) -> None:
+    """The checkpoint's tensors against the transformers model for its config; errors name file and tensor."""
+    expected = expected_hf_tensors(hf_config)
+    if expected is None:
+        return
+    files = tensor_files(directory)
+    tied = getattr(hf_config, "tie_word_embeddings", False)
+    missing = sorted(k for k in expected if k not in sd and not (tied and k.endswith("lm_head.weight")))
+    if missing:
+        raise CheckpointError(f"{_where(missing[0], files, directory)} lacks tensor(s) {_listing(missing)} that "
+                              f"{type(hf_config).__name__.replace('Config', '')} needs; the checkpoint is incomplete")
+    unexpected = sorted(k for k in sd if k not in expected and not k.endswith("inv_freq"))
+    if unexpected:
+        warnings.warn(f"{directory}: unused tensor(s) in the checkpoint: {_listing(unexpected)} (ignored, as transformers does)")
+    for name, shape in expected.items():
+        got = sd[name]
+        if tuple(got.shape) != tuple(shape):
+            hint = ""
+            if name.endswith("score.weight"):
+                hint = (f"; config.json says num_labels={getattr(hf_config, 'num_labels', '?')} but the head has "
+                        f"{got.shape[0]} output(s): fix num_labels in config.json")
+            raise CheckpointError(f"{_where(name, files, directory)}: tensor {name} has shape {tuple(got.shape)}, the "
+                                  f"config implies {tuple(shape)}{hint or '; config.json and weights disagree'}")
+        if got.is_floating_point() is False and not name.endswith("inv_freq"):
+            raise CheckpointError(f"{_where(name, files, directory)}: tensor {name} has dtype {got.dtype}; weights must "
+                                  "be floating point (float32/bfloat16/float16)")
+
+
+def check_state_dict(expected: Mapping[str, torch.Tensor], sd: Mapping[str, torch.Tensor], source: str) -> None:
+    """Converted (hooked-convention) weights against the model they load into."""
+    missing = sorted(k for k in expected if k not in sd)
+    unexpected = sorted(k for k in sd if k not in expected)
+    if missing or unexpected:
+        parts = ([f"lacks tensor(s) {_listing(missing)}"] if missing else []) + (
+            [f"has unexpected tensor(s) {_listing(unexpected)}"] if unexpected else [])
+        raise CheckpointError(f"{source} {' and '.join(parts)}; the checkpoint does not match its config")
+    for name, ref in expected.items():
+        if tuple(sd[name].shape) != tuple(ref.shape):
+            raise CheckpointError(f"{source}: tensor {name} has shape {tuple(sd[name].shape)}, the config implies "
+                                  f"{tuple(ref.shape)}; config and weights disagree")
+        if not sd[name].is_floating_point():
+            raise CheckpointError(f"{source}: tensor {name} has dtype {sd[name].dtype}; weights must be floating point")
+
+
+def check_finite_weights(tensors: Iterable[tuple], source: str) -> None:
+    """One pass over (name, tensor); NaN or inf weights are named (every instrument would compute on them)."""
+    bad = [name for name, t in tensors if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if bad:
+        raise CheckpointError(f"{source}: non-finite (NaN/inf) values in tensor(s) {_listing(bad)}; the weights are "
+                              "damaged (re-download them, or check the dtype they were saved in)")
+
+
+def check_tokenizer_vocab(tokenizer: Any, d_vocab: int, source: str) -> None:
+    if tokenizer is None:
+        return
+    n = len(tokenizer)
+    if n > d_vocab:
+        raise CheckpointError(f"{source}: the tokenizer has {n} tokens but the model's embedding only {d_vocab} rows, so "
+                              "ids >= {0} would read no embedding; use the tokenizer that ships with this model".format(d_vocab))
+
+
+def check_overrides(config: Any, overrides: Mapping[str, Any], known: Optional[Iterable[str]] = None) -> None:
+    """Keyword arguments of `from_pretrained` that are neither loader options nor config fields: a TypeError."""
+    names = set(known) if known is not None else None
+    for key in overrides:
+        ok = key in names if names is not None else hasattr(config, key)
+        if not ok:
+            raise TypeError(f"from_pretrained() got an unexpected keyword argument {key!r} (neither a loading option "
+                            "(device, dtype, fold_ln, generic, module_map, tokenizer) nor a config field)")
