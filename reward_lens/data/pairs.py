@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterable, List, Optional, Sequence, Union
+from typing import Any, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -15,13 +15,26 @@ REQUIRED_COLUMNS = ("prompt", "chosen", "rejected")
 BUNDLED_PAIRS = Path(__file__).resolve().parent / "pairs.jsonl"
 
 
+Messages = Tuple[Mapping[str, Any], ...]  # TRL's conversational format: ({"role": ..., "content": ...}, ...)
+
+
+def as_text_or_messages(value: Any) -> Union[str, Messages]:
+    """A str stays a str; a list of {"role", "content"} messages becomes a tuple of dicts (conversational)."""
+    if isinstance(value, (list, tuple)) and value and all(isinstance(m, Mapping) for m in value):
+        return tuple(dict(m) for m in value)
+    return str(value)
+
+
 @dataclass(frozen=True)
 class PreferencePair:
-    """One preference comparison: the same prompt with a chosen (preferred) and a rejected response."""
+    """One preference comparison: the same prompt with a chosen (preferred) and a rejected response.
 
-    prompt: str
-    chosen: str
-    rejected: str
+    Each part is a string or, in TRL's conversational format, a tuple of {"role", "content"} messages
+    (`model.to_tokens` renders those with the chat template)."""
+
+    prompt: Union[str, Messages]
+    chosen: Union[str, Messages]
+    rejected: Union[str, Messages]
     subset: Optional[str] = None
     id: Optional[str] = None
 
@@ -64,7 +77,8 @@ def _records_to_pairs(records: Sequence[dict], source: str) -> List[PreferencePa
         sid = r.get("id")
         pairs.append(
             PreferencePair(
-                prompt=str(r["prompt"]), chosen=str(r["chosen"]), rejected=str(r["rejected"]),
+                prompt=as_text_or_messages(r["prompt"]), chosen=as_text_or_messages(r["chosen"]),
+                rejected=as_text_or_messages(r["rejected"]),
                 subset=None if r.get("subset") is None else str(r["subset"]),
                 id=str(sid) if sid is not None and sid == sid else str(i),
             )
