@@ -173,3 +173,15 @@ def test_openrlhf_and_template_string_formats(llama3_run):
         model.to_tokens(prompt, chosen, input_format="chatml")
     with pytest.raises(ValueError, match="conversational pairs use .chat."):
         model.to_tokens(msgs, [{"role": "assistant", "content": chosen}], input_format="concat")
+
+
+def test_cli_input_format_reaches_the_model(llama3_run, tmp_path, capsys):
+    from reward_lens.app.audit import input_format_name  # what results.json names (test_cli runs the audit)
+    from reward_lens.app.cli import _load_model, main
+
+    _, path, _ = llama3_run
+    model, _ = _load_model(str(path), None, None, "concat")
+    assert model.input_format == "concat" and input_format_name(model) == "concat"
+    assert input_format_name(HookedRewardModel.from_pretrained(path)) == "chat"  # "auto" resolved: a template
+    assert main(["audit", "--model", str(path), "--input-format", "chatml", "--out", str(tmp_path / "o")]) == 2
+    assert "unknown input_format 'chatml'" in capsys.readouterr().err

@@ -89,6 +89,14 @@ def is_armorm(model) -> bool:
     return getattr(model.cfg, "head_type", "scalar") == "armorm"
 
 
+def input_format_name(model) -> str:
+    """The format the pairs were tokenised in ("auto" resolved against the tokenizer)."""
+    from reward_lens.model.tokenization import resolve_input_format
+
+    fmt = getattr(model, "input_format", "auto")
+    return fmt if model.tokenizer is None else resolve_input_format(fmt, model.tokenizer)
+
+
 def run_audit(
     model,
     pairs: Union[str, Path, Sequence[PreferencePair]],
@@ -117,6 +125,7 @@ def run_audit(
         "model": model_label or model.cfg.model_name, "architecture": model.cfg.original_architecture,
         "n_layers": model.cfg.n_layers, "d_model": model.cfg.d_model, "n_pairs": len(pairs),
         "head": model.cfg.head_type, "dtype": str(model.cfg.dtype).replace("torch.", ""), "device": str(model.cfg.device),
+        "input_format": input_format_name(model),
     }
     results: Dict[str, Any] = {}
 
