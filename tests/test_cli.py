@@ -27,6 +27,7 @@ def test_audit_on_the_demo_model_writes_report_json_and_csvs(tmp_path, capsys):
     assert html.startswith("<!doctype html>") and "data:image/png;base64," in html
     results = json.loads((out_dir / "results.json").read_text())
     assert results["n_pairs"] == 24 and 0.0 <= results["pair_accuracy"] <= 1.0
+    assert results["input_format"] == "chat"  # "auto" on the demo's chat template
     for dim in ("length", "confidence", "formatting", "sycophancy", "repetition"):
         assert {"effect", "ci_low", "ci_high", "verdict"} <= set(results["probes"][dim])
     assert len(results["crystallization_depth"]["normed"]["per_pair"]) == 24

@@ -47,8 +47,9 @@ def test_loads_offline_with_tokenizer_and_template(demo, monkeypatch):
     assert tok is not None and tok.pad_token_id == model.cfg.pad_token_id
     batch = model.to_tokens(["What is 2 plus 3?", "Name a fruit."], ["2 plus 3 is 5.", "Pear."])
     ids = batch["input_ids"]
-    assert (ids[:, 0] == tok.bos_token_id).all()  # one BOS: the template's, not doubled
-    assert (ids[:, 1] != tok.bos_token_id).all()
+    first = batch["attention_mask"].argmax(-1)  # left-padded: each row's first real token
+    assert (ids[torch.arange(2), first] == tok.bos_token_id).all()  # one BOS: the template's, not doubled
+    assert (ids[torch.arange(2), first + 1] != tok.bos_token_id).all()
     readout = model.readout_positions(ids, batch["attention_mask"])
     assert (ids[torch.arange(2), readout] == tok.eos_token_id).all()  # the reward is read at </s>
     text = tok.decode(ids[0][batch["attention_mask"][0].bool()])

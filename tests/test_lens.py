@@ -81,8 +81,11 @@ def test_text_pairs_frame_and_plot(llama_hf):
     assert len(frame) == 4 * (1 + model.cfg.n_layers) * 2
     depth = res.crystallization_depth()
     gap = res.reward_chosen - res.reward_rejected
-    assert torch.equal(depth.isnan(), gap == 0)  # responses the tiny vocabulary tokenises alike: no depth
-    assert ((depth[gap != 0] >= 0) & (depth[gap != 0] <= 1)).all()
+    # Responses the tiny vocabulary tokenises alike: no depth (their gap is 0 up to float noise: left padding
+    # puts the two rows at different offsets of differently long batches).
+    same = gap.abs() < 1e-6
+    assert torch.equal(depth.isnan(), same)
+    assert ((depth[~same] >= 0) & (depth[~same] <= 1)).all()
     import matplotlib.figure
 
     assert isinstance(res.plot(), matplotlib.figure.Figure)

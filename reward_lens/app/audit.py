@@ -112,6 +112,14 @@ def is_armorm(model) -> bool:
     return getattr(model.cfg, "head_type", "scalar") == "armorm"
 
 
+def input_format_name(model) -> str:
+    """The format the pairs were tokenised in ("auto" resolved against the tokenizer)."""
+    from reward_lens.model.tokenization import resolve_input_format
+
+    fmt = getattr(model, "input_format", "auto")
+    return fmt if model.tokenizer is None else resolve_input_format(fmt, model.tokenizer)
+
+
 def run_audit(
     model,
     pairs: Union[str, Path, Sequence[PreferencePair]],
@@ -155,6 +163,7 @@ def _audit(model, pairs, *, max_pairs, batch_size, probe_items, model_label, ech
         "n_layers": model.cfg.n_layers, "d_model": model.cfg.d_model, "n_pairs": len(pairs),
         "head": model.cfg.head_type, "dtype": str(model.cfg.dtype).replace("torch.", ""), "device": str(model.cfg.device),
         "n_ties": len(tie_indices(pairs)),
+        "input_format": input_format_name(model),
     }
     results: Dict[str, Any] = {}
     _instrument_steps(model, pairs, batch_size, step, record, results)

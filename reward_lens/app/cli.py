@@ -22,14 +22,16 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}; see {self.prog} --help\n")
 
 
-def _load_model(spec: Optional[str], device: Optional[str], dtype: Optional[str]):
+def _load_model(spec: Optional[str], device: Optional[str], dtype: Optional[str], input_format: str = "auto"):
     if spec is None or spec == "demo":
         from reward_lens.demo import load_demo_model
 
-        return load_demo_model(device=device, dtype=dtype), "reward-lens demo model"
+        model = load_demo_model(device=device, dtype=dtype)
+        model.input_format = input_format
+        return model, "reward-lens demo model"
     from reward_lens import HookedRewardModel
 
-    return HookedRewardModel.from_pretrained(spec, device=device, dtype=dtype), spec
+    return HookedRewardModel.from_pretrained(spec, device=device, dtype=dtype, input_format=input_format), spec
 
 
 def _default_pairs(model):
@@ -69,7 +71,7 @@ def cmd_audit(args) -> int:
     from reward_lens.app.output import ReportDir, provenance
 
     with ReportDir(args.out) as out:  # checked and locked before any work
-        model, label = _load_model(args.model, args.device, args.dtype)
+        model, label = _load_model(args.model, args.device, args.dtype, args.input_format)
         _set_threads(args.threads, model)
         pairs = _load_pairs(args.pairs, model)
         info = provenance(args.pairs, {k: v for k, v in vars(args).items() if k not in ("func", "debug")})
@@ -84,7 +86,7 @@ def cmd_compare(args) -> int:
     with ReportDir(args.out) as out:  # checked and locked before any work
         models = {}
         for spec in args.models:
-            model, label = _load_model(spec, args.device, args.dtype)
+            model, label = _load_model(spec, args.device, args.dtype, args.input_format)
             name = Path(label).name or label
             while name in models:
                 name += "'"
@@ -134,7 +136,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
 
     def common(p):
-        p.add_argument("--pairs", help="preference pairs (.jsonl/.json/.csv/.parquet with prompt, chosen, rejected)")
+        p.add_argument("--pairs", help="preference pairs (.jsonl/.json/.csv/.parquet with prompt, chosen, rejected; "
+                                       "each a string or a list of role/content messages)")
+        p.add_argument("--input-format", default="auto",
+                       help="how pairs become token ids: auto (default: chat if the tokenizer has a template, else "
+                            "plain), chat, concat (TRL standard data), openrlhf, plain, or a template string with "
+                            "{prompt} and {response}")
         p.add_argument("--device", default=None, help="cpu (default) or cuda")
         p.add_argument("--dtype", default=None, help="float32 (default), bfloat16 or float16")
         p.add_argument("--max-pairs", type=int, default=None, help="use only the first N pairs")

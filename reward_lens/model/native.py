@@ -24,12 +24,13 @@ from reward_lens.core.validation import check_attention_mask, check_model_inputs
 from reward_lens.model.components import Embed, RMSNorm, RotaryEmbedding, TransformerBlock, attention_masks
 from reward_lens.model.config import RewardModelConfig
 from reward_lens.model.heads.scalar import build_head, last_position_without_pad
+from reward_lens.model.tl_compat import TransformerLensConveniences, check_forward_input
 
 # Activations whose position axis is not dim 1 (attention scores/patterns: [batch, head, query, key]).
 QUERY_AXIS_2_HOOKS = ("hook_attn_scores", "hook_pattern")
 
 
-class HookedRewardModel(HookedRootModule):
+class HookedRewardModel(TransformerLensConveniences, HookedRootModule):
     def __init__(self, cfg: RewardModelConfig, tokenizer: Any = None):
         super().__init__()
         self.cfg = cfg
@@ -53,16 +54,22 @@ class HookedRewardModel(HookedRootModule):
         dtype: Union[str, torch.dtype, None] = None,
         fold_ln: bool = True,
         generic: bool = False,
+        input_format: str = "auto",
         **kwargs: Any,
     ) -> "HookedRewardModel":
         """Load an HF reward checkpoint (local dir or hub id) or a saved hooked checkpoint.
 
         An architecture without a native weight map (or `generic=True`) loads on the generic
         component-level path (`reward_lens.model.generic.wrapper.GenericHookedRewardModel`; option `module_map=`).
+        `input_format`: how `to_tokens` renders pairs by default (`reward_lens.model.tokenization`).
         """
         from reward_lens.model.loading import load_pretrained
+        from reward_lens.model.tokenization import check_input_format
 
-        return load_pretrained(cls, path_or_id, device=device, dtype=dtype, fold_ln=fold_ln, generic=generic, **kwargs)
+        check_input_format(input_format)
+        model = load_pretrained(cls, path_or_id, device=device, dtype=dtype, fold_ln=fold_ln, generic=generic, **kwargs)
+        model.input_format = input_format
+        return model
 
     @classmethod
     def from_hf_model(
@@ -137,17 +144,23 @@ class HookedRewardModel(HookedRootModule):
         start_at_layer: Optional[int] = None,
         stop_at_layer: Optional[int] = None,
         readout_positions: Optional[Int[torch.Tensor, "batch"]] = None,
-    ) -> torch.Tensor:
+        return_type: Optional[str] = "reward",
+    ) -> Optional[torch.Tensor]:
         """Rewards [batch] (or [batch, n_outputs]); the residual before block `stop_at_layer` if given.
 
         With `start_at_layer=l`, `input` is the residual entering block l; pass `input_ids` too (or
         `readout_positions`) so the readout is found as in a full run.
         Position ids default to the count of attended tokens before each position, so a left-padded
-        sequence gets the same reward as the unpadded one.
+        sequence gets the same reward as the unpadded one. Ids without `attention_mask`: the leading pad
+        run of each row is masked (`infer_attention_mask`). `return_type` is TL's keyword: "reward" or
+        "logits" (both the reward), None (the head is skipped, nothing returned).
         """
+        check_forward_input(input, return_type)
         if start_at_layer is None:
             input, attention_mask = check_model_inputs(self, input, attention_mask)
             input_ids = input
+            if attention_mask is None:
+                attention_mask = self.infer_attention_mask(input.to(self.cfg.device), warn=readout_positions is None)
             residual = self.hook_embed(self.embed(input.to(self.cfg.device)))
             start_at_layer = 0
         else:
@@ -168,6 +181,8 @@ class HookedRewardModel(HookedRootModule):
             residual = block(residual, cos, sin, masks[block.attn.window])
         if stop_at_layer is not None:
             return residual
+        if return_type is None:
+            return None
         if readout_positions is None:
             readout_positions = self.readout_positions(input_ids, attention_mask)
         return self.reward_head(self.ln_final(residual), readout_positions, input_ids=input_ids)
@@ -291,14 +306,6 @@ class HookedRewardModel(HookedRootModule):
         return self._stack(lambda b: b.attn.W_Q)
 
     @property
-    def W_K(self) -> torch.Tensor:
-        return self._stack(lambda b: b.attn.W_K)
-
-    @property
-    def W_V(self) -> torch.Tensor:
-        return self._stack(lambda b: b.attn.W_V)
-
-    @property
     def W_O(self) -> torch.Tensor:
         return self._stack(lambda b: b.attn.W_O)
 
@@ -331,13 +338,18 @@ class HookedRewardModel(HookedRootModule):
     # ------------------------------------------------------------------ tokenisation
     def to_tokens(
         self,
-        prompts: Union[str, Sequence[str]],
-        responses: Union[str, Sequence[str]],
+        prompts: Union[str, Sequence[Any]],
+        responses: Union[str, Sequence[Any], None] = None,
         *,
         padding_side: Optional[str] = None,
         max_length: Optional[int] = None,
+        input_format: Optional[str] = None,
     ) -> Dict[str, torch.Tensor]:
-        """Tokenise (prompt, response) pairs as the reward model expects; see `reward_lens.model.tokenization`."""
+        """Tokenise (prompt, response) pairs as the reward model was trained on them, in `input_format`
+        (default `model.input_format`). Rows end at their readout and are padded on the LEFT (default), so
+        the readout is position -1; see `reward_lens.model.tokenization`."""
         from reward_lens.model.tokenization import tokenize_pairs
 
-        return tokenize_pairs(self, prompts, responses, padding_side=padding_side, max_length=max_length)
+        return tokenize_pairs(
+            self, prompts, responses, padding_side=padding_side, max_length=max_length, input_format=input_format
+        )

@@ -1,96 +1,174 @@
-"""Tokenisation of (prompt, response) pairs the way reward models are trained on them.
+"""Tokenisation of (prompt, response) pairs exactly as reward models are trained on them: named input formats.
 
-With a chat template: the conversation [user: prompt, assistant: response] rendered by the tokenizer's
-template, tokenised without adding special tokens again (templates already start with BOS, so adding it
-would double it). Without a template, the documented plain format
+    "chat"      the tokenizer's chat template over [prompt messages + response messages]: the ids of
+                `tokenizer.apply_chat_template(messages, tokenize=True)` (no special tokens added: a
+                template without BOS gets none), as TRL's RewardTrainer tokenises conversational data.
+    "concat"    TRL's standard (non-conversational) data: `prompt + response`, plus the EOS string unless
+                it already ends with it, tokenised with the tokenizer's special tokens (BOS if it adds one).
+    "openrlhf"  OpenRLHF's reward dataset: the chat template's prompt (with generation prompt) + the rest
+                of the rendered conversation (raw prompt + response without a template), stripped of
+                trailing newlines, " " + EOS appended unless present, no special tokens added, and the last
+                token replaced by EOS.
+    "plain"     "User: {prompt}\\n\\nAssistant: {response}" with the tokenizer's special tokens.
+    a string with "{prompt}" and "{response}": that template, like "plain".
+    "auto"      (default) "chat" when the tokenizer has a chat template, else "plain".
 
-    "User: {prompt}\\n\\nAssistant: {response}"
+Prompts and responses are strings or lists of {"role", "content"} messages (TRL's conversational format;
+a string prompt is one user message, a string response one assistant message).
 
-tokenised with the tokenizer's usual special tokens. Over-long inputs are cut from the left (the
-response end, where the reward is read, is kept) with a warning. Conversations (tuples of
-{"role", "content"} messages, see `reward_lens.data.validate`) are rendered by the template as given.
+The returned batch ends at each row's readout: under causal attention nothing after the readout changes
+the reward, so tokens after it (a trailing EOS when pad = EOS) are dropped, and rows are padded on the
+LEFT by default, so the readout is position -1 of every row. Over-long inputs are cut from the left
+(the readout is kept) with a warning.
 """
 
 from __future__ import annotations
 
 import warnings
-from typing import Dict, List, Optional, Sequence, Union
+from collections.abc import Mapping
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 import torch
 
 PLAIN_FORMAT = "User: {prompt}\n\nAssistant: {response}"
+INPUT_FORMATS = ("auto", "chat", "concat", "openrlhf", "plain")
+
+Message = Mapping
+Text = Union[str, Sequence[Message]]
 
 
-def conversation(prompt, response) -> list:
-    """The chat messages of (prompt, response); each is text or a tuple of {"role", "content"} messages. A
-    response conversation that already starts with the prompt's messages is used whole (no duplicate)."""
-    head = list(prompt) if isinstance(prompt, (list, tuple)) else [{"role": "user", "content": prompt}]
-    if isinstance(response, (list, tuple)):
-        tail = list(response)
-        implicit_prompt = prompt == "" or tail[: len(head)] == head  # TRL's implicit-prompt conversations
-        return tail if implicit_prompt else head + tail
-    return head + [{"role": "assistant", "content": response}]
+def is_messages(x: Any) -> bool:
+    """A conversation: a non-empty list/tuple of {"role", "content"} mappings."""
+    return isinstance(x, (list, tuple)) and len(x) > 0 and all(isinstance(m, Mapping) for m in x)
 
 
-def render_pair(tokenizer, prompt, response) -> str:
-    messages = conversation(prompt, response)
-    if getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template(messages, tokenize=False)
-    if isinstance(prompt, str) and isinstance(response, str):
-        return PLAIN_FORMAT.format(prompt=prompt, response=response)
-    return "\n\n".join(f"{m['role'].capitalize()}: {m['content']}" for m in messages)
+def check_input_format(fmt: Any) -> str:
+    """`fmt` if it names a format or is a template with {prompt} and {response}; else a clear error."""
+    if isinstance(fmt, str) and (fmt in INPUT_FORMATS or ("{prompt}" in fmt and "{response}" in fmt)):
+        return fmt
+    raise ValueError(
+        f"unknown input_format {fmt!r}; use one of {', '.join(INPUT_FORMATS)} or a template string containing "
+        "'{prompt}' and '{response}' (e.g. 'Q: {prompt}\\nA: {response}')"
+    )
 
 
-def tokenize_pairs(
-    model,
-    prompts: Union[str, Sequence[str]],
-    responses: Union[str, Sequence[str]],
-    *,
-    padding_side: Optional[str] = None,
-    max_length: Optional[int] = None,
-) -> Dict[str, torch.Tensor]:
-    tokenizer = model.tokenizer
-    if tokenizer is None:
+def resolve_input_format(fmt: Optional[str], tokenizer) -> str:
+    """The concrete format: "auto" becomes "chat" when the tokenizer has a chat template, else "plain"."""
+    fmt = check_input_format(fmt or "auto")
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    if fmt == "auto":
+        return "chat" if has_template else "plain"
+    if fmt == "chat" and not has_template:
         raise ValueError(
-            "this model has no tokenizer (the checkpoint ships no tokenizer files); set model.tokenizer = "
-            "AutoTokenizer.from_pretrained(...) or pass input_ids directly"
+            "input_format='chat' but the tokenizer has no chat_template; set tokenizer.chat_template (a jinja "
+            "string) or use input_format='concat' (TRL standard data), 'plain' or a '{prompt}...{response}' template"
         )
-    if prompts is None or responses is None:
-        raise TypeError("to_tokens needs prompts and responses (text, or lists of text); got None")
-    if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1):
-        raise ValueError(f"max_length must be a positive number of tokens, got {max_length!r}")
-    prompts = [prompts] if isinstance(prompts, str) else list(prompts)
-    responses = [responses] if isinstance(responses, str) else list(responses)
-    if not prompts:
-        raise ValueError("to_tokens got no prompts; pass at least one (prompt, response)")
-    bad = [x for x in prompts + responses if not isinstance(x, (str, tuple, list))]
-    if bad:
-        raise TypeError(f"prompts and responses must be text or chat-message lists; got {type(bad[0]).__name__}")
-    if len(prompts) != len(responses):
-        raise ValueError(f"got {len(prompts)} prompts but {len(responses)} responses; pass one response per prompt")
-    if padding_side not in (None, "left", "right"):
-        raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
-    texts = [render_pair(tokenizer, p, r) for p, r in zip(prompts, responses)]
+    return fmt
+
+
+def _messages(x: Text, role: str) -> List[Dict[str, Any]]:
+    if isinstance(x, str):
+        return [{"role": role, "content": x}]
+    return [dict(m) for m in x]
+
+
+def conversation(prompt: Text, response: Text) -> List[Dict[str, Any]]:
+    """The chat messages of (prompt, response). TRL's implicit-prompt rows (prompt "" and a response that is a
+    whole conversation) and a response conversation that already starts with the prompt's messages are used
+    whole, never duplicated; an empty response list means the prompt is the whole conversation."""
+    tail = [] if isinstance(response, (list, tuple)) and len(response) == 0 else _messages(response, "assistant")
+    if prompt == "" and is_messages(response):
+        return tail
+    head = _messages(prompt, "user")
+    return tail if tail[: len(head)] == head and is_messages(response) else head + tail
+
+
+def _template_ids(tokenizer, template: str, prompt: Text, response: Text) -> List[int]:
+    if not (isinstance(prompt, str) and isinstance(response, str)):
+        raise ValueError(
+            "conversational pairs (lists of role/content messages) need a chat template: use input_format='chat' "
+            "(or 'openrlhf') with a tokenizer that has one"
+        )
+    text = template.replace("{prompt}", prompt).replace("{response}", response)
     bos = getattr(tokenizer, "bos_token", None)
-    ids: List[List[int]] = []
-    for text in texts:
-        add_special = not (bos and text.startswith(bos))
-        ids.append(tokenizer(text, add_special_tokens=add_special)["input_ids"])
-    limit = max_length or getattr(tokenizer, "model_max_length", None)
-    if limit is None or limit > 10**8:
-        limit = model.cfg.n_ctx
-    if any(len(x) > limit for x in ids):
-        warnings.warn(f"{sum(len(x) > limit for x in ids)} input(s) longer than {limit} tokens were truncated from the left")
-        ids = [x[-limit:] for x in ids]
+    return tokenizer(text, add_special_tokens=not (bos and text.startswith(bos)))["input_ids"]
+
+
+def _openrlhf_ids(tokenizer, prompt: Text, response: Text) -> List[int]:
+    eos, eos_id = tokenizer.eos_token, tokenizer.eos_token_id
+    if eos is None:
+        raise ValueError("input_format='openrlhf' needs a tokenizer with an EOS token (OpenRLHF ends every text with it)")
+    if getattr(tokenizer, "chat_template", None):
+        turns = _messages(prompt, "user")
+        if isinstance(response, (list, tuple)) and len(response) == 0:  # one whole conversation, no prompt key
+            prompt_text, response_text = "", tokenizer.apply_chat_template(turns, tokenize=False)
+        else:
+            prompt_text = tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
+            full = tokenizer.apply_chat_template(turns + _messages(response, "assistant"), tokenize=False)
+            response_text = full[len(prompt_text):]
+    elif isinstance(prompt, str) and isinstance(response, str):
+        prompt_text, response_text = prompt, response
+    else:
+        raise ValueError("conversational pairs with input_format='openrlhf' need a tokenizer with a chat_template")
+    text = (prompt_text + response_text).rstrip("\n")
+    if not text.endswith(eos):
+        text += " " + eos
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    ids[-1] = eos_id  # OpenRLHF: "to avoid EOS truncation", the last token becomes EOS
+    return ids
+
+
+def encode_pair(tokenizer, prompt: Text, response: Text, input_format: str) -> List[int]:
+    """The ids of one (prompt, response) in a concrete format (see the module docstring)."""
+    if input_format == "chat":
+        messages = conversation(prompt, response)
+        return list(tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True)["input_ids"])
+    if input_format == "concat":
+        if not (isinstance(prompt, str) and isinstance(response, str)):
+            raise ValueError("input_format='concat' is TRL's standard (string) format; conversational pairs use 'chat'")
+        text = prompt + response
+        if tokenizer.eos_token and not text.endswith(tokenizer.eos_token):
+            text += tokenizer.eos_token
+        return tokenizer(text)["input_ids"]
+    if input_format == "openrlhf":
+        return _openrlhf_ids(tokenizer, prompt, response)
+    return _template_ids(tokenizer, PLAIN_FORMAT if input_format == "plain" else input_format, prompt, response)
+
+
+def render_pair(tokenizer, prompt: Text, response: Text, input_format: str = "auto") -> str:
+    """The text of one pair in a format (decoded from its ids for "concat"/"openrlhf")."""
+    fmt = resolve_input_format(input_format, tokenizer)
+    if fmt == "chat":
+        return tokenizer.apply_chat_template(conversation(prompt, response), tokenize=False)
+    if fmt in ("concat", "openrlhf"):
+        return tokenizer.decode(encode_pair(tokenizer, prompt, response, fmt))
+    return (PLAIN_FORMAT if fmt == "plain" else fmt).replace("{prompt}", str(prompt)).replace("{response}", str(response))
+
+
+def _as_list(x: Any, what: str) -> List[Text]:
+    if isinstance(x, str) or is_messages(x):
+        return [x]
+    if x is None:
+        raise ValueError(f"no {what} given")
+    return list(x)
+
+
+def trim_after_readout(model, ids: List[int]) -> List[int]:
+    """`ids` up to and including where `model` reads the reward when they are scored alone."""
+    row = torch.tensor([ids], dtype=torch.long, device=model.cfg.device)
+    readout = int(model.readout_positions(row, torch.ones_like(row))[0])
+    return ids[: readout + 1]
+
+
+def pad_rows(model, ids: List[List[int]], side: str) -> Dict[str, torch.Tensor]:
     pad = model.cfg.pad_token_id
     if pad is None and len(ids) > 1:
-        hint = getattr(tokenizer, "pad_token_id", None)
+        hint = getattr(model.tokenizer, "pad_token_id", None)
         raise ValueError(
             "the model config has no pad_token_id, so the readout of a padded batch is undefined (transformers "
             "refuses it too); tokenise one pair at a time or set model.cfg.pad_token_id"
             + (f" (the tokenizer's pad id is {hint})" if hint is not None else "")
         )
-    side = padding_side or getattr(tokenizer, "padding_side", "right") or "right"
     T = max(len(x) for x in ids)
     input_ids = torch.full((len(ids), T), pad if pad is not None else 0, dtype=torch.long)
     attention_mask = torch.zeros((len(ids), T), dtype=torch.long)
@@ -100,3 +178,46 @@ def tokenize_pairs(
         attention_mask[i, sl] = 1
     device = model.cfg.device
     return {"input_ids": input_ids.to(device), "attention_mask": attention_mask.to(device)}
+
+
+def tokenize_pairs(
+    model,
+    prompts: Union[Text, Sequence[Text]],
+    responses: Union[Text, Sequence[Text], None] = None,
+    *,
+    padding_side: Optional[str] = None,
+    max_length: Optional[int] = None,
+    input_format: Optional[str] = None,
+) -> Dict[str, torch.Tensor]:
+    """{"input_ids", "attention_mask"} of the pairs, each row ending at its readout, padded on the left
+    (default). `responses=None`: each prompt is a whole conversation (message list) or text."""
+    tokenizer = model.tokenizer
+    if tokenizer is None:
+        raise ValueError(
+            "this model has no tokenizer (the checkpoint ships no tokenizer files); set model.tokenizer = "
+            "AutoTokenizer.from_pretrained(...) or pass input_ids directly"
+        )
+    if prompts is None:
+        raise TypeError("to_tokens needs prompts (text, chat-message lists, or lists of them); got None")
+    if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1):
+        raise ValueError(f"max_length must be a positive number of tokens, got {max_length!r}")
+    prompts = _as_list(prompts, "prompts")
+    if not prompts:
+        raise ValueError("to_tokens got no prompts; pass at least one (prompt, response)")
+    responses = [[] if is_messages(p) else "" for p in prompts] if responses is None else _as_list(responses, "responses")
+    bad = [x for x in prompts + responses if not isinstance(x, (str, tuple, list))]
+    if bad:
+        raise TypeError(f"prompts and responses must be text or chat-message lists; got {type(bad[0]).__name__}")
+    if len(prompts) != len(responses):
+        raise ValueError(f"got {len(prompts)} prompts but {len(responses)} responses; pass one response per prompt")
+    if padding_side not in (None, "left", "right"):
+        raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
+    fmt = resolve_input_format(input_format or getattr(model, "input_format", "auto"), tokenizer)
+    ids = [trim_after_readout(model, encode_pair(tokenizer, p, r, fmt)) for p, r in zip(prompts, responses)]
+    limit = max_length or getattr(tokenizer, "model_max_length", None)
+    if limit is None or limit > 10**8:
+        limit = model.cfg.n_ctx
+    if any(len(x) > limit for x in ids):
+        warnings.warn(f"{sum(len(x) > limit for x in ids)} input(s) longer than {limit} tokens were truncated from the left")
+        ids = [x[-limit:] for x in ids]
+    return pad_rows(model, ids, padding_side or "left")

@@ -58,6 +58,7 @@ from reward_lens.core.validation import check_model_inputs
 from reward_lens.model.config import RewardModelConfig
 from reward_lens.model.heads.scalar import RewardHead
 from reward_lens.model.native import HookedRewardModel
+from reward_lens.model.tl_compat import check_forward_input
 
 GENERIC_MARKER = "reward_lens_generic.json"  # written by save_pretrained: reload on the generic path
 MODULE_MAP_KEYS = ("base", "layers", "embed", "pos_embed", "final_norm", "score", "attn", "mlp")
@@ -670,12 +671,14 @@ class GenericHookedRewardModel(HookedRewardModel):
         start_at_layer: Optional[int] = None,
         stop_at_layer: Optional[int] = None,
         readout_positions: Optional[Int[torch.Tensor, "batch"]] = None,
-    ) -> torch.Tensor:
+        return_type: Optional[str] = "reward",
+    ) -> Optional[torch.Tensor]:
         """Rewards [batch] (or [batch, n_outputs]); the residual before block `stop_at_layer` if given.
 
         As `HookedRewardModel.forward`. With `start_at_layer=l`, `input` is the residual entering block l
         (blocks before l are skipped); position ids default to cumsum(attention_mask) - 1.
         """
+        check_forward_input(input, return_type)
         n = self.cfg.n_layers
         start = 0 if start_at_layer is None else (start_at_layer + n if start_at_layer < 0 else start_at_layer)
         stop = None if stop_at_layer is None else (stop_at_layer + n if stop_at_layer < 0 else stop_at_layer)
@@ -690,6 +693,8 @@ class GenericHookedRewardModel(HookedRewardModel):
         else:
             embeds = input
             batch, T = input.shape[:2]
+        if attention_mask is None and input_ids is not None and start_at_layer is None:
+            attention_mask = self.infer_attention_mask(input_ids, warn=readout_positions is None)
         if attention_mask is None:
             attention_mask = torch.ones(batch, T, dtype=torch.long, device=device)
         attention_mask = attention_mask.to(device)
@@ -710,6 +715,8 @@ class GenericHookedRewardModel(HookedRewardModel):
         except _StopForward as stopped:
             return stopped.residual
         hidden = out[0] if isinstance(out, (tuple, list)) else out.last_hidden_state
+        if return_type is None:
+            return None
         if readout_positions is None:
             readout_positions = self.readout_positions(input_ids, attention_mask)
         return self.reward_head(hidden, readout_positions, input_ids=input_ids)
