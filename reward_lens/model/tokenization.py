@@ -198,7 +198,7 @@ def tokenize_pairs(
             "AutoTokenizer.from_pretrained(...) or pass input_ids directly"
         )
     if prompts is None:
-        raise TypeError("to_tokens needs prompts (text, chat-message lists, or lists of them); got None")
+        raise TypeError("to_tokens needs prompts and responses (text or chat-message lists; responses may be omitted when each prompt is a whole conversation); got None")
     if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1):
         raise ValueError(f"max_length must be a positive number of tokens, got {max_length!r}")
     prompts = _as_list(prompts, "prompts")
