@@ -111,6 +111,10 @@ def convert_decoder(sd: StateDict, cfg: RewardModelConfig, prefix: str = "model.
 
 
 def convert_score_head(sd: StateDict, cfg: RewardModelConfig, key: str = "score") -> StateDict:
+    if f"{key}.weight" not in sd:
+        from reward_lens.converters.openrlhf import missing_head_error
+
+        raise missing_head_error(sd, key, cfg.original_architecture)
     weight = sd[f"{key}.weight"]
     bias: Optional[torch.Tensor] = sd.get(f"{key}.bias")
     return {
