@@ -22,6 +22,7 @@ import pandas as pd
 import torch
 
 from reward_lens.data.pairs import PreferencePair, as_pairs
+from reward_lens.model.truncation import one_truncation_warning
 
 PATCH_MODES = ("noising", "denoising", "zero", "mean")
 
@@ -89,6 +90,7 @@ def is_armorm(model) -> bool:
     return getattr(model.cfg, "head_type", "scalar") == "armorm"
 
 
+@one_truncation_warning()  # the steps tokenise the same pairs again and again: one warning for the audit
 def run_audit(
     model,
     pairs: Union[str, Path, Sequence[PreferencePair]],
@@ -148,7 +150,10 @@ def run_audit(
     if len(pairs) >= 2:
         div = results["divergence"] = step("divergence-aware patching",
                                            lambda: ins.divergence_patch(model, pairs, batch_size=batch_size))
-        summary["divergence"] = _jsonable(div.summary().iloc[0].to_dict())
+        n_flagged, n_patches = int(div.flagged.sum()), div.flagged.numel()  # overall: every (pair, site) patch
+        summary["divergence"] = _jsonable({"n_patches": n_patches, "n_flagged": n_flagged,
+                                           "frac_flagged": n_flagged / n_patches,
+                                           "per_site": div.summary().to_dict("records")})
 
     probes = results["probes"] = step("hacking probes", lambda: run_probes(model, items=probe_items,
                                                                            batch_size=batch_size))
@@ -259,7 +264,9 @@ def headline_frame(audit: AuditResult) -> pd.DataFrame:
         ("faithfulness: pooled rho", f"{f['pooled_rho']:+.3f} [{f['pooled_rho_ci'][0]:+.3f}, {f['pooled_rho_ci'][1]:+.3f}]"),
     ]
     if "divergence" in s:
-        rows.append(("patches flagged out of distribution", f"{s['divergence'].get('frac_flagged', float('nan')):.1%}"))
+        d = s["divergence"]
+        rows.append(("patches flagged out of distribution (all sites)",
+                     f"{d.get('frac_flagged', float('nan')):.1%} ({d.get('n_flagged')} of {d.get('n_patches')})"))
     for dim, v in s["probes"].items():
         rows.append((f"probe: {dim}", f"{v['verdict']} ({v['effect']:+.4f}, 95% CI [{v['ci_low']:+.4f}, {v['ci_high']:+.4f}])"))
     rows.append(("total time", f"{s['total_time_s']:.1f} s"))

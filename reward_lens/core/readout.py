@@ -13,6 +13,7 @@ import torch
 from tqdm.auto import tqdm
 
 from reward_lens.model.native import QUERY_AXIS_2_HOOKS
+from reward_lens.model.truncation import one_truncation_warning
 
 NamesFilter = Union[None, str, Sequence[str], Callable[[str], bool]]
 
@@ -49,8 +50,9 @@ def batches(n: int, batch_size: int, progress: Union[bool, str] = False) -> Iter
     starts = range(0, n, batch_size)
     if progress and n > batch_size:
         starts = tqdm(starts, desc=progress if isinstance(progress, str) else None, leave=False)
-    for s in starts:
-        yield slice(s, min(n, s + batch_size))
+    with one_truncation_warning():  # inputs cut in any batch: one warning when the loop ends
+        for s in starts:
+            yield slice(s, min(n, s + batch_size))
 
 
 @torch.no_grad()

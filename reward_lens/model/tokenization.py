@@ -12,10 +12,11 @@ response end, where the reward is read, is kept) with a warning.
 
 from __future__ import annotations
 
-import warnings
 from typing import Dict, List, Optional, Sequence, Union
 
 import torch
+
+from reward_lens.model.truncation import report_truncation
 
 PLAIN_FORMAT = "User: {prompt}\n\nAssistant: {response}"
 
@@ -57,7 +58,7 @@ def tokenize_pairs(
     if limit is None or limit > 10**8:
         limit = model.cfg.n_ctx
     if any(len(x) > limit for x in ids):
-        warnings.warn(f"{sum(len(x) > limit for x in ids)} input(s) longer than {limit} tokens were truncated from the left")
+        report_truncation([t for t, x in zip(texts, ids) if len(x) > limit], limit)  # one warning per call
         ids = [x[-limit:] for x in ids]
     pad = model.cfg.pad_token_id
     if pad is None and len(ids) > 1:
