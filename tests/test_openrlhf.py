@@ -130,3 +130,25 @@ def test_clear_errors(tmp_path):
         HookedRewardModel.from_pretrained(edited)
     with pytest.raises(ValueError, match="unknown readout"):
         HookedRewardModel.from_pretrained(save_openrlhf(tmp_path / "ok", model, head), readout="first")
+
+
+def test_instruments_read_where_openrlhf_reads(tmp_path):
+    """Token pairs ending with EOS (= pad): instruments batch them (no 'ends with the pad id' refusal),
+    read at the last attended token, and the attribution sums to OpenRLHF's reward."""
+    from helpers import token_pairs
+
+    from reward_lens import instruments as ins
+    from reward_lens.data.pairs import TokenPair
+
+    model, head = base_decoder(seed=7)
+    hooked = HookedRewardModel.from_pretrained(save_openrlhf(tmp_path / "rm", model, head))
+    pairs = [TokenPair(torch.cat([p.chosen, torch.tensor([EOS])]), torch.cat([p.rejected, torch.tensor([EOS])]), id=p.id)
+             for p in token_pairs([(3, 5), (4, 2), (6, 6)], seed=4)]
+    attr = ins.attribute(hooked, pairs, batch_size=2, padding_side="left")
+    for side in ("chosen", "rejected"):
+        rows = [getattr(p, side) for p in pairs]
+        ref = torch.stack([openrlhf_reference(model, head, r[None], torch.ones_like(r)[None])[0] for r in rows])
+        assert (getattr(attr, f"reward_{side}") - ref).abs().max() < 1e-4
+    assert attr.max_relative_error() < 1e-5
+    div = ins.divergence_patch(hooked, pairs, batch_size=2, padding_side="left")
+    assert div.flagged.shape == (len(pairs), len(div.patching.sites))

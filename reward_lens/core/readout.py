@@ -184,12 +184,13 @@ def first_token(tok: Tokenized) -> torch.Tensor:
 
 def _pad_token_rows(model, rows: List[torch.Tensor], side: str) -> Tokenized:
     pad = model.cfg.pad_token_id
-    if pad is None and len(rows) > 1:
+    by_mask = getattr(model.cfg, "readout", None) == "last_attended"  # the mask alone locates the readout
+    if pad is None and len(rows) > 1 and not by_mask:
         raise ValueError(
             "cannot batch token pairs: the model config has no pad_token_id; set model.cfg.pad_token_id or use batch_size=1"
         )
     for r in rows:
-        if pad is not None and int(r[-1]) == pad:
+        if pad is not None and int(r[-1]) == pad and not by_mask:
             raise ValueError(
                 f"a token sequence ends with the pad token id {pad}, so its readout cannot be found; drop trailing pads"
             )
