@@ -154,9 +154,13 @@ def test_peft_adapter_directory_loads_merged(lora_dir):
     assert hasattr(peft_model, "peft_config") and not storages(in_memory) & storages(peft_model)
 
 
-def test_peft_missing_gives_one_clear_error(lora_dir, monkeypatch):
+def test_peft_missing_gives_one_clear_error(lora_dir, monkeypatch, capsys):
     import sys
 
     monkeypatch.setitem(sys.modules, "peft", None)  # `import peft` raises ImportError
     with pytest.raises(ImportError, match="PEFT.*merge_and_unload"):
         HookedRewardModel.from_pretrained(lora_dir[0])
+    from reward_lens.app.cli import main
+
+    assert main(["audit", "--model", str(lora_dir[0]), "--max-pairs", "2"]) == 2  # one line, no traceback
+    assert "PEFT" in capsys.readouterr().err

@@ -17,6 +17,10 @@ ADAPTER_CONFIG = "adapter_config.json"
 PREFIX = "base_model.model."
 
 
+class PeftRequiredError(ImportError, ValueError):
+    """An adapter directory met without `peft` installed (a ValueError too, so the CLI prints one line)."""
+
+
 def is_peft_adapter_dir(directory: Path) -> bool:
     return (directory / ADAPTER_CONFIG).exists() and not (directory / "config.json").exists()
 
@@ -39,7 +43,7 @@ def merged_adapter_model(directory: Path, *, base_model: Optional[str] = None, t
     try:
         from peft import PeftModel
     except ImportError:
-        raise ImportError(
+        raise PeftRequiredError(
             f"{directory} is a PEFT adapter (adapter_config.json, no config.json) on base {base!r}; loading it needs "
             "PEFT: `pip install peft` (or `pip install reward-lens[peft]`), or merge it yourself with "
             "PeftModel.from_pretrained(base, adapter_dir).merge_and_unload().save_pretrained(out_dir) and load out_dir"
