@@ -150,10 +150,7 @@ def run_audit(
     if len(pairs) >= 2:
         div = results["divergence"] = step("divergence-aware patching",
                                            lambda: ins.divergence_patch(model, pairs, batch_size=batch_size))
-        n_flagged, n_patches = int(div.flagged.sum()), div.flagged.numel()  # overall: every (pair, site) patch
-        summary["divergence"] = _jsonable({"n_patches": n_patches, "n_flagged": n_flagged,
-                                           "frac_flagged": n_flagged / n_patches,
-                                           "per_site": div.summary().to_dict("records")})
+        summary["divergence"] = divergence_summary(div)
 
     probes = results["probes"] = step("hacking probes", lambda: run_probes(model, items=probe_items,
                                                                            batch_size=batch_size))
@@ -194,6 +191,13 @@ def run_audit(
 
 
 @torch.no_grad()
+def divergence_summary(div) -> Dict[str, Any]:
+    """Flagged patches over every (pair, site), and the per-site table (the embed row alone says little)."""
+    n_flagged, n_patches = int(div.flagged.sum()), div.flagged.numel()
+    return _jsonable({"n_patches": n_patches, "n_flagged": n_flagged, "frac_flagged": n_flagged / n_patches,
+                      "per_site": div.summary().to_dict("records")})
+
+
 def _armorm_view(model, pairs: Sequence[PreferencePair], batch_size: int) -> Dict[str, Any]:
     """Gate weights per pair and each objective's reward for chosen and rejected."""
     from reward_lens.core.readout import readout_run
