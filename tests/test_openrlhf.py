@@ -31,7 +31,8 @@ def base_decoder(seed: int = 0):
     return model, head
 
 
-def save_openrlhf(directory, model, head, *, head_prefix="value_head", architecture="RewardModel", normalize=True):
+def save_openrlhf(directory, model, head, *, head_prefix="value_head", architecture="RewardModel", normalize=True,
+                  **extra):
     """The files OpenRLHF's save_pretrained writes: base decoder under "model.", bias-free head, no num_labels."""
     from safetensors.torch import save_file
 
@@ -42,7 +43,7 @@ def save_openrlhf(directory, model, head, *, head_prefix="value_head", architect
     config = model.config.to_dict()
     for key in ("num_labels", "id2label", "label2id"):
         config.pop(key, None)
-    config.update(architectures=[architecture], normalize_reward=normalize, mean=[MEAN], std=STD)
+    config.update(architectures=[architecture], normalize_reward=normalize, mean=[MEAN], std=STD, **extra)
     (directory / "config.json").write_text(json.dumps(config))
     return directory
 
@@ -128,6 +129,16 @@ def test_clear_errors(tmp_path):
     edited = save_openrlhf(tmp_path / "edited", model, head, architecture="LlamaForSequenceClassification")
     with pytest.raises(ValueError, match="value_head.weight.*RewardModel"):
         HookedRewardModel.from_pretrained(edited)
+    # Relabelled, head renamed, no num_labels: transformers' default of 2 labels is named, no raw size mismatch.
+    relabelled = save_openrlhf(tmp_path / "relabelled", model, head, head_prefix="score",
+                               architecture="LlamaForSequenceClassification")
+    with pytest.raises(ValueError, match='1 output row.*num_labels=2.*"num_labels": 1'), pytest.warns(UserWarning):
+        HookedRewardModel.from_pretrained(relabelled)
+    # ... and with num_labels added too: it loads (as labelled: transformers' readout), but not silently.
+    relabelled = save_openrlhf(tmp_path / "relabelled1", model, head, head_prefix="score",
+                               architecture="LlamaForSequenceClassification", num_labels=1)
+    with pytest.warns(UserWarning, match="normalize_reward.*RewardModel"):
+        HookedRewardModel.from_pretrained(relabelled)
     with pytest.raises(ValueError, match="unknown readout"):
         HookedRewardModel.from_pretrained(save_openrlhf(tmp_path / "ok", model, head), readout="first")
 

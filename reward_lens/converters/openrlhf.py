@@ -68,6 +68,20 @@ def missing_head_error(sd: StateDict, key: str, architecture: str) -> ValueError
     return ValueError(f"the checkpoint has no '{key}.weight', the reward head of {architecture}; {hint}")
 
 
+def warn_if_relabelled(hf_config: Any, architecture: str) -> None:
+    """OpenRLHF always writes `normalize_reward` into config.json: under a transformers class name it means a
+    hand-edited OpenRLHF checkpoint, read with transformers' rule (one token early when pad = EOS)."""
+    if architecture not in OPENRLHF_ARCHITECTURES and hasattr(hf_config, "normalize_reward"):
+        import warnings
+
+        warnings.warn(
+            f"config.json says {architecture} but carries OpenRLHF's normalize_reward: if this is an OpenRLHF reward "
+            "model, set architectures back to [\"RewardModel\"] (and the head name back) so it loads with OpenRLHF's "
+            "readout (last attended token) and normalisation; as labelled, transformers' readout is used",
+            stacklevel=4,
+        )
+
+
 def openrlhf_config(hf_config: Any) -> RewardModelConfig:
     cfg = base_weight_map(hf_config).build_config(hf_config)
     cfg.n_outputs = 1  # one value-head row; num_labels (absent, so transformers' default 2) means nothing here

@@ -11,6 +11,7 @@ import torch
 
 from reward_lens.model.config import RewardModelConfig
 from reward_lens.converters import StateDict, get_weight_map
+from reward_lens.converters.openrlhf import warn_if_relabelled
 from reward_lens.converters.processing import fold_norm_weights
 from reward_lens.model.heads.scalar import HEAD_TYPES
 from reward_lens.model.peft_adapter import is_peft_adapter_dir
@@ -169,6 +170,7 @@ def has_native_weight_map(hf_config) -> bool:
 def convert_state_dict(cls, hf_config, hf_state_dict: StateDict, *, tokenizer=None, device=None, dtype=None, fold_ln=True):
     """transformers config + state dict -> HookedRewardModel (weights converted, norms optionally folded)."""
     weight_map = get_weight_map(hf_config)
+    warn_if_relabelled(hf_config, weight_map.architecture)
     cfg = weight_map.build_config(hf_config)
     sd = weight_map.convert(hf_state_dict, cfg, hf_config)
     return _build(cls, cfg, sd, tokenizer=tokenizer, device=device, dtype=dtype, fold_ln=fold_ln)
