@@ -40,6 +40,13 @@ def test_audit_on_the_demo_model_writes_report_json_and_csvs(tmp_path, capsys):
     for name in ("lens", "attribution", "patching", "faithfulness", "probes", "token_attribution"):
         assert (out_dir / f"{name}.csv").stat().st_size > 0
     assert "pair accuracy" in capsys.readouterr().out
+    # Divergence: the overall flagged fraction (every pair x site patch, as in divergence.csv) + the per-site table.
+    import pandas as pd
+
+    div, frame = results["divergence"], pd.read_csv(out_dir / "divergence.csv")
+    assert div["n_patches"] == len(frame) and div["n_flagged"] == int(frame["flagged"].sum())
+    assert abs(div["frac_flagged"] - frame["flagged"].mean()) < 1e-12
+    assert [r["component"] for r in div["per_site"]] == list(dict.fromkeys(frame["component"]))
 
 
 def test_report_is_self_contained(tmp_path):

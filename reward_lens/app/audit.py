@@ -26,6 +26,7 @@ from reward_lens.app.output import ReportDir, clean_json, provenance, write_csv,
 from reward_lens.data.pairs import PreferencePair, as_pairs
 from reward_lens.data.validate import tie_indices
 from reward_lens.plotting import finish, panels
+from reward_lens.model.truncation import one_truncation_warning
 
 PATCH_MODES = ("noising", "denoising", "zero", "mean")
 TOKEN_PAIRS = 3  # pairs with the largest |reward gap| whose token heatmaps the report shows
@@ -120,6 +121,7 @@ def input_format_name(model) -> str:
     return fmt if model.tokenizer is None else resolve_input_format(fmt, model.tokenizer)
 
 
+@one_truncation_warning()  # the steps tokenise the same pairs again and again: one warning for the audit
 def run_audit(
     model,
     pairs: Union[str, Path, Sequence[PreferencePair]],
@@ -199,10 +201,7 @@ def _instrument_steps(model, pairs, batch_size: int, step: _Steps, record: Dict[
     if len(pairs) >= 2:
         div = results["divergence"] = step("divergence-aware patching",
                                            lambda: ins.divergence_patch(model, pairs, batch_size=batch_size))
-        # the fraction over all patches (pairs x sites); per site in divergence.csv and the report's table
-        record["divergence"] = {"mode": div.mode, "target": div.target, "frac_flagged": div.frac_flagged,
-                                "n_flagged": int(div.flagged.sum()), "n_patches": int(div.flagged.numel()),
-                                **{k: v for k, v in div.settings.items() if isinstance(v, (int, float, str))}}
+        record["divergence"] = divergence_summary(div)
 
 
 def _probe_steps(model, pairs, batch_size: int, probe_items: Any, step: _Steps, record: Dict[str, Any],
@@ -276,6 +275,13 @@ def depth_summary(lens_res) -> Dict[str, Any]:
 
 
 @torch.no_grad()
+def divergence_summary(div) -> Dict[str, Any]:
+    """Flagged patches over every (pair, site), and the per-site table (the embed row alone says little)."""
+    n_flagged, n_patches = int(div.flagged.sum()), div.flagged.numel()
+    return _jsonable({"n_patches": n_patches, "n_flagged": n_flagged, "frac_flagged": n_flagged / n_patches,
+                      "per_site": div.summary().to_dict("records")})
+
+
 def _armorm_view(model, pairs: Sequence[PreferencePair], batch_size: int) -> Dict[str, Any]:
     """Gate weights per pair and each objective's reward for chosen and rejected."""
     from reward_lens.core.readout import readout_run
@@ -367,7 +373,9 @@ def headline_frame(audit: AuditResult) -> pd.DataFrame:
         ("faithfulness: pooled rho", f"{fmt(f['pooled_rho'])} {fmt_ci(*f['pooled_rho_ci'], n=s['n_pairs'])}"),
     ]
     if "divergence" in s:
-        rows.append(("patches flagged out of distribution", fmt(s["divergence"].get("frac_flagged"), ".1%")))
+        d = s["divergence"]
+        rows.append(("patches flagged out of distribution (all sites)",
+                     f"{fmt(d.get('frac_flagged'), '.1%')} ({d.get('n_flagged')} of {d.get('n_patches')})"))
     for dim, v in s["probes"].items():
         rows.append((f"probe: {dim}", f"{v['verdict']} ({fmt(v['effect'], '+.4f')}, 95% CI "
                                        f"{fmt_ci(v['ci_low'], v['ci_high'], '+.4f')})"))

@@ -46,7 +46,8 @@ def get_weight_map(hf_config: Any) -> WeightMap:
             return ARCHITECTURES[name]
     raise ValueError(
         f"unsupported reward-model architecture {names or '(config has no architectures field)'}; "
-        f"supported: {', '.join(sorted(ARCHITECTURES))}. Open an issue to ask for a native weight map."
+        f"supported: {', '.join(sorted(ARCHITECTURES))} (OpenRLHF checkpoints load as saved, with architectures "
+        "RewardModel or LLMForSequenceRegression). Open an issue to ask for a native weight map."
     )
 
 
@@ -54,3 +55,4 @@ def _load_all() -> None:
     # Importing a weight-map module registers it.
     from reward_lens.converters import llama, mistral, qwen2, qwen3  # noqa: F401
     from reward_lens.converters import armorm, gemma2  # noqa: F401
+    from reward_lens.converters import openrlhf  # noqa: F401

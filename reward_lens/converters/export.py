@@ -50,6 +50,8 @@ def _check_exportable(model) -> None:
         problems.append(f"partial rotary (rotary_dim={cfg.rotary_dim}, d_head={cfg.d_head})")
     if cfg.head_type == "scalar" and bool((model.reward_head.b_R != 0).any()):
         problems.append("a score bias (LlamaForSequenceClassification's score has none)")
+    if getattr(cfg, "readout", "last_non_pad") != "last_non_pad":
+        problems.append(f"readout {cfg.readout!r} (transformers reads the rightmost non-pad token)")
     if problems:
         raise ValueError(
             "cannot export this model as a transformers LlamaForSequenceClassification checkpoint: "

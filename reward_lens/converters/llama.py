@@ -111,7 +111,16 @@ def convert_decoder(sd: StateDict, cfg: RewardModelConfig, prefix: str = "model.
 
 
 def convert_score_head(sd: StateDict, cfg: RewardModelConfig, key: str = "score") -> StateDict:
+    if f"{key}.weight" not in sd:
+        from reward_lens.converters.openrlhf import missing_head_error
+
+        raise missing_head_error(sd, key, cfg.original_architecture)
     weight = sd[f"{key}.weight"]
+    if weight.shape[0] != cfg.n_outputs:
+        raise ValueError(
+            f"{key}.weight has {weight.shape[0]} output row(s) but config.json says num_labels={cfg.n_outputs} "
+            f"(transformers' default is 2 when config.json has none); set \"num_labels\": {weight.shape[0]} in config.json"
+        )
     bias: Optional[torch.Tensor] = sd.get(f"{key}.bias")
     return {
         "reward_head.W_R": weight.T,

@@ -14,6 +14,7 @@ from tqdm.auto import tqdm
 
 from reward_lens.core.validation import check_finite_rewards
 from reward_lens.model.native import QUERY_AXIS_2_HOOKS
+from reward_lens.model.truncation import one_truncation_warning
 
 NamesFilter = Union[None, str, Sequence[str], Callable[[str], bool]]
 
@@ -51,8 +52,9 @@ def batches(n: int, batch_size: int, progress: Union[bool, str] = False) -> Iter
     starts = range(0, n, batch_size)
     if progress and n > batch_size:
         starts = tqdm(starts, desc=progress if isinstance(progress, str) else None, leave=False)
-    for s in starts:
-        yield slice(s, min(n, s + batch_size))
+    with one_truncation_warning():  # inputs cut in any batch: one warning when the loop ends
+        for s in starts:
+            yield slice(s, min(n, s + batch_size))
 
 
 @torch.no_grad()
@@ -185,12 +187,13 @@ def first_token(tok: Tokenized) -> torch.Tensor:
 
 def _pad_token_rows(model, rows: List[torch.Tensor], side: str) -> Tokenized:
     pad = model.cfg.pad_token_id
-    if pad is None and len(rows) > 1:
+    by_mask = getattr(model.cfg, "readout", None) == "last_attended"  # the mask alone locates the readout
+    if pad is None and len(rows) > 1 and not by_mask:
         raise ValueError(
             "cannot batch token pairs: the model config has no pad_token_id; set model.cfg.pad_token_id or use batch_size=1"
         )
     for r in rows:
-        if pad is not None and int(r[-1]) == pad:
+        if pad is not None and int(r[-1]) == pad and not by_mask:
             raise ValueError(
                 f"a token sequence ends with the pad token id {pad}, so its readout cannot be found; drop trailing pads"
             )

@@ -46,6 +46,9 @@ class RewardModelConfig:
     head_type: str = "scalar"  # "scalar" or "armorm"
     head_config: Dict[str, Any] = field(default_factory=dict)
     pad_token_id: Optional[int] = None
+    # Where the reward is read (reward_lens.model.readout.READOUT_RULES) and the text format the RM was trained on.
+    readout: str = "last_non_pad"
+    input_format: Optional[str] = None
     # Runtime switches, named as in TransformerLens.
     use_attn_result: bool = False
     use_split_qkv_input: bool = False

@@ -11,12 +11,14 @@ import torch
 
 from reward_lens.model.config import RewardModelConfig
 from reward_lens.converters import StateDict, get_weight_map
+from reward_lens.converters.openrlhf import warn_if_relabelled
 from reward_lens.converters.processing import fold_norm_weights
 from reward_lens.model.checks import (
     CheckpointError, check_finite_weights, check_hf_tensors, check_overrides, check_state_dict, check_tokenizer_vocab,
     load_safetensors, read_json,
 )
 from reward_lens.model.heads.scalar import HEAD_TYPES
+from reward_lens.model.peft_adapter import is_peft_adapter_dir
 
 HOOKED_CONFIG = "reward_lens_config.json"
 HOOKED_WEIGHTS = "model.safetensors"
@@ -117,6 +119,11 @@ def load_pretrained(
         tokenizer = load_tokenizer(directory)
     if (directory / HOOKED_CONFIG).exists():
         return load_hooked(cls, directory, tokenizer=tokenizer, device=device, dtype=dtype, fold_ln=fold_ln, **overrides)
+    if is_peft_adapter_dir(directory):  # a LoRA RM as trainer.save_model writes it: base + adapter, merged
+        from reward_lens.model.peft_adapter import load_peft_adapter
+
+        return load_peft_adapter(cls, directory, tokenizer=tokenizer, base_model=overrides.pop("base_model", None),
+                                 device=device, dtype=dtype, fold_ln=fold_ln, generic=generic, module_map=module_map)
     if not (directory / "config.json").exists():
         raise FileNotFoundError(f"{directory} has no config.json; is it a transformers checkpoint directory?")
     hf_config = _load_hf_config(directory)
@@ -177,6 +184,7 @@ def convert_state_dict(
 ):
     """transformers config + state dict -> HookedRewardModel (weights converted, norms optionally folded)."""
     weight_map = get_weight_map(hf_config)
+    warn_if_relabelled(hf_config, weight_map.architecture)
     cfg = weight_map.build_config(hf_config)
     try:
         sd = weight_map.convert(hf_state_dict, cfg, hf_config)

@@ -23,8 +23,9 @@ from transformer_lens.HookedRootModule import HookedRootModule
 from reward_lens.core.validation import check_attention_mask, check_model_inputs
 from reward_lens.model.components import Embed, RMSNorm, RotaryEmbedding, TransformerBlock, attention_masks
 from reward_lens.model.config import RewardModelConfig
-from reward_lens.model.heads.scalar import build_head, last_position_without_pad
+from reward_lens.model.heads.scalar import build_head
 from reward_lens.model.tl_compat import TransformerLensConveniences, check_forward_input
+from reward_lens.model.readout import readout_positions as readout_by_rule, set_readout
 
 # Activations whose position axis is not dim 1 (attention scores/patterns: [batch, head, query, key]).
 QUERY_AXIS_2_HOOKS = ("hook_attn_scores", "hook_pattern")
@@ -55,13 +56,16 @@ class HookedRewardModel(TransformerLensConveniences, HookedRootModule):
         fold_ln: bool = True,
         generic: bool = False,
         input_format: str = "auto",
+        readout: Optional[str] = None,
         **kwargs: Any,
     ) -> "HookedRewardModel":
-        """Load an HF reward checkpoint (local dir or hub id) or a saved hooked checkpoint.
+        """Load an HF reward checkpoint (local dir or hub id), an OpenRLHF or PEFT-adapter directory, or a
+        saved hooked checkpoint.
 
         An architecture without a native weight map (or `generic=True`) loads on the generic
         component-level path (`reward_lens.model.generic.wrapper.GenericHookedRewardModel`; option `module_map=`).
         `input_format`: how `to_tokens` renders pairs by default (`reward_lens.model.tokenization`).
+        `readout` overrides the checkpoint's readout convention ("last_non_pad" / "last_attended").
         """
         from reward_lens.model.loading import load_pretrained
         from reward_lens.model.tokenization import check_input_format
@@ -69,7 +73,7 @@ class HookedRewardModel(TransformerLensConveniences, HookedRootModule):
         check_input_format(input_format)
         model = load_pretrained(cls, path_or_id, device=device, dtype=dtype, fold_ln=fold_ln, generic=generic, **kwargs)
         model.input_format = input_format
-        return model
+        return set_readout(model, readout)
 
     @classmethod
     def from_hf_model(
@@ -82,28 +86,20 @@ class HookedRewardModel(TransformerLensConveniences, HookedRootModule):
         fold_ln: bool = True,
         generic: bool = False,
         module_map: Optional[Dict[str, Optional[str]]] = None,
+        readout: Optional[str] = None,
     ) -> "HookedRewardModel":
-        """Convert a transformers model already in memory (its weights are copied, not shared).
+        """Convert a transformers model already in memory, e.g. `trainer.model` right after TRL training.
 
+        Weights are copied, never shared. The weight map is chosen by the module's class (its
+        `config.architectures` may be stale); PEFT adapters are merged into a copy; accelerate's
+        mixed-precision wrapper and any enclosing autocast are ignored (see `reward_lens.model.inmemory`).
         No native weight map (or `generic=True`): a copy wrapped on the generic component-level path.
         """
-        import copy
+        from reward_lens.model.inmemory import from_hf_model
 
-        from reward_lens.model.loading import convert_state_dict, has_native_weight_map
-
-        config = copy.deepcopy(hf_model.config)
-        if not getattr(config, "architectures", None):  # set by save_pretrained, absent in memory
-            config.architectures = [type(hf_model).__name__]
-        if generic or module_map is not None or not has_native_weight_map(config):
-            from reward_lens.model.generic.wrapper import GenericHookedRewardModel
-
-            return GenericHookedRewardModel.from_hf_model(
-                hf_model, tokenizer, device=device, dtype=dtype, fold_ln=fold_ln, module_map=module_map
-            )
-        return convert_state_dict(
-            cls, config, hf_model.state_dict(), tokenizer=tokenizer,
-            device=device, dtype=dtype, fold_ln=fold_ln,
-        )
+        model = from_hf_model(cls, hf_model, tokenizer, device=device, dtype=dtype, fold_ln=fold_ln, generic=generic,
+                              module_map=module_map)
+        return set_readout(model, readout)
 
     def save_pretrained(self, path: Union[str, Path]) -> None:
         """Save as a hooked checkpoint (config JSON + safetensors + tokenizer files)."""
@@ -115,24 +111,13 @@ class HookedRewardModel(TransformerLensConveniences, HookedRootModule):
     def readout_positions(
         self, input_ids: Optional[Int[torch.Tensor, "batch pos"]], attention_mask: Optional[torch.Tensor] = None
     ) -> Int[torch.Tensor, "batch"]:
-        """Where the reward is read, exactly as transformers pools: the rightmost non-pad token.
+        """Where the reward is read: `cfg.readout` ("last_non_pad", transformers' rightmost non-pad token,
+        the default; "last_attended", OpenRLHF's last attended position); see `reward_lens.model.readout`.
 
         Without input ids (a forward started from a residual), the rightmost attended position.
-        A head with its own published rule (ArmoRM's `(argmax(ids == pad) - 1) mod T`) overrides this.
+        A head with its own published rule (ArmoRM's `(argmax(ids == pad) - 1) mod T`) overrides the default.
         """
-        head_readout = getattr(self.reward_head, "readout_positions", None)
-        if head_readout is not None and input_ids is not None:
-            return head_readout(input_ids, attention_mask)
-        if input_ids is None:
-            if attention_mask is None:
-                raise ValueError("readout_positions needs input_ids or attention_mask")
-            idx = torch.arange(attention_mask.shape[-1], device=attention_mask.device)
-            return (idx * attention_mask.long()).argmax(-1)
-        pad = self.cfg.pad_token_id
-        if pad is None:
-            return last_position_without_pad(input_ids)
-        idx = torch.arange(input_ids.shape[1], device=input_ids.device)
-        return (idx * (input_ids != pad).long()).argmax(-1)
+        return readout_by_rule(self, input_ids, attention_mask)
 
     def forward(
         self,

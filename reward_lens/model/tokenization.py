@@ -30,6 +30,8 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 
 import torch
 
+from reward_lens.model.truncation import report_truncation
+
 PLAIN_FORMAT = "User: {prompt}\n\nAssistant: {response}"
 INPUT_FORMATS = ("auto", "chat", "concat", "openrlhf", "plain")
 
@@ -161,8 +163,10 @@ def trim_after_readout(model, ids: List[int]) -> List[int]:
 
 
 def pad_rows(model, ids: List[List[int]], side: str) -> Dict[str, torch.Tensor]:
+    from reward_lens.model.readout import readout_needs_pad_id
+
     pad = model.cfg.pad_token_id
-    if pad is None and len(ids) > 1:
+    if pad is None and len(ids) > 1 and readout_needs_pad_id(model.cfg):
         hint = getattr(model.tokenizer, "pad_token_id", None)
         raise ValueError(
             "the model config has no pad_token_id, so the readout of a padded batch is undefined (transformers "
@@ -218,6 +222,6 @@ def tokenize_pairs(
     if limit is None or limit > 10**8:
         limit = model.cfg.n_ctx
     if any(len(x) > limit for x in ids):
-        warnings.warn(f"{sum(len(x) > limit for x in ids)} input(s) longer than {limit} tokens were truncated from the left")
+        report_truncation([tuple(x) for x in ids if len(x) > limit], limit)  # one warning per call (collected)
         ids = [x[-limit:] for x in ids]
     return pad_rows(model, ids, padding_side or "left")

@@ -1041,7 +1041,8 @@ def load_generic(
             f"unsupported reward-model architecture {names or '(config has no architectures field)'}; natively "
             f"supported: {', '.join(supported_architectures())}. Generic loading was tried too, but it needs a "
             "transformers *ForSequenceClassification architecture (a scalar reward head), and this checkpoint names "
-            "none. Open an issue to ask for a native weight map."
+            "none. OpenRLHF checkpoints load natively with architectures RewardModel / LLMForSequenceRegression, as "
+            "OpenRLHF saves them. Open an issue to ask for a native weight map."
         )
     hf, info = cls.from_pretrained(str(directory), config=hf_config, dtype=resolve_dtype(dtype), output_loading_info=True)
     missing = sorted(info.get("missing_keys") or [])

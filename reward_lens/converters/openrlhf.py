@@ -1,0 +1,124 @@
+"""OpenRLHF reward models (`architectures=["RewardModel"]`, older `"LLMForSequenceRegression"`), loaded as saved.
+
+OpenRLHF builds its reward model class at run time (`openrlhf.models.model._get_reward_model`): the base
+decoder of the checkpoint's family under its `base_model_prefix` ("model" for Llama, Qwen2/3, Mistral,
+Gemma-2) and a bias-free `nn.Linear(hidden_size, 1)` head named by `value_head_prefix`, "value_head"
+(older releases) or "score" (newer). config.json keeps the base family's `model_type`, has no `auto_map`
+and usually no `num_labels` (transformers then defaults to 2 labels: ignored here, the head has one row).
+
+    reward = head(last_hidden_state)[b, T - 1 - mask[b].fliplr().argmax()]   (the last ATTENDED token)
+    if normalize_reward: reward = (reward - mean) / std                   (eval mode, config mean/std)
+
+Weights: the base family's own native weight map (the decoder under "model."), the head as its score
+head. `normalize_reward` is folded into the head exactly: W_R / std and bias -mean / std. The config gets
+`readout="last_attended"` (see `reward_lens.model.readout`) and `input_format="openrlhf"` (OpenRLHF's
+dataset ends each sequence with EOS and reads the reward there).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Tuple
+
+import torch
+
+from reward_lens.converters import ARCHITECTURES, StateDict, WeightMap, register
+from reward_lens.model.config import RewardModelConfig
+
+HEAD_PREFIXES = ("value_head", "score")
+OPENRLHF_ARCHITECTURES = ("RewardModel", "LLMForSequenceRegression")
+
+
+def base_weight_map(hf_config: Any) -> WeightMap:
+    """The native weight map of the checkpoint's base family (`model_type`), e.g. Llama's for "llama"."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES
+
+    model_type = getattr(hf_config, "model_type", None)
+    name = MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES.get(model_type)
+    if name not in ARCHITECTURES:
+        bases = sorted(a.replace("ForSequenceClassification", "") for a in ARCHITECTURES if a.endswith("ForSequenceClassification"))
+        raise ValueError(
+            f"OpenRLHF reward model on a {model_type!r} base: reward-lens has no native weight map for that family "
+            f"(OpenRLHF checkpoints load natively on bases: {', '.join(bases)}); open an issue to ask for one"
+        )
+    return ARCHITECTURES[name]
+
+
+def normalization(hf_config: Any) -> Tuple[float, float]:
+    """(mean, std) OpenRLHF subtracts and divides by in eval mode; (0, 1) when normalize_reward is off."""
+    if not getattr(hf_config, "normalize_reward", False):
+        return 0.0, 1.0
+
+    def scalar(name: str, default: float) -> float:
+        value = getattr(hf_config, name, None)
+        return default if value is None else float(torch.as_tensor(value, dtype=torch.float64).reshape(-1)[0])
+
+    mean, std = scalar("mean", 0.0), scalar("std", 1.0)
+    if not std > 0:
+        raise ValueError(f"config.json has normalize_reward=true with std={std}; OpenRLHF divides by std, so it must be > 0")
+    return mean, std
+
+
+def missing_head_error(sd: StateDict, key: str, architecture: str) -> ValueError:
+    """A transformers-layout map found no `{key}.weight`: say so, and point at OpenRLHF when its head is there."""
+    if "value_head.weight" in sd:
+        hint = ("it has 'value_head.weight', OpenRLHF's head: set architectures back to [\"RewardModel\"] in config.json; "
+                "reward-lens loads OpenRLHF checkpoints as saved, with their last-attended-token readout")
+    else:
+        hint = f"tensors outside model.*: {sorted(k for k in sd if not k.startswith('model.'))[:8]}"
+    return ValueError(f"the checkpoint has no '{key}.weight', the reward head of {architecture}; {hint}")
+
+
+def warn_if_relabelled(hf_config: Any, architecture: str) -> None:
+    """OpenRLHF always writes `normalize_reward` into config.json: under a transformers class name it means a
+    hand-edited OpenRLHF checkpoint, read with transformers' rule (one token early when pad = EOS)."""
+    if architecture not in OPENRLHF_ARCHITECTURES and hasattr(hf_config, "normalize_reward"):
+        import warnings
+
+        warnings.warn(
+            f"config.json says {architecture} but carries OpenRLHF's normalize_reward: if this is an OpenRLHF reward "
+            "model, set architectures back to [\"RewardModel\"] (and the head name back) so it loads with OpenRLHF's "
+            "readout (last attended token) and normalisation; as labelled, transformers' readout is used",
+            stacklevel=4,
+        )
+
+
+def openrlhf_config(hf_config: Any) -> RewardModelConfig:
+    cfg = base_weight_map(hf_config).build_config(hf_config)
+    cfg.n_outputs = 1  # one value-head row; num_labels (absent, so transformers' default 2) means nothing here
+    cfg.readout = "last_attended"
+    cfg.input_format = "openrlhf"
+    return cfg
+
+
+def convert_openrlhf(sd: StateDict, cfg: RewardModelConfig, hf_config: Any) -> StateDict:
+    prefix = next((p for p in HEAD_PREFIXES if f"{p}.weight" in sd), None)
+    if prefix is None:
+        found = sorted(k for k in sd if not k.startswith("model."))
+        raise ValueError(
+            f"OpenRLHF checkpoint without a reward head: expected 'value_head.weight' or 'score.weight', found "
+            f"{found[:8] or 'only model.* tensors'}; was it saved with a custom value_head_prefix?"
+        )
+    W = sd[f"{prefix}.weight"]
+    if W.shape != (1, cfg.d_model):
+        raise ValueError(f"{prefix}.weight has shape {tuple(W.shape)}, expected (1, {cfg.d_model}) (one reward per sequence)")
+    renamed = {k: v for k, v in sd.items() if not k.startswith(f"{prefix}.")}
+    renamed["score.weight"] = W
+    if f"{prefix}.bias" in sd:
+        renamed["score.bias"] = sd[f"{prefix}.bias"]
+    out = base_weight_map(hf_config).convert(renamed, cfg, hf_config)
+    mean, std = normalization(hf_config)
+    # (h.w + b - mean) / std = h.(w / std) + (b - mean) / std: the normalisation is the head itself.
+    dtype = torch.promote_types(W.dtype, torch.float32)  # a bf16 checkpoint's head is not rounded twice
+    out["reward_head.W_R"] = (out["reward_head.W_R"].double() / std).to(dtype)
+    out["reward_head.b_R"] = ((out["reward_head.b_R"].double() - mean) / std).to(dtype)
+    return out
+
+
+for _name in OPENRLHF_ARCHITECTURES:
+    register(WeightMap(
+        architecture=_name,
+        build_config=openrlhf_config,
+        convert=convert_openrlhf,
+        notes="OpenRLHF RewardModel: its base family's decoder map, head value_head/score, normalize_reward folded "
+        "into the head, readout at the last attended token, input format 'openrlhf'.",
+    ))

@@ -1,0 +1,98 @@
+"""transformers models in memory (e.g. `trainer.model` right after TRL training), made safe to convert.
+
+Three things a trained model carries that a saved checkpoint does not:
+- a stale `config.architectures` (the base's, e.g. `LlamaForCausalLM`, also after `merge_and_unload()`):
+  the module's class is the truth, so the weight map is chosen by `type(model).__name__` (then its bases);
+- accelerate's mixed-precision wrapper: with TRL's default `bf16=True`, `model.forward` runs under
+  `torch.autocast(bfloat16)` for good; conversion and parity checks run on a copy with that wrapper
+  removed and with autocast disabled, in the model's own (fp32) precision;
+- PEFT adapters (`PeftModel`): merged into a copy (`merge_and_unload`), the user's model untouched.
+
+Weights are always copied: the hooked model shares no storage with the transformers model.
+"""
+
+from __future__ import annotations
+
+import copy
+from contextlib import ExitStack, contextmanager
+from typing import Dict, Iterator, List
+
+import torch
+import torch.nn as nn
+
+
+def unwrap(hf_model: nn.Module) -> nn.Module:
+    """The model inside torch.compile (`_orig_mod`) and (Distributed)DataParallel (`module`) wrappers."""
+    while True:
+        if isinstance(getattr(hf_model, "_orig_mod", None), nn.Module):
+            hf_model = hf_model._orig_mod
+        elif isinstance(hf_model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
+            hf_model = hf_model.module
+        else:
+            return hf_model
+
+
+def is_peft_model(hf_model: nn.Module) -> bool:
+    return hasattr(hf_model, "peft_config") and hasattr(hf_model, "merge_and_unload")
+
+
+def strip_mixed_precision(hf_model: nn.Module) -> nn.Module:
+    """Remove accelerate's autocast `forward` wrapper (in place: call it on a copy); the class forward is back."""
+    if hf_model.__dict__.pop("_original_forward", None) is not None:
+        hf_model.__dict__.pop("forward", None)
+    return hf_model
+
+
+def independent_copy(hf_model: nn.Module) -> nn.Module:
+    """A deep copy with PEFT adapters merged and no mixed-precision forward wrapper."""
+    model = unwrap(hf_model)
+    with torch.no_grad():
+        model = copy.deepcopy(model)
+    if is_peft_model(model):
+        model = model.merge_and_unload()
+    return strip_mixed_precision(model)
+
+
+def class_names(hf_model: nn.Module) -> List[str]:
+    """Architecture names to look a weight map up by: the module's class, its bases, then config.architectures."""
+    names = [c.__name__ for c in type(hf_model).__mro__ if issubclass(c, nn.Module) and c is not nn.Module]
+    return names + [n for n in (getattr(hf_model.config, "architectures", None) or []) if n not in names]
+
+
+def copied_state_dict(hf_model: nn.Module) -> Dict[str, torch.Tensor]:
+    """The state dict with every tensor cloned (detached), so nothing converted from it aliases the model."""
+    with torch.no_grad():
+        return {k: v.detach().clone() for k, v in hf_model.state_dict().items()}
+
+
+@contextmanager
+def no_autocast() -> Iterator[None]:
+    """Disable any enclosing torch.autocast (CPU and CUDA) so parity checks compare in full precision."""
+    with ExitStack() as stack:
+        stack.enter_context(torch.autocast("cpu", enabled=False))
+        if torch.cuda.is_available():
+            stack.enter_context(torch.autocast("cuda", enabled=False))
+        yield
+
+
+def from_hf_model(cls, hf_model: nn.Module, tokenizer=None, *, device=None, dtype=None, fold_ln=True, generic=False,
+                  module_map=None):
+    """`HookedRewardModel.from_hf_model`: native weight map chosen by class, else the generic path on a copy."""
+    from reward_lens.model.loading import convert_state_dict, has_native_weight_map
+
+    source, owned = unwrap(hf_model), False
+    if is_peft_model(source):
+        source, owned = independent_copy(source), True
+    config = copy.deepcopy(source.config)
+    config.architectures = class_names(source)
+    with no_autocast():
+        if generic or module_map is not None or not has_native_weight_map(config):
+            from reward_lens.model.generic.wrapper import GenericHookedRewardModel
+
+            return GenericHookedRewardModel.from_hf_model(
+                source if owned else independent_copy(source), tokenizer, device=device, dtype=dtype,
+                fold_ln=fold_ln, module_map=module_map, copy=False,
+            )
+        return convert_state_dict(
+            cls, config, copied_state_dict(source), tokenizer=tokenizer, device=device, dtype=dtype, fold_ln=fold_ln
+        )
