@@ -24,7 +24,6 @@ LEFT by default, so the readout is position -1 of every row. Over-long inputs ar
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping
 from typing import Any, Dict, List, Optional, Sequence, Union
 
