@@ -14,7 +14,7 @@ import torch
 
 from helpers import one_thread  # noqa: F401  (single-threaded module)
 
-trl = pytest.importorskip("trl")  # the `test` extra installs it
+import trl  # noqa: E402,F401  (the `test` extra installs it: a missing trl fails here, it is not skipped)
 
 EVERY, MAX_STEPS, SWAP_AFTER = 2, 8, 4  # checks at 2, 4 (initial policy), 6, 8 (filler policy)
 BATCH, GENERATIONS, SAMPLE = 32, 4, 32
