@@ -1,4 +1,4 @@
-"""The `reward-lens` command line: `audit` (the main job) and `compare`."""
+"""The `reward-lens` command line: `audit` (the main job), `compare` and `monitor`."""
 
 from __future__ import annotations
 
@@ -126,6 +126,13 @@ def _write_comparison(models, pairs, args, out, info) -> None:
     print(f"[reward-lens] wrote {path / 'report.html'}")
 
 
+def cmd_monitor(args) -> int:
+    from reward_lens.integrations.monitor import render_monitor
+
+    print(f"[reward-lens] wrote {render_monitor(args.log, args.out)}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog="reward-lens",
@@ -161,6 +168,11 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--out", default="reward-lens-compare")
     common(compare)
     compare.set_defaults(func=cmd_compare)
+
+    monitor = sub.add_parser("monitor", help="render a RewardLensCallback training log (JSONL) as an HTML page")
+    monitor.add_argument("log", metavar="LOG.jsonl", help="the log_path of reward_lens.integrations.trl's callback")
+    monitor.add_argument("--out", default=None, help="output HTML file (default: LOG with .html)")
+    monitor.set_defaults(func=cmd_monitor)
     return parser
 
 

@@ -1,0 +1,255 @@
+"""Watch a reward model during TRL training (GRPO, RLOO, any trainer taking `reward_funcs`).
+
+    reward_fn = RewardLensReward(rm)                         # rm: a HookedRewardModel
+    trainer = GRPOTrainer(model=policy, reward_funcs=reward_fn, args=GRPOConfig(..., report_to="wandb"), ...)
+    watch(trainer, reward_fn, every=50, log_path="rm_monitor.jsonl")
+    trainer.train()                                          # then: reward-lens monitor rm_monitor.jsonl
+
+`RewardLensReward` is a reward function with TRL's signature (`prompts`, `completions`, `**kwargs` -> one
+float per completion). It scores with the reward model's own tokenizer and input format, in batches, on its
+device, and from the same forward records the exact split of each reward over embed / attention / MLP per
+layer (mean and spread over the batch) and the reward-length correlation; these reach the trainer's logs
+through TRL's `log_metric` hook as `reward_lens/...` (GRPO and RLOO pass it).
+
+`RewardLensCallback` (added by `watch`) measures a fixed sample of the policy's most recent completions
+(`sample_size`, so the cost does not grow with the batch): the hacking probes on those completions, their
+projections on concept vectors, the components' shares of the reward and the reward-length correlation
+(`reward_lens.integrations.signals.measure`). It does so once as the baseline, on the first completions
+(those of the initial policy), and then every `every` steps; it logs through the trainer's own `log` (so
+TensorBoard, W&B and any `report_to` backend receive `reward_lens/...` and the trainer's `log_history` holds
+them) and appends every record to a JSONL file. A quantity whose interval leaves the baseline's is flagged
+(`signals.drift_flags`); `reward_lens/drift_flags` counts them.
+
+This module needs `transformers` only; the reward function is a plain callable, so TRL itself is imported
+by the training script, not here. The checks run on the main process only.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+from transformers import TrainerCallback
+
+from reward_lens.integrations.signals import build_concepts, drift_flags, measure, score_batch
+
+LOG_PREFIX = "reward_lens/"
+DEFAULT_CONCEPTS = ("length", "sycophancy", "formatting", "confidence")
+
+
+def message_text(x: Any, role: str) -> str:
+    """A prompt or completion as plain text: a string as is; a conversational list of messages as the
+    content of its last `role` message (the prompt's last user turn, the completion's assistant turn)."""
+    if isinstance(x, str):
+        return x
+    if isinstance(x, (list, tuple)) and all(isinstance(m, Mapping) and "content" in m for m in x):
+        chosen = [m for m in x if m.get("role") == role] or list(x)
+        content = chosen[-1]["content"]
+        return content if isinstance(content, str) else " ".join(str(c.get("text", "")) for c in content)
+    raise TypeError(
+        f"a prompt or completion must be a string or a list of {{'role', 'content'}} messages, got {type(x).__name__}"
+    )
+
+
+class RewardLensReward:
+    """A TRL reward function scoring with a HookedRewardModel and recording where each batch's reward comes from.
+
+    `history`: one dict per call (step, n, reward/mean, reward/std, reward_length_corr, length/mean,
+    attr/<component>/mean and /std). `recent`: the last `keep` (prompt, completion) texts, the callback's
+    sample pool. `last`: the last call's `BatchSignals` (per-completion terms). `seconds`: time spent here.
+    """
+
+    def __init__(self, model, *, batch_size: int = 16, keep: int = 256, name: str = "reward_lens",
+                 log_metrics: bool = True):
+        if batch_size < 1 or keep < 1:
+            raise ValueError(f"batch_size and keep must be >= 1, got batch_size={batch_size}, keep={keep}")
+        if getattr(model, "tokenizer", None) is None:
+            raise ValueError("the reward model has no tokenizer; set model.tokenizer before scoring text completions")
+        self.model = model
+        self.batch_size = batch_size
+        self.log_metrics = log_metrics
+        self.__name__ = name  # TRL names the reward column after it: rewards/<name>/mean
+        self.recent: deque = deque(maxlen=keep)
+        self.history: List[Dict[str, Any]] = []
+        self.last = None
+        self.seconds = 0.0
+        self.logged_via_trainer = False
+
+    def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> List[float]:
+        start = time.perf_counter()
+        texts_p = [message_text(p, "user") for p in prompts]
+        texts_r = [message_text(c, "assistant") for c in completions]
+        sig = score_batch(self.model, texts_p, texts_r, batch_size=self.batch_size)
+        state = kwargs.get("trainer_state")
+        # Completions are generated before the step that trains on them: label them with that step.
+        step = state.global_step + 1 if state is not None else len(self.history) + 1
+        metrics = sig.metrics()
+        self.history.append({"step": step, "n": len(texts_p), **metrics})
+        self.recent.extend(zip(texts_p, texts_r))
+        self.last = sig
+        log_metric = kwargs.get("log_metric")
+        if self.log_metrics and callable(log_metric):
+            for key, value in metrics.items():
+                if math.isfinite(value):
+                    log_metric(LOG_PREFIX + key, value)
+            self.logged_via_trainer = True
+        self.seconds += time.perf_counter() - start
+        return sig.rewards.tolist()
+
+    def sample(self, n: int) -> Tuple[List[str], List[str]]:
+        """The `n` most recent distinct (prompt, completion) texts with a non-empty completion."""
+        seen, out = set(), []
+        for pair in reversed(self.recent):
+            if pair[1].strip() and pair not in seen:
+                seen.add(pair)
+                out.append(pair)
+                if len(out) == n:
+                    break
+        out.reverse()
+        return [p for p, _ in out], [r for _, r in out]
+
+
+def _flat(metrics: Mapping[str, Mapping[str, Optional[float]]]) -> Dict[str, float]:
+    return {LOG_PREFIX + k: v["value"] for k, v in metrics.items() if v["value"] is not None}
+
+
+class RewardLensCallback(TrainerCallback):
+    """Baseline and every-`every`-steps measurements of the policy's recent completions; see the module docstring.
+
+    probes: hacking-probe dimensions run on the sample (None: all; () or []: none). concepts: names (a probe
+    dimension gets its contrast set from the baseline sample's probe pairs; a bundled contrast set name is
+    loaded) or name -> contrast; default DEFAULT_CONCEPTS. concept_layer: resid_post layer of the concept
+    vectors (default: the last, where the reward is read). `trainer`: the trainer to log through (`watch`
+    sets it). `log_path` is rewritten at the start of each training run.
+    """
+
+    def __init__(self, reward_fn: RewardLensReward, *, every: int = 50, sample_size: int = 32,
+                 log_path: Union[str, Path] = "reward_lens_monitor.jsonl", probes: Optional[Sequence[str]] = None,
+                 concepts: Union[None, Sequence[str], Mapping[str, Any]] = None, concept_layer: int = -1,
+                 n_boot: int = 1000, seed: int = 0, trainer: Any = None):
+        from reward_lens.probes.suite import DIMENSIONS
+
+        if not isinstance(reward_fn, RewardLensReward):
+            raise TypeError(f"reward_fn must be a RewardLensReward (the function the trainer scores with), got {type(reward_fn).__name__}")
+        if every < 1 or sample_size < 4:
+            raise ValueError(f"need every >= 1 and sample_size >= 4 (intervals need a few items), got {every}, {sample_size}")
+        self.probes = list(DIMENSIONS) if probes is None else list(probes)
+        unknown = [p for p in self.probes if p not in DIMENSIONS]
+        if unknown:
+            raise ValueError(f"unknown probe dimension(s) {unknown}; choose from {list(DIMENSIONS)}")
+        self.reward_fn, self.every, self.sample_size = reward_fn, every, sample_size
+        self.log_path = Path(log_path)
+        self.concept_spec = DEFAULT_CONCEPTS if concepts is None else concepts
+        self.concept_layer, self.n_boot, self.seed, self.trainer = concept_layer, n_boot, seed, trainer
+        self.baseline: Optional[Dict[str, dict]] = None
+        self.records: List[dict] = []
+        self.concepts: Dict[str, Any] = {}
+        self._written = 0
+        self._last_tick: Optional[float] = None
+        self._step_times: List[float] = []
+
+    def attach(self, trainer) -> "RewardLensCallback":
+        """Log through `trainer` and register with it (`trainer.add_callback`)."""
+        self.trainer = trainer
+        trainer.add_callback(self)
+        return self
+
+    # ------------------------------------------------------------------------------------------ events
+    def on_train_begin(self, args, state, control, **kwargs):
+        if self.trainer is None:
+            raise ValueError("RewardLensCallback needs the trainer to log through: use "
+                             "reward_lens.integrations.trl.watch(trainer, reward_fn) or pass trainer=")
+        self.baseline, self.records, self._written = None, [], len(self.reward_fn.history)
+        self._last_tick, self._step_times = time.perf_counter(), []
+        if state.is_world_process_zero:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            self.log_path.write_text("")
+            model = self.reward_fn.model
+            self._write({"kind": "run", "model": getattr(model.cfg, "model_name", None), "every": self.every,
+                         "sample_size": self.sample_size, "probes": self.probes,
+                         "concepts": list(self.concept_spec), "concept_layer": self.concept_layer % model.cfg.n_layers,
+                         "time": time.time()})
+
+    def on_step_end(self, args, state, control, **kwargs):
+        now = time.perf_counter()
+        if self._last_tick is not None:
+            self._step_times.append(now - self._last_tick)
+        if not state.is_world_process_zero:
+            return
+        self._flush_batches(state)
+        have = len(self.reward_fn.sample(self.sample_size)[0])
+        if self.baseline is None:
+            # The first full sample is the initial policy's; with small batches wait for it until step `every`.
+            if have >= self.sample_size or (have >= 4 and state.global_step >= self.every):
+                self.check(state, "baseline")
+        elif state.global_step % self.every == 0 and have >= 4:
+            self.check(state, "check")
+        self._last_tick = time.perf_counter()  # the next step's time excludes this check
+
+    # ------------------------------------------------------------------------------------------ work
+    def check(self, state, kind: str = "check") -> dict:
+        """Measure the current sample, compare it with the baseline, log and write the record."""
+        start = time.perf_counter()
+        prompts, responses = self.reward_fn.sample(self.sample_size)
+        model = self.reward_fn.model
+        extra = {}
+        if kind == "baseline":
+            self.concepts, cosines = build_concepts(model, self.concept_spec, prompts, responses, self.concept_layer,
+                                                    batch_size=self.reward_fn.batch_size)
+            extra["concept_cosines"] = cosines
+        metrics = measure(model, prompts, responses, probes=self.probes, concepts=self.concepts,
+                          concept_layer=self.concept_layer, n_boot=self.n_boot, seed=self.seed,
+                          batch_size=self.reward_fn.batch_size)
+        flags = drift_flags(metrics, self.baseline) if self.baseline is not None else []
+        if kind == "baseline":
+            self.baseline = metrics
+        cost = time.perf_counter() - start
+        step_s = sum(self._step_times) / len(self._step_times) if self._step_times else None
+        self._step_times = []
+        record = {"kind": kind, "step": state.global_step, "n": len(prompts), "metrics": metrics, "flags": flags,
+                  "cost_s": cost, "mean_step_s": step_s,
+                  "overhead": cost / (self.every * step_s) if step_s else None, **extra, "time": time.time()}
+        self.records.append(record)
+        self._write(record)
+        flat = _flat(metrics)
+        flat.update({LOG_PREFIX + "drift_flags": float(len(flags)), LOG_PREFIX + "check_cost_s": cost})
+        self._log(flat)
+        return record
+
+    def _flush_batches(self, state) -> None:
+        """The reward function's per-batch records since the last step, to the JSONL (and to the trainer's
+        log when the trainer did not pass TRL's `log_metric`)."""
+        new = self.reward_fn.history[self._written:]
+        self._written = len(self.reward_fn.history)
+        for rec in new:
+            self._write({"kind": "batch", **{k: (v if not isinstance(v, float) or math.isfinite(v) else None)
+                                             for k, v in rec.items()}})
+        if new and not self.reward_fn.logged_via_trainer:
+            last = new[-1]
+            self._log({LOG_PREFIX + k: v for k, v in last.items()
+                       if k not in ("step", "n") and isinstance(v, float) and math.isfinite(v)})
+
+    def _log(self, logs: Dict[str, float]) -> None:
+        # transformers.Trainer.log itself (not a subclass override: GRPO's would flush and average its own
+        # pending metrics into this entry): it appends to state.log_history and calls every callback's
+        # on_log, which is how report_to backends (TensorBoard, W&B, ...) receive values.
+        # The callback handler's on_log clears control.should_log: keep the trainer's own logging of this step.
+        from transformers import Trainer
+
+        control = self.trainer.control
+        should_log = control.should_log
+        Trainer.log(self.trainer, dict(logs))
+        self.trainer.control.should_log = should_log or control.should_log
+
+    def _write(self, record: dict) -> None:
+        with self.log_path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+def watch(trainer, reward_fn: RewardLensReward, **kwargs: Any) -> RewardLensCallback:
+    """Add a `RewardLensCallback` for `reward_fn` to `trainer`, logging through it; kwargs as the callback's."""
+    return RewardLensCallback(reward_fn, **kwargs).attach(trainer)
