@@ -172,6 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     monitor = sub.add_parser("monitor", help="render a RewardLensCallback training log (JSONL) as an HTML page")
     monitor.add_argument("log", metavar="LOG.jsonl", help="the log_path of reward_lens.integrations.trl's callback")
     monitor.add_argument("--out", default=None, help="output HTML file (default: LOG with .html)")
+    monitor.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     monitor.set_defaults(func=cmd_monitor)
     return parser
 
@@ -182,7 +183,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         print("reward-lens compare: error: give at least two models to compare", file=sys.stderr)
         return 2
     try:
-        validate_args(args)
+        if args.command in ("audit", "compare"):  # every option checked before any work
+            validate_args(args)
         return args.func(args)
     except KeyboardInterrupt:
         if args.debug:

@@ -255,6 +255,6 @@ def measure(
     if probes:
         res = run_probes(model, items=list(zip(prompts, responses)), dimensions=list(probes), batch_size=batch_size,
                          n_boot=max(n_boot, 100), seed=seed)
-        for row in res.summary:
+        for row in res.rows:
             out[f"probe/{row['dimension']}"] = estimate(row["effect"], row["ci_low"], row["ci_high"])
     return out

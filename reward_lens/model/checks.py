@@ -95,8 +95,12 @@ def check_hf_tensors(hf_config: Any, sd: Mapping[str, torch.Tensor], directory: 
     tied = getattr(hf_config, "tie_word_embeddings", False)
     missing = sorted(k for k in expected if k not in sd and not (tied and k.endswith("lm_head.weight")))
     if missing:
+        hint = ""
+        if "score.weight" in missing and "value_head.weight" in sd:  # an OpenRLHF head under a transformers name
+            hint = ("; it holds value_head.weight, OpenRLHF's head: set architectures to ['RewardModel'] in "
+                    "config.json (as OpenRLHF saves it) to load it natively")
         raise CheckpointError(f"{_where(missing[0], files, directory)} lacks tensor(s) {_listing(missing)} that "
-                              f"{type(hf_config).__name__.replace('Config', '')} needs; the checkpoint is incomplete")
+                              f"{type(hf_config).__name__.replace('Config', '')} needs; the checkpoint is incomplete{hint}")
     unexpected = sorted(k for k in sd if k not in expected and not k.endswith("inv_freq"))
     if unexpected:
         warnings.warn(f"{directory}: unused tensor(s) in the checkpoint: {_listing(unexpected)} (ignored, as transformers does)")

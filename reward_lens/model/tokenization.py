@@ -221,6 +221,7 @@ def tokenize_pairs(
     if limit is None or limit > 10**8:
         limit = model.cfg.n_ctx
     if any(len(x) > limit for x in ids):
-        report_truncation([tuple(x) for x in ids if len(x) > limit], limit)  # one warning per call (collected)
+        cut = [repr((p, r)) for p, r, x in zip(prompts, responses, ids) if len(x) > limit]  # distinct inputs
+        report_truncation(cut, limit)  # one warning per call (collected)
         ids = [x[-limit:] for x in ids]
     return pad_rows(model, ids, padding_side or "left")
