@@ -86,7 +86,7 @@ class _Steps:
 
 
 def is_armorm(model) -> bool:
-    return getattr(model.cfg, "head_type", "scalar") == "armorm"
+    return bool(model.reward_head.n_objectives)
 
 
 def run_audit(

@@ -26,7 +26,7 @@ from typing import Any, Dict, Union
 
 import torch
 
-from reward_lens.converters import StateDict
+from reward_lens.converters.registry import StateDict
 
 ARCHITECTURE = "LlamaForSequenceClassification"
 
@@ -44,8 +44,6 @@ def _check_exportable(model) -> None:
         problems.append("Gemma-style norms / embedding scale / soft-capping")
     if abs(cfg.attn_scale - cfg.d_head**0.5) > 1e-6 * cfg.attn_scale:
         problems.append(f"attention scale {cfg.attn_scale} != sqrt(d_head)")
-    if not cfg.gated_mlp or cfg.attn_only:
-        problems.append("a non-gated or missing MLP")
     if cfg.rotary_dim != cfg.d_head:
         problems.append(f"partial rotary (rotary_dim={cfg.rotary_dim}, d_head={cfg.d_head})")
     if cfg.head_type == "scalar" and bool((model.reward_head.b_R != 0).any()):

@@ -1,18 +1,20 @@
-"""Loading: HF reward checkpoints (local dir or hub id) and saved hooked checkpoints into HookedRewardModel."""
+"""Loading: checkpoint directories (local or hub ids), transformers configs and state dicts, converted into
+our config and weights; saved hooked checkpoints. Nothing here builds a model: `reward_lens.model.factory`
+chooses the native or the generic model and builds it from what these functions return."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import warnings
 from pathlib import Path
-from typing import Union
+from typing import Any, Dict, Optional, Tuple, Union
 
 import torch
 
-from reward_lens.model.config import RewardModelConfig
-from reward_lens.converters import StateDict, get_weight_map
+from reward_lens.converters import StateDict, get_weight_map, supported_architectures
 from reward_lens.converters.processing import fold_norm_weights
-from reward_lens.model.heads.scalar import HEAD_TYPES
+from reward_lens.model.config import RewardModelConfig
 
 HOOKED_CONFIG = "reward_lens_config.json"
 HOOKED_WEIGHTS = "model.safetensors"
@@ -107,48 +109,27 @@ def load_tokenizer(directory: Path):
         return None
 
 
-def load_pretrained(
-    cls, path_or_id, *, device=None, dtype=None, fold_ln=True, tokenizer=None, generic=False, module_map=None, **overrides
-):
-    directory = resolve_checkpoint_dir(path_or_id)
-    if tokenizer is None:
-        tokenizer = load_tokenizer(directory)
-    if (directory / HOOKED_CONFIG).exists():
-        return load_hooked(cls, directory, tokenizer=tokenizer, device=device, dtype=dtype, fold_ln=fold_ln)
-    if not (directory / "config.json").exists():
-        raise FileNotFoundError(f"{directory} has no config.json; is it a transformers checkpoint directory?")
-    hf_config = _load_hf_config(directory)
-    for key, value in overrides.items():
-        setattr(hf_config, key, value)
-    # No native weight map (or asked for): the generic component-level path (reward_lens/generic.py).
-    if generic or module_map is not None or (directory / "reward_lens_generic.json").exists() or not has_native_weight_map(hf_config):
-        from reward_lens.model.generic.wrapper import load_generic
-
-        return load_generic(
-            directory, hf_config, tokenizer=tokenizer, device=device, dtype=dtype, fold_ln=fold_ln, module_map=module_map
-        )
-    return convert_state_dict(
-        cls, hf_config, load_hf_state_dict(directory), tokenizer=tokenizer, device=device, dtype=dtype, fold_ln=fold_ln
-    )
-
-
-def _load_hf_config(directory: Path):
-    """transformers' config class for the checkpoint's model_type; never runs remote code."""
+def load_hf_config(directory: Path, overrides: Optional[Dict[str, Any]] = None):
+    """transformers' config class for the checkpoint's model_type (attributes in `overrides` set on it);
+    never runs remote code."""
     from transformers import AutoConfig
 
+    if not (directory / "config.json").exists():
+        raise FileNotFoundError(f"{directory} has no config.json; is it a transformers checkpoint directory?")
     raw = json.loads((directory / "config.json").read_text())
     raw.pop("auto_map", None)  # remote-code pointers: our weight maps stand in for that code
     model_type = raw.get("model_type")
     try:
-        return AutoConfig.for_model(model_type, **{k: v for k, v in raw.items() if k != "model_type"})
+        config = AutoConfig.for_model(model_type, **{k: v for k, v in raw.items() if k != "model_type"})
     except (ValueError, KeyError):
-        from reward_lens.converters import supported_architectures
-
         raise ValueError(
             f"config.json in {directory} has model_type {model_type!r}, which transformers does not know; "
             f"supported architectures: {', '.join(supported_architectures())} (generic loading was tried too: it "
             "needs a model type transformers knows)"
         ) from None
+    for key, value in (overrides or {}).items():
+        setattr(config, key, value)
+    return config
 
 
 def has_native_weight_map(hf_config) -> bool:
@@ -160,26 +141,31 @@ def has_native_weight_map(hf_config) -> bool:
         return False
 
 
-def convert_state_dict(cls, hf_config, hf_state_dict: StateDict, *, tokenizer=None, device=None, dtype=None, fold_ln=True):
-    """transformers config + state dict -> HookedRewardModel (weights converted, norms optionally folded)."""
+def convert_weights(hf_config, hf_state_dict: StateDict) -> Tuple[RewardModelConfig, StateDict]:
+    """transformers config + state dict -> our config and (unfolded) weights, by the architecture's weight map."""
     weight_map = get_weight_map(hf_config)
     cfg = weight_map.build_config(hf_config)
-    sd = weight_map.convert(hf_state_dict, cfg, hf_config)
-    return _build(cls, cfg, sd, tokenizer=tokenizer, device=device, dtype=dtype, fold_ln=fold_ln)
+    return cfg, weight_map.convert(hf_state_dict, cfg, hf_config)
 
 
-def _build(cls, cfg: RewardModelConfig, sd: StateDict, *, tokenizer, device, dtype, fold_ln):
+def convert_state_dict(cls, hf_config, hf_state_dict: StateDict, *, tokenizer=None, device=None, dtype=None, fold_ln=True):
+    """transformers config + state dict -> a `cls` (HookedRewardModel) model (norms optionally folded)."""
+    cfg, sd = convert_weights(hf_config, hf_state_dict)
+    return cls.from_state_dict(cfg, sd, tokenizer=tokenizer, device=device, dtype=dtype, fold_ln=fold_ln)
+
+
+def fold_and_cast(
+    cfg: RewardModelConfig, sd: StateDict, head_readers, *, device=None, dtype=None, fold_ln: bool = True
+) -> Tuple[RewardModelConfig, StateDict, torch.device]:
+    """Norm weights folded (when `fold_ln` and not yet folded) and parameters cast to `dtype`: a new config
+    (with dtype and device set) and state dict, and the device to move the model to."""
     dtype, device = resolve_dtype(dtype), resolve_device(device)
     if fold_ln and cfg.normalization_type == "RMS":
-        sd = fold_norm_weights(sd, cfg, HEAD_TYPES[cfg.head_type].final_norm_readers)
-    cfg.dtype, cfg.device = dtype, device
+        sd, cfg = fold_norm_weights(sd, cfg, head_readers)
+    cfg = dataclasses.replace(cfg, dtype=dtype, device=device)
     # Buffers (RoPE frequencies) stay float32; parameters take the requested dtype.
     sd = {k: (v if k.endswith("inv_freq") else v.to(dtype)) for k, v in sd.items()}
-    with torch.device("meta"):
-        model = cls(cfg, tokenizer=tokenizer)
-    model.load_state_dict(sd, strict=True, assign=True)
-    model.requires_grad_(False)
-    return model.to(device)
+    return cfg, sd, device
 
 
 def save_hooked(model, path: Union[str, Path]) -> None:
@@ -193,7 +179,8 @@ def save_hooked(model, path: Union[str, Path]) -> None:
         model.tokenizer.save_pretrained(str(path))
 
 
-def load_hooked(cls, directory: Path, *, tokenizer=None, device=None, dtype=None, fold_ln=True):
+def load_hooked_weights(directory: Path) -> Tuple[RewardModelConfig, StateDict]:
+    """The config and weights of a saved hooked checkpoint (as `save_hooked` wrote them)."""
     from safetensors.torch import load_file
 
     cfg = RewardModelConfig.from_dict(json.loads((directory / HOOKED_CONFIG).read_text()))
@@ -201,4 +188,4 @@ def load_hooked(cls, directory: Path, *, tokenizer=None, device=None, dtype=None
     for key in list(sd):
         if key.endswith(("attn.W_Q", "attn.W_K", "attn.W_V")):  # restore the fast storage layout
             sd[key] = sd[key].transpose(1, 2).contiguous().transpose(1, 2)
-    return _build(cls, cfg, sd, tokenizer=tokenizer, device=device, dtype=dtype, fold_ln=fold_ln)
+    return cfg, sd
