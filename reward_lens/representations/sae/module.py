@@ -37,6 +37,8 @@ import torch
 import torch.nn as nn
 from jaxtyping import Float
 
+from reward_lens.model import hooks
+
 SAE_CFG_FILENAME = "cfg.json"
 SAE_WEIGHTS_FILENAME = "sae_weights.safetensors"
 SPARSITY_FILENAME = "sparsity.safetensors"  # SAELens's optional log10 firing-frequency file
@@ -53,13 +55,6 @@ _METADATA_KEYS = (
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
 
 # Hook suffixes whose activation is d_model wide (residual-stream-like) or d_mlp wide.
-_D_MODEL_SUFFIXES = (
-    "hook_embed", "hook_resid_pre", "hook_resid_mid", "hook_resid_post", "hook_attn_out", "hook_mlp_out",
-    "hook_normalized", "hook_attn_in", "hook_mlp_in",
-)
-_D_MLP_SUFFIXES = ("mlp.hook_pre", "mlp.hook_pre_linear", "mlp.hook_post")
-
-
 def _dtype_name(dtype: Union[str, torch.dtype]) -> str:
     name = str(dtype).replace("torch.", "")
     if name not in _DTYPES:
@@ -277,7 +272,7 @@ class SparseAutoencoder(nn.Module):
             raise ValueError("this SAE records no hook_name; pass hook_name='blocks.L.hook_resid_post' (where it was trained)")
         if hook_name not in model.hook_dict:
             raise ValueError(f"the model has no hook {hook_name!r}; SAEs read hooks such as 'blocks.0.hook_resid_post'")
-        width = hook_width(model, hook_name)
+        width = hooks.hook_width(model.cfg, hook_name)
         if width is not None and width != self.cfg.d_in:
             raise ValueError(
                 f"SAE width d_in={self.cfg.d_in} does not match {hook_name} on this model (width {width}, "
@@ -339,17 +334,6 @@ class SparseAutoencoder(nn.Module):
         c = self.cfg
         k = f", k={c.k}" if c.architecture == "topk" else ""
         return f"SparseAutoencoder({c.architecture}, d_in={c.d_in}, d_sae={c.d_sae}{k}, hook={c.hook_name!r})"
-
-
-def hook_width(model, hook_name: str) -> Optional[int]:
-    """The last-axis width of a hook's activation when it is one vector per token (else None)."""
-    if hook_name.endswith(_D_MLP_SUFFIXES):
-        return model.cfg.d_mlp
-    if ".attn." in hook_name:  # q/k/v/z/result and q/k norms are per head
-        return None
-    if hook_name.endswith(_D_MODEL_SUFFIXES):
-        return model.cfg.d_model
-    return None
 
 
 # ---------------------------------------------------------------------------------------------- loading
@@ -570,7 +554,7 @@ def train_sae(
             layer = model.cfg.n_layers // 2 if layer is None else layer
             if not 0 <= layer < model.cfg.n_layers:
                 raise ValueError(f"layer {layer} out of range: the model has {model.cfg.n_layers} layers")
-            hook_name = f"blocks.{layer}.hook_resid_post"
+            hook_name = hooks.act_name("resid_post", layer)
         if hook_name not in model.hook_dict:
             raise ValueError(f"the model has no hook {hook_name!r}; e.g. 'blocks.0.hook_resid_post'")
     if data is None:
@@ -589,7 +573,7 @@ def train_sae(
         )
     d_in = acts.shape[-1]
     if model is not None:
-        width = hook_width(model, hook_name)
+        width = hooks.hook_width(model.cfg, hook_name)
         if width is not None and width != d_in:
             raise ValueError(f"activations have width {d_in} but {hook_name} on this model is {width} wide")
     n = acts.shape[0]
