@@ -68,7 +68,7 @@ from reward_lens.model.generic.discovery import (  # noqa: F401  (GenericLoadErr
     find_modules,
 )
 from reward_lens.model.generic.final_norm import GenericFinalNorm, identify_norm
-from reward_lens.model.generic.load import load_sequence_classifier, save_generic, saved_module_map
+from reward_lens.model.generic.load import GENERIC_MARKER, load_sequence_classifier, save_generic, saved_module_map  # noqa: F401
 from reward_lens.model.generic.verify import sequential_layers, verify
 from reward_lens.model.heads.scalar import RewardHead
 from reward_lens.model.loading import load_hf_config, load_tokenizer, resolve_checkpoint_dir, resolve_device, resolve_dtype
@@ -524,7 +524,13 @@ class GenericHookedRewardModel(RewardModelBase):
             raise
 
 
+def load_generic(directory: Path, hf_config: Any, **kwargs: Any) -> GenericHookedRewardModel:
+    """`GenericHookedRewardModel.from_checkpoint_dir` under its old name (the old deep path
+    `reward_lens.generic.load_generic`, kept for one release)."""
+    return GenericHookedRewardModel.from_checkpoint_dir(directory, hf_config, **kwargs)
+
+
 __all__ = [
     "GenericHookedRewardModel", "GenericRewardModelConfig", "GenericPathError", "GenericLoadError",
-    "GenericFinalNorm", "GenericBlock",
+    "GenericFinalNorm", "GenericBlock", "load_generic", "GENERIC_MARKER",
 ]
