@@ -14,7 +14,7 @@ import sys
 import torch
 
 from reward_lens import HookedRewardModel
-from reward_lens.model.loading import _load_hf_config, resolve_checkpoint_dir, resolve_dtype
+from reward_lens.model.loading import load_hf_config, resolve_checkpoint_dir, resolve_dtype
 
 DEFAULT_PAIRS = [
     ("What is the capital of France?", "The capital of France is Paris."),
@@ -48,7 +48,7 @@ def main(argv=None):
 
     directory = resolve_checkpoint_dir(args.checkpoint)
     dtype = resolve_dtype(args.dtype)
-    hf_config = _load_hf_config(directory)
+    hf_config = load_hf_config(directory)
     hf = build_hf_model(directory, hf_config, dtype, args.device)
     hooked = HookedRewardModel.from_pretrained(directory, device=args.device, dtype=dtype, fold_ln=args.fold_ln)
     pairs = [tuple(t.split("|||", 1)) for t in args.text] if args.text else DEFAULT_PAIRS

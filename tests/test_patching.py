@@ -7,6 +7,7 @@ import torch
 from helpers import one_thread, tiny_tokenizer, token_pairs  # noqa: F401
 
 import reward_lens.instruments.patching.contrastive as patching_module
+import reward_lens.instruments.patching.engines as engines_module
 from reward_lens import HookedRewardModel
 from reward_lens.data.pairs import TokenPair, bundled_pairs
 from reward_lens.instruments import patch, site_means
@@ -30,13 +31,13 @@ def assert_same(fast, naive, tol=TOL):
 @pytest.fixture
 def count_readout_sweeps(monkeypatch):
     calls = []
-    original = patching_module._readout_sweep
+    original = engines_module.readout_sweep
 
     def counted(*args, **kwargs):
         calls.append(1)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(patching_module, "_readout_sweep", counted)
+    monkeypatch.setattr(engines_module, "readout_sweep", counted)
     return calls
 
 

@@ -110,7 +110,7 @@ class _Steps:
 
 
 def is_armorm(model) -> bool:
-    return getattr(model.cfg, "head_type", "scalar") == "armorm"
+    return bool(model.reward_head.n_objectives)
 
 
 def input_format_name(model) -> str:
@@ -290,7 +290,7 @@ def _armorm_view(model, pairs: Sequence[PreferencePair], batch_size: int) -> Dic
     prompts = [p.prompt for p in pairs]
     chosen = readout_run(model, prompts, [p.chosen for p in pairs], names, batch_size=batch_size)
     rejected = readout_run(model, prompts, [p.rejected for p in pairs], names, batch_size=batch_size)
-    objectives = list(getattr(model.reward_head, "objective_names", None) or
+    objectives = list(model.reward_head.objective_names or
                       [f"objective_{j}" for j in range(chosen.acts["reward_head.hook_pooled"].shape[-1])])
     oc, orr = chosen.acts["reward_head.hook_pooled"], rejected.acts["reward_head.hook_pooled"]
     gate = chosen.acts["reward_head.hook_gate"]

@@ -21,7 +21,7 @@ from typing import Any
 import reward_lens.model.heads.armorm  # noqa: F401  (registers the "armorm" head type)
 from reward_lens.model.heads.armorm import DEFAULT_GATING_PATTERN, default_objective_names
 from reward_lens.model.config import RewardModelConfig
-from reward_lens.converters import StateDict, WeightMap, register
+from reward_lens.converters.registry import StateDict, WeightMap, register
 from reward_lens.converters.llama import convert_decoder, decoder_config, rope_inverse_frequencies
 
 

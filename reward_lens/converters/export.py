@@ -26,7 +26,8 @@ from typing import Any, Dict, Union
 
 import torch
 
-from reward_lens.converters import StateDict
+from reward_lens.converters.registry import StateDict
+from reward_lens.model.heads.scalar import RewardHead
 
 ARCHITECTURE = "LlamaForSequenceClassification"
 
@@ -34,7 +35,8 @@ ARCHITECTURE = "LlamaForSequenceClassification"
 def _check_exportable(model) -> None:
     cfg = model.cfg
     problems = []
-    if cfg.head_type != "scalar":
+    linear_head = isinstance(model.reward_head, RewardHead)
+    if not linear_head:
         problems.append(f"head_type={cfg.head_type!r} (only a linear score head maps onto transformers' Llama)")
     if any(w is not None for w in cfg.window_sizes):
         problems.append("sliding-window attention")
@@ -44,11 +46,9 @@ def _check_exportable(model) -> None:
         problems.append("Gemma-style norms / embedding scale / soft-capping")
     if abs(cfg.attn_scale - cfg.d_head**0.5) > 1e-6 * cfg.attn_scale:
         problems.append(f"attention scale {cfg.attn_scale} != sqrt(d_head)")
-    if not cfg.gated_mlp or cfg.attn_only:
-        problems.append("a non-gated or missing MLP")
     if cfg.rotary_dim != cfg.d_head:
         problems.append(f"partial rotary (rotary_dim={cfg.rotary_dim}, d_head={cfg.d_head})")
-    if cfg.head_type == "scalar" and bool((model.reward_head.b_R != 0).any()):
+    if linear_head and bool((model.reward_head.b_R != 0).any()):
         problems.append("a score bias (LlamaForSequenceClassification's score has none)")
     if getattr(cfg, "readout", "last_non_pad") != "last_non_pad":
         problems.append(f"readout {cfg.readout!r} (transformers reads the rightmost non-pad token)")

@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from reward_lens.model.config import RewardModelConfig
-from reward_lens.converters import StateDict, WeightMap, register
+from reward_lens.converters.registry import StateDict, WeightMap, register
 from reward_lens.converters.llama import convert_llama, decoder_config, layer_windows
 
 

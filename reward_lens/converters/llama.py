@@ -18,7 +18,7 @@ from typing import Any, Optional
 import torch
 
 from reward_lens.model.config import RewardModelConfig
-from reward_lens.converters import StateDict, WeightMap, register
+from reward_lens.converters.registry import StateDict, WeightMap, register
 
 
 def rope_inverse_frequencies(hf_config: Any):

@@ -1,6 +1,6 @@
 """Mistral (`MistralForSequenceClassification`): Llama weights; one sliding window on every layer when set."""
 
-from reward_lens.converters import WeightMap, register
+from reward_lens.converters.registry import WeightMap, register
 from reward_lens.converters.llama import convert_llama, decoder_config
 
 

@@ -21,7 +21,7 @@ from typing import Any, Tuple
 
 import torch
 
-from reward_lens.converters import ARCHITECTURES, StateDict, WeightMap, register
+from reward_lens.converters.registry import ARCHITECTURES, StateDict, WeightMap, register
 from reward_lens.model.config import RewardModelConfig
 
 HEAD_PREFIXES = ("value_head", "score")

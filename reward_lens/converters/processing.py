@@ -9,10 +9,13 @@ nonlinearity of their own output (Gemma-2 post-norms, Qwen3 q/k norms) are left 
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Tuple
+
 import torch
 
 from reward_lens.model.config import RewardModelConfig
-from reward_lens.converters import StateDict
+from reward_lens.converters.registry import StateDict
 
 
 def _scale_rows(W: torch.Tensor, gain: torch.Tensor, dim: int) -> torch.Tensor:
@@ -21,8 +24,9 @@ def _scale_rows(W: torch.Tensor, gain: torch.Tensor, dim: int) -> torch.Tensor:
     return W * gain.to(W.dtype).view(shape)
 
 
-def fold_norm_weights(sd: StateDict, cfg: RewardModelConfig, head_readers) -> StateDict:
-    """Return a new state dict with ln1/ln2/ln_final weights folded; `cfg.normalization_type` -> "RMSPre"."""
+def fold_norm_weights(sd: StateDict, cfg: RewardModelConfig, head_readers) -> Tuple[StateDict, RewardModelConfig]:
+    """A new state dict with ln1/ln2/ln_final weights folded, and a copy of `cfg` with normalization_type
+    "RMSPre" (neither argument is changed)."""
     sd = dict(sd)
     offset = cfg.norm_weight_offset
     for l in range(cfg.n_layers):
@@ -37,5 +41,4 @@ def fold_norm_weights(sd: StateDict, cfg: RewardModelConfig, head_readers) -> St
     for name, dim in head_readers:
         key = "reward_head." + name
         sd[key] = _scale_rows(sd[key].float(), gf, dim)
-    cfg.normalization_type = "RMSPre"
-    return sd
+    return sd, dataclasses.replace(cfg, normalization_type="RMSPre")

@@ -1,6 +1,6 @@
 """Qwen2 (`Qwen2ForSequenceClassification`): Llama weights plus q/k/v biases; sliding window per `layer_types`."""
 
-from reward_lens.converters import WeightMap, register
+from reward_lens.converters.registry import WeightMap, register
 from reward_lens.converters.llama import convert_llama, decoder_config, layer_windows
 
 

@@ -1,6 +1,6 @@
 """Qwen3 (`Qwen3ForSequenceClassification`): Llama weights plus per-head RMSNorm on q and k before RoPE."""
 
-from reward_lens.converters import WeightMap, register
+from reward_lens.converters.registry import WeightMap, register
 from reward_lens.converters.llama import convert_llama, decoder_config, layer_windows
 
 

@@ -28,7 +28,10 @@ from reward_lens.data.pairs import as_pairs, pair_labels
 from reward_lens.instruments.sites import component_sites
 from reward_lens.plotting import figure_axes, finish
 from reward_lens.results import PairRewards, to_numpy
-from reward_lens.core.readout import capture, pair_batches, readout_direction
+from reward_lens.core.batching import pair_batches
+from reward_lens.core.directions import readout_direction
+from reward_lens.core.readout import capture
+from reward_lens.model.hooks import act_name
 
 # Relative error above which the decomposition is reported as not reproducing the model's reward: the
 # terms are exact up to rounding, which in bf16/fp16 (8/11-bit mantissas) is far above fp32's.
@@ -153,19 +156,20 @@ class AttributionResult(PairRewards):
 def _attribute_batch(model, tok, heads: bool, neurons: bool):
     cfg = model.cfg
     L = cfg.n_layers
-    embeds = ["hook_embed"] + (["hook_pos_embed"] if cfg.positional_embedding_type == "standard" else [])
-    names = embeds + ["ln_final.hook_scale"]
-    names += [f"blocks.{l}.hook_{k}_out" for l in range(L) for k in ("attn", "mlp")]
+    embeds = [act_name("embed")] + ([act_name("pos_embed")] if cfg.positional_embedding_type == "standard" else [])
+    names = embeds + [act_name("final_scale")]
+    names += [act_name(k, l) for l in range(L) for k in ("attn_out", "mlp_out")]
     if heads:
-        names += [f"blocks.{l}.attn.hook_z" for l in range(L)]
+        names += [act_name("z", l) for l in range(L)]
     if neurons:
-        names += [f"blocks.{l}.mlp.hook_post" for l in range(L)]
-    if cfg.post_norms and (heads or neurons):
-        names += [f"blocks.{l}.ln{i}_post.hook_scale" for l in range(L) for i in (1, 2)]
+        names += [act_name("post", l) for l in range(L)]
+    if (heads or neurons) and model.has_head_hooks:  # what the blocks' output steps need to be linear
+        # (Gemma-2's post-norm scales); without head hooks the capture below refuses hook_z / hook_post
+        names += [h for block in model.blocks for h in block.output_gain_hooks()]
     cap = capture(model, tok, readout_names=names)
     acts = cap.at_readout
     direction, bias = readout_direction(model, tok)  # [B, d], [B]
-    scale = acts["ln_final.hook_scale"].float()  # [B, 1]
+    scale = acts[act_name("final_scale")].float()  # [B, 1]
     w = direction / scale  # the linear map each residual term goes through
 
     def term(x: torch.Tensor) -> torch.Tensor:
@@ -173,33 +177,30 @@ def _attribute_batch(model, tok, heads: bool, neurons: bool):
 
     comps = [term(acts[name]) for name in embeds]  # the order of component_sites
     for l in range(L):
-        comps += [term(acts[f"blocks.{l}.hook_attn_out"]), term(acts[f"blocks.{l}.hook_mlp_out"])]
+        comps += [term(acts[act_name("attn_out", l)]), term(acts[act_name("mlp_out", l)])]
     out = {"terms": torch.stack(comps, -1), "bias": bias, "reward": cap.rewards.float()}
 
-    def post_norm_gain(l: int, which: int) -> torch.Tensor:
-        # Gemma-2's post-norm: out = raw / s_post * (offset + w_post), linear in raw with s_post frozen.
-        if not cfg.post_norms:
-            return w
-        norm = getattr(model.blocks[l], f"ln{which}_post")
-        gain = (cfg.norm_weight_offset + norm.w.float()) / acts[f"blocks.{l}.ln{which}_post.hook_scale"].float()
-        return w * gain
+    def output_read(l: int, which: str) -> torch.Tensor:
+        # The direction a block's raw output is read along: the block's output step (e.g. Gemma-2's
+        # post-norm, linear once its scale is frozen) folded into w.
+        return w * model.blocks[l].output_gain(which, acts)
 
     if heads:
         per_head, head_bias = [], []
         for l in range(L):
             attn = model.blocks[l].attn
-            wl = post_norm_gain(l, 1)  # [B, d]
+            wl = output_read(l, "attn")  # [B, d]
             read = torch.einsum("nhd,bd->bnh", attn.W_O.float(), wl)  # W_O[h] . w per head
-            per_head.append((acts[f"blocks.{l}.attn.hook_z"].float() * read).sum(-1))
+            per_head.append((acts[act_name("z", l)].float() * read).sum(-1))
             head_bias.append((attn.b_O.float() * wl).sum(-1))
         out["heads"], out["head_bias"] = torch.stack(per_head, 1), torch.stack(head_bias, 1)
     if neurons:
         per_neuron, neuron_bias = [], []
         for l in range(L):
             mlp = model.blocks[l].mlp
-            wl = post_norm_gain(l, 2)
+            wl = output_read(l, "mlp")
             read = wl @ mlp.W_out.float().T  # [B, d_mlp]
-            per_neuron.append(acts[f"blocks.{l}.mlp.hook_post"].float() * read)
+            per_neuron.append(acts[act_name("post", l)].float() * read)
             neuron_bias.append((mlp.b_out.float() * wl).sum(-1))
         out["neurons"], out["neuron_bias"] = torch.stack(per_neuron, 1), torch.stack(neuron_bias, 1)
     return out
@@ -224,7 +225,7 @@ def attribute(
     """
     pairs = as_pairs(pairs)
     if heads is None:
-        heads = "blocks.0.attn.hook_z" in model.hook_dict
+        heads = model.has_head_hooks
     parts = {"chosen": [], "rejected": []}
     for batch in pair_batches(model, pairs, batch_size, progress and "attribute", padding_side):
         parts["chosen"].append(_attribute_batch(model, batch.chosen, heads, neurons))

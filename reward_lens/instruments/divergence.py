@@ -31,19 +31,13 @@ from reward_lens.data.pairs import as_pairs, pair_labels
 from reward_lens.instruments.sites import Site, sites_for
 from reward_lens.plotting import finish, panels
 from reward_lens.results import PairRewards, to_numpy
-from reward_lens.instruments.patching.contrastive import (
-    _TARGETS,
-    PatchResult,
-    _check_options,
-    _entries,
-    _readout_sweep,
-    _site_values,
-    _patch_batch,
-    _patch_positions,
-    has_readout_fast_path,
-    site_means,
-)
-from reward_lens.core.readout import capture, pair_batches, tokenize_pair_batch
+from reward_lens.core.batching import PairBatch, pair_batches, tokenize_pair_batch
+from reward_lens.core.readout import Capture, capture
+from reward_lens.instruments.patching.contrastive import PatchResult, site_means
+from reward_lens.instruments.patching.engines import patch_batch, readout_entries, readout_sweep
+from reward_lens.instruments.patching.positions import patch_positions, site_values
+from reward_lens.instruments.patching.spec import TARGETS, check_options
+from reward_lens.model.hooks import act_name, final_resid_name, layer_of, resid_entering
 
 METHODS = ("mahalanobis", "norm_ratio")
 STATES = ("site", "final")
@@ -51,16 +45,15 @@ STATES = ("site", "final")
 
 def state_hook(site: Site, n_layers: int, state: str = "site") -> str:
     """The hook whose readout value a patch of `site` leaves changed first (state="site") or last."""
-    final = f"blocks.{n_layers - 1}.hook_resid_post"
     if state == "final":
-        return final
+        return final_resid_name(n_layers)
     if site.kind == "embed":
-        return site.hook(n_layers)
+        return site.hook_name(n_layers)
     if site.kind == "resid":
-        return final if site.layer == n_layers else f"blocks.{site.layer}.hook_resid_pre"
+        return resid_entering(site.layer, n_layers)
     if site.kind in ("attn", "head"):
-        return f"blocks.{site.layer}.hook_resid_mid"
-    return f"blocks.{site.layer}.hook_resid_post"
+        return act_name("resid_mid", site.layer)
+    return act_name("resid_post", site.layer)
 
 
 @dataclass
@@ -199,83 +192,30 @@ def divergence_patch(
     """Readout patching of `level` in `mode` with an OOD score per patch, a threshold calibrated on
     clean-vs-clean swaps and flags (see the module docstring). Needs at least 2 pairs."""
     pairs = as_pairs(pairs)
-    if not isinstance(mode, str):
-        raise ValueError("divergence_patch takes one mode; call it once per mode")
-    _check_options([mode], "readout", "fast")
-    target = target or _TARGETS[mode][0]
-    if target not in _TARGETS[mode]:
-        raise ValueError(f"mode {mode!r} patches {_TARGETS[mode]}, not {target!r}")
-    if method not in METHODS or state not in STATES:
-        raise ValueError(f"method must be one of {METHODS} and state one of {STATES}; got {method!r}, {state!r}")
-    if not 0 < quantile < 1:
-        raise ValueError(f"quantile must be in (0, 1), got {quantile}")
-    n = len(pairs)
-    if n < 2:
-        raise ValueError("divergence_patch calibrates on swaps between pairs; give at least 2 pairs")
-    if not has_readout_fast_path(model):
-        raise ValueError(
-            "divergence_patch scores the patched readout states of the KV-cache fast path, which needs a native "
-            "architecture; this model runs on the generic path (see conversion/GENERIC.md)"
-        )
+    target = _check_divergence_options(model, pairs, mode, target, method, state, quantile)
     cfg = model.cfg
-    L = cfg.n_layers
     sites = sites_for(cfg, level, layers)
-    hooks = [state_hook(s, L, state) for s in sites]
+    hooks = [state_hook(s, cfg.n_layers, state) for s in sites]
     if mode == "mean" and means is None:
         means = site_means(model, pairs, sites, "readout", batch_size=batch_size, padding_side=padding_side)
     ids = pair_labels(pairs)
-
-    # 1. the clean reference states, one fit per hook
-    scorers: Dict[str, PCAMahalanobis] = {}
-    if method == "mahalanobis":
-        ref_pairs = pairs if max_reference is None or max_reference >= n else [pairs[i] for i in np.linspace(0, n - 1, max_reference).round().astype(int)]
-        states: Dict[str, List[torch.Tensor]] = {h: [] for h in set(hooks)}
-        for batch in pair_batches(model, ref_pairs, batch_size, progress and "divergence: reference", padding_side):
-            for tok in (batch.chosen, batch.rejected):
-                cap = capture(model, tok, readout_names=sorted(states))
-                for h in states:
-                    states[h].append(cap.at_readout[h].float().cpu())
-        scorers = {h: PCAMahalanobis.fit(torch.cat(v), n_components) for h, v in states.items()}
-
-    def score(final_or_entry: torch.Tensor, clean: Dict[str, torch.Tensor]) -> torch.Tensor:
-        out = []
-        for i, h in enumerate(hooks):
-            x = final_or_entry[:, i].float().cpu()
-            if method == "mahalanobis":
-                out.append(scorers[h].score(x))
-            else:
-                r = x.norm(dim=-1) / clean[h].float().cpu().norm(dim=-1).clamp(min=1e-12)
-                out.append(torch.maximum(r, 1 / r).double())
-        return torch.stack(out, -1)
-
-    # 2. the patches and the clean-vs-clean swaps, scored
+    scorer = _Scorer(hooks, method, _fit_reference(model, pairs, hooks, method, n_components, max_reference,
+                                                   batch_size, padding_side, progress))
     patched, clean_c, clean_r, scores, calib = [], [], [], [], []
     for batch in pair_batches(model, pairs, batch_size, progress and "divergence: patching", padding_side):
-        out, (c, r), caps, kept = _patch_batch(
-            model, batch, sites, [mode], "readout", "fast", means, ids[batch.index], 64, keep_states=True
-        )
-        if (mode, target) not in kept:  # (the generic path was refused above)
+        out = patch_batch(model, batch, sites, [mode], "readout", "fast", means, ids[batch.index], 64)
+        if (mode, target) not in out.entries:  # (the generic path was refused above)
             raise ValueError("divergence_patch needs the readout to be each sequence's last attended token")
-        patched.append(out[(mode, target)])
-        clean_c.append(c)
-        clean_r.append(r)
-        tcap = caps[target]
+        patched.append(out.patched[(mode, target)])
+        clean_c.append(out.clean_chosen)
+        clean_r.append(out.clean_rejected)
+        tcap = out.captures[target]
         clean_states = {h: _clean_state(tcap, h) for h in set(hooks)}
-        entry, final = kept[(mode, target)]
-        scores.append(score(entry if state == "site" else final, clean_states))
-        # clean-vs-clean: the same patch with the value from the next pair's response of the same role
-        idx = [(i + 1) % n for i in range(batch.index.start, batch.index.stop)]
-        other = tokenize_pair_batch(model, [pairs[i] for i in idx], slice(0, len(idx)), padding_side)
-        other_tok = other.chosen if target == "chosen" else other.rejected
-        ocap = capture(model, other_tok, readout_names=sorted({s.hook(L) for s in sites}))
-        pos = _patch_positions(batch, "readout", tcap.tok, other_tok, ids[batch.index])
-        values = [_site_values(model, s, "noising", pos, ocap, None, "readout") for s in sites]
-        entries = _entries(model, tcap, sites, values)
-        entry_c = torch.stack([e[2] for e in entries], 1)
-        final_c = _readout_sweep(model, tcap, entries) if state == "final" else None
-        calib.append(score(entry_c if state == "site" else final_c, clean_states))
+        entry = _stack_states(out.entries[(mode, target)])
+        scores.append(scorer(entry if state == "site" else out.final[(mode, target)], clean_states))
+        entry_c, final_c = _clean_swaps(model, pairs, batch, tcap, sites, target, state, ids, padding_side)
+        calib.append(scorer(entry_c if state == "site" else final_c, clean_states))
     scores_t, calib_t = torch.cat(scores), torch.cat(calib)
-    threshold = torch.quantile(calib_t, quantile, dim=0)
     result = PatchResult(
         pair_ids=ids, sites=sites, positions="readout", method="fast",
         clean_chosen=torch.cat(clean_c).cpu(), clean_rejected=torch.cat(clean_r).cpu(),
@@ -283,17 +223,93 @@ def divergence_patch(
     )
     return DivergenceResult(
         patching=result, mode=mode, target=target, scores=scores_t.float(), calibration_scores=calib_t.float(),
-        threshold=threshold.float(),
+        threshold=torch.quantile(calib_t, quantile, dim=0).float(),
         settings={"state": state, "method": method, "n_components": n_components, "quantile": quantile},
     )
 
 
-def _clean_state(tcap, hook: str) -> torch.Tensor:
+def _check_divergence_options(model, pairs, mode, target, method, state, quantile) -> str:
+    """The target run (the mode's default when None), after checking every option."""
+    if not isinstance(mode, str):
+        raise ValueError("divergence_patch takes one mode; call it once per mode")
+    check_options([mode], "readout", "fast")
+    target = target or TARGETS[mode][0]
+    if target not in TARGETS[mode]:
+        raise ValueError(f"mode {mode!r} patches {TARGETS[mode]}, not {target!r}")
+    if method not in METHODS or state not in STATES:
+        raise ValueError(f"method must be one of {METHODS} and state one of {STATES}; got {method!r}, {state!r}")
+    if not 0 < quantile < 1:
+        raise ValueError(f"quantile must be in (0, 1), got {quantile}")
+    if len(pairs) < 2:
+        raise ValueError("divergence_patch calibrates on swaps between pairs; give at least 2 pairs")
+    if not model.has_readout_fast_path:
+        raise ValueError(
+            "divergence_patch scores the patched readout states of the KV-cache fast path, which needs a native "
+            "architecture; this model runs on the generic path (see conversion/GENERIC.md)"
+        )
+    return target
+
+
+def _fit_reference(model, pairs, hooks, method, n_components, max_reference, batch_size, padding_side, progress):
+    """One PCA-Mahalanobis fit per state hook on the clean readout states of both responses (method
+    "mahalanobis"; {} otherwise)."""
+    if method != "mahalanobis":
+        return {}
+    n = len(pairs)
+    if max_reference is None or max_reference >= n:
+        ref_pairs = pairs
+    else:
+        ref_pairs = [pairs[i] for i in np.linspace(0, n - 1, max_reference).round().astype(int)]
+    states: Dict[str, List[torch.Tensor]] = {h: [] for h in set(hooks)}
+    for batch in pair_batches(model, ref_pairs, batch_size, progress and "divergence: reference", padding_side):
+        for tok in (batch.chosen, batch.rejected):
+            cap = capture(model, tok, readout_names=sorted(states))
+            for h in states:
+                states[h].append(cap.at_readout[h].float().cpu())
+    return {h: PCAMahalanobis.fit(torch.cat(v), n_components) for h, v in states.items()}
+
+
+class _Scorer:
+    """OOD scores [batch, n_sites] of readout states [batch, n_sites, d] (one state hook per site)."""
+
+    def __init__(self, hooks: List[str], method: str, fits: Dict[str, PCAMahalanobis]):
+        self.hooks, self.method, self.fits = hooks, method, fits
+
+    def __call__(self, states: torch.Tensor, clean: Dict[str, torch.Tensor]) -> torch.Tensor:
+        out = []
+        for i, h in enumerate(self.hooks):
+            x = states[:, i].float().cpu()
+            if self.method == "mahalanobis":
+                out.append(self.fits[h].score(x))
+            else:
+                r = x.norm(dim=-1) / clean[h].float().cpu().norm(dim=-1).clamp(min=1e-12)
+                out.append(torch.maximum(r, 1 / r).double())
+        return torch.stack(out, -1)
+
+
+def _stack_states(entries) -> torch.Tensor:
+    return torch.stack([e.state for e in entries], 1)
+
+
+def _clean_swaps(model, pairs, batch: PairBatch, tcap: Capture, sites, target, state, ids, padding_side):
+    """The same patches with the value from the next pair's response of the same role (pair i <- pair
+    i+1): (entry states [B, S, d], final residuals or None)."""
+    n = len(pairs)
+    idx = [(i + 1) % n for i in range(batch.index.start, batch.index.stop)]
+    other = tokenize_pair_batch(model, [pairs[i] for i in idx], slice(0, len(idx)), padding_side)
+    other_tok = other.chosen if target == "chosen" else other.rejected
+    ocap = capture(model, other_tok, readout_names=sorted({s.hook_name(model.cfg.n_layers) for s in sites}))
+    pos = patch_positions(batch, "readout", tcap.tok, other_tok, ids[batch.index])
+    values = [site_values(model, s, "noising", pos, ocap, None, "readout") for s in sites]
+    entries = readout_entries(model, tcap, sites, values)
+    return _stack_states(entries), (readout_sweep(model, tcap, entries) if state == "final" else None)
+
+
+def _clean_state(tcap: Capture, hook: str) -> torch.Tensor:
     """The target's clean readout value of a state hook, from the fast path's capture."""
     acts = tcap.at_readout
-    if hook == "hook_embed":
-        return acts["blocks.0.hook_resid_pre"]
-    if hook.endswith("hook_resid_post") and hook not in acts:
-        l = int(hook.split(".")[1])
-        return acts[f"blocks.{l + 1}.hook_resid_pre"]
-    return acts[hook]
+    if hook in acts:
+        return acts[hook]
+    if hook == act_name("embed"):
+        return acts[act_name("resid_pre", 0)]
+    return acts[act_name("resid_pre", layer_of(hook) + 1)]  # a block's resid_post is the next one's resid_pre

@@ -27,6 +27,7 @@ from reward_lens.plotting import figure_axes, finish
 from reward_lens.results import PairRewards, to_numpy
 from reward_lens.stats import crystallization_depth
 from reward_lens.core.readout import capture, pair_batches, readout_direction, reward_from_final_resid
+from reward_lens.model.hooks import act_name
 
 VARIANTS = ("normed", "frozen")
 
@@ -119,14 +120,14 @@ def lens(
     """The reward lens of each pair's chosen and rejected response in both variants (module docstring)."""
     pairs = as_pairs(pairs)
     L = model.cfg.n_layers
-    hooks, sites, layers, depths = ["blocks.0.hook_resid_pre"], ["embed"], [-1], [0.0]
+    hooks, sites, layers, depths = [act_name("resid_pre", 0)], ["embed"], [-1], [0.0]
     for l in range(L):
         if include_mid:
-            hooks.append(f"blocks.{l}.hook_resid_mid")
+            hooks.append(act_name("resid_mid", l))
             sites.append(f"L{l}.mid")
             layers.append(l)
             depths.append((l + 0.5) / L)
-        hooks.append(f"blocks.{l}.hook_resid_post")
+        hooks.append(act_name("resid_post", l))
         sites.append(f"L{l}")
         layers.append(l)
         depths.append((l + 1) / L)

@@ -5,7 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Union
 
+
+from reward_lens.model.hooks import act_name, resid_entering
+
 LEVELS = ("component", "head", "residual")
+SITE_HOOK_KIND = {"attn": "attn_out", "mlp": "mlp_out", "head": "z"}  # site kind -> hook kind (per layer)
 
 
 @dataclass(frozen=True)
@@ -13,7 +17,7 @@ class Site:
     """One place in the model an instrument reads or patches.
 
     kind: "embed" | "attn" | "mlp" | "head" | "resid". `layer` is the block index (-1 for embed;
-    n_layers for the final residual, the one the reward head reads). `hook` is the hook point holding
+    n_layers for the final residual, the one the reward head reads). `hook_name` is the hook point holding
     its activation (for a head, `hook_z`, sliced at `head`).
     """
 
@@ -26,18 +30,13 @@ class Site:
     def level(self) -> str:
         return {"embed": "component", "attn": "component", "mlp": "component", "head": "head", "resid": "residual"}[self.kind]
 
-    def hook(self, n_layers: int) -> str:
+    def hook_name(self, n_layers: int) -> str:
+        """The hook holding the site's activation (see `reward_lens.model.hooks`)."""
         if self.kind == "embed":
-            return "hook_pos_embed" if self.name == "pos_embed" else "hook_embed"
-        if self.kind == "attn":
-            return f"blocks.{self.layer}.hook_attn_out"
-        if self.kind == "mlp":
-            return f"blocks.{self.layer}.hook_mlp_out"
-        if self.kind == "head":
-            return f"blocks.{self.layer}.attn.hook_z"
-        if self.layer == n_layers:
-            return f"blocks.{n_layers - 1}.hook_resid_post"
-        return f"blocks.{self.layer}.hook_resid_pre"
+            return act_name(self.name)  # "embed" or "pos_embed"
+        if self.kind == "resid":
+            return resid_entering(self.layer, n_layers)
+        return act_name(SITE_HOOK_KIND[self.kind], self.layer)
 
 
 def _check_layers(layers: Optional[Sequence[int]], n_layers: int) -> List[int]:

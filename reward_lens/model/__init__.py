@@ -1,5 +1,8 @@
-"""The hooked reward model: config, hook names, components, heads, the native and generic model kinds,
-loading and tokenisation. `reward_lens.model.HookedRewardModel` is the main class."""
+"""The hooked reward model: `config`, `hooks` (the one source of hook names), `components` (the blocks,
+which own their one-token readout step), `heads/` (the head protocol, scalar, ArmoRM), `base`
+(`RewardModelBase`: what both model kinds share), `native` (`HookedRewardModel`), `generic/` (any
+transformers sequence classifier), `loading` (checkpoints -> config and weights), `factory` (chooses
+native or generic), `tokenization`. `reward_lens.model.HookedRewardModel` is the main class."""
 
 from reward_lens.model.native import QUERY_AXIS_2_HOOKS, HookedRewardModel
 

@@ -8,7 +8,7 @@ public contract.
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -40,6 +40,9 @@ class RMSNorm(nn.Module):
     normalised input exactly, which is what the exact reward decomposition relies on.
     """
 
+    b = None  # no bias (the generic path's LayerNorm final norm has one)
+    centers_direction = False  # RMSNorm does not centre its input
+
     def __init__(self, cfg: RewardModelConfig, length: Optional[int] = None, weighted: bool = True):
         super().__init__()
         self.cfg = cfg
@@ -48,6 +51,22 @@ class RMSNorm(nn.Module):
         self.w = nn.Parameter(torch.ones(length or cfg.d_model)) if weighted else None
         self.hook_scale = HookPoint()  # [batch, pos, 1]
         self.hook_normalized = HookPoint()  # [batch, pos, length]
+
+    @property
+    def gain(self) -> Optional[torch.Tensor]:
+        """What the normalised input is multiplied by, (offset + w); None when the weight was folded away.
+        The one place the final norm's gain is formed (reward directions, head edits, attributions)."""
+        return None if self.w is None else self.offset + self.w
+
+    def frozen_gain(self, scale: Float[torch.Tensor, "... 1"]) -> Float[torch.Tensor, "... length"]:
+        """The norm as a linear map with its scale frozen: out = x * frozen_gain(scale) (float32)."""
+        gain = self.gain
+        return (1.0 if gain is None else gain.float()) / scale.float()
+
+    def normalized(self, x: Float[torch.Tensor, "... length"]) -> Float[torch.Tensor, "... length"]:
+        """x / scale(x) in float32, before any weight; hooks do not fire (readouts of many alternatives)."""
+        xf = x.float()
+        return xf / (xf.pow(2).mean(-1, keepdim=True) + self.eps).sqrt()
 
     def forward(self, x: Float[torch.Tensor, "... length"]) -> Float[torch.Tensor, "... length"]:
         xf = x.float()
@@ -183,7 +202,11 @@ class Attention(nn.Module):
         if cfg.use_attn_result:
             result = self.hook_result(torch.einsum("bqnh,nhm->bqnm", z, self.W_O))
             return result.sum(-2) + self.b_O
-        return z.reshape(*z.shape[:2], -1) @ self.W_O.reshape(-1, cfg.d_model) + self.b_O
+        return self.project_z(z)
+
+    def project_z(self, z: Float[torch.Tensor, "... n_heads d_head"]) -> Float[torch.Tensor, "... d_model"]:
+        """The attention output map, sum_h z_h W_O[h] + b_O (linear in each head's z)."""
+        return z.reshape(*z.shape[:-2], -1) @ self.W_O.reshape(-1, self.cfg.d_model) + self.b_O
 
     def _explicit_attention(self, q, k, v, allowed):
         cfg = self.cfg
@@ -203,6 +226,7 @@ class Attention(nn.Module):
         past_k: Float[torch.Tensor, "batch key_pos n_kv d_head"],
         past_v: Float[torch.Tensor, "batch key_pos n_kv d_head"],
         past_allowed: Bool[torch.Tensor, "batch key_pos"],
+        query_pos: Int[torch.Tensor, "batch"],
     ) -> Float[torch.Tensor, "batch n_query n_heads d_head"]:
         """z of n_query alternative versions of one token per sequence (the readout), each attending to
         the cached keys/values of the other positions plus its own fresh key/value.
@@ -210,10 +234,14 @@ class Attention(nn.Module):
         `x` is the normalised attention input of the alternatives; `cos`/`sin` [batch, 1, rotary_dim] the
         RoPE tables at the token's position; `past_k` the keys as `hook_rot_k` holds them (after qk-norm and
         RoPE), `past_v` as `hook_v`; `past_allowed` the positions the token may see, its own excluded (its
-        key is recomputed from `x`). Hooks on this module do not fire: rows are alternatives, not positions.
-        Used by the patching fast path; equal to a full forward for the last attended token.
+        key is recomputed from `x`); `query_pos` [batch] the token's index, for a sliding window. Hooks on
+        this module do not fire: rows are alternatives, not positions. Used by the patching fast path;
+        equal to a full forward for the last attended token.
         """
         cfg = self.cfg
+        if self.window is not None:
+            idx = torch.arange(past_allowed.shape[-1], device=past_allowed.device)
+            past_allowed = past_allowed & (idx[None] > query_pos.to(idx.device)[:, None] - self.window)
         B, P, _ = x.shape
         nkv, group = cfg.n_key_value_heads, cfg.n_heads // cfg.n_key_value_heads
         q, k, v = self._rotated_qkv(x, cos, sin, hooked=False)
@@ -254,6 +282,11 @@ class GatedMLP(nn.Module):
 
 
 class TransformerBlock(nn.Module):
+    """Pre-norm block: resid_mid = resid_pre + attn_post(attn(ln1(resid_pre))), resid_post = resid_mid +
+    mlp_post(mlp(ln2(resid_mid))). `attn_post`/`mlp_post` are Gemma-2's post-norms (identity elsewhere):
+    the block is the one place that knows about them. It also owns its one-token readout step over
+    cached keys/values (`readout_attn`, `readout_mlp`), used by the patching fast path."""
+
     def __init__(self, cfg: RewardModelConfig, layer: int):
         super().__init__()
         self.cfg = cfg
@@ -274,22 +307,79 @@ class TransformerBlock(nn.Module):
         self.hook_mlp_out = HookPoint()
         self.hook_resid_post = HookPoint()
 
+    def _post_norm(self, which: str) -> Optional[RMSNorm]:
+        return getattr(self, f"ln{1 if which == 'attn' else 2}_post") if self.cfg.post_norms else None
+
+    def attn_post(self, raw: Float[torch.Tensor, "... d_model"]) -> Float[torch.Tensor, "... d_model"]:
+        """What the attention's output map writes becomes attn_out (Gemma-2: through ln1_post)."""
+        return self.ln1_post(raw) if self.cfg.post_norms else raw
+
+    def mlp_post(self, raw: Float[torch.Tensor, "... d_model"]) -> Float[torch.Tensor, "... d_model"]:
+        return self.ln2_post(raw) if self.cfg.post_norms else raw
+
+    def attn_out_from_z(self, z: Float[torch.Tensor, "... n_heads d_head"]) -> Float[torch.Tensor, "... d_model"]:
+        """attn_out (as hook_attn_out holds it) from the heads' z (as hook_z holds it)."""
+        return self.attn_post(self.attn.project_z(z))
+
     def forward(self, resid_pre, cos, sin, allowed):
         resid_pre = self.hook_resid_pre(resid_pre)
         attn_in = self.ln1(resid_pre)
         if self.cfg.use_attn_in:
             attn_in = self.hook_attn_in(attn_in)
-        attn_out = self.attn(attn_in, cos, sin, allowed)
-        if self.cfg.post_norms:
-            attn_out = self.ln1_post(attn_out)
+        attn_out = self.attn_post(self.attn(attn_in, cos, sin, allowed))
         resid_mid = self.hook_resid_mid(resid_pre + self.hook_attn_out(attn_out))
         mlp_in = self.ln2(resid_mid)
         if self.cfg.use_hook_mlp_in:
             mlp_in = self.hook_mlp_in(mlp_in)
-        mlp_out = self.mlp(mlp_in)
-        if self.cfg.post_norms:
-            mlp_out = self.ln2_post(mlp_out)
+        mlp_out = self.mlp_post(self.mlp(mlp_in))
         return self.hook_resid_post(resid_mid + self.hook_mlp_out(mlp_out))
+
+    # ------------------------------------------------------------------ the one-token readout step
+    @property
+    def readout_kv_hooks(self) -> Tuple[str, str]:
+        """The hooks whose full-sequence values `readout_attn` attends to: post-RoPE keys and values."""
+        return self.attn.hook_rot_k.name, self.attn.hook_v.name
+
+    def readout_attn(
+        self,
+        resid: Float[torch.Tensor, "batch n_query d_model"],
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        past_k: torch.Tensor,
+        past_v: torch.Tensor,
+        past_allowed: Bool[torch.Tensor, "batch key_pos"],
+        query_pos: Int[torch.Tensor, "batch"],
+    ) -> Float[torch.Tensor, "batch n_query d_model"]:
+        """resid_mid of n_query alternative residuals of one token per sequence, attending to cached
+        keys/values (see `Attention.forward_readout`); hooks do not fire."""
+        z = self.attn.forward_readout(self.ln1(resid), cos, sin, past_k, past_v, past_allowed, query_pos)
+        return resid + self.attn_out_from_z(z)
+
+    def readout_mlp(self, resid_mid: Float[torch.Tensor, "... d_model"]) -> Float[torch.Tensor, "... d_model"]:
+        """resid_post from resid_mid, position-wise (hooks do not fire)."""
+        return resid_mid + self.mlp_post(self.mlp(self.ln2(resid_mid)))
+
+    # ------------------------------------------------------------------ linear views of the outputs
+    def output_gain_hooks(self) -> Tuple[str, ...]:
+        """The hooks `output_gain` needs (the post-norms' scales; none without post-norms)."""
+        norms = [self._post_norm(w) for w in ("attn", "mlp")]
+        return tuple(n.hook_scale.name for n in norms if n is not None)
+
+    def output_gain(self, which: str, acts: Dict[str, torch.Tensor]) -> Union[float, torch.Tensor]:
+        """What the raw output of `which` ("attn" or "mlp") is multiplied by on its way to the residual,
+        with any post-norm's scale frozen at its value in `acts` (hook name -> tensor): 1 without one."""
+        norm = self._post_norm(which)
+        return 1.0 if norm is None else norm.frozen_gain(acts[norm.hook_scale.name])
+
+    def residual_writers(self) -> List[Tuple[str, nn.Parameter]]:
+        """(name, parameter) of every map and bias whose output is added to the residual as is: the
+        parameters a weight edit of what the block writes must change. Refused with post-norms, whose
+        outputs pass a norm first (then no weight edit is exact)."""
+        if self.cfg.post_norms:
+            raise ValueError("with post-norms (Gemma-2) the written outputs pass a norm after their maps; a residual "
+                             "edit cannot be a weight edit there. Edit the head instead (where='head')")
+        return [("attn.W_O", self.attn.W_O), ("attn.b_O", self.attn.b_O),
+                ("mlp.W_out", self.mlp.W_out), ("mlp.b_out", self.mlp.b_out)]
 
 
 def attention_masks(

@@ -13,6 +13,11 @@ from typing import Any, Dict, List, Optional
 import torch
 
 
+# Fields that earlier versions saved as settings although nothing could change them (every block is
+# attention + gated MLP; the final norm is RMS on the native path): dropped when an old checkpoint loads.
+LEGACY_FIELDS = ("attn_only", "gated_mlp", "final_rms")
+
+
 @dataclass
 class RewardModelConfig:
     n_layers: int
@@ -30,9 +35,6 @@ class RewardModelConfig:
     rotary_dim: Optional[int] = None
     rotary_attention_scaling: float = 1.0  # cos/sin multiplier of yarn/longrope-style RoPE
     original_architecture: str = "LlamaForSequenceClassification"
-    attn_only: bool = False
-    gated_mlp: bool = True
-    final_rms: bool = True
     # Architecture quirks (all off for Llama).
     qk_norm: bool = False  # Qwen3: RMSNorm over each head's q and k before RoPE
     attn_scale: Optional[float] = None  # scores are divided by this; default sqrt(d_head)
@@ -74,6 +76,11 @@ class RewardModelConfig:
         if self.n_heads % self.n_key_value_heads:
             raise ValueError(f"n_heads={self.n_heads} is not a multiple of n_key_value_heads={self.n_key_value_heads}")
 
+    @property
+    def attn_only(self) -> bool:
+        """Always False (every block has an MLP); read by TransformerLens's ActivationCache."""
+        return False
+
     def to_dict(self) -> Dict[str, Any]:
         out = dataclasses.asdict(self)
         out["dtype"] = str(self.dtype).replace("torch.", "")
@@ -85,6 +92,8 @@ class RewardModelConfig:
         d = dict(d)
         if isinstance(d.get("dtype"), str):
             d["dtype"] = getattr(torch, d["dtype"])
+        for key in LEGACY_FIELDS:  # read by nothing; older checkpoints still carry them
+            d.pop(key, None)
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = set(d) - known
         if unknown:

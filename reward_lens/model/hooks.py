@@ -114,6 +114,18 @@ def is_per_head(name: str) -> bool:
     return bool(m and m.group(2) == "attn" and m.group(3) in PER_HEAD_KINDS)
 
 
+# Block-level hooks that exist only where a block is re-implemented (the native path): its inputs split
+# per attention/MLP sub-module.
+_NATIVE_BLOCK_INPUT_KINDS = ("attn_in", "mlp_in", "q_input", "k_input", "v_input")
+
+
+def is_head_level(name: str) -> bool:
+    """Whether a block hook is finer than the component level (inside attention, the MLP or a norm, or a
+    sub-module's input): the hooks only natively re-implemented blocks have."""
+    m = _NAME.match(name)
+    return bool(m and (m.group(2) is not None or m.group(3) in _NATIVE_BLOCK_INPUT_KINDS))
+
+
 def hook_width(cfg, name: str) -> Optional[int]:
     """The last-axis width of a hook's activation when it is one vector per token (else None: per-head,
     pattern and scale hooks)."""

@@ -73,26 +73,3 @@ def no_autocast() -> Iterator[None]:
         if torch.cuda.is_available():
             stack.enter_context(torch.autocast("cuda", enabled=False))
         yield
-
-
-def from_hf_model(cls, hf_model: nn.Module, tokenizer=None, *, device=None, dtype=None, fold_ln=True, generic=False,
-                  module_map=None):
-    """`HookedRewardModel.from_hf_model`: native weight map chosen by class, else the generic path on a copy."""
-    from reward_lens.model.loading import convert_state_dict, has_native_weight_map
-
-    source, owned = unwrap(hf_model), False
-    if is_peft_model(source):
-        source, owned = independent_copy(source), True
-    config = copy.deepcopy(source.config)
-    config.architectures = class_names(source)
-    with no_autocast():
-        if generic or module_map is not None or not has_native_weight_map(config):
-            from reward_lens.model.generic.wrapper import GenericHookedRewardModel
-
-            return GenericHookedRewardModel.from_hf_model(
-                source if owned else independent_copy(source), tokenizer, device=device, dtype=dtype,
-                fold_ln=fold_ln, module_map=module_map, copy=False,
-            )
-        return convert_state_dict(
-            cls, config, copied_state_dict(source), tokenizer=tokenizer, device=device, dtype=dtype, fold_ln=fold_ln
-        )

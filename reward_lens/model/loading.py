@@ -1,24 +1,25 @@
-"""Loading: HF reward checkpoints (local dir or hub id) and saved hooked checkpoints into HookedRewardModel."""
+"""Loading: checkpoint directories (local or hub ids), transformers configs and state dicts, converted into
+our config and weights; saved hooked checkpoints. Nothing here builds a model: `reward_lens.model.factory`
+chooses the native or the generic model and builds it from what these functions return."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import warnings
 from pathlib import Path
-from typing import Union
+from typing import Any, Dict, Optional, Tuple, Union
 
 import torch
 
-from reward_lens.model.config import RewardModelConfig
-from reward_lens.converters import StateDict, get_weight_map
+from reward_lens.converters import StateDict, get_weight_map, supported_architectures
 from reward_lens.converters.openrlhf import warn_if_relabelled
 from reward_lens.converters.processing import fold_norm_weights
 from reward_lens.model.checks import (
-    CheckpointError, check_finite_weights, check_hf_tensors, check_overrides, check_state_dict, check_tokenizer_vocab,
-    load_safetensors, read_json,
+    CheckpointError, check_finite_weights, check_overrides, check_state_dict, check_tokenizer_vocab, load_safetensors,
+    read_json,
 )
-from reward_lens.model.heads.scalar import HEAD_TYPES
-from reward_lens.model.peft_adapter import is_peft_adapter_dir
+from reward_lens.model.config import RewardModelConfig
 
 HOOKED_CONFIG = "reward_lens_config.json"
 HOOKED_WEIGHTS = "model.safetensors"
@@ -80,7 +81,7 @@ def load_hf_state_dict(directory: Path) -> StateDict:
     """All tensors of a transformers checkpoint directory (sharded or not, safetensors or .bin)."""
     index = directory / "model.safetensors.index.json"
     if index.exists():
-        shards = sorted(set(read_json(index).get("weight_map", {}).values()))
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
         sd: StateDict = {}
         for shard in shards:
             sd.update(load_safetensors(directory / shard))
@@ -111,54 +112,19 @@ def load_tokenizer(directory: Path):
         return None
 
 
-def load_pretrained(
-    cls, path_or_id, *, device=None, dtype=None, fold_ln=True, tokenizer=None, generic=False, module_map=None, **overrides
-):
-    directory = resolve_checkpoint_dir(path_or_id)
-    if tokenizer is None:
-        tokenizer = load_tokenizer(directory)
-    if (directory / HOOKED_CONFIG).exists():
-        return load_hooked(cls, directory, tokenizer=tokenizer, device=device, dtype=dtype, fold_ln=fold_ln, **overrides)
-    if is_peft_adapter_dir(directory):  # a LoRA RM as trainer.save_model writes it: base + adapter, merged
-        from reward_lens.model.peft_adapter import load_peft_adapter
-
-        return load_peft_adapter(cls, directory, tokenizer=tokenizer, base_model=overrides.pop("base_model", None),
-                                 device=device, dtype=dtype, fold_ln=fold_ln, generic=generic, module_map=module_map)
-    if not (directory / "config.json").exists():
-        raise FileNotFoundError(f"{directory} has no config.json; is it a transformers checkpoint directory?")
-    hf_config = _load_hf_config(directory)
-    check_overrides(hf_config, overrides)  # a misspelled option is an error, as in transformers
-    for key, value in overrides.items():
-        setattr(hf_config, key, value)
-    # No native weight map (or asked for): the generic component-level path (reward_lens/generic.py).
-    if generic or module_map is not None or (directory / "reward_lens_generic.json").exists() or not has_native_weight_map(hf_config):
-        from reward_lens.model.generic.wrapper import load_generic
-
-        model = load_generic(
-            directory, hf_config, tokenizer=tokenizer, device=device, dtype=dtype, fold_ln=fold_ln, module_map=module_map
-        )
-        check_finite_weights(model.state_dict().items(), str(directory))  # transformers loaded these: same checks
-        check_tokenizer_vocab(tokenizer, model.cfg.d_vocab, str(directory))
-        return model
-    hf_sd = load_hf_state_dict(directory)
-    check_hf_tensors(hf_config, hf_sd, directory)
-    return convert_state_dict(
-        cls, hf_config, hf_sd, tokenizer=tokenizer, device=device, dtype=dtype, fold_ln=fold_ln, source=str(directory)
-    )
-
-
-def _load_hf_config(directory: Path):
-    """transformers' config class for the checkpoint's model_type; never runs remote code."""
+def load_hf_config(directory: Path, overrides: Optional[Dict[str, Any]] = None):
+    """transformers' config class for the checkpoint's model_type (attributes in `overrides` set on it);
+    never runs remote code."""
     from transformers import AutoConfig
 
+    if not (directory / "config.json").exists():
+        raise FileNotFoundError(f"{directory} has no config.json; is it a transformers checkpoint directory?")
     raw = read_json(directory / "config.json")
     raw.pop("auto_map", None)  # remote-code pointers: our weight maps stand in for that code
     model_type = raw.get("model_type")
     try:
-        return AutoConfig.for_model(model_type, **{k: v for k, v in raw.items() if k != "model_type"})
+        config = AutoConfig.for_model(model_type, **{k: v for k, v in raw.items() if k != "model_type"})
     except (ValueError, KeyError, TypeError) as exc:
-        from reward_lens.converters import supported_architectures
-
         if model_type is not None and "model_type" not in str(exc) and "Unrecognized" not in str(exc):
             raise CheckpointError(f"{directory / 'config.json'} is invalid for model_type {model_type!r}: "
                                   f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
@@ -167,6 +133,10 @@ def _load_hf_config(directory: Path):
             f"supported architectures: {', '.join(supported_architectures())} (generic loading was tried too: it "
             "needs a model type transformers knows)"
         ) from None
+    check_overrides(config, overrides or {})  # a misspelled option is an error, as in transformers
+    for key, value in (overrides or {}).items():
+        setattr(config, key, value)
+    return config
 
 
 def has_native_weight_map(hf_config) -> bool:
@@ -178,37 +148,46 @@ def has_native_weight_map(hf_config) -> bool:
         return False
 
 
-def convert_state_dict(
-    cls, hf_config, hf_state_dict: StateDict, *, tokenizer=None, device=None, dtype=None, fold_ln=True,
-    source: str = "the checkpoint",
-):
-    """transformers config + state dict -> HookedRewardModel (weights converted, norms optionally folded)."""
+def convert_weights(hf_config, hf_state_dict: StateDict, source: str = "the checkpoint") -> Tuple[RewardModelConfig, StateDict]:
+    """transformers config + state dict -> our config and (unfolded) weights, by the architecture's weight map."""
     weight_map = get_weight_map(hf_config)
     warn_if_relabelled(hf_config, weight_map.architecture)
     cfg = weight_map.build_config(hf_config)
     try:
-        sd = weight_map.convert(hf_state_dict, cfg, hf_config)
+        return cfg, weight_map.convert(hf_state_dict, cfg, hf_config)
     except KeyError as exc:
         raise CheckpointError(f"{source} lacks tensor {exc.args[0]!r}; the checkpoint is incomplete") from None
-    return _build(cls, cfg, sd, tokenizer=tokenizer, device=device, dtype=dtype, fold_ln=fold_ln, source=source)
 
 
-def _build(cls, cfg: RewardModelConfig, sd: StateDict, *, tokenizer, device, dtype, fold_ln, source="the checkpoint"):
-    dtype, device = resolve_dtype(dtype), resolve_device(device)
-    with torch.device("meta"):  # shapes to check the weights against, before folding touches them
-        check_state_dict(cls(cfg, tokenizer=None).state_dict(), sd, source)
+def convert_state_dict(
+    cls, hf_config, hf_state_dict: StateDict, *, tokenizer=None, device=None, dtype=None, fold_ln=True,
+    source: str = "the checkpoint",
+):
+    """transformers config + state dict -> a `cls` (HookedRewardModel) model (norms optionally folded)."""
+    cfg, sd = convert_weights(hf_config, hf_state_dict, source)
+    return cls.from_state_dict(cfg, sd, tokenizer=tokenizer, device=device, dtype=dtype, fold_ln=fold_ln, source=source)
+
+
+def check_weights(expected: StateDict, cfg: RewardModelConfig, sd: StateDict, tokenizer, source: str) -> None:
+    """Converted weights against the model they load into (`expected`: its meta state dict): names, shapes,
+    finite values, and the tokenizer's vocabulary against the model's."""
+    check_state_dict(expected, sd, source)
     check_finite_weights(sd.items(), source)
     check_tokenizer_vocab(tokenizer, cfg.d_vocab, source)
+
+
+def fold_and_cast(
+    cfg: RewardModelConfig, sd: StateDict, head_readers, *, device=None, dtype=None, fold_ln: bool = True
+) -> Tuple[RewardModelConfig, StateDict, torch.device]:
+    """Norm weights folded (when `fold_ln` and not yet folded) and parameters cast to `dtype`: a new config
+    (with dtype and device set) and state dict, and the device to move the model to."""
+    dtype, device = resolve_dtype(dtype), resolve_device(device)
     if fold_ln and cfg.normalization_type == "RMS":
-        sd = fold_norm_weights(sd, cfg, HEAD_TYPES[cfg.head_type].final_norm_readers)
-    cfg.dtype, cfg.device = dtype, device
+        sd, cfg = fold_norm_weights(sd, cfg, head_readers)
+    cfg = dataclasses.replace(cfg, dtype=dtype, device=device)
     # Buffers (RoPE frequencies) stay float32; parameters take the requested dtype.
     sd = {k: (v if k.endswith("inv_freq") else v.to(dtype)) for k, v in sd.items()}
-    with torch.device("meta"):
-        model = cls(cfg, tokenizer=tokenizer)
-    model.load_state_dict(sd, strict=True, assign=True)
-    model.requires_grad_(False)
-    return model.to(device)
+    return cfg, sd, device
 
 
 def save_hooked(model, path: Union[str, Path]) -> None:
@@ -222,10 +201,12 @@ def save_hooked(model, path: Union[str, Path]) -> None:
         model.tokenizer.save_pretrained(str(path))
 
 
-def load_hooked(cls, directory: Path, *, tokenizer=None, device=None, dtype=None, fold_ln=True, **overrides):
+def load_hooked_weights(directory: Path, overrides: Optional[Dict[str, Any]] = None) -> Tuple[RewardModelConfig, StateDict]:
+    """The config (with `overrides` of its fields) and weights of a saved hooked checkpoint (as `save_hooked`
+    wrote them)."""
     raw = read_json(directory / HOOKED_CONFIG)
-    check_overrides(None, overrides, known=raw)
-    raw.update(overrides)
+    check_overrides(None, overrides or {}, known=raw)
+    raw.update(overrides or {})
     try:
         cfg = RewardModelConfig.from_dict(raw)
     except (TypeError, ValueError, AttributeError) as exc:
@@ -234,5 +215,4 @@ def load_hooked(cls, directory: Path, *, tokenizer=None, device=None, dtype=None
     for key in list(sd):
         if key.endswith(("attn.W_Q", "attn.W_K", "attn.W_V")):  # restore the fast storage layout
             sd[key] = sd[key].transpose(1, 2).contiguous().transpose(1, 2)
-    return _build(cls, cfg, sd, tokenizer=tokenizer, device=device, dtype=dtype, fold_ln=fold_ln,
-                  source=str(directory / HOOKED_WEIGHTS))
+    return cfg, sd

@@ -11,27 +11,35 @@ Built on TransformerLens's kept infrastructure (HookedRootModule, HookPoint, Act
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Optional, Union
 
 import torch
 import torch.nn as nn
 from jaxtyping import Float, Int
-from transformer_lens.ActivationCache import ActivationCache
 from transformer_lens.hook_points import HookPoint
-from transformer_lens.HookedRootModule import HookedRootModule
 
-from reward_lens.core.validation import check_attention_mask, check_model_inputs
+from reward_lens.model import factory
+from reward_lens.model.base import RewardModelBase
 from reward_lens.model.components import Embed, RMSNorm, RotaryEmbedding, TransformerBlock, attention_masks
 from reward_lens.model.config import RewardModelConfig
-from reward_lens.model.heads.scalar import build_head
+from reward_lens.model.heads import build_head, head_class
+from reward_lens.model.hooks import QUERY_AXIS_2_KINDS
+from reward_lens.model.loading import check_weights, fold_and_cast, save_hooked
+from reward_lens.core.validation import check_attention_mask, check_model_inputs
+from reward_lens.model.readout import set_readout
 from reward_lens.model.tl_compat import TransformerLensConveniences, check_forward_input
-from reward_lens.model.readout import readout_positions as readout_by_rule, set_readout
 
 # Activations whose position axis is not dim 1 (attention scores/patterns: [batch, head, query, key]).
-QUERY_AXIS_2_HOOKS = ("hook_attn_scores", "hook_pattern")
+# Kept for callers of the old constant; `reward_lens.model.hooks.query_axis(name)` is the source.
+QUERY_AXIS_2_HOOKS = tuple(f"hook_{kind}" for kind in QUERY_AXIS_2_KINDS)
 
 
-class HookedRewardModel(TransformerLensConveniences, HookedRootModule):
+class HookedRewardModel(TransformerLensConveniences, RewardModelBase):
+    """The native hooked reward model: every TransformerLens hook down to single heads and neurons."""
+
+    has_head_hooks = True
+    has_readout_fast_path = True
+
     def __init__(self, cfg: RewardModelConfig, tokenizer: Any = None):
         super().__init__()
         self.cfg = cfg
@@ -58,20 +66,20 @@ class HookedRewardModel(TransformerLensConveniences, HookedRootModule):
         input_format: str = "auto",
         readout: Optional[str] = None,
         **kwargs: Any,
-    ) -> "HookedRewardModel":
+    ) -> RewardModelBase:
         """Load an HF reward checkpoint (local dir or hub id), an OpenRLHF or PEFT-adapter directory, or a
         saved hooked checkpoint.
 
         An architecture without a native weight map (or `generic=True`) loads on the generic
-        component-level path (`reward_lens.model.generic.wrapper.GenericHookedRewardModel`; option `module_map=`).
+        component-level path (`reward_lens.model.generic.GenericHookedRewardModel`; option `module_map=`).
         `input_format`: how `to_tokens` renders pairs by default (`reward_lens.model.tokenization`).
         `readout` overrides the checkpoint's readout convention ("last_non_pad" / "last_attended").
         """
-        from reward_lens.model.loading import load_pretrained
         from reward_lens.model.tokenization import check_input_format
 
         check_input_format(input_format)
-        model = load_pretrained(cls, path_or_id, device=device, dtype=dtype, fold_ln=fold_ln, generic=generic, **kwargs)
+        model = factory.load_pretrained(cls, path_or_id, device=device, dtype=dtype, fold_ln=fold_ln, generic=generic,
+                                        **kwargs)
         model.input_format = input_format
         return set_readout(model, readout)
 
@@ -87,7 +95,7 @@ class HookedRewardModel(TransformerLensConveniences, HookedRootModule):
         generic: bool = False,
         module_map: Optional[Dict[str, Optional[str]]] = None,
         readout: Optional[str] = None,
-    ) -> "HookedRewardModel":
+    ) -> RewardModelBase:
         """Convert a transformers model already in memory, e.g. `trainer.model` right after TRL training.
 
         Weights are copied, never shared. The weight map is chosen by the module's class (its
@@ -95,30 +103,36 @@ class HookedRewardModel(TransformerLensConveniences, HookedRootModule):
         mixed-precision wrapper and any enclosing autocast are ignored (see `reward_lens.model.inmemory`).
         No native weight map (or `generic=True`): a copy wrapped on the generic component-level path.
         """
-        from reward_lens.model.inmemory import from_hf_model
-
-        model = from_hf_model(cls, hf_model, tokenizer, device=device, dtype=dtype, fold_ln=fold_ln, generic=generic,
-                              module_map=module_map)
+        model = factory.from_hf_model(
+            cls, hf_model, tokenizer, device=device, dtype=dtype, fold_ln=fold_ln, generic=generic, module_map=module_map
+        )
         return set_readout(model, readout)
+
+    @classmethod
+    def from_state_dict(
+        cls, cfg: RewardModelConfig, sd: Dict[str, torch.Tensor], *, tokenizer: Any = None,
+        device: Union[str, torch.device, None] = None, dtype: Union[str, torch.dtype, None] = None, fold_ln: bool = True,
+        source: str = "the checkpoint",
+    ) -> "HookedRewardModel":
+        """The model holding converted weights `sd` (our names, unfolded or folded as `cfg` says); norms
+        folded when `fold_ln`. Neither argument is changed. Names, shapes, finite values and the tokenizer's
+        vocabulary are checked first; errors name `source`."""
+        with torch.device("meta"):  # shapes to check the weights against, before folding touches them
+            expected = cls(cfg, tokenizer=None).state_dict()
+        check_weights(expected, cfg, sd, tokenizer, source)
+        readers = head_class(cfg).final_norm_readers
+        cfg, sd, device = fold_and_cast(cfg, sd, readers, device=device, dtype=dtype, fold_ln=fold_ln)
+        with torch.device("meta"):
+            model = cls(cfg, tokenizer=tokenizer)
+        model.load_state_dict(sd, strict=True, assign=True)
+        model.requires_grad_(False)
+        return model.to(device)
 
     def save_pretrained(self, path: Union[str, Path]) -> None:
         """Save as a hooked checkpoint (config JSON + safetensors + tokenizer files)."""
-        from reward_lens.model.loading import save_hooked
-
         save_hooked(self, path)
 
     # ------------------------------------------------------------------ forward
-    def readout_positions(
-        self, input_ids: Optional[Int[torch.Tensor, "batch pos"]], attention_mask: Optional[torch.Tensor] = None
-    ) -> Int[torch.Tensor, "batch"]:
-        """Where the reward is read: `cfg.readout` ("last_non_pad", transformers' rightmost non-pad token,
-        the default; "last_attended", OpenRLHF's last attended position); see `reward_lens.model.readout`.
-
-        Without input ids (a forward started from a residual), the rightmost attended position.
-        A head with its own published rule (ArmoRM's `(argmax(ids == pad) - 1) mod T`) overrides the default.
-        """
-        return readout_by_rule(self, input_ids, attention_mask)
-
     def forward(
         self,
         input: Union[Int[torch.Tensor, "batch pos"], Float[torch.Tensor, "batch pos d_model"]],
@@ -153,13 +167,8 @@ class HookedRewardModel(TransformerLensConveniences, HookedRootModule):
             if attention_mask is not None:  # shape only: a mid-model restart reuses a checked mask (no device sync)
                 attention_mask = check_attention_mask(attention_mask, tuple(residual.shape[:2]), values=False)
         batch, T = residual.shape[:2]
-        device = residual.device
-        if attention_mask is None:
-            attention_mask = torch.ones(batch, T, dtype=torch.long, device=device)
-        attention_mask = attention_mask.to(device)
-        if position_ids is None:
-            position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-        cos, sin = self.rotary(position_ids.to(device), residual.dtype)
+        attention_mask, position_ids = self.prepare_inputs(batch, T, attention_mask, position_ids, residual.device)
+        cos, sin = self.rotary(position_ids, residual.dtype)
         masks = attention_masks(attention_mask, self.cfg.window_sizes)
         stop = self.cfg.n_layers if stop_at_layer is None else stop_at_layer
         for block in self.blocks[start_at_layer:stop]:
@@ -171,87 +180,6 @@ class HookedRewardModel(TransformerLensConveniences, HookedRootModule):
         if readout_positions is None:
             readout_positions = self.readout_positions(input_ids, attention_mask)
         return self.reward_head(self.ln_final(residual), readout_positions, input_ids=input_ids)
-
-    def run_with_cache(self, *model_args: Any, readout_only: bool = False, **kwargs: Any):
-        """`HookedRootModule.run_with_cache`, returning a `transformer_lens.ActivationCache`.
-
-        `readout_only=True` keeps only each sequence's readout position (position axis of length 1),
-        so a long input's cache costs O(layers x d_model) per sequence.
-        """
-        if readout_only:
-            return self._run_with_readout_cache(*model_args, **kwargs)
-        out, cache_dict = super().run_with_cache(*model_args, **kwargs)
-        return out, ActivationCache(cache_dict, self, has_batch_dim=not kwargs.get("remove_batch_dim", False))
-
-    def _run_with_readout_cache(self, input, attention_mask=None, *, names_filter=None, device=None, **kwargs):
-        if kwargs.get("start_at_layer") is None:  # checked here too: the readout is found before the forward
-            input, attention_mask = check_model_inputs(self, input, attention_mask)
-        ids = kwargs.get("input_ids", input if kwargs.get("start_at_layer") is None else None)
-        readout = kwargs.pop("readout_positions", None)
-        if readout is None:
-            readout = self.readout_positions(ids, attention_mask)
-        names = self._filter_names(names_filter)
-        cache: Dict[str, torch.Tensor] = {}
-
-        def keep(tensor: torch.Tensor, hook: HookPoint):
-            if tensor.dim() >= 3 and hook.name.endswith(QUERY_AXIS_2_HOOKS):
-                kept = tensor[torch.arange(tensor.shape[0]), :, readout.to(tensor.device)][:, :, None]
-            elif tensor.dim() >= 3:
-                kept = tensor[torch.arange(tensor.shape[0]), readout.to(tensor.device)][:, None]
-            else:
-                kept = tensor
-            cache[hook.name] = kept.detach().to(device) if device is not None else kept.detach()
-
-        out = self.run_with_hooks(
-            input, attention_mask, readout_positions=readout, fwd_hooks=[(n, keep) for n in names], **kwargs
-        )
-        return out, ActivationCache(cache, self)
-
-    def _filter_names(self, names_filter) -> List[str]:
-        if names_filter is None:
-            return list(self.hook_dict)
-        if callable(names_filter):
-            return [n for n in self.hook_dict if names_filter(n)]
-        names = [names_filter] if isinstance(names_filter, str) else list(names_filter)
-        unknown = [n for n in names if n not in self.hook_dict]
-        if unknown:
-            raise ValueError(f"unknown hook name(s) {unknown[:3]}; see model.hook_dict (e.g. 'blocks.0.hook_resid_post')")
-        return names
-
-    # ------------------------------------------------------------------ reward direction
-    @property
-    def reward_direction(self) -> Float[torch.Tensor, "d_model"]:
-        """w such that reward = w . (resid_final[readout] / ln_final.hook_scale) + reward_bias."""
-        return self.reward_direction_of(0)
-
-    def reward_direction_of(self, output: int = 0) -> Float[torch.Tensor, "d_model"]:
-        if self.cfg.n_outputs > 1 and output is None:
-            raise ValueError("this head has several outputs; pass output=<index>")
-        direction = self.reward_head.direction(output)
-        if self.ln_final.w is not None:
-            direction = direction * (self.cfg.norm_weight_offset + self.ln_final.w)
-        return direction
-
-    def reward_direction_for(
-        self, input_ids: Int[torch.Tensor, "batch pos"], attention_mask: Optional[torch.Tensor] = None
-    ) -> Float[torch.Tensor, "batch d_model"]:
-        """Per-sequence w such that reward[b] = w[b] . (resid_final[b, readout] / ln_final.hook_scale) + reward_bias.
-
-        For a linear head every row is `reward_direction`; for ArmoRM it is the prompt-conditioned
-        W_reg T g(prompt) (one forward pass to compute the gate).
-        """
-        head = self.reward_head
-        if hasattr(head, "direction_for"):
-            direction = head.direction_for(self, input_ids, attention_mask)
-        else:
-            direction = head.direction(0).expand(input_ids.shape[0], -1)
-        if self.ln_final.w is not None:
-            direction = direction * (self.cfg.norm_weight_offset + self.ln_final.w)
-        return direction
-
-    @property
-    def reward_bias(self) -> torch.Tensor:
-        return self.reward_head.bias(0)
 
     def accumulated_bias(self, layer: int, mlp_input: bool = False, include_mlp_biases: bool = True) -> torch.Tensor:
         """Sum of the attention and MLP output biases written into the residual before `layer`."""
@@ -305,36 +233,3 @@ class HookedRewardModel(TransformerLensConveniences, HookedRootModule):
     @property
     def W_out(self) -> torch.Tensor:
         return self._stack(lambda b: b.mlp.W_out)
-
-    # ------------------------------------------------------------------ device / dtype
-    def to(self, *args: Any, **kwargs: Any) -> "HookedRewardModel":
-        out = super().to(*args, **kwargs)
-        param = next(self.parameters())
-        self.cfg.device = param.device
-        self.cfg.dtype = param.dtype
-        return out
-
-    def cuda(self, device: Any = None) -> "HookedRewardModel":
-        return self.to(device if device is not None else "cuda")
-
-    def cpu(self) -> "HookedRewardModel":
-        return self.to("cpu")
-
-    # ------------------------------------------------------------------ tokenisation
-    def to_tokens(
-        self,
-        prompts: Union[str, Sequence[Any]],
-        responses: Union[str, Sequence[Any], None] = None,
-        *,
-        padding_side: Optional[str] = None,
-        max_length: Optional[int] = None,
-        input_format: Optional[str] = None,
-    ) -> Dict[str, torch.Tensor]:
-        """Tokenise (prompt, response) pairs as the reward model was trained on them, in `input_format`
-        (default `model.input_format`). Rows end at their readout and are padded on the LEFT (default), so
-        the readout is position -1; see `reward_lens.model.tokenization`."""
-        from reward_lens.model.tokenization import tokenize_pairs
-
-        return tokenize_pairs(
-            self, prompts, responses, padding_side=padding_side, max_length=max_length, input_format=input_format
-        )

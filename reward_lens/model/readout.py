@@ -20,7 +20,7 @@ from typing import Callable, Dict, Optional
 import torch
 from jaxtyping import Int
 
-from reward_lens.model.heads.scalar import last_position_without_pad
+from reward_lens.model.heads.base import last_position_without_pad
 
 DEFAULT_READOUT = "last_non_pad"
 
@@ -72,15 +72,14 @@ def readout_positions(
     Without input ids (a forward started from a residual) every rule falls back to the last attended
     position. A head's own rule (`reward_head.readout_positions`) applies under the default readout.
     """
-    rule = getattr(model.cfg, "readout", DEFAULT_READOUT) or DEFAULT_READOUT
-    head_readout = getattr(model.reward_head, "readout_positions", None)
-    if head_readout is not None and input_ids is not None and rule == DEFAULT_READOUT:
-        return head_readout(input_ids, attention_mask)
+    rule = getattr(model.cfg, "readout", None) or DEFAULT_READOUT
     if input_ids is None:
         if attention_mask is None:
             raise ValueError("readout_positions needs input_ids or attention_mask")
         idx = torch.arange(attention_mask.shape[-1], device=attention_mask.device)
         return (idx * attention_mask.long()).argmax(-1)
+    if rule == DEFAULT_READOUT:  # the head's own rule: transformers' pooling, or ArmoRM's published one
+        return model.reward_head.readout_positions(input_ids, attention_mask)
     return READOUT_RULES[check_readout(rule)](input_ids, attention_mask, model.cfg.pad_token_id)
 
 

@@ -14,7 +14,6 @@ tokens and metric swapped.
 
 from __future__ import annotations
 
-import warnings
 from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 import torch
@@ -47,41 +46,6 @@ def leading_pad_mask(input_ids: Int[torch.Tensor, "batch pos"], pad_token_id: Op
 
 class TransformerLensConveniences:
     """Mixin for `HookedRewardModel`: TL's token helpers, weight stacks and mask-free padded batches."""
-
-    # ------------------------------------------------------------------ inputs
-    @property
-    def input_format(self) -> Union[str, Any]:
-        """How (prompt, response) pairs become ids by default (`reward_lens.model.tokenization.INPUT_FORMATS`)."""
-        return self.__dict__.get("_input_format", INPUT_FORMAT_DEFAULT)
-
-    @input_format.setter
-    def input_format(self, value: Any) -> None:
-        from reward_lens.model.tokenization import check_input_format
-
-        self.__dict__["_input_format"] = check_input_format(value)
-
-    def infer_attention_mask(
-        self, input_ids: Int[torch.Tensor, "batch pos"], warn: bool = True
-    ) -> Int[torch.Tensor, "batch pos"]:
-        """The mask of ids passed without one: the leading pad run of each row masked (left padding, as
-        `to_tokens` pads). With `warn`, a row whose readout is not its last position gets a warning:
-        position -1 is then not where the reward is read."""
-        pad = self.cfg.pad_token_id
-        bos = getattr(self.tokenizer, "bos_token_id", None)
-        # pad == BOS: a leading pad cannot be told from the sequence's own BOS, so nothing is masked.
-        mask = leading_pad_mask(input_ids, None if pad == bos else pad).to(input_ids.device)
-        if warn:
-            readout = self.readout_positions(input_ids, mask)
-            late = (readout != input_ids.shape[1] - 1).nonzero().flatten().tolist()
-            if late:
-                warnings.warn(
-                    f"rows {late[:8]} of these ids read the reward before their last position (right padding or "
-                    "a trailing pad/EOS token), so position -1 is not the readout: gather at "
-                    "model.readout_positions(ids, mask), or cache with run_with_cache(..., readout_only=True), "
-                    "or tokenise with model.to_tokens (left-padded, readout last)",
-                    stacklevel=3,
-                )
-        return mask
 
     # ------------------------------------------------------------------ tokens <-> strings
     def _tokenizer_or_error(self):

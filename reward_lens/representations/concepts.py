@@ -22,18 +22,19 @@ also reported per objective (objective rewards read at `reward_head.hook_pooled`
 
 from __future__ import annotations
 
-import contextlib
 import json
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, List, Optional, Sequence, Tuple, Union
 
 import torch
 from jaxtyping import Float
 
 from reward_lens.core.readout import batches, readout_run, tokenize
 from reward_lens.plotting import figure_axes, finish
+from reward_lens.model.heads.base import read_objective
+from reward_lens.model.hooks import act_name
 
 CONTRAST_SETS_DIR = Path(__file__).resolve().parents[1] / "data" / "contrast_sets"
 CONTRAST_SET_ALIASES = {"sycophancy": "agreement", "length": "verbosity", "hedging": "confidence"}
@@ -121,26 +122,18 @@ def _responses(items: Any) -> Tuple[List[str], List[str]]:
 
 
 # ---------------------------------------------------------------------------------------------- directions
-def _final_gain(model) -> Optional[torch.Tensor]:
-    return None if model.ln_final.w is None else model.cfg.norm_weight_offset + model.ln_final.w
-
-
 def objective_directions(model) -> Optional[Tuple[List[str], torch.Tensor]]:
     """(names, [n_obj, d_model]) norm-aware objective directions of a multi-objective (ArmoRM) head, else None."""
     head = model.reward_head
-    if not hasattr(head, "objective_directions"):
+    if not head.n_objectives:
         return None
-    dirs = head.objective_directions().detach().float()
-    gain = _final_gain(model)
-    if gain is not None:
-        dirs = dirs * gain.float()
-    names = list(getattr(head, "objective_names", [f"objective_{j}" for j in range(dirs.shape[0])]))
-    return names, dirs
+    dirs = model.through_final_norm(head.objective_directions().detach().float())
+    return list(head.objective_names), dirs.float()
 
 
 def is_gated(model) -> bool:
     """True when the model's output is ArmoRM's gated score (no single reward direction)."""
-    return model.cfg.head_type == "armorm" and getattr(model.reward_head, "objective", None) is None
+    return model.reward_head.is_gated
 
 
 @torch.no_grad()
@@ -157,21 +150,9 @@ def mean_reward_direction(model, prompts: Sequence[str], responses: Sequence[str
     return total / n
 
 
-@contextlib.contextmanager
-def objective_context(model, objective: Union[int, str, None]) -> Iterator[None]:
-    """Within the block an ArmoRM model reads one objective as its reward (no-op for objective=None)."""
-    if objective is None:
-        yield
-        return
-    head = model.reward_head
-    if not hasattr(head, "set_objective"):
-        raise ValueError(f"objective={objective!r} needs a multi-objective (ArmoRM) head; this head is {type(head).__name__}")
-    before = head.objective
-    head.set_objective(objective)
-    try:
-        yield
-    finally:
-        head.objective = before
+# Within the block an ArmoRM model reads one objective as its reward (no-op for objective=None): the one
+# objective context manager, `read_objective`, under the name this module used.
+objective_context = read_objective
 
 
 # ---------------------------------------------------------------------------------------------- vectors
@@ -516,7 +497,7 @@ def dose_response(
         if concept.shape != (model.cfg.d_model,):
             raise ValueError(f"the direction must have shape [d_model={model.cfg.d_model}], got {tuple(concept.shape)}")
         v_hat = concept.float() / concept.float().norm()
-        hook_name, name = f"blocks.{layer}.hook_resid_post", "direction"
+        hook_name, name = act_name("resid_post", layer), "direction"
     if items is None or (not isinstance(items, tuple) and len(items) == 0):
         raise ValueError("no held-out items to evaluate the dose-response on; pass items=")
     prompts, responses = _responses(items)
@@ -529,7 +510,7 @@ def dose_response(
             scale = float(clean.acts[hook_name].float().norm(dim=-1).median())
         n_alpha = alphas_t.numel()
         v = v_hat.to(device=model.cfg.device, dtype=model.cfg.dtype)
-        track_objectives = model.cfg.head_type == "armorm" and "reward_head.hook_pooled" in model.hook_dict
+        track_objectives = bool(model.reward_head.n_objectives) and "reward_head.hook_pooled" in model.hook_dict
         out_rewards, out_objs = [], []
         for sl in batches(len(prompts), max(1, batch_size), "dose-response" if progress else False):
             tok = tokenize(model, prompts[sl], responses[sl])

@@ -52,8 +52,8 @@ def _project_along(W: torch.Tensor, v: torch.Tensor, dim: int) -> torch.Tensor:
 def project_out_of_head(model, v: torch.Tensor) -> None:
     """In place: every reader of the final-norm output becomes blind to residual direction v (unit)."""
     head = model.reward_head
-    readers = getattr(type(head), "final_norm_readers", None) or (("W_R", 0),)
-    gain = None if model.ln_final.w is None else (model.cfg.norm_weight_offset + model.ln_final.w).float()
+    readers = head.final_norm_readers
+    gain = None if model.ln_final.gain is None else model.ln_final.gain.float()
     if gain is not None and bool((gain.abs() < 1e-12).any()):
         raise ValueError("the final norm has zero weights, so the head cannot be re-expressed; load with fold_ln=True")
     for name, dim in readers:
@@ -74,9 +74,7 @@ def project_out_of_residual(model, v: torch.Tensor, layer: int) -> None:
     """In place: v (unit) is projected out of the embedding and of every attention/MLP output map and bias
     of blocks 0..layer, so blocks.{layer}.hook_resid_post has no component along v."""
     cfg = model.cfg
-    if cfg.post_norms:
-        raise ValueError("with post-norms (Gemma-2) the written outputs pass a norm after their maps; a residual edit "
-                         "cannot be a weight edit there. Edit the head instead (where='head')")
+    writers = [param for block in model.blocks[: layer + 1] for _, param in block.residual_writers()]
     if not 0 <= layer < cfg.n_layers:
         raise ValueError(f"layer {layer} out of range: the model has {cfg.n_layers} layers")
     v = v.to(device=model.W_E.device, dtype=torch.float32)
@@ -85,11 +83,8 @@ def project_out_of_residual(model, v: torch.Tensor, layer: int) -> None:
         param.copy_(_project_along(param.float(), v, dim if dim >= 0 else param.dim() + dim).to(param.dtype))
 
     proj(model.embed.W_E)
-    for block in model.blocks[: layer + 1]:
-        proj(block.attn.W_O)
-        proj(block.attn.b_O)
-        proj(block.mlp.W_out)
-        proj(block.mlp.b_out)
+    for param in writers:  # every map and bias whose output the blocks add to the residual
+        proj(param)
 
 
 @dataclass

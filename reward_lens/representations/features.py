@@ -24,7 +24,8 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 
 import torch
 
-from reward_lens.representations.concepts import is_gated, objective_context
+from reward_lens.model.heads.base import read_objective
+from reward_lens.representations.concepts import is_gated
 from reward_lens.data.pairs import PreferencePair, as_pairs
 from reward_lens.core.readout import batches, readout_run, tokenize
 from reward_lens.plotting import figure_axes, finish
@@ -98,7 +99,7 @@ def feature_alignment(
     if hook_name is not None and hook_name in model.hook_dict:
         sae.check_hook(model)
     if direction is None:
-        with objective_context(model, objective):
+        with read_objective(model, objective):
             if is_gated(model):
                 raise ValueError(
                     "ArmoRM's gated score has a prompt-dependent direction; pass objective=<name or index>, or "
@@ -247,7 +248,7 @@ def feature_attribution(
     """Per pair and side: f_i (d_i · w)/s for every active feature, the SAE bias and reconstruction-error
     terms, and the lens value they sum to exactly (at the SAE's hook, readout position, frozen scale)."""
     pairs = as_pairs(pairs)
-    with objective_context(model, objective):
+    with read_objective(model, objective):
         site = _sae_site(model, sae, hook_name)
         prompts = [p.prompt for p in pairs]
         out: Dict[str, Dict[str, torch.Tensor]] = {k: {} for k in ("acts", "terms", "sae_bias", "error", "lens", "scale", "rewards")}
@@ -361,7 +362,7 @@ def feature_ablation(
     if positions not in ("readout", "all"):
         raise ValueError(f"positions must be 'readout' or 'all', got {positions!r}")
     pairs = as_pairs(pairs)
-    with objective_context(model, objective):
+    with read_objective(model, objective):
         site = _sae_site(model, sae, hook_name)
         if attribution is None:
             attribution = feature_attribution(model, sae, pairs, hook_name=site, batch_size=batch_size)

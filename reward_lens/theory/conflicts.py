@@ -30,6 +30,8 @@ import numpy as np
 import pandas as pd
 
 from reward_lens.plotting import diverging_heatmap, finish, panels
+from reward_lens.model.heads.base import read_objective
+from reward_lens.model.hooks import final_resid_name
 from reward_lens.stats import as_float_matrix, check_level, column_correlations, fisher_ci, named_rows, to_float64
 
 VERDICTS = ("aligned", "orthogonal", "conflicting")
@@ -199,24 +201,16 @@ def _readout_states(model, pairs, batch_size: int):
     from reward_lens.data.pairs import as_pairs
     from reward_lens.core.readout import pair_batches
 
-    last = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
+    last = final_resid_name(model.cfg.n_layers)
     names = [last, "ln_final.hook_scale"]
     has_pooled = "reward_head.hook_pooled" in model.hook_dict
     if has_pooled:
         names.append("reward_head.hook_pooled")
     xs = {"chosen": [], "rejected": []}
     pooled = {"chosen": [], "rejected": []}
-    import contextlib
-
-    # ArmoRM: read one objective so the forward skips the gate (hook_pooled still holds every objective,
-    # and the gate's token pattern is then not needed in the pairs).
-    if getattr(model.cfg, "head_type", "scalar") == "armorm":
-        from reward_lens.model.heads.armorm import read_objective
-
-        ctx = read_objective(model, 0)
-    else:
-        ctx = contextlib.nullcontext()
-    with torch.no_grad(), ctx:
+    # A multi-objective head (ArmoRM): read one objective so the forward skips the gate (hook_pooled still
+    # holds every objective, and the gate's token pattern is then not needed in the pairs).
+    with torch.no_grad(), read_objective(model, 0 if model.reward_head.n_objectives else None):
         for pb in pair_batches(model, as_pairs(pairs), batch_size):
             for side, tok in (("chosen", pb.chosen), ("rejected", pb.rejected)):
                 _, cache = model.run_with_cache(tok.input_ids, attention_mask=tok.attention_mask, readout_only=True,
@@ -231,17 +225,15 @@ def _readout_states(model, pairs, batch_size: int):
 
 def _norm_gain(model):
     """The final norm's (unfolded) gain that multiplies a head's raw weights, or None when folded."""
-    w = getattr(model.ln_final, "w", None)
-    if w is None:
-        return None
-    return (model.cfg.norm_weight_offset + w).detach().double().cpu().numpy()
+    gain = model.ln_final.gain
+    return None if gain is None else gain.detach().double().cpu().numpy()
 
 
 def term_directions(model) -> Tuple[np.ndarray, List[str]]:
     """Norm-aware directions [m, d_model] and names of a model's reward terms: ArmoRM's objectives, or the
     outputs of a multi-output head."""
     head = model.reward_head
-    if getattr(model.cfg, "head_type", "scalar") == "armorm":
+    if head.n_objectives:
         W = head.objective_directions().detach().double().cpu().numpy()
         names = list(head.objective_names)
     else:
@@ -328,7 +320,7 @@ def reward_conflicts(
                              "bases; use reward_lens.compare_models, or pass allow_different_backbones=True")
         W, deltas = [], []
         for n, m in models.items():
-            if m.cfg.head_type == "armorm":
+            if m.reward_head.n_objectives:
                 raise ValueError(f"model {n!r} is an ArmoRM: analyse its objectives with reward_conflicts(model, pairs)")
             W.append(m.reward_direction.detach().double().cpu().numpy())
             if pairs is not None:

@@ -458,9 +458,10 @@ def readout_states(model, pairs: Any, *, batch_size: int = 8, progress: Union[bo
 
     from reward_lens.data.pairs import as_pairs
     from reward_lens.core.readout import pair_batches, readout_direction
+    from reward_lens.model.hooks import final_resid_name
 
     pairs = as_pairs(pairs)
-    last = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
+    last = final_resid_name(model.cfg.n_layers)
     deltas, directions = [], []
     with torch.no_grad():
         for pb in pair_batches(model, pairs, batch_size, progress):

@@ -24,17 +24,12 @@ from reward_lens.instruments.sites import Site, sites_for
 from reward_lens.plotting import panels, finish
 from reward_lens.results import PairRewards, to_numpy
 from reward_lens.stats import spearman, spearman_rows
-from reward_lens.instruments.patching.contrastive import (
-    _SOURCE,
-    _TARGETS,
-    PatchResult,
-    _check_options,
-    _patch_positions,
-    _select,
-    _site_values,
-    site_means,
-)
-from reward_lens.core.readout import Tokenized, capture, pair_batches
+from reward_lens.core.batching import Tokenized, pair_batches
+from reward_lens.core.readout import capture
+from reward_lens.instruments.patching.contrastive import PatchResult, site_means
+from reward_lens.instruments.patching.positions import patch_positions, select, site_values
+from reward_lens.instruments.patching.spec import SOURCE, TARGETS, check_options
+from reward_lens.model.hooks import act_name
 
 
 @dataclass
@@ -99,7 +94,7 @@ class AtPResult(PairRewards):
         return self.clean_chosen - self.clean_rejected
 
     def effect(self, mode: str, target: Optional[str] = None, normalized: bool = False) -> torch.Tensor:
-        target = target or _TARGETS[mode][0]
+        target = target or TARGETS[mode][0]
         if (mode, target) not in self.estimates:
             raise KeyError(f"no estimates for mode={mode!r}, target={target!r}; have {sorted(self.estimates)}")
         eff = self.estimates[(mode, target)]
@@ -192,7 +187,7 @@ def _gradients(model, tok: Tokenized, hooks: Sequence[str]):
     def keep(x: torch.Tensor, hook) -> None:
         stored[hook.name] = x
 
-    leaves = [h for h in ("hook_embed", "hook_pos_embed") if h in model.hook_dict]
+    leaves = [h for h in (act_name("embed"), act_name("pos_embed")) if h in model.hook_dict]
     fwd = [(h, leaf) for h in leaves] + [(h, keep) for h in hooks if h not in leaves]
     with torch.enable_grad():
         rewards = model.run_with_hooks(tok.input_ids, tok.attention_mask, readout_positions=tok.readout, fwd_hooks=fwd)
@@ -218,26 +213,26 @@ def attribution_patch(
     """AtP estimates of `patch(model, pairs, mode=..., level=..., positions=...)` for every site."""
     pairs = as_pairs(pairs)
     modes = [mode] if isinstance(mode, str) else list(dict.fromkeys(mode))
-    _check_options(modes, positions, "fast")
+    check_options(modes, positions, "fast")
     cfg = model.cfg
     if level is None:  # components, and heads where the model has per-head hooks (native architectures)
-        level = ("component", "head") if "blocks.0.attn.hook_z" in model.hook_dict else "component"
+        level = ("component", "head") if model.has_head_hooks else "component"
     sites = sites_for(cfg, level, layers)
     if "mean" in modes and means is None:
         means = site_means(model, pairs, sites, positions, batch_size=batch_size, padding_side=padding_side)
-    hooks = sorted({s.hook(cfg.n_layers) for s in sites})
+    hooks = sorted({s.hook_name(cfg.n_layers) for s in sites})
     ids = pair_labels(pairs)
     chunks: Dict[Tuple[str, str], List[torch.Tensor]] = {}
     clean_c, clean_r = [], []
     for batch in pair_batches(model, pairs, batch_size, progress and "attribution patching", padding_side):
         sides = {"chosen": batch.chosen, "rejected": batch.rejected}
-        targets = {t for m in modes for t in _TARGETS[m]}
+        targets = {t for m in modes for t in TARGETS[m]}
         runs, srcs = {}, {}
         for side, tok in sides.items():
             if side in targets:
                 runs[side] = _gradients(model, tok, hooks)
         for side, tok in sides.items():
-            if any(_SOURCE.get(m) == side for m in modes):
+            if any(SOURCE.get(m) == side for m in modes):
                 srcs[side] = capture(model, tok, hooks if positions == "readout" else (),
                                      () if positions == "readout" else hooks)
             elif side not in runs:  # its clean reward is still needed
@@ -246,19 +241,19 @@ def attribution_patch(
         clean_c.append(clean["chosen"])
         clean_r.append(clean["rejected"])
         for m in modes:
-            src = srcs.get(_SOURCE.get(m)) if m in _SOURCE else None
-            for target in _TARGETS[m]:
+            src = srcs.get(SOURCE.get(m)) if m in SOURCE else None
+            for target in TARGETS[m]:
                 tok = sides[target]
                 _, acts, grads = runs[target]
-                pos = _patch_positions(batch, positions, tok, src.tok if src else None, ids[batch.index])
+                pos = patch_positions(batch, positions, tok, src.tok if src else None, ids[batch.index])
                 rows, t_pos = pos.t_rows.to(tok.input_ids.device), pos.t_pos.to(tok.input_ids.device)
                 B = tok.input_ids.shape[0]
                 est = []
                 for site in sites:
-                    h = site.hook(cfg.n_layers)
-                    new = _site_values(model, site, m, pos, src, means, positions).float()
-                    old = _select(site, acts[h])[rows, t_pos].float()
-                    g = _select(site, grads[h])[rows, t_pos].float()
+                    h = site.hook_name(cfg.n_layers)
+                    new = site_values(model, site, m, pos, src, means, positions).float()
+                    old = select(site, acts[h])[rows, t_pos].float()
+                    g = select(site, grads[h])[rows, t_pos].float()
                     per_position = (g * (new - old)).sum(-1)
                     est.append(torch.zeros(B, device=per_position.device).index_add_(0, rows, per_position))
                 chunks.setdefault((m, target), []).append(torch.stack(est, -1))

@@ -17,8 +17,7 @@ ordinary linear reward model along W_reg[:, j].
 
 from __future__ import annotations
 
-import contextlib
-from typing import Iterator, List, Optional, Sequence, Union
+from typing import List, Optional, Sequence, Union
 
 import torch
 import torch.nn as nn
@@ -27,7 +26,14 @@ from jaxtyping import Float, Int
 from transformer_lens.hook_points import HookPoint
 
 from reward_lens.model.config import RewardModelConfig
-from reward_lens.model.heads.scalar import gather_positions, last_position_without_pad, register_head
+from reward_lens.model.heads.base import (  # noqa: F401  (read_objective: re-exported from its old home)
+    Objective,
+    RewardHeadBase,
+    gather_positions,
+    last_position_without_pad,
+    read_objective,
+    register_head,
+)
 
 # The 19 objectives of RLHFlow/ArmoRM-Llama3-8B-v0.1, in the order of its regression layer's rows.
 ARMORM_OBJECTIVES: tuple = (
@@ -40,9 +46,6 @@ ARMORM_OBJECTIVES: tuple = (
 )
 # `<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n` in the Llama-3 tokenizer.
 DEFAULT_GATING_PATTERN: tuple = (128009, 128006, 78191, 128007, 271)
-
-Objective = Union[int, str, None]
-
 
 def default_objective_names(num_objectives: int) -> List[str]:
     if num_objectives == len(ARMORM_OBJECTIVES):
@@ -87,7 +90,7 @@ def armorm_readout_positions(
     return (first_pad - 1) % T
 
 
-class ArmoRMHead(nn.Module):
+class ArmoRMHead(RewardHeadBase):
     """ArmoRM's head. Parameters (x @ W convention, like TransformerLens):
     `W_reg` [d_model, n_obj], `reward_transform` [n_obj, n_obj] (T), `W_gate[i]` [d_in, d_out],
     `b_gate[i]` [d_out] for the n_hidden + 1 gate layers, `logit_scale` [1].
@@ -102,8 +105,7 @@ class ArmoRMHead(nn.Module):
     final_norm_readers = (("W_reg", 0), ("W_gate.0", 0))
 
     def __init__(self, cfg: RewardModelConfig):
-        super().__init__()
-        self.cfg = cfg
+        super().__init__(cfg)
         hc = cfg.head_config
         n_obj = int(hc["num_objectives"])
         hidden, n_hidden = int(hc["gating_hidden_dim"]), int(hc["gating_n_hidden"])
@@ -119,7 +121,7 @@ class ArmoRMHead(nn.Module):
         self.W_gate = nn.ParameterList([nn.Parameter(torch.empty(a, b)) for a, b in zip(dims[:-1], dims[1:])])
         self.b_gate = nn.ParameterList([nn.Parameter(torch.zeros(b)) for b in dims[1:]])
         self.logit_scale = nn.Parameter(torch.ones(1))
-        self.objective: Optional[int] = None  # None: the model returns the gated score
+        self._objective: Optional[int] = None  # None: the model returns the gated score
         self.hook_objectives = HookPoint()
         self.hook_pooled = HookPoint()
         self.hook_gate_input = HookPoint()
@@ -139,10 +141,22 @@ class ArmoRMHead(nn.Module):
             raise ValueError(f"objective index {j} out of range: this head has {self.num_objectives} objectives")
         return j
 
+    @property
+    def objective(self) -> Optional[int]:
+        return self._objective
+
+    @objective.setter
+    def objective(self, objective: Objective) -> None:
+        self.set_objective(objective)
+
     def set_objective(self, objective: Objective) -> None:
         """Make the model's output objective `objective` (name or index) instead of the gated score;
         None restores the score. With an objective set the gate is not computed."""
-        self.objective = None if objective is None else self.objective_index(objective)
+        self._objective = None if objective is None else self.objective_index(objective)
+
+    @property
+    def is_gated(self) -> bool:
+        return self._objective is None
 
     # ------------------------------------------------------------------ positions
     def readout_positions(self, input_ids: Int[torch.Tensor, "batch pos"], attention_mask=None) -> torch.Tensor:
@@ -179,8 +193,8 @@ class ArmoRMHead(nn.Module):
         input_ids: Optional[torch.Tensor] = None,
     ) -> Float[torch.Tensor, "batch"]:
         rewards = self.hook_pooled(gather_positions(self.hook_objectives(h @ self.W_reg), readout))
-        if self.objective is not None:
-            return rewards[:, self.objective]
+        if self._objective is not None:
+            return rewards[:, self._objective]
         if input_ids is None:
             raise ValueError(
                 "ArmoRM's gate needs the token ids to find the prompt's end; pass input_ids= (also when starting "
@@ -192,8 +206,8 @@ class ArmoRMHead(nn.Module):
 
     # ------------------------------------------------------------------ directions
     def direction(self, output: int = 0) -> Float[torch.Tensor, "d_model"]:
-        if self.objective is not None:
-            return self.W_reg[:, self.objective]
+        if self._objective is not None:
+            return self.W_reg[:, self._objective]
         raise ValueError(
             "ArmoRM has no single reward direction: its score is W_reg T g(prompt) . h with a prompt-dependent gate g. "
             "Use model.reward_direction_for(input_ids, attention_mask) for the [batch, d_model] direction, or read one "
@@ -209,8 +223,8 @@ class ArmoRMHead(nn.Module):
 
     def direction_for(self, model, input_ids, attention_mask=None) -> Float[torch.Tensor, "batch d_model"]:
         """W_reg T g(prompt) per row (g from a forward pass), or W_reg[:, j] when an objective is set."""
-        if self.objective is not None:
-            return self.W_reg[:, self.objective].expand(input_ids.shape[0], -1)
+        if self._objective is not None:
+            return self.W_reg[:, self._objective].expand(input_ids.shape[0], -1)
         grabbed = {}
 
         def grab(g: torch.Tensor, hook: HookPoint) -> None:
@@ -218,20 +232,6 @@ class ArmoRMHead(nn.Module):
 
         model.run_with_hooks(input_ids, attention_mask, fwd_hooks=[(self.hook_gate.name, grab)])
         return (grabbed["g"] @ self.reward_transform.T) @ self.W_reg.T  # rows: W_reg T g
-
-
-@contextlib.contextmanager
-def read_objective(model, objective: Objective) -> Iterator:
-    """Within the block the model's reward is one ArmoRM objective (name or index); restored after."""
-    head = model.reward_head
-    if not isinstance(head, ArmoRMHead):
-        raise ValueError(f"read_objective needs an ArmoRM model; this model's head is {type(head).__name__}")
-    before = head.objective
-    head.set_objective(objective)
-    try:
-        yield model
-    finally:
-        head.objective = before
 
 
 register_head("armorm", ArmoRMHead)

@@ -1,13 +1,14 @@
-"""Reward heads: what replaces the vocabulary unembedding in a reward model.
+"""The scalar (or n_outputs-wide) linear reward head: reward = h[readout] @ W_R + b_R.
 
-Every head reads the final-norm output `h = ln_final(resid)` and the readout position of each sequence.
-Heads declare which of their weights read `h` (`final_norm_readers`) so that folding the final norm's
-weight into them lives in one place (`reward_lens.converters.processing`).
+Every head reads the final-norm output `h = ln_final(resid)` and the readout position of each sequence
+(see `reward_lens.model.heads.base` for the protocol all heads share). Heads declare which of their
+weights read `h` (`final_norm_readers`) so that folding the final norm's weight into them lives in one
+place (`reward_lens.converters.processing`).
 """
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple, Type
+from typing import Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -15,38 +16,27 @@ from jaxtyping import Float, Int
 from transformer_lens.hook_points import HookPoint
 
 from reward_lens.model.config import RewardModelConfig
+from reward_lens.model.heads.base import (  # noqa: F401  (re-exported: their old home)
+    HEAD_TYPES,
+    RewardHeadBase,
+    build_head,
+    gather_positions,
+    last_position_without_pad,
+    register_head,
+)
 
 
-def gather_positions(x: torch.Tensor, positions: Int[torch.Tensor, "batch"]) -> torch.Tensor:
-    """x[b, positions[b]] for x of shape [batch, pos, ...]."""
-    return x[torch.arange(x.shape[0], device=x.device), positions.to(x.device)]
-
-
-def last_position_without_pad(input_ids: Int[torch.Tensor, "batch pos"]) -> Int[torch.Tensor, "batch"]:
-    """The readout when the config has no pad token: the last position, for one sequence only (as
-    transformers refuses a batch it cannot find the padding of)."""
-    batch, T = input_ids.shape
-    if batch != 1:
-        raise ValueError(
-            "Cannot read out a reward for batch > 1 without a pad token: this checkpoint's config has no "
-            "pad_token_id; set model.cfg.pad_token_id or run one sequence at a time."
-        )
-    return torch.full((batch,), T - 1, dtype=torch.long, device=input_ids.device)
-
-
-class RewardHead(nn.Module):
+class RewardHead(RewardHeadBase):
     """Scalar (or n_outputs-wide) linear head: reward = h[readout] @ W_R + b_R.
 
     Hooks: `hook_rewards` the head applied at every position [batch, pos, n_outputs];
     `hook_pooled` the value at the readout position [batch, n_outputs].
     """
 
-    # (parameter name, dim of length d_model) that the final norm's weight folds into.
     final_norm_readers: Tuple[Tuple[str, int], ...] = (("W_R", 0),)
 
     def __init__(self, cfg: RewardModelConfig):
-        super().__init__()
-        self.cfg = cfg
+        super().__init__(cfg)
         self.W_R = nn.Parameter(torch.empty(cfg.d_model, cfg.n_outputs))
         self.b_R = nn.Parameter(torch.zeros(cfg.n_outputs))
         self.hook_rewards = HookPoint()
@@ -63,24 +53,10 @@ class RewardHead(nn.Module):
         return pooled[:, 0] if self.cfg.n_outputs == 1 else pooled
 
     def direction(self, output: int = 0) -> Float[torch.Tensor, "d_model"]:
-        """The vector that, dotted with h, gives output `output` minus its bias."""
         return self.W_R[:, output]
 
     def bias(self, output: int = 0) -> torch.Tensor:
         return self.b_R[output]
 
 
-HEAD_TYPES: Dict[str, Type[nn.Module]] = {"scalar": RewardHead}
-
-
-def register_head(name: str, cls: Type[nn.Module]) -> None:
-    HEAD_TYPES[name] = cls
-
-
-def build_head(cfg: RewardModelConfig) -> nn.Module:
-    try:
-        return HEAD_TYPES[cfg.head_type](cfg)
-    except KeyError:
-        raise ValueError(
-            f"unknown reward head type {cfg.head_type!r}; known head types: {sorted(HEAD_TYPES)}"
-        ) from None
+register_head("scalar", RewardHead)

@@ -167,7 +167,7 @@ class SparseAutoencoder(nn.Module):
             raise ValueError("this SAE records no hook_name; pass hook_name='blocks.L.hook_resid_post' (where it was trained)")
         if hook_name not in model.hook_dict:
             raise ValueError(f"the model has no hook {hook_name!r}; SAEs read hooks such as 'blocks.0.hook_resid_post'")
-        width = hook_width(model, hook_name)
+        width = hooks.hook_width(model.cfg, hook_name)
         if width is not None and width != self.cfg.d_in:
             raise ValueError(
                 f"SAE width d_in={self.cfg.d_in} does not match {hook_name} on this model (width {width}, "

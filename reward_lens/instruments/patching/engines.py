@@ -1,0 +1,267 @@
+"""Patching engines: each returns the patched rewards [batch, n_sites] of one target batch.
+
+readout (the KV-cache fast path): a readout-position patch at layer l changes only the readout token from l
+on (it is the last attended token, so no other position attends to it). The target's post-RoPE keys and
+values are cached in its one clean run; every patch of a sweep is one row of a batch of single-token
+queries recomputed through layers l..L-1 by the blocks' own readout step (`TransformerBlock.readout_attn`,
+`readout_mlp`), so architecture quirks (post-norms, soft-caps, windows) live in the block only.
+layer: multi-position patches rerun the forward from the patched layer on the cached clean residual.
+naive: one full `run_with_hooks` forward per patch (the reference).
+
+`patch_batch` runs every mode of one batch of pairs and returns a `BatchPatches`.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from reward_lens.core.batching import PairBatch, Tokenized
+from reward_lens.core.directions import readout_direction, reward_from_final_resid
+from reward_lens.core.readout import Capture, capture
+from reward_lens.instruments.patching.positions import Positions, patch_positions, site_values
+from reward_lens.instruments.patching.spec import SOURCE, TARGETS
+from reward_lens.instruments.sites import Site
+from reward_lens.model.hooks import act_name, resid_entering
+
+PRE, MID = 0, 1  # where a readout patch enters its block: before attention, or between attention and MLP
+
+
+@dataclass
+class ReadoutEntry:
+    """Where a readout patch's recomputation resumes (block `layer`, at `stage` PRE or MID) and the
+    readout residual [batch, d_model] the patch leaves there."""
+
+    layer: int
+    stage: int
+    state: torch.Tensor
+
+
+@dataclass
+class BatchPatches:
+    """One batch of pairs patched in every mode: `patched[(mode, target)]` [batch, n_sites]; the clean
+    rewards; the captures of the clean runs; for the readout engine, `entries[(mode, target)]` (one
+    ReadoutEntry per site) and `final[(mode, target)]` [batch, n_sites, d_model] the final residuals."""
+
+    patched: Dict[Tuple[str, str], torch.Tensor]
+    clean_chosen: torch.Tensor
+    clean_rejected: torch.Tensor
+    captures: Dict[str, Capture]
+    entries: Dict[Tuple[str, str], List[ReadoutEntry]] = field(default_factory=dict)
+    final: Dict[Tuple[str, str], torch.Tensor] = field(default_factory=dict)
+
+
+def has_readout_fast_path(model) -> bool:
+    """Whether the model's blocks have a one-token readout step (native architectures; the generic path
+    runs transformers' own layers and takes the `start_at_layer` route instead)."""
+    return model.has_readout_fast_path
+
+
+def readout_is_last(tok: Tokenized) -> bool:
+    """Whether every row's readout is its last attended token (the fast path's condition)."""
+    idx = torch.arange(tok.input_ids.shape[1], device=tok.attention_mask.device)
+    after = tok.attention_mask.bool() & (idx[None] > tok.readout.to(idx.device)[:, None])
+    return not bool(after.any())
+
+
+def readout_capture_names(model, sites: Sequence[Site]) -> Tuple[List[str], List[str]]:
+    """(names kept at the readout, names kept whole) the readout engine needs from a target's clean run."""
+    L = model.cfg.n_layers
+    at_readout = [act_name("resid_pre", l) for l in range(L)] + [act_name("resid_mid", l) for l in range(L)]
+    at_readout.append(resid_entering(L, L))
+    at_readout += sorted({act_name("z", s.layer) for s in sites if s.kind == "head"})
+    return at_readout, [name for block in model.blocks for name in block.readout_kv_hooks]
+
+
+def readout_entries(model, tcap: Capture, sites: Sequence[Site], values: Sequence[torch.Tensor]) -> List[ReadoutEntry]:
+    """One ReadoutEntry per site: the residual a readout patch leaves behind, and where the recomputation
+    resumes. Head patches change the attention's output map by (z'_h - z_h) W_O[h] (linear), all heads of
+    a layer in one product, before the block's own output step."""
+    L = model.cfg.n_layers
+    acts = tcap.at_readout
+
+    def resid_pre(l: int) -> torch.Tensor:
+        return acts[resid_entering(l, L)]
+
+    out: List[Optional[ReadoutEntry]] = [None] * len(sites)
+    heads_by_layer: Dict[int, List[int]] = {}
+    for i, (site, v) in enumerate(zip(sites, values)):
+        if site.kind == "embed":
+            out[i] = ReadoutEntry(0, PRE, v)
+        elif site.kind == "resid":
+            out[i] = ReadoutEntry(site.layer, PRE, v)
+        elif site.kind == "attn":
+            out[i] = ReadoutEntry(site.layer, MID, resid_pre(site.layer) + v)
+        elif site.kind == "mlp":
+            out[i] = ReadoutEntry(site.layer + 1, PRE, acts[act_name("resid_mid", site.layer)] + v)
+        else:
+            heads_by_layer.setdefault(site.layer, []).append(i)
+    for l, members in heads_by_layer.items():
+        block = model.blocks[l]
+        z = acts[act_name("z", l)]  # [B, n_heads, d_head]
+        heads = [sites[i].head for i in members]
+        new = torch.stack([values[i] for i in members], 1)  # [B, k, d_head]
+        delta = torch.einsum("bkh,khm->bkm", new - z[:, heads], block.attn.W_O[heads])
+        state = resid_pre(l)[:, None] + block.attn_post(block.attn.project_z(z)[:, None] + delta)
+        for j, i in enumerate(members):
+            out[i] = ReadoutEntry(l, MID, state[:, j])
+    return out
+
+
+def readout_sweep(model, tcap: Capture, entries: Sequence[ReadoutEntry]) -> torch.Tensor:
+    """Final residuals [B, P, d] at the readout of every entry, recomputing only the readout token."""
+    L = model.cfg.n_layers
+    tok = tcap.tok
+    B, T = tok.input_ids.shape
+    device = tok.input_ids.device
+    keys = [(e.layer, e.stage) for e in entries]
+    order = sorted(range(len(entries)), key=keys.__getitem__)
+    sorted_keys = [keys[p] for p in order]
+    state = torch.stack([entries[p].state for p in order], 1).clone()  # [B, P, d]
+    readout = tok.readout.to(device)
+    mask = tok.attention_mask.to(device)
+    position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    cos, sin = model.rotary(position_ids[torch.arange(B, device=device), readout][:, None], state.dtype)
+    idx = torch.arange(T, device=device)
+    before = mask.bool() & (idx[None] < readout[:, None])  # every other position the readout may see
+    for l in range(sorted_keys[0][0], L):
+        n_pre = bisect_left(sorted_keys, (l, MID))
+        n_all = bisect_right(sorted_keys, (l, MID))
+        block = model.blocks[l]
+        if n_pre:
+            past_k, past_v = (tcap.full[name] for name in block.readout_kv_hooks)
+            state[:, :n_pre] = block.readout_attn(state[:, :n_pre], cos, sin, past_k, past_v, before, readout)
+        if n_all:
+            state[:, :n_all] = block.readout_mlp(state[:, :n_all])
+    final = torch.empty_like(state)
+    final[:, order] = state
+    return final
+
+
+def start_layer(site: Site) -> int:
+    return -1 if site.kind == "embed" else site.layer  # -1: a full forward (hook_embed may precede positions)
+
+
+def full_resid_names(model, sites: Sequence[Site]) -> List[str]:
+    """The residuals the layer engine restarts from (kept whole in the target's clean run)."""
+    L = model.cfg.n_layers
+    return sorted({resid_entering(start_layer(s), L) for s in sites if s.kind != "embed"})
+
+
+def writer(patches: List[Tuple[torch.Tensor, torch.Tensor, Optional[int], torch.Tensor]]) -> Callable:
+    """A hook writing each (rows, positions, head, values) patch into the activation."""
+
+    def hook(x: torch.Tensor, hook) -> torch.Tensor:
+        x = x.clone()
+        for rows, pos, head, values in patches:
+            if head is None:
+                x[rows, pos] = values.to(x.dtype)
+            else:
+                x[rows, pos, head] = values.to(x.dtype)
+        return x
+
+    return hook
+
+
+def start_at_layer_sweep(model, tcap: Capture, sites, pos: Positions, values, max_rows: int) -> torch.Tensor:
+    """Multi-position patches: rerun from the patched layer on the cached clean residual, many sites per
+    forward (site p occupies rows p*B .. p*B+B-1)."""
+    L = model.cfg.n_layers
+    tok = tcap.tok
+    B = tok.input_ids.shape[0]
+    device = tok.input_ids.device
+    out = torch.empty(B, len(sites), device=device, dtype=torch.float32)
+    rows, t_pos = pos.t_rows.to(device), pos.t_pos.to(device)
+    by_layer: Dict[int, List[int]] = {}
+    for i, s in enumerate(sites):
+        by_layer.setdefault(start_layer(s), []).append(i)
+    per_call = max(1, max_rows // B)
+    for layer, members in sorted(by_layer.items()):
+        for c in range(0, len(members), per_call):
+            chunk = members[c:c + per_call]
+            k = len(chunk)
+            ids = tok.input_ids.repeat(k, 1)
+            x = ids if layer < 0 else tcap.full[resid_entering(layer, L)].repeat(k, 1, 1)
+            hooks: Dict[str, list] = {}
+            for j, i in enumerate(chunk):
+                site = sites[i]
+                r = rows + j * B
+                if site.kind == "resid":
+                    x[r, t_pos] = values[i].to(x.dtype)
+                else:
+                    hooks.setdefault(site.hook_name(L), []).append((r, t_pos, site.head, values[i]))
+            rewards = model.run_with_hooks(
+                x, tok.attention_mask.repeat(k, 1), start_at_layer=None if layer < 0 else layer, input_ids=ids,
+                readout_positions=tok.readout.repeat(k), fwd_hooks=[(h, writer(p)) for h, p in hooks.items()],
+            )
+            out[:, chunk] = rewards.float().view(k, B).T
+    return out
+
+
+def naive_sweep(model, tok: Tokenized, sites, pos: Positions, values) -> torch.Tensor:
+    """One full forward per site with `run_with_hooks` writing the patch: the reference."""
+    L = model.cfg.n_layers
+    device = tok.input_ids.device
+    rows, t_pos = pos.t_rows.to(device), pos.t_pos.to(device)
+    out = []
+    for site, v in zip(sites, values):
+        hook = writer([(rows, t_pos, site.head, v)])
+        out.append(model.run_with_hooks(
+            tok.input_ids, tok.attention_mask, readout_positions=tok.readout, fwd_hooks=[(site.hook_name(L), hook)]
+        ).float())
+    return torch.stack(out, -1)
+
+
+def clean_captures(model, batch: PairBatch, sites, modes, positions: str, method: str) -> Tuple[Dict[str, Capture], Dict[str, str]]:
+    """One clean run per side keeping what the engines and the sources need; the engine of each target."""
+    L = model.cfg.n_layers
+    targets = {t for m in modes for t in TARGETS[m]}
+    sources = {SOURCE[m] for m in modes if m in SOURCE}
+    site_hooks = sorted({s.hook_name(L) for s in sites})
+    caps: Dict[str, Capture] = {}
+    engine_for: Dict[str, str] = {}
+    for side, tok in (("chosen", batch.chosen), ("rejected", batch.rejected)):
+        readout_names, full_names = [], []
+        if side in targets:
+            fast = positions == "readout" and model.has_readout_fast_path and readout_is_last(tok)
+            engine_for[side] = "naive" if method == "naive" else "readout" if fast else "layer"
+            if engine_for[side] == "readout":
+                at_readout, whole = readout_capture_names(model, sites)
+                readout_names += at_readout
+                full_names += whole
+            elif engine_for[side] == "layer":
+                full_names += full_resid_names(model, sites)
+        if side in sources:
+            (readout_names if positions == "readout" else full_names).extend(site_hooks)
+        caps[side] = capture(model, tok, readout_names, full_names)
+    return caps, engine_for
+
+
+def patch_batch(model, batch: PairBatch, sites, modes, positions, method, means, pair_ids, max_rows) -> BatchPatches:
+    """Every mode's patches of one batch of pairs, each target on its engine."""
+    caps, engine_for = clean_captures(model, batch, sites, modes, positions, method)
+    out = BatchPatches({}, caps["chosen"].rewards.float(), caps["rejected"].rewards.float(), caps)
+    directions: Dict[str, Tuple[torch.Tensor, torch.Tensor]] = {}
+    for mode in modes:
+        src = caps[SOURCE[mode]] if mode in SOURCE else None
+        for target in TARGETS[mode]:
+            tcap = caps[target]
+            pos = patch_positions(batch, positions, tcap.tok, src.tok if src else None, pair_ids)
+            values = [site_values(model, s, mode, pos, src, means, positions) for s in sites]
+            key = (mode, target)
+            if engine_for[target] == "naive":
+                out.patched[key] = naive_sweep(model, tcap.tok, sites, pos, values)
+            elif engine_for[target] == "readout":
+                entries = readout_entries(model, tcap, sites, values)
+                final = readout_sweep(model, tcap, entries)
+                if target not in directions:  # (ArmoRM: one forward for the gate; shared by the modes)
+                    directions[target] = readout_direction(model, tcap.tok)
+                direction, bias = directions[target]
+                out.patched[key] = reward_from_final_resid(model, final, direction[:, None], bias[:, None])
+                out.entries[key], out.final[key] = entries, final
+            else:
+                out.patched[key] = start_at_layer_sweep(model, tcap, sites, pos, values, max_rows)
+    return out

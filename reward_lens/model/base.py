@@ -1,0 +1,217 @@
+"""RewardModelBase: what the native and the generic hooked reward models share.
+
+Both are `HookedRootModule`s with `cfg`, `tokenizer`, `hook_embed`, `blocks`, `ln_final` and a
+`reward_head` (a `reward_lens.model.heads.base.RewardHeadBase`). Here: where the reward is read
+(`readout_positions`), `run_with_cache(readout_only=...)`, the reward-direction API, tokenisation and the
+defaults of a forward's inputs, plus explicit capability flags that instruments ask instead of probing:
+
+    has_head_hooks          per-head / per-neuron hooks and weights (hook_z, W_O, ...): native only
+    has_readout_fast_path   blocks with a one-token readout step over cached keys/values: native only
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+from jaxtyping import Float, Int
+from transformer_lens.ActivationCache import ActivationCache
+from transformer_lens.hook_points import HookPoint
+from transformer_lens.HookedRootModule import HookedRootModule
+
+from reward_lens.core.validation import check_model_inputs
+from reward_lens.model import hooks
+from reward_lens.model.readout import readout_positions as readout_by_rule
+from reward_lens.model.tl_compat import INPUT_FORMAT_DEFAULT, leading_pad_mask
+from reward_lens.model.tokenization import tokenize_pairs
+
+
+class RewardModelBase(HookedRootModule):
+    """The shared surface of `HookedRewardModel` (native) and `GenericHookedRewardModel`."""
+
+    has_head_hooks: bool = False
+    has_readout_fast_path: bool = False
+
+    # ------------------------------------------------------------------ inputs
+    @property
+    def input_format(self) -> Union[str, Any]:
+        """How (prompt, response) pairs become ids by default (`reward_lens.model.tokenization.INPUT_FORMATS`)."""
+        return self.__dict__.get("_input_format", INPUT_FORMAT_DEFAULT)
+
+    @input_format.setter
+    def input_format(self, value: Any) -> None:
+        from reward_lens.model.tokenization import check_input_format
+
+        self.__dict__["_input_format"] = check_input_format(value)
+
+    def infer_attention_mask(
+        self, input_ids: Int[torch.Tensor, "batch pos"], warn: bool = True
+    ) -> Int[torch.Tensor, "batch pos"]:
+        """The mask of ids passed without one: the leading pad run of each row masked (left padding, as
+        `to_tokens` pads). With `warn`, a row whose readout is not its last position gets a warning:
+        position -1 is then not where the reward is read."""
+        pad = self.cfg.pad_token_id
+        bos = getattr(self.tokenizer, "bos_token_id", None)
+        # pad == BOS: a leading pad cannot be told from the sequence's own BOS, so nothing is masked.
+        mask = leading_pad_mask(input_ids, None if pad == bos else pad).to(input_ids.device)
+        if warn:
+            readout = self.readout_positions(input_ids, mask)
+            late = (readout != input_ids.shape[1] - 1).nonzero().flatten().tolist()
+            if late:
+                warnings.warn(
+                    f"rows {late[:8]} of these ids read the reward before their last position (right padding or "
+                    "a trailing pad/EOS token), so position -1 is not the readout: gather at "
+                    "model.readout_positions(ids, mask), or cache with run_with_cache(..., readout_only=True), "
+                    "or tokenise with model.to_tokens (left-padded, readout last)",
+                    stacklevel=3,
+                )
+        return mask
+
+    def prepare_inputs(
+        self,
+        batch: int,
+        T: int,
+        attention_mask: Optional[torch.Tensor],
+        position_ids: Optional[torch.Tensor],
+        device: Union[str, torch.device],
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(attention_mask, position_ids) on `device`: all ones, and the count of attended tokens before
+        each position (so a left-padded sequence gets the same reward as the unpadded one)."""
+        if attention_mask is None:
+            attention_mask = torch.ones(batch, T, dtype=torch.long, device=device)
+        attention_mask = attention_mask.to(device)
+        if position_ids is None:
+            position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+        return attention_mask, position_ids.to(device)
+
+    def readout_positions(
+        self, input_ids: Optional[Int[torch.Tensor, "batch pos"]], attention_mask: Optional[torch.Tensor] = None
+    ) -> Int[torch.Tensor, "batch"]:
+        """Where the reward is read: `cfg.readout` ("last_non_pad", the default: the head's rule, i.e.
+        transformers' rightmost non-pad token or ArmoRM's published `(argmax(ids == pad) - 1) mod T`;
+        "last_attended": OpenRLHF's last attended position); see `reward_lens.model.readout`. Without input
+        ids (a forward started from a residual), the rightmost attended position."""
+        return readout_by_rule(self, input_ids, attention_mask)
+
+    def to_tokens(
+        self,
+        prompts: Union[str, Sequence[Any]],
+        responses: Union[str, Sequence[Any], None] = None,
+        *,
+        padding_side: Optional[str] = None,
+        max_length: Optional[int] = None,
+        input_format: Optional[str] = None,
+    ) -> Dict[str, torch.Tensor]:
+        """Tokenise (prompt, response) pairs as the reward model was trained on them, in `input_format`
+        (default `model.input_format`). Rows end at their readout and are padded on the LEFT (default), so
+        the readout is position -1; see `reward_lens.model.tokenization`."""
+        return tokenize_pairs(
+            self, prompts, responses, padding_side=padding_side, max_length=max_length, input_format=input_format
+        )
+
+    # ------------------------------------------------------------------ caches
+    def run_with_cache(self, *model_args: Any, readout_only: bool = False, **kwargs: Any):
+        """`HookedRootModule.run_with_cache`, returning a `transformer_lens.ActivationCache`.
+
+        `readout_only=True` keeps only each sequence's readout position (position axis of length 1),
+        so a long input's cache costs O(layers x d_model) per sequence.
+        """
+        if readout_only:
+            return self.run_with_readout_cache(*model_args, **kwargs)
+        out, cache_dict = super().run_with_cache(*model_args, **kwargs)
+        return out, ActivationCache(cache_dict, self, has_batch_dim=not kwargs.get("remove_batch_dim", False))
+
+    def run_with_readout_cache(self, input, attention_mask=None, *, names_filter=None, device=None, **kwargs):
+        """`run_with_cache(..., readout_only=True)`."""
+        if kwargs.get("start_at_layer") is None:  # checked here too: the readout is found before the forward
+            input, attention_mask = check_model_inputs(self, input, attention_mask)
+        ids = kwargs.get("input_ids", input if kwargs.get("start_at_layer") is None else None)
+        readout = kwargs.pop("readout_positions", None)
+        if readout is None:
+            readout = self.readout_positions(ids, attention_mask)
+        cache: Dict[str, torch.Tensor] = {}
+
+        def keep(tensor: torch.Tensor, hook: HookPoint):
+            rows = torch.arange(tensor.shape[0])
+            if tensor.dim() >= 3 and hooks.query_axis(hook.name) == 2:
+                kept = tensor[rows, :, readout.to(tensor.device)][:, :, None]
+            elif tensor.dim() >= 3:
+                kept = tensor[rows, readout.to(tensor.device)][:, None]
+            else:
+                kept = tensor
+            cache[hook.name] = kept.detach().to(device) if device is not None else kept.detach()
+
+        out = self.run_with_hooks(
+            input, attention_mask, readout_positions=readout,
+            fwd_hooks=[(n, keep) for n in self.hook_names(names_filter)], **kwargs,
+        )
+        return out, ActivationCache(cache, self)
+
+    def hook_names(self, names_filter=None) -> List[str]:
+        """The hook names a TransformerLens `names_filter` (None, a name, a list or a predicate) selects."""
+        if names_filter is None:
+            return list(self.hook_dict)
+        if callable(names_filter):
+            return [n for n in self.hook_dict if names_filter(n)]
+        names = [names_filter] if isinstance(names_filter, str) else list(names_filter)
+        unknown = [n for n in names if n not in self.hook_dict]
+        if unknown:
+            raise ValueError(f"unknown hook name(s) {unknown[:3]}; see model.hook_dict (e.g. 'blocks.0.hook_resid_post')")
+        return names
+
+    # ------------------------------------------------------------------ reward direction
+    def through_final_norm(self, direction: Float[torch.Tensor, "... d_model"]) -> Float[torch.Tensor, "... d_model"]:
+        """A head direction (read from h = ln_final(resid)) as a direction read from resid / ln_final.hook_scale:
+        times the final norm's gain, centred when the norm is a LayerNorm that centres it itself."""
+        gain = self.ln_final.gain
+        if gain is not None:
+            direction = direction * gain
+        if self.ln_final.centers_direction:
+            direction = direction - direction.mean(-1, keepdim=True)
+        return direction
+
+    @property
+    def reward_direction(self) -> Float[torch.Tensor, "d_model"]:
+        """w such that reward = w . (resid_final[readout] / ln_final.hook_scale) + reward_bias."""
+        return self.reward_direction_of(0)
+
+    def reward_direction_of(self, output: int = 0) -> Float[torch.Tensor, "d_model"]:
+        if self.cfg.n_outputs > 1 and output is None:
+            raise ValueError("this head has several outputs; pass output=<index>")
+        return self.through_final_norm(self.reward_head.direction(output))
+
+    def reward_direction_for(
+        self, input_ids: Int[torch.Tensor, "batch pos"], attention_mask: Optional[torch.Tensor] = None
+    ) -> Float[torch.Tensor, "batch d_model"]:
+        """Per-sequence w such that reward[b] = w[b] . (resid_final[b, readout] / ln_final.hook_scale) + reward_bias.
+
+        For a linear head every row is `reward_direction`; for ArmoRM it is the prompt-conditioned
+        W_reg T g(prompt) (one forward pass to compute the gate).
+        """
+        return self.through_final_norm(self.reward_head.direction_for(self, input_ids, attention_mask))
+
+    @property
+    def reward_bias(self) -> torch.Tensor:
+        """The reward of an all-zero normalised residual: the head's bias (+ w_R . b for a LayerNorm with bias)."""
+        return self.reward_bias_of(0)
+
+    def reward_bias_of(self, output: int = 0) -> torch.Tensor:
+        bias = self.reward_head.bias(output)
+        if self.ln_final.b is not None:
+            bias = bias + self.ln_final.b @ self.reward_head.direction(output)
+        return bias
+
+    # ------------------------------------------------------------------ device / dtype
+    def to(self, *args: Any, **kwargs: Any):
+        out = super().to(*args, **kwargs)
+        param = next(self.parameters())
+        self.cfg.device = param.device
+        self.cfg.dtype = param.dtype
+        return out
+
+    def cuda(self, device: Any = None):
+        return self.to(device if device is not None else "cuda")
+
+    def cpu(self):
+        return self.to("cpu")

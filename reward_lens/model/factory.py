@@ -1,0 +1,102 @@
+"""The one place that chooses the model kind: native (a weight map in `reward_lens.converters` handles the
+architecture) or generic (any other transformers *ForSequenceClassification model, or when asked).
+
+`HookedRewardModel.from_pretrained` / `from_hf_model` call these with their own class, so this module
+never imports the native model (no cycle); the generic model is built here from what loading returns.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, Dict, Optional, Union
+
+import torch
+import torch.nn as nn
+
+from reward_lens.model import inmemory
+from reward_lens.model.base import RewardModelBase
+from reward_lens.model.checks import check_finite_weights, check_hf_tensors, check_tokenizer_vocab
+from reward_lens.model.generic.load import GENERIC_MARKER
+from reward_lens.model.generic.wrapper import GenericHookedRewardModel
+from reward_lens.model.loading import (
+    HOOKED_CONFIG,
+    convert_weights,
+    has_native_weight_map,
+    load_hf_config,
+    load_hf_state_dict,
+    load_hooked_weights,
+    load_tokenizer,
+    resolve_checkpoint_dir,
+)
+from reward_lens.model.peft_adapter import is_peft_adapter_dir
+
+
+def load_pretrained(
+    native_cls,
+    path_or_id: Union[str, Path],
+    *,
+    device: Union[str, torch.device, None] = None,
+    dtype: Union[str, torch.dtype, None] = None,
+    fold_ln: bool = True,
+    tokenizer: Any = None,
+    generic: bool = False,
+    module_map: Optional[Dict[str, Optional[str]]] = None,
+    **overrides: Any,
+) -> RewardModelBase:
+    """A saved hooked checkpoint or a transformers checkpoint directory (hub ids are downloaded) as a
+    hooked model: native (`native_cls`) when a weight map handles it, else generic. `overrides` are set
+    on the transformers config before conversion."""
+    directory = resolve_checkpoint_dir(path_or_id)
+    if tokenizer is None:
+        tokenizer = load_tokenizer(directory)
+    build = dict(tokenizer=tokenizer, device=device, dtype=dtype, fold_ln=fold_ln)
+    if (directory / HOOKED_CONFIG).exists():
+        cfg, sd = load_hooked_weights(directory, overrides)
+        return native_cls.from_state_dict(cfg, sd, source=str(directory), **build)
+    if is_peft_adapter_dir(directory):  # a LoRA RM as trainer.save_model writes it: base + adapter, merged
+        from reward_lens.model.peft_adapter import load_peft_adapter
+
+        return load_peft_adapter(native_cls, directory, tokenizer=tokenizer, base_model=overrides.pop("base_model", None),
+                                 device=device, dtype=dtype, fold_ln=fold_ln, generic=generic, module_map=module_map)
+    hf_config = load_hf_config(directory, overrides)
+    marked = (directory / GENERIC_MARKER).exists()
+    if generic or module_map is not None or marked or not has_native_weight_map(hf_config):
+        model = GenericHookedRewardModel.from_checkpoint_dir(directory, hf_config, module_map=module_map, **build)
+        check_finite_weights(model.state_dict().items(), str(directory))  # transformers loaded these: same checks
+        check_tokenizer_vocab(tokenizer, model.cfg.d_vocab, str(directory))
+        return model
+    hf_sd = load_hf_state_dict(directory)
+    check_hf_tensors(hf_config, hf_sd, directory)
+    cfg, sd = convert_weights(hf_config, hf_sd, str(directory))
+    return native_cls.from_state_dict(cfg, sd, source=str(directory), **build)
+
+
+def from_hf_model(
+    native_cls,
+    hf_model: nn.Module,
+    tokenizer: Any = None,
+    *,
+    device: Union[str, torch.device, None] = None,
+    dtype: Union[str, torch.dtype, None] = None,
+    fold_ln: bool = True,
+    generic: bool = False,
+    module_map: Optional[Dict[str, Optional[str]]] = None,
+) -> RewardModelBase:
+    """A transformers model in memory converted (native) or a copy of it wrapped (generic); weights always
+    copied. The weight map is chosen by the module's class (`config.architectures` may be stale after
+    training); PEFT adapters are merged into a copy; autocast and accelerate's mixed-precision wrapper are
+    left out (see `reward_lens.model.inmemory`)."""
+    source, owned = inmemory.unwrap(hf_model), False
+    if inmemory.is_peft_model(source):
+        source, owned = inmemory.independent_copy(source), True
+    config = copy.deepcopy(source.config)
+    config.architectures = inmemory.class_names(source)
+    with inmemory.no_autocast():
+        if generic or module_map is not None or not has_native_weight_map(config):
+            return GenericHookedRewardModel.from_hf_model(
+                source if owned else inmemory.independent_copy(source), tokenizer, device=device, dtype=dtype,
+                fold_ln=fold_ln, module_map=module_map, copy=False,
+            )
+        cfg, sd = convert_weights(config, inmemory.copied_state_dict(source))
+        return native_cls.from_state_dict(cfg, sd, tokenizer=tokenizer, device=device, dtype=dtype, fold_ln=fold_ln)

@@ -1,0 +1,78 @@
+"""Loading for the generic path: the checkpoint's transformers sequence-classification model (refused when
+it has none, or when its weights are incomplete), and the marker file that makes a saved generic model
+reload on this path."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Dict, Optional, Union
+
+import torch
+import torch.nn as nn
+import transformers
+
+from reward_lens.converters import supported_architectures
+from reward_lens.model.generic.discovery import GenericLoadError
+from reward_lens.model.loading import has_native_weight_map, resolve_device, resolve_dtype
+
+GENERIC_MARKER = "reward_lens_generic.json"  # written by save_pretrained: reload on the generic path
+
+
+def sequence_classification_class(hf_config: Any):
+    """The transformers *ForSequenceClassification class named in the config's architectures, or None."""
+    for name in getattr(hf_config, "architectures", None) or []:
+        if name.endswith("ForSequenceClassification") and hasattr(transformers, name):
+            return getattr(transformers, name)
+    return None
+
+
+def load_sequence_classifier(
+    directory: Path,
+    hf_config: Any,
+    *,
+    device: Union[str, torch.device, None] = None,
+    dtype: Union[str, torch.dtype, None] = None,
+) -> nn.Module:
+    """The checkpoint loaded with its transformers sequence-classification class, on `device`."""
+    cls = sequence_classification_class(hf_config)
+    if cls is None:
+        names = list(getattr(hf_config, "architectures", None) or [])
+        if has_native_weight_map(hf_config):
+            raise ValueError(
+                f"generic=True needs a transformers *ForSequenceClassification class, and {names} is none; this "
+                "architecture has a native weight map: load it without generic=True"
+            )
+        raise ValueError(
+            f"unsupported reward-model architecture {names or '(config has no architectures field)'}; natively "
+            f"supported: {', '.join(supported_architectures())}. Generic loading was tried too, but it needs a "
+            "transformers *ForSequenceClassification architecture (a scalar reward head), and this checkpoint names "
+            "none. OpenRLHF checkpoints load natively with architectures RewardModel / LLMForSequenceRegression, as "
+            "OpenRLHF saves them. Open an issue to ask for a native weight map."
+        )
+    hf, info = cls.from_pretrained(str(directory), config=hf_config, dtype=resolve_dtype(dtype), output_loading_info=True)
+    missing = sorted(info.get("missing_keys") or [])
+    if missing:
+        raise GenericLoadError(
+            f"{directory} lacks weights {missing[:6]}{' ...' if len(missing) > 6 else ''} that {cls.__name__} needs; "
+            "transformers would initialise them at random, so the rewards would be meaningless"
+        )
+    return hf.to(resolve_device(device))
+
+
+def saved_module_map(directory: Path) -> Optional[Dict[str, Optional[str]]]:
+    """The module map a saved generic model was wrapped with (None when the directory has no marker)."""
+    marker = directory / GENERIC_MARKER
+    if not marker.exists():
+        return None
+    return json.loads(marker.read_text()).get("module_map") or None
+
+
+def save_generic(hf_model: nn.Module, tokenizer: Any, module_map: Dict[str, Optional[str]], path: Union[str, Path]) -> None:
+    """The transformers checkpoint (+ tokenizer) and the marker that reloads it on the generic path."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    hf_model.save_pretrained(str(path))
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(path))
+    (path / GENERIC_MARKER).write_text(json.dumps({"module_map": module_map}, indent=1))
