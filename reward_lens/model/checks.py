@@ -70,10 +70,19 @@ def _where(name: str, files: Mapping[str, str], directory: Path, default: str = 
     return str(directory / files.get(name, default))
 
 
+def sequence_classification_class(hf_config: Any):
+    """The transformers *ForSequenceClassification class named in the config's architectures, or None."""
+    import transformers
+
+    for name in getattr(hf_config, "architectures", None) or []:
+        if name.endswith("ForSequenceClassification") and hasattr(transformers, name):
+            return getattr(transformers, name)
+    return None
+
+
 def expected_hf_tensors(hf_config: Any) -> Optional[Dict[str, torch.Size]]:
     """Names and shapes of the transformers *ForSequenceClassification model for this config (meta device);
     None when there is no such class (e.g. custom heads): the converted weights are checked instead."""
-    from reward_lens.model.generic.wrapper import sequence_classification_class
 
     cls = sequence_classification_class(hf_config)
     if cls is None:

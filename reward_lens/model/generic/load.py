@@ -13,18 +13,11 @@ import torch.nn as nn
 import transformers
 
 from reward_lens.converters import supported_architectures
+from reward_lens.model.checks import sequence_classification_class
 from reward_lens.model.generic.discovery import GenericLoadError
 from reward_lens.model.loading import has_native_weight_map, resolve_device, resolve_dtype
 
 GENERIC_MARKER = "reward_lens_generic.json"  # written by save_pretrained: reload on the generic path
-
-
-def sequence_classification_class(hf_config: Any):
-    """The transformers *ForSequenceClassification class named in the config's architectures, or None."""
-    for name in getattr(hf_config, "architectures", None) or []:
-        if name.endswith("ForSequenceClassification") and hasattr(transformers, name):
-            return getattr(transformers, name)
-    return None
 
 
 def load_sequence_classifier(
