@@ -137,3 +137,54 @@ def test_no_private_names_imported_across_modules():
             if any(part.startswith("_") for part in target.split(".")) and target not in EXEMPT:
                 bad.append(f"{module} imports private module {target}")
     assert not bad, "\n".join(bad)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Small units and one source of names (issue 11, requirements 3, 5 and 8).
+
+MAX_FUNCTION_LINES = 80  # lines of code, the docstring excluded
+MAX_MODULE_LINES = 600
+
+
+def function_lengths(path: Path) -> List[Tuple[str, int]]:
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body
+            has_doc = body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
+                and isinstance(body[0].value.value, str)
+            start = body[0].end_lineno + 1 if has_doc and len(body) > 1 else node.lineno
+            out.append((node.name, node.end_lineno - start + 1))
+    return out
+
+
+def test_small_units():
+    too_long = []
+    for name, path in module_files().items():
+        n = path.read_text().count("\n")
+        if n > MAX_MODULE_LINES:
+            too_long.append(f"module {name}: {n} lines")
+        too_long += [f"{name}.{fn}: {n} lines" for fn, n in function_lengths(path) if n > MAX_FUNCTION_LINES]
+    assert not too_long, too_long
+
+
+def test_hook_names_come_from_model_hooks():
+    """No hand-built hook-name f-strings outside reward_lens/model/ (converters build weight names)."""
+    import re
+
+    pattern = re.compile(r"""f["'](blocks\.\{|hook_|ln_final\.hook|reward_head\.hook)""")
+    offenders = [
+        f"{name}:{i}" for name, path in module_files().items()
+        if not name.startswith(("reward_lens.model", "reward_lens.converters"))
+        for i, line in enumerate(path.read_text().splitlines(), 1) if pattern.search(line)
+    ]
+    assert not offenders, offenders
+
+
+def test_heads_are_asked_not_string_checked():
+    """No `head_type ==` checks outside the heads: heads say what they are (is_gated, objectives, ...)."""
+    offenders = [
+        name for name, path in module_files().items()
+        if not name.startswith("reward_lens.model.heads") and ("head_type ==" in path.read_text() or "head_type !=" in path.read_text())
+    ]
+    assert not offenders, offenders
