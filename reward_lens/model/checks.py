@@ -1,7 +1,7 @@
 """Checkpoint checks: every load error names the file and the tensor, and what to do.
 
 - `read_json`: config files, with the file and line of a syntax error.
-- `load_safetensors`: empty / truncated / garbage files refused with their path.
+- `load_safetensors` / `open_safetensors` / `read_tensor`: empty / truncated / garbage files refused with their path.
 - `check_hf_tensors`: the checkpoint's tensors against what the transformers class for its config holds
   (built on the meta device, so no memory): missing, shape (incl. `num_labels` vs `score.weight`), dtype;
   unexpected tensors are warned about, as transformers does.
@@ -42,20 +42,51 @@ def read_json(path: Path) -> Dict[str, Any]:
     return data
 
 
-def load_safetensors(path: Path) -> Dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
+def _corrupt(path: Path, exc: Exception) -> CheckpointError:
+    return CheckpointError(f"weight file {path} is corrupt or truncated ({type(exc).__name__}: "
+                           f"{str(exc).splitlines()[0] if str(exc) else ''}); re-download or re-save it")
 
+
+def _check_file(path: Path) -> None:
     if not path.exists():
         raise CheckpointError(f"weight file {path} is missing (named by the checkpoint's index); re-download it")
     if path.stat().st_size == 0:
         raise CheckpointError(f"weight file {path} is empty; re-download or re-save the checkpoint")
+
+
+def load_safetensors(path: Path) -> Dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    _check_file(path)
     try:
         return load_file(str(path))
     except Exception as exc:  # safetensors' SafetensorError, OSError on truncation
         if isinstance(exc, (KeyboardInterrupt, MemoryError)):
             raise
-        raise CheckpointError(f"weight file {path} is corrupt or truncated ({type(exc).__name__}: "
-                              f"{str(exc).splitlines()[0] if str(exc) else ''}); re-download or re-save it") from None
+        raise _corrupt(path, exc) from None
+
+
+def open_safetensors(path: Path):
+    """`safetensors.safe_open(path)` (tensors read on access), with the checks of `load_safetensors`."""
+    from safetensors import safe_open
+
+    _check_file(path)
+    try:
+        return safe_open(str(path), framework="pt", device="cpu")
+    except Exception as exc:
+        if isinstance(exc, (KeyboardInterrupt, MemoryError)):
+            raise
+        raise _corrupt(path, exc) from None
+
+
+def read_tensor(handle: Any, name: str, path: Path) -> torch.Tensor:
+    """One tensor from an open safetensors file; a damaged file is a CheckpointError naming it."""
+    try:
+        return handle.get_tensor(name)
+    except Exception as exc:
+        if isinstance(exc, (KeyboardInterrupt, MemoryError)):
+            raise
+        raise _corrupt(path, exc) from None
 
 
 def tensor_files(directory: Path) -> Dict[str, str]:

@@ -11,7 +11,7 @@ Built on TransformerLens's kept infrastructure (HookedRootModule, HookPoint, Act
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional, Union
+from typing import Any, Callable, Dict, Mapping, Optional, Union
 
 import torch
 import torch.nn as nn
@@ -22,9 +22,11 @@ from reward_lens.model import factory
 from reward_lens.model.base import RewardModelBase
 from reward_lens.model.components import Embed, RMSNorm, RotaryEmbedding, TransformerBlock, attention_masks
 from reward_lens.model.config import RewardModelConfig
-from reward_lens.model.heads import build_head, head_class
+from reward_lens.model.heads import build_head
 from reward_lens.model.hooks import QUERY_AXIS_2_KINDS
-from reward_lens.model.loading import check_weights, fold_and_cast, save_hooked
+from reward_lens.model.loading import save_hooked
+from reward_lens.model.placement import resolve_devices
+from reward_lens.model.streaming import WeightSource, build_model, partitioned_source
 from reward_lens.core.validation import check_attention_mask, check_model_inputs
 from reward_lens.model.readout import set_readout
 from reward_lens.model.tl_compat import TransformerLensConveniences, check_forward_input
@@ -110,23 +112,27 @@ class HookedRewardModel(TransformerLensConveniences, RewardModelBase):
 
     @classmethod
     def from_state_dict(
-        cls, cfg: RewardModelConfig, sd: Dict[str, torch.Tensor], *, tokenizer: Any = None,
+        cls, cfg: RewardModelConfig, sd: Mapping[str, torch.Tensor], *, tokenizer: Any = None,
         device: Union[str, torch.device, None] = None, dtype: Union[str, torch.dtype, None] = None, fold_ln: bool = True,
-        source: str = "the checkpoint",
+        source: str = "the checkpoint", n_devices: Optional[int] = None, device_map: Any = None,
     ) -> "HookedRewardModel":
         """The model holding converted weights `sd` (our names, unfolded or folded as `cfg` says); norms
-        folded when `fold_ln`. Neither argument is changed. Names, shapes, finite values and the tokenizer's
-        vocabulary are checked first; errors name `source`."""
-        with torch.device("meta"):  # shapes to check the weights against, before folding touches them
-            expected = cls(cfg, tokenizer=None).state_dict()
-        check_weights(expected, cfg, sd, tokenizer, source)
-        readers = head_class(cfg).final_norm_readers
-        cfg, sd, device = fold_and_cast(cfg, sd, readers, device=device, dtype=dtype, fold_ln=fold_ln)
-        with torch.device("meta"):
-            model = cls(cfg, tokenizer=tokenizer)
-        model.load_state_dict(sd, strict=True, assign=True)
-        model.requires_grad_(False)
-        return model.to(device)
+        folded when `fold_ln`. Neither argument is changed (weights are copied). Names, shapes, finite
+        values and the tokenizer's vocabulary are checked first, block by block; errors name `source`.
+        `n_devices` / `device_map`: spread the blocks over several devices (`reward_lens.model.placement`)."""
+        return cls.from_source(partitioned_source(cfg, sd), tokenizer=tokenizer, device=device, dtype=dtype,
+                               fold_ln=fold_ln, source=source, n_devices=n_devices, device_map=device_map)
+
+    @classmethod
+    def from_source(
+        cls, src: WeightSource, *, tokenizer: Any = None, device: Union[str, torch.device, None] = None,
+        dtype: Union[str, torch.dtype, None] = None, fold_ln: bool = True, source: str = "the checkpoint",
+        n_devices: Optional[int] = None, device_map: Any = None,
+    ) -> "HookedRewardModel":
+        """The model built from a `reward_lens.model.streaming.WeightSource`, one block at a time."""
+        devices = resolve_devices(device, n_devices, device_map)
+        return build_model(cls, src, tokenizer=tokenizer, device=device, dtype=dtype, fold_ln=fold_ln,
+                           source=source, devices=devices)
 
     def save_pretrained(self, path: Union[str, Path]) -> None:
         """Save as a hooked checkpoint (config JSON + safetensors + tokenizer files)."""
