@@ -25,7 +25,7 @@ from reward_lens.model.config import RewardModelConfig
 from reward_lens.model.heads import build_head
 from reward_lens.model.hooks import QUERY_AXIS_2_KINDS
 from reward_lens.model.loading import save_hooked
-from reward_lens.model.placement import resolve_devices
+from reward_lens.model.placement import head_device, module_device, resolve_devices
 from reward_lens.model.streaming import WeightSource, build_model, partitioned_source
 from reward_lens.core.validation import check_attention_mask, check_model_inputs
 from reward_lens.model.readout import set_readout
@@ -177,25 +177,34 @@ class HookedRewardModel(TransformerLensConveniences, RewardModelBase):
         cos, sin = self.rotary(position_ids, residual.dtype)
         masks = attention_masks(attention_mask, self.cfg.window_sizes)
         stop = self.cfg.n_layers if stop_at_layer is None else stop_at_layer
+        shared = {residual.device: (cos, sin, masks)}  # per device: a placed model's blocks span several
         for block in self.blocks[start_at_layer:stop]:
-            residual = block(residual, cos, sin, masks[block.attn.window])
+            device = module_device(block, residual.device)
+            if device not in shared:
+                shared[device] = (cos.to(device), sin.to(device), {w: m.to(device) for w, m in masks.items()})
+            cos_d, sin_d, masks_d = shared[device]
+            residual = block(residual.to(device), cos_d, sin_d, masks_d[block.attn.window])
         if stop_at_layer is not None:
-            return residual
+            return residual.to(self.cfg.device)
         if return_type is None:
             return None
         if readout_positions is None:
             readout_positions = self.readout_positions(input_ids, attention_mask)
-        return self.reward_head(self.ln_final(residual), readout_positions, input_ids=input_ids)
+        device = head_device(self)
+        ids = input_ids.to(device) if input_ids is not None else None
+        rewards = self.reward_head(self.ln_final(residual.to(device)), readout_positions.to(device), input_ids=ids)
+        return rewards.to(self.cfg.device)
 
     def accumulated_bias(self, layer: int, mlp_input: bool = False, include_mlp_biases: bool = True) -> torch.Tensor:
         """Sum of the attention and MLP output biases written into the residual before `layer`."""
-        total = torch.zeros(self.cfg.d_model, device=self.cfg.device, dtype=self.cfg.dtype)
+        home = self.cfg.device
+        total = torch.zeros(self.cfg.d_model, device=home, dtype=self.cfg.dtype)
         for l in range(layer):
-            total = total + self.blocks[l].attn.b_O
+            total = total + self.blocks[l].attn.b_O.to(home)
             if include_mlp_biases:
-                total = total + self.blocks[l].mlp.b_out
+                total = total + self.blocks[l].mlp.b_out.to(home)
         if mlp_input:
-            total = total + self.blocks[layer].attn.b_O
+            total = total + self.blocks[layer].attn.b_O.to(home)
         return total
 
     # ------------------------------------------------------------------ TransformerLens conveniences

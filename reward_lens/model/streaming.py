@@ -1,8 +1,9 @@
 """Streaming loading: a checkpoint converted, checked, folded, cast and placed one layer at a time.
 
 Peak host memory is the model's final parameters plus about one layer in flight, never the whole
-checkpoint twice: `LazyStateDict` reads tensors from the safetensors files on access (`safe_open`) and
-drops its file handles (and so the memory-mapped pages) after each part; `build_model` asks a
+checkpoint twice: `LazyStateDict` reads tensors from the safetensors files on access, each with a plain
+read into a fresh tensor (a memory map would count the file's pages as this process's memory for as long
+as any tensor viewing them lives: reading the embedding would hold it twice); `build_model` asks a
 `WeightSource` for the converted weights outside the blocks, then for each block's, and each part is
 checked (names, shapes, finite values: `reward_lens.model.checks`), folded (`converters.processing`),
 cast and assigned to its device before the next is read. The weight maps convert part by part
@@ -24,29 +25,26 @@ from reward_lens.converters import StateDict, get_weight_map
 from reward_lens.converters.openrlhf import warn_if_relabelled
 from reward_lens.converters.processing import fold_final_norm, fold_layer_norms, folded_config
 from reward_lens.model.checks import (
-    CheckpointError, check_finite_weights, check_state_dict, check_tokenizer_vocab, open_safetensors, read_json,
-    read_tensor,
+    SAFETENSORS_DTYPES, CheckpointError, check_finite_weights, check_state_dict, check_tokenizer_vocab, read_json,
+    read_safetensors_tensor, safetensors_header,
 )
 from reward_lens.model.config import RewardModelConfig
 from reward_lens.model.heads import head_class
 from reward_lens.model.loading import resolve_device, resolve_dtype
 from reward_lens.model.placement import plan_blocks
 
-_ST_DTYPES = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "I64": torch.int64,
-    "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,
-}
 _BLOCK_KEY = re.compile(r"blocks\.(\d+)\.")
 
 
 class LazyStateDict(Mapping):
-    """The tensors of a checkpoint's weight files by name, read only when accessed. safetensors files are
-    opened with `safe_open` (memory-mapped) and closed by `release()`; `.bin` files are `torch.load`ed
-    with `mmap=True`."""
+    """The tensors of a checkpoint's weight files by name, read only when accessed. safetensors tensors are
+    read from the file (its header parsed once) into fresh tensors; `.bin` files are `torch.load`ed with
+    `mmap=True`. `release()` closes the open files."""
 
     def __init__(self, files: Dict[str, Path]):
         self.files = files  # tensor name -> file
-        self.handles: Dict[Path, Any] = {}
+        self.headers: Dict[Path, Any] = {}  # file -> (entries, data offset) or, for .bin, its mmap-ed dict
+        self.open_files: Dict[Path, Any] = {}
 
     @classmethod
     def from_directory(cls, directory: Path) -> "LazyStateDict":
@@ -62,29 +60,35 @@ class LazyStateDict(Mapping):
             raise FileNotFoundError(f"no weights in {directory}: expected model.safetensors(.index.json) or pytorch_model.bin")
         lazy = cls({})
         for b in bins:
-            lazy.files.update({name: b for name in lazy.handle(b)})
-        lazy.release()
+            lazy.files.update({name: b for name in lazy.header(b)})
         return lazy
 
     @classmethod
     def from_file(cls, path: Path) -> "LazyStateDict":
         lazy = cls({})
-        lazy.files = {name: path for name in lazy.handle(path).keys()}
-        lazy.release()
+        header = lazy.header(path)
+        lazy.files = {name: path for name in (header if path.suffix == ".bin" else header[0])}
         return lazy
 
-    def handle(self, path: Path) -> Any:
-        if path not in self.handles:
+    def header(self, path: Path) -> Any:
+        if path not in self.headers:
             if path.suffix == ".bin":
-                self.handles[path] = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+                self.headers[path] = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
             else:
-                self.handles[path] = open_safetensors(path)
-        return self.handles[path]
+                self.headers[path] = safetensors_header(path)
+        return self.headers[path]
 
     def __getitem__(self, name: str) -> torch.Tensor:
         path = self.files[name]  # KeyError for an absent name, as a dict
-        handle = self.handle(path)
-        return handle[name] if isinstance(handle, dict) else read_tensor(handle, name, path)
+        header = self.header(path)
+        if path.suffix == ".bin":
+            return header[name]
+        entries, start = header
+        if name not in entries:
+            raise CheckpointError(f"{path} lacks tensor {name!r} that its index names; the checkpoint is incomplete")
+        if path not in self.open_files:
+            self.open_files[path] = open(path, "rb")
+        return read_safetensors_tensor(path, entries[name], start, self.open_files[path])
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.files)
@@ -96,34 +100,41 @@ class LazyStateDict(Mapping):
         return name in self.files
 
     def release(self) -> None:
-        """Close every open file (unmapping what was read); later reads reopen them."""
-        self.handles.clear()
+        """Close every open file; later reads reopen them."""
+        for f in self.open_files.values():
+            f.close()
+        self.open_files.clear()
 
     def meta(self) -> Dict[str, torch.Tensor]:
         """Every tensor as a meta tensor of its shape and dtype (from the file headers; no data read)."""
         out = {}
         for name, path in self.files.items():
-            handle = self.handle(path)
-            if isinstance(handle, dict):
-                t = handle[name]
+            header = self.header(path)
+            if path.suffix == ".bin":
+                t = header[name]
                 out[name] = torch.empty(t.shape, dtype=t.dtype, device="meta")
-                continue
-            piece = handle.get_slice(name)
-            dtype = _ST_DTYPES.get(piece.get_dtype(), torch.float32)
-            out[name] = torch.empty(piece.get_shape(), dtype=dtype, device="meta")
-        self.release()
+            elif name in header[0]:
+                entry = header[0][name]
+                out[name] = torch.empty(entry["shape"], dtype=SAFETENSORS_DTYPES[entry["dtype"]], device="meta")
         return out
+
+
+def owns_tensors(sd: Mapping) -> bool:
+    """Whether every tensor `sd` returns is freshly read (a LazyStateDict of safetensors files)."""
+    return isinstance(sd, LazyStateDict) and not any(p.suffix == ".bin" for p in set(sd.files.values()))
 
 
 @dataclass
 class WeightSource:
     """Converted weights (our names; unfolded unless `cfg` says folded) part by part: `rest()` everything
-    outside the blocks, `layer(l)` the `blocks.{l}.*` weights; `release()` frees what reading them held."""
+    outside the blocks, `layer(l)` the `blocks.{l}.*` weights; `release()` frees what reading them held.
+    `owned`: the tensors are fresh (read from a file), so the model may keep them without a copy."""
 
     cfg: RewardModelConfig
     rest: Callable[[], StateDict]
     layer: Callable[[int], StateDict]
     release: Callable[[], None] = lambda: None
+    owned: bool = False
 
 
 def partitioned_source(cfg: RewardModelConfig, sd: Mapping, transform: Optional[Callable] = None) -> WeightSource:
@@ -139,7 +150,7 @@ def partitioned_source(cfg: RewardModelConfig, sd: Mapping, transform: Optional[
         return {k: transform(k, sd[k]) if transform else sd[k] for k in groups.get(layer, [])}
 
     release = getattr(sd, "release", lambda: None)
-    return WeightSource(cfg, lambda: part(None), part, release)
+    return WeightSource(cfg, lambda: part(None), part, release, owned=owns_tensors(sd))
 
 
 def converted_source(hf_config: Any, sd: Mapping, source: str) -> WeightSource:
@@ -160,6 +171,7 @@ def converted_source(hf_config: Any, sd: Mapping, source: str) -> WeightSource:
         rest=lambda: guarded(lambda: weight_map.convert_rest(sd, cfg, hf_config)),
         layer=lambda l: guarded(lambda: weight_map.convert_layer(sd, cfg, hf_config, l)),
         release=getattr(sd, "release", lambda: None),
+        owned=owns_tensors(sd),
     )
 
 
@@ -175,10 +187,11 @@ def hooked_source(directory: Path, cfg: RewardModelConfig) -> WeightSource:
     return partitioned_source(cfg, LazyStateDict.from_file(directory / HOOKED_WEIGHTS), restore_layout)
 
 
-def cast_part(sd: StateDict, dtype: torch.dtype, device: Callable[[str], torch.device]) -> StateDict:
-    """Each tensor in `dtype` (RoPE frequency buffers stay float32) on `device(name)`, always a fresh copy
-    (never a view of a memory-mapped file); strides are kept (the fast head-major storage of W_Q/W_K/W_V)."""
-    return {k: v.to(device=device(k), dtype=v.dtype if k.endswith("inv_freq") else dtype, copy=True)
+def cast_part(sd: StateDict, dtype: torch.dtype, device: Callable[[str], torch.device], copy: bool) -> StateDict:
+    """Each tensor in `dtype` (RoPE frequency buffers stay float32) on `device(name)`; `copy`: always a new
+    tensor (the caller's dict or a memory map must not share storage with the model). Strides are kept
+    (the fast head-major storage of W_Q/W_K/W_V)."""
+    return {k: v.to(device=device(k), dtype=v.dtype if k.endswith("inv_freq") else dtype, copy=copy)
             for k, v in sd.items()}
 
 
@@ -234,14 +247,14 @@ def build_model(
         check_part(expected[None], rest, source)
         if fold:
             rest = fold_final_norm(rest, cfg, head_class(cfg).final_norm_readers)
-        rest = cast_part(rest, dtype, lambda k: home if k.startswith(("embed.", "rotary.")) else last)
+        rest = cast_part(rest, dtype, lambda k: home if k.startswith(("embed.", "rotary.")) else last, not src.owned)
         src.release()
         model.load_state_dict(rest, strict=False, assign=True)
         del rest
         for l in range(cfg.n_layers):
             part = src.layer(l)
             check_part(expected[l], part, source)
-            part = cast_part(fold_layer_norms(part, cfg, l) if fold else part, dtype, lambda k: plan[l])
+            part = cast_part(fold_layer_norms(part, cfg, l) if fold else part, dtype, lambda k: plan[l], not src.owned)
             src.release()
             prefix = f"blocks.{l}."
             model.blocks[l].load_state_dict({k[len(prefix):]: v for k, v in part.items()}, strict=True, assign=True)
