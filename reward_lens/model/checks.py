@@ -231,4 +231,4 @@ def check_overrides(config: Any, overrides: Mapping[str, Any], known: Optional[I
         ok = key in names if names is not None else hasattr(config, key)
         if not ok:
             raise TypeError(f"from_pretrained() got an unexpected keyword argument {key!r} (neither a loading option "
-                            "(device, dtype, fold_ln, generic, module_map, tokenizer) nor a config field)")
+                            "(device, dtype, fold_ln, generic, module_map, tokenizer, n_devices, device_map) nor a config field)")

@@ -94,6 +94,8 @@ def from_hf_model(
     fold_ln: bool = True,
     generic: bool = False,
     module_map: Optional[Dict[str, Optional[str]]] = None,
+    n_devices: Optional[int] = None,
+    device_map: Any = None,
 ) -> RewardModelBase:
     """A transformers model in memory converted (native) or a copy of it wrapped (generic); weights always
     copied. The weight map is chosen by the module's class (`config.architectures` may be stale after
@@ -106,9 +108,11 @@ def from_hf_model(
     config.architectures = inmemory.class_names(source)
     with inmemory.no_autocast():
         if generic or module_map is not None or not has_native_weight_map(config):
+            refuse_placement("the generic path", n_devices, device_map)
             return GenericHookedRewardModel.from_hf_model(
                 source if owned else inmemory.independent_copy(source), tokenizer, device=device, dtype=dtype,
                 fold_ln=fold_ln, module_map=module_map, copy=False,
             )
         cfg, sd = convert_weights(config, inmemory.copied_state_dict(source))
-        return native_cls.from_state_dict(cfg, sd, tokenizer=tokenizer, device=device, dtype=dtype, fold_ln=fold_ln)
+        return native_cls.from_state_dict(cfg, sd, tokenizer=tokenizer, device=device, dtype=dtype, fold_ln=fold_ln,
+                                          n_devices=n_devices, device_map=device_map)

@@ -76,6 +76,10 @@ class HookedRewardModel(TransformerLensConveniences, RewardModelBase):
         component-level path (`reward_lens.model.generic.GenericHookedRewardModel`; option `module_map=`).
         `input_format`: how `to_tokens` renders pairs by default (`reward_lens.model.tokenization`).
         `readout` overrides the checkpoint's readout convention ("last_non_pad" / "last_attended").
+        `device` defaults to CUDA when available, else CPU (as TransformerLens). Native checkpoints stream
+        (one block in host memory at a time, `reward_lens.model.streaming`); `n_devices=k` (cuda:0..k-1) or
+        `device_map=[devices]` / `"auto"` spreads the blocks over several devices, balanced by bytes
+        (`reward_lens.model.placement`).
         """
         from reward_lens.model.tokenization import check_input_format
 
@@ -97,6 +101,8 @@ class HookedRewardModel(TransformerLensConveniences, RewardModelBase):
         generic: bool = False,
         module_map: Optional[Dict[str, Optional[str]]] = None,
         readout: Optional[str] = None,
+        n_devices: Optional[int] = None,
+        device_map: Any = None,
     ) -> RewardModelBase:
         """Convert a transformers model already in memory, e.g. `trainer.model` right after TRL training.
 
@@ -104,9 +110,11 @@ class HookedRewardModel(TransformerLensConveniences, RewardModelBase):
         `config.architectures` may be stale); PEFT adapters are merged into a copy; accelerate's
         mixed-precision wrapper and any enclosing autocast are ignored (see `reward_lens.model.inmemory`).
         No native weight map (or `generic=True`): a copy wrapped on the generic component-level path.
+        `device` defaults to CUDA when available, else CPU.
         """
         model = factory.from_hf_model(
-            cls, hf_model, tokenizer, device=device, dtype=dtype, fold_ln=fold_ln, generic=generic, module_map=module_map
+            cls, hf_model, tokenizer, device=device, dtype=dtype, fold_ln=fold_ln, generic=generic, module_map=module_map,
+            n_devices=n_devices, device_map=device_map,
         )
         return set_readout(model, readout)
 
