@@ -149,7 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="how pairs become token ids: auto (default: chat if the tokenizer has a template, else "
                             "plain), chat, concat (TRL standard data), openrlhf, plain, or a template string with "
                             "{prompt} and {response}")
-        p.add_argument("--device", default=None, help="cpu (default) or cuda")
+        p.add_argument("--device", default=None, help="cpu or cuda[:i] (default: cuda when available, else cpu)")
         p.add_argument("--dtype", default=None, help="float32 (default), bfloat16 or float16")
         p.add_argument("--max-pairs", type=int, default=None, help="use only the first N pairs")
         p.add_argument("--batch-size", type=int, default=8)

@@ -7,7 +7,7 @@ drops `auto_map` and never executes checkpoint code). config.json is a Llama con
 header, see `reward_lens.model.heads.armorm.DEFAULT_GATING_PATTERN`).
 
 transformers layout -> ours:
-  model.*                              -> the Llama decoder map
+  model.*                              -> the Llama decoder map (layer by layer)
   regression_layer.weight [n_obj, d]   -> reward_head.W_reg [d, n_obj]   (no bias)
   reward_transform_matrix [n_obj, n_obj] -> reward_head.reward_transform
   gating.layers.i.weight [out, in]     -> reward_head.W_gate.i [in, out]; .bias -> reward_head.b_gate.i
@@ -22,7 +22,7 @@ import reward_lens.model.heads.armorm  # noqa: F401  (registers the "armorm" hea
 from reward_lens.model.heads.armorm import DEFAULT_GATING_PATTERN, default_objective_names
 from reward_lens.model.config import RewardModelConfig
 from reward_lens.converters.registry import StateDict, WeightMap, register
-from reward_lens.converters.llama import convert_decoder, decoder_config, rope_inverse_frequencies
+from reward_lens.converters.llama import convert_decoder_rest, convert_llama_layer, decoder_config, rope_inverse_frequencies
 
 
 def armorm_config(hf_config: Any) -> RewardModelConfig:
@@ -39,13 +39,13 @@ def armorm_config(hf_config: Any) -> RewardModelConfig:
     return decoder_config(hf_config, head_type="armorm", n_outputs=1, head_config=head_config)
 
 
-def convert_armorm(sd: StateDict, cfg: RewardModelConfig, hf_config: Any) -> StateDict:
+def convert_armorm_rest(sd: StateDict, cfg: RewardModelConfig, hf_config: Any) -> StateDict:
     hc = cfg.head_config
     n_obj, n_hidden, hidden = hc["num_objectives"], hc["gating_n_hidden"], hc["gating_hidden_dim"]
     missing = [k for k in ("regression_layer.weight", "reward_transform_matrix", "gating.logit_scale") if k not in sd]
     if missing:
         raise ValueError(f"not an ArmoRM checkpoint: tensors {missing} are missing")
-    out = convert_decoder(sd, cfg)
+    out = convert_decoder_rest(sd, cfg)
     out["rotary.inv_freq"] = rope_inverse_frequencies(hf_config.get_text_config())[0]
     out["reward_head.W_reg"] = sd["regression_layer.weight"].T
     out["reward_head.reward_transform"] = sd["reward_transform_matrix"]
@@ -73,7 +73,8 @@ ARMORM = register(
     WeightMap(
         architecture="LlamaForRewardModelWithGating",
         build_config=armorm_config,
-        convert=convert_armorm,
+        convert_layer=convert_llama_layer,
+        convert_rest=convert_armorm_rest,
         notes="Llama decoder + ArmoRM head (19 objectives, transform matrix, MLP gate at the last assistant "
         "header); no remote code. Readout (argmax(ids == pad) - 1) mod T.",
     )

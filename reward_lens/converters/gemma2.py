@@ -24,7 +24,7 @@ from typing import Any
 
 from reward_lens.model.config import RewardModelConfig
 from reward_lens.converters.registry import StateDict, WeightMap, register
-from reward_lens.converters.llama import convert_llama, decoder_config, layer_windows
+from reward_lens.converters.llama import convert_llama_layer, convert_llama_rest, decoder_config, layer_windows
 
 
 def gemma2_config(hf_config: Any) -> RewardModelConfig:
@@ -46,13 +46,12 @@ def gemma2_config(hf_config: Any) -> RewardModelConfig:
     )
 
 
-def convert_gemma2(sd: StateDict, cfg: RewardModelConfig, hf_config: Any) -> StateDict:
-    out = convert_llama(sd, cfg, hf_config)  # maps post_attention_layernorm to ln2; fixed below
-    for l in range(cfg.n_layers):
-        src, dst = f"model.layers.{l}.", f"blocks.{l}."
-        out[dst + "ln1_post.w"] = sd[src + "post_attention_layernorm.weight"]
-        out[dst + "ln2.w"] = sd[src + "pre_feedforward_layernorm.weight"]
-        out[dst + "ln2_post.w"] = sd[src + "post_feedforward_layernorm.weight"]
+def convert_gemma2_layer(sd: StateDict, cfg: RewardModelConfig, hf_config: Any, l: int) -> StateDict:
+    out = convert_llama_layer(sd, cfg, hf_config, l)  # maps post_attention_layernorm to ln2; fixed below
+    src, dst = f"model.layers.{l}.", f"blocks.{l}."
+    out[dst + "ln1_post.w"] = sd[src + "post_attention_layernorm.weight"]
+    out[dst + "ln2.w"] = sd[src + "pre_feedforward_layernorm.weight"]
+    out[dst + "ln2_post.w"] = sd[src + "post_feedforward_layernorm.weight"]
     return out
 
 
@@ -60,7 +59,8 @@ GEMMA2 = register(
     WeightMap(
         architecture="Gemma2ForSequenceClassification",
         build_config=gemma2_config,
-        convert=convert_gemma2,
+        convert_layer=convert_gemma2_layer,
+        convert_rest=convert_llama_rest,
         notes="(1+w) RMSNorm, sqrt(d) embed scale, pre+post norms, query_pre_attn_scalar, attention soft-cap, "
         "per-layer sliding windows, GeGLU (tanh GELU); no final-logit soft-cap on the reward (as transformers).",
     )

@@ -79,34 +79,39 @@ def _head_major(w: torch.Tensor, n: int, h: int) -> torch.Tensor:
     return w.view(n, h, -1).transpose(1, 2)
 
 
-def convert_decoder(sd: StateDict, cfg: RewardModelConfig, prefix: str = "model.") -> StateDict:
-    """Map a Llama-like decoder's weights; optional pieces (qkv biases, q/k norms) are taken when present."""
+def convert_decoder_rest(sd: StateDict, cfg: RewardModelConfig, prefix: str = "model.") -> StateDict:
+    """A Llama-like decoder's weights outside its layers: the embedding and the final norm."""
+    return {"embed.W_E": sd[f"{prefix}embed_tokens.weight"], "ln_final.w": sd[f"{prefix}norm.weight"]}
+
+
+def convert_decoder_layer(sd: StateDict, cfg: RewardModelConfig, l: int, prefix: str = "model.") -> StateDict:
+    """Map layer `l` of a Llama-like decoder; optional pieces (qkv biases, q/k norms) are taken when present.
+    Reads only that layer's tensors, so a lazy `sd` loads one layer at a time."""
     n, nkv, h, d = cfg.n_heads, cfg.n_key_value_heads, cfg.d_head, cfg.d_model
-    out: StateDict = {"embed.W_E": sd[f"{prefix}embed_tokens.weight"], "ln_final.w": sd[f"{prefix}norm.weight"]}
-    for l in range(cfg.n_layers):
-        src, dst = f"{prefix}layers.{l}.", f"blocks.{l}."
-        att = src + "self_attn."
-        out[dst + "ln1.w"] = sd[src + "input_layernorm.weight"]
-        out[dst + "ln2.w"] = sd[src + "post_attention_layernorm.weight"]
-        for name, heads in (("q", n), ("k", nkv), ("v", nkv)):
-            W = name.upper()
-            out[dst + f"attn.W_{W}"] = _head_major(sd[att + f"{name}_proj.weight"], heads, h)
-            bias = sd.get(att + f"{name}_proj.bias")
-            out[dst + f"attn.b_{W}"] = bias.view(heads, h) if bias is not None else torch.zeros(heads, h)
-        out[dst + "attn.W_O"] = sd[att + "o_proj.weight"].T.reshape(n, h, d)
-        o_bias = sd.get(att + "o_proj.bias")
-        out[dst + "attn.b_O"] = o_bias if o_bias is not None else torch.zeros(d)
-        if cfg.qk_norm:
-            out[dst + "attn.q_norm.w"] = sd[att + "q_norm.weight"]
-            out[dst + "attn.k_norm.w"] = sd[att + "k_norm.weight"]
-        mlp = src + "mlp."
-        out[dst + "mlp.W_gate"] = sd[mlp + "gate_proj.weight"].T
-        out[dst + "mlp.W_in"] = sd[mlp + "up_proj.weight"].T
-        out[dst + "mlp.W_out"] = sd[mlp + "down_proj.weight"].T
-        if mlp + "gate_proj.bias" in sd:
-            raise ValueError("MLP gate biases (mlp_bias=True) are not supported by the hooked GatedMLP yet")
-        out[dst + "mlp.b_in"] = sd.get(mlp + "up_proj.bias", torch.zeros(cfg.d_mlp))
-        out[dst + "mlp.b_out"] = sd.get(mlp + "down_proj.bias", torch.zeros(d))
+    out: StateDict = {}
+    src, dst = f"{prefix}layers.{l}.", f"blocks.{l}."
+    att = src + "self_attn."
+    out[dst + "ln1.w"] = sd[src + "input_layernorm.weight"]
+    out[dst + "ln2.w"] = sd[src + "post_attention_layernorm.weight"]
+    for name, heads in (("q", n), ("k", nkv), ("v", nkv)):
+        W = name.upper()
+        out[dst + f"attn.W_{W}"] = _head_major(sd[att + f"{name}_proj.weight"], heads, h)
+        bias = sd.get(att + f"{name}_proj.bias")
+        out[dst + f"attn.b_{W}"] = bias.view(heads, h) if bias is not None else torch.zeros(heads, h)
+    out[dst + "attn.W_O"] = sd[att + "o_proj.weight"].T.reshape(n, h, d)
+    o_bias = sd.get(att + "o_proj.bias")
+    out[dst + "attn.b_O"] = o_bias if o_bias is not None else torch.zeros(d)
+    if cfg.qk_norm:
+        out[dst + "attn.q_norm.w"] = sd[att + "q_norm.weight"]
+        out[dst + "attn.k_norm.w"] = sd[att + "k_norm.weight"]
+    mlp = src + "mlp."
+    out[dst + "mlp.W_gate"] = sd[mlp + "gate_proj.weight"].T
+    out[dst + "mlp.W_in"] = sd[mlp + "up_proj.weight"].T
+    out[dst + "mlp.W_out"] = sd[mlp + "down_proj.weight"].T
+    if mlp + "gate_proj.bias" in sd:
+        raise ValueError("MLP gate biases (mlp_bias=True) are not supported by the hooked GatedMLP yet")
+    out[dst + "mlp.b_in"] = sd.get(mlp + "up_proj.bias", torch.zeros(cfg.d_mlp))
+    out[dst + "mlp.b_out"] = sd.get(mlp + "down_proj.bias", torch.zeros(d))
     return out
 
 
@@ -128,16 +133,21 @@ def convert_score_head(sd: StateDict, cfg: RewardModelConfig, key: str = "score"
     }
 
 
-def convert_llama(sd: StateDict, cfg: RewardModelConfig, hf_config: Any) -> StateDict:
+def convert_llama_rest(sd: StateDict, cfg: RewardModelConfig, hf_config: Any) -> StateDict:
     inv_freq = rope_inverse_frequencies(hf_config.get_text_config())[0]
-    return {**convert_decoder(sd, cfg), **convert_score_head(sd, cfg), "rotary.inv_freq": inv_freq}
+    return {**convert_decoder_rest(sd, cfg), **convert_score_head(sd, cfg), "rotary.inv_freq": inv_freq}
+
+
+def convert_llama_layer(sd: StateDict, cfg: RewardModelConfig, hf_config: Any, l: int) -> StateDict:
+    return convert_decoder_layer(sd, cfg, l)
 
 
 LLAMA = register(
     WeightMap(
         architecture="LlamaForSequenceClassification",
         build_config=lambda c: decoder_config(c),
-        convert=convert_llama,
+        convert_layer=convert_llama_layer,
+        convert_rest=convert_llama_rest,
         notes="RoPE incl. llama3 scaling (transformers' initialisers), GQA, SwiGLU, RMSNorm.",
     )
 )

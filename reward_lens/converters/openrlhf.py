@@ -17,6 +17,8 @@ dataset ends each sequence with EOS and reads the reward there).
 
 from __future__ import annotations
 
+from collections import ChainMap
+from collections.abc import Mapping
 from typing import Any, Tuple
 
 import torch
@@ -90,7 +92,7 @@ def openrlhf_config(hf_config: Any) -> RewardModelConfig:
     return cfg
 
 
-def convert_openrlhf(sd: StateDict, cfg: RewardModelConfig, hf_config: Any) -> StateDict:
+def convert_openrlhf_rest(sd: StateDict, cfg: RewardModelConfig, hf_config: Any) -> StateDict:
     prefix = next((p for p in HEAD_PREFIXES if f"{p}.weight" in sd), None)
     if prefix is None:
         found = sorted(k for k in sd if not k.startswith("model."))
@@ -101,11 +103,11 @@ def convert_openrlhf(sd: StateDict, cfg: RewardModelConfig, hf_config: Any) -> S
     W = sd[f"{prefix}.weight"]
     if W.shape != (1, cfg.d_model):
         raise ValueError(f"{prefix}.weight has shape {tuple(W.shape)}, expected (1, {cfg.d_model}) (one reward per sequence)")
-    renamed = {k: v for k, v in sd.items() if not k.startswith(f"{prefix}.")}
-    renamed["score.weight"] = W
+    head = {"score.weight": W}
     if f"{prefix}.bias" in sd:
-        renamed["score.bias"] = sd[f"{prefix}.bias"]
-    out = base_weight_map(hf_config).convert(renamed, cfg, hf_config)
+        head["score.bias"] = sd[f"{prefix}.bias"]
+    # The head under the transformers name, the rest read through (lazily) from `sd`.
+    out = base_weight_map(hf_config).convert_rest(ChainMap(head, _WithoutPrefix(sd, prefix)), cfg, hf_config)
     mean, std = normalization(hf_config)
     # (h.w + b - mean) / std = h.(w / std) + (b - mean) / std: the normalisation is the head itself.
     dtype = torch.promote_types(W.dtype, torch.float32)  # a bf16 checkpoint's head is not rounded twice
@@ -114,11 +116,34 @@ def convert_openrlhf(sd: StateDict, cfg: RewardModelConfig, hf_config: Any) -> S
     return out
 
 
+def convert_openrlhf_layer(sd: StateDict, cfg: RewardModelConfig, hf_config: Any, l: int) -> StateDict:
+    return base_weight_map(hf_config).convert_layer(sd, cfg, hf_config, l)
+
+
+class _WithoutPrefix(Mapping):
+    """`sd` without the tensors under `prefix.` (the OpenRLHF head, renamed), read through lazily."""
+
+    def __init__(self, sd: Mapping, prefix: str):
+        self.sd, self.prefix = sd, prefix + "."
+
+    def __getitem__(self, key: str):
+        if key.startswith(self.prefix):
+            raise KeyError(key)
+        return self.sd[key]
+
+    def __iter__(self):
+        return (k for k in self.sd if not k.startswith(self.prefix))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
 for _name in OPENRLHF_ARCHITECTURES:
     register(WeightMap(
         architecture=_name,
         build_config=openrlhf_config,
-        convert=convert_openrlhf,
+        convert_layer=convert_openrlhf_layer,
+        convert_rest=convert_openrlhf_rest,
         notes="OpenRLHF RewardModel: its base family's decoder map, head value_head/score, normalize_reward folded "
         "into the head, readout at the last attended token, input format 'openrlhf'.",
     ))

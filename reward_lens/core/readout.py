@@ -144,11 +144,14 @@ def capture(model, tok: Tokenized, readout_names: Sequence[str] = (), full_names
     rows = torch.arange(tok.input_ids.shape[0], device=tok.input_ids.device)
     readout = tok.readout.to(tok.input_ids.device)
 
+    home = tok.input_ids.device  # a placed model's activations are kept on its home device
+
     def keep_readout(tensor: torch.Tensor, hook) -> None:
-        at_readout[hook.name] = tensor[rows, readout] if tensor.dim() >= 3 else tensor
+        here = tensor.device
+        at_readout[hook.name] = (tensor[rows.to(here), readout.to(here)] if tensor.dim() >= 3 else tensor).to(home)
 
     def keep_full(tensor: torch.Tensor, hook) -> None:
-        full[hook.name] = tensor
+        full[hook.name] = tensor.to(home)
 
     hooks = [(n, keep_readout) for n in dict.fromkeys(readout_names)]
     hooks += [(n, keep_full) for n in dict.fromkeys(full_names)]

@@ -36,7 +36,8 @@ def _require(path: Path) -> None:
 def load_demo_model(
     device: Union[str, torch.device, None] = None, dtype: Union[str, torch.dtype, None] = None
 ):
-    """The demo reward model as a HookedRewardModel (offline; the weights ship in the package)."""
+    """The demo reward model as a HookedRewardModel (offline; the weights ship in the package); `device`
+    defaults to CUDA when available, else CPU."""
     from reward_lens.model.native import HookedRewardModel
 
     _require(DEMO_WEIGHTS_PATH)

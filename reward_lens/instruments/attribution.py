@@ -190,18 +190,18 @@ def _attribute_batch(model, tok, heads: bool, neurons: bool):
         for l in range(L):
             attn = model.blocks[l].attn
             wl = output_read(l, "attn")  # [B, d]
-            read = torch.einsum("nhd,bd->bnh", attn.W_O.float(), wl)  # W_O[h] . w per head
+            read = torch.einsum("nhd,bd->bnh", attn.W_O.float().to(wl.device), wl)  # W_O[h] . w per head
             per_head.append((acts[act_name("z", l)].float() * read).sum(-1))
-            head_bias.append((attn.b_O.float() * wl).sum(-1))
+            head_bias.append((attn.b_O.float().to(wl.device) * wl).sum(-1))
         out["heads"], out["head_bias"] = torch.stack(per_head, 1), torch.stack(head_bias, 1)
     if neurons:
         per_neuron, neuron_bias = [], []
         for l in range(L):
             mlp = model.blocks[l].mlp
             wl = output_read(l, "mlp")
-            read = wl @ mlp.W_out.float().T  # [B, d_mlp]
+            read = wl @ mlp.W_out.float().to(wl.device).T  # [B, d_mlp]
             per_neuron.append(acts[act_name("post", l)].float() * read)
-            neuron_bias.append((mlp.b_out.float() * wl).sum(-1))
+            neuron_bias.append((mlp.b_out.float().to(wl.device) * wl).sum(-1))
         out["neurons"], out["neuron_bias"] = torch.stack(per_neuron, 1), torch.stack(neuron_bias, 1)
     return out
 

@@ -318,13 +318,13 @@ def token_terms(model, tok: Tokenized) -> Dict[str, torch.Tensor]:
         attn = model.blocks[l].attn
         wl = w
         if cfg.post_norms:  # Gemma-2: out = raw / s_post * (offset + w_post), linear with s_post frozen
-            gain = cfg.norm_weight_offset + model.blocks[l].ln1_post.w.double()
+            gain = cfg.norm_weight_offset + model.blocks[l].ln1_post.w.double().to(w.device)
             wl = w * gain / acts[act_name("scale", l, norm="ln1_post")].double()
-        read = torch.einsum("nhd,bd->bnh", attn.W_O.double(), wl)  # [B, H, d_head]: W_O[h] . w per head
+        read = torch.einsum("nhd,bd->bnh", attn.W_O.double().to(w.device), wl)  # [B, H, d_head]: W_O[h] . w per head
         v = acts[act_name("v", l)].double().repeat_interleave(group, dim=2)  # [B, T, H, d_head]
         vr = torch.einsum("bthd,bhd->bht", v, read)  # what each source's value would add if fully attended
         heads.append((acts[act_name("pattern", l)].double() * vr).float())
-        b_O.append((attn.b_O.double() * wl).sum(-1).float())
+        b_O.append((attn.b_O.double().to(wl.device) * wl).sum(-1).float())
     return {
         "heads": torch.stack(heads, 1), "b_O": torch.stack(b_O, 1), "embed": term(acts[act_name("embed")]),
         "mlp": torch.stack([term(acts[act_name("mlp_out", l)]) for l in range(L)], 1),

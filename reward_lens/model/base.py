@@ -32,6 +32,8 @@ class RewardModelBase(HookedRootModule):
 
     has_head_hooks: bool = False
     has_readout_fast_path: bool = False
+    # The devices a placed model's blocks span (`n_devices` / `device_map`); None on one device.
+    placed_devices: Optional[List[torch.device]] = None
 
     # ------------------------------------------------------------------ inputs
     @property
@@ -117,6 +119,8 @@ class RewardModelBase(HookedRootModule):
         `readout_only=True` keeps only each sequence's readout position (position axis of length 1),
         so a long input's cache costs O(layers x d_model) per sequence.
         """
+        if self.placed_devices:  # a placed model's activations, gathered on its home device
+            kwargs.setdefault("device", self.cfg.device)
         if readout_only:
             return self.run_with_readout_cache(*model_args, **kwargs)
         out, cache_dict = super().run_with_cache(*model_args, **kwargs)
@@ -179,7 +183,7 @@ class RewardModelBase(HookedRootModule):
     def reward_direction_of(self, output: int = 0) -> Float[torch.Tensor, "d_model"]:
         if self.cfg.n_outputs > 1 and output is None:
             raise ValueError("this head has several outputs; pass output=<index>")
-        return self.through_final_norm(self.reward_head.direction(output))
+        return self.through_final_norm(self.reward_head.direction(output)).to(self.cfg.device)
 
     def reward_direction_for(
         self, input_ids: Int[torch.Tensor, "batch pos"], attention_mask: Optional[torch.Tensor] = None
@@ -189,7 +193,8 @@ class RewardModelBase(HookedRootModule):
         For a linear head every row is `reward_direction`; for ArmoRM it is the prompt-conditioned
         W_reg T g(prompt) (one forward pass to compute the gate).
         """
-        return self.through_final_norm(self.reward_head.direction_for(self, input_ids, attention_mask))
+        direction = self.through_final_norm(self.reward_head.direction_for(self, input_ids, attention_mask))
+        return direction.to(self.cfg.device)
 
     @property
     def reward_bias(self) -> torch.Tensor:
@@ -200,12 +205,14 @@ class RewardModelBase(HookedRootModule):
         bias = self.reward_head.bias(output)
         if self.ln_final.b is not None:
             bias = bias + self.ln_final.b @ self.reward_head.direction(output)
-        return bias
+        return bias.to(self.cfg.device)
 
     # ------------------------------------------------------------------ device / dtype
     def to(self, *args: Any, **kwargs: Any):
         out = super().to(*args, **kwargs)
         param = next(self.parameters())
+        if all(p.device == param.device for p in self.parameters()):
+            self.placed_devices = None  # gathered on one device (a dtype-only `to` keeps a placement)
         self.cfg.device = param.device
         self.cfg.dtype = param.dtype
         return out

@@ -1,7 +1,8 @@
 """Checkpoint checks: every load error names the file and the tensor, and what to do.
 
 - `read_json`: config files, with the file and line of a syntax error.
-- `load_safetensors`: empty / truncated / garbage files refused with their path.
+- `load_safetensors` / `safetensors_header`: empty / truncated / garbage files refused with their path;
+  `read_safetensors_tensor` reads one tensor with a plain read (no memory map) for streaming loads.
 - `check_hf_tensors`: the checkpoint's tensors against what the transformers class for its config holds
   (built on the meta device, so no memory): missing, shape (incl. `num_labels` vs `score.weight`), dtype;
   unexpected tensors are warned about, as transformers does.
@@ -16,7 +17,7 @@ from __future__ import annotations
 import json
 import warnings
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Mapping, Optional
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 import torch
 
@@ -42,20 +43,76 @@ def read_json(path: Path) -> Dict[str, Any]:
     return data
 
 
-def load_safetensors(path: Path) -> Dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
+def _corrupt(path: Path, exc: Exception) -> CheckpointError:
+    return CheckpointError(f"weight file {path} is corrupt or truncated ({type(exc).__name__}: "
+                           f"{str(exc).splitlines()[0] if str(exc) else ''}); re-download or re-save it")
 
+
+def _check_file(path: Path) -> None:
     if not path.exists():
         raise CheckpointError(f"weight file {path} is missing (named by the checkpoint's index); re-download it")
     if path.stat().st_size == 0:
         raise CheckpointError(f"weight file {path} is empty; re-download or re-save the checkpoint")
+
+
+def load_safetensors(path: Path) -> Dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    _check_file(path)
     try:
         return load_file(str(path))
     except Exception as exc:  # safetensors' SafetensorError, OSError on truncation
         if isinstance(exc, (KeyboardInterrupt, MemoryError)):
             raise
-        raise CheckpointError(f"weight file {path} is corrupt or truncated ({type(exc).__name__}: "
-                              f"{str(exc).splitlines()[0] if str(exc) else ''}); re-download or re-save it") from None
+        raise _corrupt(path, exc) from None
+
+
+SAFETENSORS_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "I64": torch.int64,
+    "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,
+}
+
+
+def safetensors_header(path: Path) -> Tuple[Dict[str, Dict[str, Any]], int]:
+    """(tensor entries by name, offset of the data) of a safetensors file: its JSON header, checked against
+    the file's size (truncated, garbage or unknown-dtype files are a CheckpointError naming the file)."""
+    _check_file(path)
+    size = path.stat().st_size
+    try:
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            if not 0 < n <= size - 8:
+                raise ValueError(f"header length {n} does not fit the file's {size} bytes")
+            header = json.loads(f.read(n))
+        entries = {k: v for k, v in header.items() if k != "__metadata__"}
+        end = max((int(v["data_offsets"][1]) for v in entries.values()), default=0)
+        if 8 + n + end > size:
+            raise ValueError(f"the header names {end} data bytes but the file holds {size - 8 - n}")
+        unknown = sorted({v["dtype"] for v in entries.values()} - set(SAFETENSORS_DTYPES))
+        if unknown:
+            raise ValueError(f"unsupported dtype(s) {unknown}")
+    except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as exc:
+        raise _corrupt(path, exc) from None
+    return entries, 8 + n
+
+
+def read_safetensors_tensor(path: Path, entry: Dict[str, Any], data_start: int, file: Any = None) -> torch.Tensor:
+    """One tensor of a safetensors file read straight into a fresh tensor (a plain read, no memory map: the
+    file's pages never count as this process's memory, and the tensor owns its storage)."""
+    t = torch.empty([int(d) for d in entry["shape"]], dtype=SAFETENSORS_DTYPES[entry["dtype"]])
+    lo, hi = (int(x) for x in entry["data_offsets"])
+    raw = t.reshape(-1).view(torch.uint8)
+    if hi - lo != raw.numel():
+        raise _corrupt(path, ValueError(f"a tensor of shape {list(t.shape)} has {hi - lo} data bytes"))
+    f = file if file is not None else open(path, "rb")
+    try:
+        f.seek(data_start + lo)
+        if raw.numel() and f.readinto(memoryview(raw.numpy())) != raw.numel():
+            raise _corrupt(path, EOFError("the file ends inside a tensor"))
+    finally:
+        if file is None:
+            f.close()
+    return t
 
 
 def tensor_files(directory: Path) -> Dict[str, str]:
@@ -143,9 +200,16 @@ def check_state_dict(expected: Mapping[str, torch.Tensor], sd: Mapping[str, torc
             raise CheckpointError(f"{source}: tensor {name} has dtype {sd[name].dtype}; weights must be floating point")
 
 
+def all_finite(t: torch.Tensor, chunk: int = 1 << 22) -> bool:
+    """Whether every value is finite, checked in chunks: `isfinite` of a whole embedding would allocate
+    intermediates larger than the tensor (a loader's peak memory)."""
+    flat = t.reshape(-1)
+    return all(bool(torch.isfinite(piece).all()) for piece in flat.split(chunk))
+
+
 def check_finite_weights(tensors: Iterable[tuple], source: str) -> None:
     """One pass over (name, tensor); NaN or inf weights are named (every instrument would compute on them)."""
-    bad = [name for name, t in tensors if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    bad = [name for name, t in tensors if t.is_floating_point() and not all_finite(t)]
     if bad:
         raise CheckpointError(f"{source}: non-finite (NaN/inf) values in tensor(s) {_listing(bad)}; the weights are "
                               "damaged (re-download them, or check the dtype they were saved in)")
@@ -167,4 +231,4 @@ def check_overrides(config: Any, overrides: Mapping[str, Any], known: Optional[I
         ok = key in names if names is not None else hasattr(config, key)
         if not ok:
             raise TypeError(f"from_pretrained() got an unexpected keyword argument {key!r} (neither a loading option "
-                            "(device, dtype, fold_ln, generic, module_map, tokenizer) nor a config field)")
+                            "(device, dtype, fold_ln, generic, module_map, tokenizer, n_devices, device_map) nor a config field)")

@@ -61,7 +61,7 @@ class RMSNorm(nn.Module):
     def frozen_gain(self, scale: Float[torch.Tensor, "... 1"]) -> Float[torch.Tensor, "... length"]:
         """The norm as a linear map with its scale frozen: out = x * frozen_gain(scale) (float32)."""
         gain = self.gain
-        return (1.0 if gain is None else gain.float()) / scale.float()
+        return (1.0 if gain is None else gain.float().to(scale.device)) / scale.float()
 
     def normalized(self, x: Float[torch.Tensor, "... length"]) -> Float[torch.Tensor, "... length"]:
         """x / scale(x) in float32, before any weight; hooks do not fire (readouts of many alternatives)."""

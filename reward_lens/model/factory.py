@@ -24,12 +24,12 @@ from reward_lens.model.loading import (
     convert_weights,
     has_native_weight_map,
     load_hf_config,
-    load_hf_state_dict,
-    load_hooked_weights,
+    load_hooked_config,
     load_tokenizer,
     resolve_checkpoint_dir,
 )
 from reward_lens.model.peft_adapter import is_peft_adapter_dir
+from reward_lens.model.streaming import LazyStateDict, converted_source, hooked_source
 
 
 def load_pretrained(
@@ -42,34 +42,46 @@ def load_pretrained(
     tokenizer: Any = None,
     generic: bool = False,
     module_map: Optional[Dict[str, Optional[str]]] = None,
+    n_devices: Optional[int] = None,
+    device_map: Any = None,
     **overrides: Any,
 ) -> RewardModelBase:
     """A saved hooked checkpoint or a transformers checkpoint directory (hub ids are downloaded) as a
     hooked model: native (`native_cls`) when a weight map handles it, else generic. `overrides` are set
-    on the transformers config before conversion."""
+    on the transformers config before conversion. Native checkpoints stream: read, converted, checked,
+    folded, cast and placed one block at a time (`reward_lens.model.streaming`)."""
     directory = resolve_checkpoint_dir(path_or_id)
     if tokenizer is None:
         tokenizer = load_tokenizer(directory)
     build = dict(tokenizer=tokenizer, device=device, dtype=dtype, fold_ln=fold_ln)
+    placed = dict(n_devices=n_devices, device_map=device_map)
     if (directory / HOOKED_CONFIG).exists():
-        cfg, sd = load_hooked_weights(directory, overrides)
-        return native_cls.from_state_dict(cfg, sd, source=str(directory), **build)
+        src = hooked_source(directory, load_hooked_config(directory, overrides))
+        return native_cls.from_source(src, source=str(directory), **build, **placed)
     if is_peft_adapter_dir(directory):  # a LoRA RM as trainer.save_model writes it: base + adapter, merged
         from reward_lens.model.peft_adapter import load_peft_adapter
 
+        refuse_placement("PEFT adapter directories", **placed)
         return load_peft_adapter(native_cls, directory, tokenizer=tokenizer, base_model=overrides.pop("base_model", None),
                                  device=device, dtype=dtype, fold_ln=fold_ln, generic=generic, module_map=module_map)
     hf_config = load_hf_config(directory, overrides)
     marked = (directory / GENERIC_MARKER).exists()
     if generic or module_map is not None or marked or not has_native_weight_map(hf_config):
+        refuse_placement("the generic path", **placed)
         model = GenericHookedRewardModel.from_checkpoint_dir(directory, hf_config, module_map=module_map, **build)
         check_finite_weights(model.state_dict().items(), str(directory))  # transformers loaded these: same checks
         check_tokenizer_vocab(tokenizer, model.cfg.d_vocab, str(directory))
         return model
-    hf_sd = load_hf_state_dict(directory)
-    check_hf_tensors(hf_config, hf_sd, directory)
-    cfg, sd = convert_weights(hf_config, hf_sd, str(directory))
-    return native_cls.from_state_dict(cfg, sd, source=str(directory), **build)
+    lazy = LazyStateDict.from_directory(directory)
+    check_hf_tensors(hf_config, lazy.meta(), directory)  # names, shapes, dtypes from the headers only
+    return native_cls.from_source(converted_source(hf_config, lazy, str(directory)), source=str(directory), **build, **placed)
+
+
+def refuse_placement(what: str, n_devices: Optional[int] = None, device_map: Any = None) -> None:
+    """Multi-device placement is for native models; elsewhere asking for it is an error, not ignored."""
+    if device_map is not None or (n_devices is not None and int(n_devices) != 1):
+        raise ValueError(f"n_devices / device_map are supported for native architectures only, not {what}; load on "
+                         "one device (device=...) or convert the model to a native architecture")
 
 
 def from_hf_model(
@@ -82,6 +94,8 @@ def from_hf_model(
     fold_ln: bool = True,
     generic: bool = False,
     module_map: Optional[Dict[str, Optional[str]]] = None,
+    n_devices: Optional[int] = None,
+    device_map: Any = None,
 ) -> RewardModelBase:
     """A transformers model in memory converted (native) or a copy of it wrapped (generic); weights always
     copied. The weight map is chosen by the module's class (`config.architectures` may be stale after
@@ -94,9 +108,11 @@ def from_hf_model(
     config.architectures = inmemory.class_names(source)
     with inmemory.no_autocast():
         if generic or module_map is not None or not has_native_weight_map(config):
+            refuse_placement("the generic path", n_devices, device_map)
             return GenericHookedRewardModel.from_hf_model(
                 source if owned else inmemory.independent_copy(source), tokenizer, device=device, dtype=dtype,
                 fold_ln=fold_ln, module_map=module_map, copy=False,
             )
         cfg, sd = convert_weights(config, inmemory.copied_state_dict(source))
-        return native_cls.from_state_dict(cfg, sd, tokenizer=tokenizer, device=device, dtype=dtype, fold_ln=fold_ln)
+        return native_cls.from_state_dict(cfg, sd, tokenizer=tokenizer, device=device, dtype=dtype, fold_ln=fold_ln,
+                                          n_devices=n_devices, device_map=device_map)

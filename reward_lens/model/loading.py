@@ -4,7 +4,6 @@ chooses the native or the generic model and builds it from what these functions 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import warnings
 from pathlib import Path
@@ -14,11 +13,7 @@ import torch
 
 from reward_lens.converters import StateDict, get_weight_map, supported_architectures
 from reward_lens.converters.openrlhf import warn_if_relabelled
-from reward_lens.converters.processing import fold_norm_weights
-from reward_lens.model.checks import (
-    CheckpointError, check_finite_weights, check_overrides, check_state_dict, check_tokenizer_vocab, load_safetensors,
-    read_json,
-)
+from reward_lens.model.checks import CheckpointError, check_overrides, read_json
 from reward_lens.model.config import RewardModelConfig
 
 HOOKED_CONFIG = "reward_lens_config.json"
@@ -42,9 +37,15 @@ def resolve_dtype(dtype: Union[str, torch.dtype, None]) -> torch.dtype:
         raise ValueError(f"unknown dtype {dtype!r}; use one of {sorted(_DTYPES)}") from None
 
 
+def default_device() -> torch.device:
+    """CUDA when available (as TransformerLens), else CPU: the device of `device=None`."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
 def resolve_device(device: Union[str, torch.device, None]) -> torch.device:
+    """`device` as a torch.device; None is `default_device()` (CUDA when available, else CPU)."""
     if device is None:
-        return torch.device("cpu")
+        return default_device()
     device = torch.device(device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {device} requested but CUDA is not available here; use device='cpu'")
@@ -75,27 +76,6 @@ def resolve_checkpoint_dir(path_or_id: Union[str, Path]) -> Path:
             f"could not fetch {str(path_or_id)!r} from the HuggingFace hub ({type(exc).__name__}: {exc}); "
             "download it where the hub is reachable and pass the local directory"
         ) from None
-
-
-def load_hf_state_dict(directory: Path) -> StateDict:
-    """All tensors of a transformers checkpoint directory (sharded or not, safetensors or .bin)."""
-    index = directory / "model.safetensors.index.json"
-    if index.exists():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        sd: StateDict = {}
-        for shard in shards:
-            sd.update(load_safetensors(directory / shard))
-        return sd
-    single = directory / "model.safetensors"
-    if single.exists():
-        return load_safetensors(single)
-    bins = sorted(directory.glob("pytorch_model*.bin"))
-    if bins:
-        sd = {}
-        for b in bins:
-            sd.update(torch.load(b, map_location="cpu", weights_only=True))
-        return sd
-    raise FileNotFoundError(f"no weights in {directory}: expected model.safetensors(.index.json) or pytorch_model.bin")
 
 
 def load_tokenizer(directory: Path):
@@ -168,28 +148,6 @@ def convert_state_dict(
     return cls.from_state_dict(cfg, sd, tokenizer=tokenizer, device=device, dtype=dtype, fold_ln=fold_ln, source=source)
 
 
-def check_weights(expected: StateDict, cfg: RewardModelConfig, sd: StateDict, tokenizer, source: str) -> None:
-    """Converted weights against the model they load into (`expected`: its meta state dict): names, shapes,
-    finite values, and the tokenizer's vocabulary against the model's."""
-    check_state_dict(expected, sd, source)
-    check_finite_weights(sd.items(), source)
-    check_tokenizer_vocab(tokenizer, cfg.d_vocab, source)
-
-
-def fold_and_cast(
-    cfg: RewardModelConfig, sd: StateDict, head_readers, *, device=None, dtype=None, fold_ln: bool = True
-) -> Tuple[RewardModelConfig, StateDict, torch.device]:
-    """Norm weights folded (when `fold_ln` and not yet folded) and parameters cast to `dtype`: a new config
-    (with dtype and device set) and state dict, and the device to move the model to."""
-    dtype, device = resolve_dtype(dtype), resolve_device(device)
-    if fold_ln and cfg.normalization_type == "RMS":
-        sd, cfg = fold_norm_weights(sd, cfg, head_readers)
-    cfg = dataclasses.replace(cfg, dtype=dtype, device=device)
-    # Buffers (RoPE frequencies) stay float32; parameters take the requested dtype.
-    sd = {k: (v if k.endswith("inv_freq") else v.to(dtype)) for k, v in sd.items()}
-    return cfg, sd, device
-
-
 def save_hooked(model, path: Union[str, Path]) -> None:
     from safetensors.torch import save_file
 
@@ -201,18 +159,13 @@ def save_hooked(model, path: Union[str, Path]) -> None:
         model.tokenizer.save_pretrained(str(path))
 
 
-def load_hooked_weights(directory: Path, overrides: Optional[Dict[str, Any]] = None) -> Tuple[RewardModelConfig, StateDict]:
-    """The config (with `overrides` of its fields) and weights of a saved hooked checkpoint (as `save_hooked`
-    wrote them)."""
+def load_hooked_config(directory: Path, overrides: Optional[Dict[str, Any]] = None) -> RewardModelConfig:
+    """The config (with `overrides` of its fields) of a saved hooked checkpoint (as `save_hooked` wrote it);
+    its weights are read by `reward_lens.model.streaming.hooked_source`."""
     raw = read_json(directory / HOOKED_CONFIG)
     check_overrides(None, overrides or {}, known=raw)
     raw.update(overrides or {})
     try:
-        cfg = RewardModelConfig.from_dict(raw)
+        return RewardModelConfig.from_dict(raw)
     except (TypeError, ValueError, AttributeError) as exc:
         raise CheckpointError(f"{directory / HOOKED_CONFIG} is invalid: {str(exc).splitlines()[0]}") from None
-    sd = load_safetensors(directory / HOOKED_WEIGHTS)
-    for key in list(sd):
-        if key.endswith(("attn.W_Q", "attn.W_K", "attn.W_V")):  # restore the fast storage layout
-            sd[key] = sd[key].transpose(1, 2).contiguous().transpose(1, 2)
-    return cfg, sd

@@ -11,7 +11,7 @@ Built on TransformerLens's kept infrastructure (HookedRootModule, HookPoint, Act
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional, Union
+from typing import Any, Callable, Dict, Mapping, Optional, Union
 
 import torch
 import torch.nn as nn
@@ -22,9 +22,11 @@ from reward_lens.model import factory
 from reward_lens.model.base import RewardModelBase
 from reward_lens.model.components import Embed, RMSNorm, RotaryEmbedding, TransformerBlock, attention_masks
 from reward_lens.model.config import RewardModelConfig
-from reward_lens.model.heads import build_head, head_class
+from reward_lens.model.heads import build_head
 from reward_lens.model.hooks import QUERY_AXIS_2_KINDS
-from reward_lens.model.loading import check_weights, fold_and_cast, save_hooked
+from reward_lens.model.loading import save_hooked
+from reward_lens.model.placement import head_device, module_device, resolve_devices
+from reward_lens.model.streaming import WeightSource, build_model, partitioned_source
 from reward_lens.core.validation import check_attention_mask, check_model_inputs
 from reward_lens.model.readout import set_readout
 from reward_lens.model.tl_compat import TransformerLensConveniences, check_forward_input
@@ -74,6 +76,10 @@ class HookedRewardModel(TransformerLensConveniences, RewardModelBase):
         component-level path (`reward_lens.model.generic.GenericHookedRewardModel`; option `module_map=`).
         `input_format`: how `to_tokens` renders pairs by default (`reward_lens.model.tokenization`).
         `readout` overrides the checkpoint's readout convention ("last_non_pad" / "last_attended").
+        `device` defaults to CUDA when available, else CPU (as TransformerLens). Native checkpoints stream
+        (one block in host memory at a time, `reward_lens.model.streaming`); `n_devices=k` (cuda:0..k-1) or
+        `device_map=[devices]` / `"auto"` spreads the blocks over several devices, balanced by bytes
+        (`reward_lens.model.placement`).
         """
         from reward_lens.model.tokenization import check_input_format
 
@@ -95,6 +101,8 @@ class HookedRewardModel(TransformerLensConveniences, RewardModelBase):
         generic: bool = False,
         module_map: Optional[Dict[str, Optional[str]]] = None,
         readout: Optional[str] = None,
+        n_devices: Optional[int] = None,
+        device_map: Any = None,
     ) -> RewardModelBase:
         """Convert a transformers model already in memory, e.g. `trainer.model` right after TRL training.
 
@@ -102,31 +110,37 @@ class HookedRewardModel(TransformerLensConveniences, RewardModelBase):
         `config.architectures` may be stale); PEFT adapters are merged into a copy; accelerate's
         mixed-precision wrapper and any enclosing autocast are ignored (see `reward_lens.model.inmemory`).
         No native weight map (or `generic=True`): a copy wrapped on the generic component-level path.
+        `device` defaults to CUDA when available, else CPU.
         """
         model = factory.from_hf_model(
-            cls, hf_model, tokenizer, device=device, dtype=dtype, fold_ln=fold_ln, generic=generic, module_map=module_map
+            cls, hf_model, tokenizer, device=device, dtype=dtype, fold_ln=fold_ln, generic=generic, module_map=module_map,
+            n_devices=n_devices, device_map=device_map,
         )
         return set_readout(model, readout)
 
     @classmethod
     def from_state_dict(
-        cls, cfg: RewardModelConfig, sd: Dict[str, torch.Tensor], *, tokenizer: Any = None,
+        cls, cfg: RewardModelConfig, sd: Mapping[str, torch.Tensor], *, tokenizer: Any = None,
         device: Union[str, torch.device, None] = None, dtype: Union[str, torch.dtype, None] = None, fold_ln: bool = True,
-        source: str = "the checkpoint",
+        source: str = "the checkpoint", n_devices: Optional[int] = None, device_map: Any = None,
     ) -> "HookedRewardModel":
         """The model holding converted weights `sd` (our names, unfolded or folded as `cfg` says); norms
-        folded when `fold_ln`. Neither argument is changed. Names, shapes, finite values and the tokenizer's
-        vocabulary are checked first; errors name `source`."""
-        with torch.device("meta"):  # shapes to check the weights against, before folding touches them
-            expected = cls(cfg, tokenizer=None).state_dict()
-        check_weights(expected, cfg, sd, tokenizer, source)
-        readers = head_class(cfg).final_norm_readers
-        cfg, sd, device = fold_and_cast(cfg, sd, readers, device=device, dtype=dtype, fold_ln=fold_ln)
-        with torch.device("meta"):
-            model = cls(cfg, tokenizer=tokenizer)
-        model.load_state_dict(sd, strict=True, assign=True)
-        model.requires_grad_(False)
-        return model.to(device)
+        folded when `fold_ln`. Neither argument is changed (weights are copied). Names, shapes, finite
+        values and the tokenizer's vocabulary are checked first, block by block; errors name `source`.
+        `n_devices` / `device_map`: spread the blocks over several devices (`reward_lens.model.placement`)."""
+        return cls.from_source(partitioned_source(cfg, sd), tokenizer=tokenizer, device=device, dtype=dtype,
+                               fold_ln=fold_ln, source=source, n_devices=n_devices, device_map=device_map)
+
+    @classmethod
+    def from_source(
+        cls, src: WeightSource, *, tokenizer: Any = None, device: Union[str, torch.device, None] = None,
+        dtype: Union[str, torch.dtype, None] = None, fold_ln: bool = True, source: str = "the checkpoint",
+        n_devices: Optional[int] = None, device_map: Any = None,
+    ) -> "HookedRewardModel":
+        """The model built from a `reward_lens.model.streaming.WeightSource`, one block at a time."""
+        devices = resolve_devices(device, n_devices, device_map)
+        return build_model(cls, src, tokenizer=tokenizer, device=device, dtype=dtype, fold_ln=fold_ln,
+                           source=source, devices=devices)
 
     def save_pretrained(self, path: Union[str, Path]) -> None:
         """Save as a hooked checkpoint (config JSON + safetensors + tokenizer files)."""
@@ -171,25 +185,34 @@ class HookedRewardModel(TransformerLensConveniences, RewardModelBase):
         cos, sin = self.rotary(position_ids, residual.dtype)
         masks = attention_masks(attention_mask, self.cfg.window_sizes)
         stop = self.cfg.n_layers if stop_at_layer is None else stop_at_layer
+        shared = {residual.device: (cos, sin, masks)}  # per device: a placed model's blocks span several
         for block in self.blocks[start_at_layer:stop]:
-            residual = block(residual, cos, sin, masks[block.attn.window])
+            device = module_device(block, residual.device)
+            if device not in shared:
+                shared[device] = (cos.to(device), sin.to(device), {w: m.to(device) for w, m in masks.items()})
+            cos_d, sin_d, masks_d = shared[device]
+            residual = block(residual.to(device), cos_d, sin_d, masks_d[block.attn.window])
         if stop_at_layer is not None:
-            return residual
+            return residual.to(self.cfg.device)
         if return_type is None:
             return None
         if readout_positions is None:
             readout_positions = self.readout_positions(input_ids, attention_mask)
-        return self.reward_head(self.ln_final(residual), readout_positions, input_ids=input_ids)
+        device = head_device(self)
+        ids = input_ids.to(device) if input_ids is not None else None
+        rewards = self.reward_head(self.ln_final(residual.to(device)), readout_positions.to(device), input_ids=ids)
+        return rewards.to(self.cfg.device)
 
     def accumulated_bias(self, layer: int, mlp_input: bool = False, include_mlp_biases: bool = True) -> torch.Tensor:
         """Sum of the attention and MLP output biases written into the residual before `layer`."""
-        total = torch.zeros(self.cfg.d_model, device=self.cfg.device, dtype=self.cfg.dtype)
+        home = self.cfg.device
+        total = torch.zeros(self.cfg.d_model, device=home, dtype=self.cfg.dtype)
         for l in range(layer):
-            total = total + self.blocks[l].attn.b_O
+            total = total + self.blocks[l].attn.b_O.to(home)
             if include_mlp_biases:
-                total = total + self.blocks[l].mlp.b_out
+                total = total + self.blocks[l].mlp.b_out.to(home)
         if mlp_input:
-            total = total + self.blocks[layer].attn.b_O
+            total = total + self.blocks[layer].attn.b_O.to(home)
         return total
 
     # ------------------------------------------------------------------ TransformerLens conveniences

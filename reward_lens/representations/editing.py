@@ -80,7 +80,7 @@ def project_out_of_residual(model, v: torch.Tensor, layer: int) -> None:
     v = v.to(device=model.W_E.device, dtype=torch.float32)
 
     def proj(param: torch.nn.Parameter, dim: int = -1) -> None:
-        param.copy_(_project_along(param.float(), v, dim if dim >= 0 else param.dim() + dim).to(param.dtype))
+        param.copy_(_project_along(param.float(), v.to(param.device), dim if dim >= 0 else param.dim() + dim).to(param.dtype))
 
     proj(model.embed.W_E)
     for param in writers:  # every map and bias whose output the blocks add to the residual

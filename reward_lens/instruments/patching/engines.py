@@ -26,6 +26,7 @@ from reward_lens.instruments.patching.positions import Positions, patch_position
 from reward_lens.instruments.patching.spec import SOURCE, TARGETS
 from reward_lens.instruments.sites import Site
 from reward_lens.model.hooks import act_name, resid_entering
+from reward_lens.model.placement import block_device
 
 PRE, MID = 0, 1  # where a readout patch enters its block: before attention, or between attention and MLP
 
@@ -100,12 +101,13 @@ def readout_entries(model, tcap: Capture, sites: Sequence[Site], values: Sequenc
         else:
             heads_by_layer.setdefault(site.layer, []).append(i)
     for l, members in heads_by_layer.items():
-        block = model.blocks[l]
-        z = acts[act_name("z", l)]  # [B, n_heads, d_head]
+        block, device = model.blocks[l], block_device(model, l)  # a placed model: on the block's device
+        z = acts[act_name("z", l)].to(device)  # [B, n_heads, d_head]
         heads = [sites[i].head for i in members]
-        new = torch.stack([values[i] for i in members], 1)  # [B, k, d_head]
+        new = torch.stack([values[i] for i in members], 1).to(device)  # [B, k, d_head]
         delta = torch.einsum("bkh,khm->bkm", new - z[:, heads], block.attn.W_O[heads])
-        state = resid_pre(l)[:, None] + block.attn_post(block.attn.project_z(z)[:, None] + delta)
+        state = resid_pre(l)[:, None].to(device) + block.attn_post(block.attn.project_z(z)[:, None] + delta)
+        state = state.to(model.cfg.device)
         for j, i in enumerate(members):
             out[i] = ReadoutEntry(l, MID, state[:, j])
     return out
@@ -127,15 +129,20 @@ def readout_sweep(model, tcap: Capture, entries: Sequence[ReadoutEntry]) -> torc
     cos, sin = model.rotary(position_ids[torch.arange(B, device=device), readout][:, None], state.dtype)
     idx = torch.arange(T, device=device)
     before = mask.bool() & (idx[None] < readout[:, None])  # every other position the readout may see
+    shared = {device: (cos, sin, before, readout)}  # per device: a placed model's blocks span several
     for l in range(sorted_keys[0][0], L):
         n_pre = bisect_left(sorted_keys, (l, MID))
         n_all = bisect_right(sorted_keys, (l, MID))
-        block = model.blocks[l]
+        block, here = model.blocks[l], block_device(model, l)
+        if here not in shared:
+            shared[here] = tuple(t.to(here) for t in shared[device])
+        state = state.to(here)
         if n_pre:
-            past_k, past_v = (tcap.full[name] for name in block.readout_kv_hooks)
-            state[:, :n_pre] = block.readout_attn(state[:, :n_pre], cos, sin, past_k, past_v, before, readout)
+            past_k, past_v = (tcap.full[name].to(here) for name in block.readout_kv_hooks)
+            state[:, :n_pre] = block.readout_attn(state[:, :n_pre], *shared[here][:2], past_k, past_v, *shared[here][2:])
         if n_all:
             state[:, :n_all] = block.readout_mlp(state[:, :n_all])
+    state = state.to(device)
     final = torch.empty_like(state)
     final[:, order] = state
     return final

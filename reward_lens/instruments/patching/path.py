@@ -46,6 +46,7 @@ from reward_lens.data.pairs import pair_labels
 from reward_lens.plotting import pyplot
 from reward_lens.results import to_numpy
 from reward_lens.model.components import apply_rotary
+from reward_lens.model.placement import block_device
 from reward_lens.model.hooks import act_name, final_resid_name
 
 PATH_MODES = ("noising", "denoising")
@@ -216,11 +217,12 @@ def sender_delta(model, sender: PathNode, tgt: Dict[str, torch.Tensor], src: Dic
         name = act_name(f"{sender.kind}_out", sender.layer)
         return src[name] - tgt[name]
     z = act_name("z", sender.layer)
-    W_O = model.blocks[sender.layer].attn.W_O[sender.index]
+    home = tgt[z].device  # a placed model's weights may live elsewhere: brought to the activations
+    W_O = model.blocks[sender.layer].attn.W_O[sender.index].to(home)
     delta = (src[z][:, sender.index] - tgt[z][:, sender.index]) @ W_O
     if cfg.post_norms:
         norm = model.blocks[sender.layer].ln1_post
-        delta = delta * (cfg.norm_weight_offset + norm.w) / tgt[act_name("scale", sender.layer, norm="ln1_post")]
+        delta = delta * (cfg.norm_weight_offset + norm.w.to(home)) / tgt[act_name("scale", sender.layer, norm="ln1_post")]
     return delta
 
 
@@ -261,29 +263,34 @@ def one_token_attention(model, layer: int, xq, xk, xv, ctx: _Context) -> torch.T
     cfg, attn = model.cfg, model.blocks[layer].attn
     group = cfg.n_heads // cfg.n_key_value_heads
     B, P = xq.shape[:2]
+    home, dev = xq.device, block_device(model, layer)  # a placed model: computed on the block's device
+    xq, xk, xv = xq.to(dev), xk.to(dev), xv.to(dev)
     q = torch.einsum("bpnd,ndh->bpnh", xq, attn.W_Q) + attn.b_Q
     k = torch.einsum("bpnd,ndh->bpnh", xk, attn.W_K) + attn.b_K
     v = torch.einsum("bpnd,ndh->bpnh", xv, attn.W_V) + attn.b_V
     if cfg.qk_norm:
         q, k = attn.q_norm(q), attn.k_norm(k)
-    cos, sin = ctx.cos.expand(B, P, -1), ctx.sin.expand(B, P, -1)
+    cos, sin = ctx.cos.to(dev).expand(B, P, -1), ctx.sin.to(dev).expand(B, P, -1)
     q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-    past_k = ctx.cap.full[act_name("rot_k", layer)].repeat_interleave(group, dim=2)  # [B, T, H, d_head]
-    past_v = ctx.cap.full[act_name("v", layer)].repeat_interleave(group, dim=2)
+    past_k = ctx.cap.full[act_name("rot_k", layer)].to(dev).repeat_interleave(group, dim=2)  # [B, T, H, d_head]
+    past_v = ctx.cap.full[act_name("v", layer)].to(dev).repeat_interleave(group, dim=2)
     k, v = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)
     scores = torch.cat([torch.einsum("bpnh,btnh->bpnt", q, past_k), (q * k).sum(-1, keepdim=True)], -1) / cfg.attn_scale
     if cfg.attn_scores_soft_cap is not None:
         scores = torch.tanh(scores / cfg.attn_scores_soft_cap) * cfg.attn_scores_soft_cap
-    allowed = ctx.allowed[attn.window]
+    allowed = ctx.allowed[attn.window].to(dev)
     allowed = torch.cat([allowed, allowed.new_ones(B, 1)], -1)[:, None, None]
     pattern = torch.softmax(scores.masked_fill(~allowed, torch.finfo(scores.dtype).min).float(), -1).to(q.dtype)
-    return torch.einsum("bpnt,btnh->bpnh", pattern[..., :-1], past_v) + pattern[..., -1:] * v
+    return (torch.einsum("bpnt,btnh->bpnh", pattern[..., :-1], past_v) + pattern[..., -1:] * v).to(home)
 
 
 def _finish_block(model, layer: int, resid_pre, z, mlp_delta=None):
     """resid_post of block `layer` from the readout's resid_pre and z [B, P, H, d_head]; `mlp_delta` is
     added to the MLP's input only (an MLP receiver)."""
     cfg, block = model.cfg, model.blocks[layer]
+    home, dev = resid_pre.device, block_device(model, layer)  # a placed model: computed on the block's device
+    resid_pre, z = resid_pre.to(dev), z.to(dev)
+    mlp_delta = None if mlp_delta is None else mlp_delta.to(dev)
     attn_out = torch.einsum("bpnh,nhm->bpm", z, block.attn.W_O) + block.attn.b_O
     if cfg.post_norms:
         attn_out = block.ln1_post(attn_out)
@@ -291,7 +298,7 @@ def _finish_block(model, layer: int, resid_pre, z, mlp_delta=None):
     mlp_out = block.mlp(block.ln2(mid if mlp_delta is None else mid + mlp_delta))
     if cfg.post_norms:
         mlp_out = block.ln2_post(mlp_out)
-    return mid + mlp_out
+    return (mid + mlp_out).to(home)
 
 
 def _fast_receiver(model, receiver: PathNode, deltas: torch.Tensor, ctx: _Context, direction, bias) -> torch.Tensor:
@@ -304,14 +311,15 @@ def _fast_receiver(model, receiver: PathNode, deltas: torch.Tensor, ctx: _Contex
         return reward_from_final_resid(model, final, direction[:, None], bias[:, None])
     l = receiver.layer
     pre = acts[act_name("resid_pre", l)][:, None].expand(-1, P, -1)
+    dev = block_device(model, l)  # norms with weights (fold_ln=False) run where the block is
     if receiver.kind == "mlp":
         mid = acts[act_name("resid_mid", l)][:, None]
-        mlp_out = model.blocks[l].mlp(model.blocks[l].ln2(mid + deltas))
+        mlp_out = model.blocks[l].mlp(model.blocks[l].ln2((mid + deltas).to(dev)))
         if cfg.post_norms:
             mlp_out = model.blocks[l].ln2_post(mlp_out)
-        state = mid + mlp_out
+        state = mid + mlp_out.to(mid.device)
     else:
-        x_t, x_p = model.blocks[l].ln1(pre), model.blocks[l].ln1(pre + deltas)
+        x_t, x_p = (model.blocks[l].ln1(x.to(dev)).to(pre.device) for x in (pre, pre + deltas))
         inputs = {}
         for kind, n in (("q", cfg.n_heads), ("k", cfg.n_key_value_heads), ("v", cfg.n_key_value_heads)):
             x = x_t[:, :, None].expand(-1, -1, n, -1).clone()
@@ -321,7 +329,7 @@ def _fast_receiver(model, receiver: PathNode, deltas: torch.Tensor, ctx: _Contex
         z = one_token_attention(model, l, inputs["q"], inputs["k"], inputs["v"], ctx)
         state = _finish_block(model, l, pre, z)
     for later in range(l + 1, L):
-        x = model.blocks[later].ln1(state)[:, :, None]
+        x = model.blocks[later].ln1(state.to(block_device(model, later))).to(state.device)[:, :, None]
         x_kv = x.expand(-1, -1, cfg.n_key_value_heads, -1)
         z = one_token_attention(model, later, x.expand(-1, -1, cfg.n_heads, -1), x_kv, x_kv, ctx)
         state = _finish_block(model, later, state, z)

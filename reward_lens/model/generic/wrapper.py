@@ -327,9 +327,8 @@ class GenericHookedRewardModel(RewardModelBase):
     ) -> "GenericHookedRewardModel":
         """Wrap a transformers model in memory; a copy unless `copy=False` (then its modules get the hooks)."""
         hf = copy_module.deepcopy(hf_model) if copy else hf_model
-        if dtype is not None or device is not None:
-            hf = hf.to(device=resolve_device(device) if device is not None else None,
-                       dtype=resolve_dtype(dtype) if dtype is not None else None)
+        # device=None: CUDA when available, else CPU (as every loader; `loading.default_device`)
+        hf = hf.to(device=resolve_device(device), dtype=resolve_dtype(dtype) if dtype is not None else None)
         return cls(hf, tokenizer, module_map=module_map, fold_ln=fold_ln)
 
     @classmethod
