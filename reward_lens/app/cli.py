@@ -66,27 +66,40 @@ def _set_threads(threads: Optional[int], model) -> None:
         torch.set_num_threads(threads)
 
 
+def _report_dir(out: str, ranks):
+    """The locked output directory on rank 0 (the only writer); nothing on the other ranks of a torchrun."""
+    import contextlib
+
+    from reward_lens.app.output import ReportDir
+
+    return ReportDir(out) if ranks.is_main else contextlib.nullcontext()
+
+
 def cmd_audit(args) -> int:
     from reward_lens.app.audit import run_audit
-    from reward_lens.app.output import ReportDir, provenance
+    from reward_lens.app.output import provenance
+    from reward_lens.distributed import Ranks
 
-    with ReportDir(args.out) as out:  # checked and locked before any work
-        model, label = _load_model(args.model, args.device, args.dtype, args.input_format)
+    ranks = Ranks.from_env()  # torchrun: this process's rank; one rank otherwise
+    with _report_dir(args.out, ranks) as out:  # checked and locked before any work
+        model, label = _load_model(args.model, ranks.device(args.device), args.dtype, args.input_format)
         _set_threads(args.threads, model)
         pairs = _load_pairs(args.pairs, model)
         info = provenance(args.pairs, {k: v for k, v in vars(args).items() if k not in ("func", "debug")})
         run_audit(model, pairs, out, max_pairs=args.max_pairs, batch_size=args.batch_size, model_label=label,
-                  run_info=info)
+                  run_info=info, ranks=ranks)
     return 0
 
 
 def cmd_compare(args) -> int:
-    from reward_lens.app.output import ReportDir, provenance
+    from reward_lens.app.output import provenance
+    from reward_lens.distributed import Ranks
 
-    with ReportDir(args.out) as out:  # checked and locked before any work
+    ranks = Ranks.from_env()
+    with _report_dir(args.out, ranks) as out:  # checked and locked before any work
         models = {}
         for spec in args.models:
-            model, label = _load_model(spec, args.device, args.dtype, args.input_format)
+            model, label = _load_model(spec, ranks.device(args.device), args.dtype, args.input_format)
             name = Path(label).name or label
             while name in models:
                 name += "'"
@@ -96,16 +109,19 @@ def cmd_compare(args) -> int:
         if args.max_pairs:
             pairs = pairs[: args.max_pairs]
         info = provenance(args.pairs, {k: v for k, v in vars(args).items() if k not in ("func", "debug")})
-        _write_comparison(models, pairs, args, out, info)
+        info["world_size"] = ranks.world_size
+        _write_comparison(models, pairs, args, out, info, ranks)
     return 0
 
 
-def _write_comparison(models, pairs, args, out, info) -> None:
+def _write_comparison(models, pairs, args, out, info, ranks) -> None:
     from reward_lens.app.output import write_csv, write_json
     from reward_lens.app.report import Report
     from reward_lens.instruments.compare import compare_models
 
-    result = compare_models(models, pairs, probes=True, batch_size=args.batch_size, progress=True)
+    result = compare_models(models, pairs, probes=True, batch_size=args.batch_size, progress=True, ranks=ranks)
+    if result is None:  # a rank other than 0: its shards are in rank 0's result
+        return
     report = Report("reward-lens comparison: " + " vs ".join(models))
     sec = report.section("Summary")
     sec.text("Only basis-free quantities are compared: residual bases differ between models, so directions and "
@@ -133,6 +149,16 @@ def cmd_monitor(args) -> int:
     return 0
 
 
+def batch_size_arg(text: str):
+    """--batch-size: an integer, or "auto"."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid batch size {text!r} (give an integer >= 1 or auto)") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog="reward-lens",
@@ -152,7 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--device", default=None, help="cpu (default) or cuda")
         p.add_argument("--dtype", default=None, help="float32 (default), bfloat16 or float16")
         p.add_argument("--max-pairs", type=int, default=None, help="use only the first N pairs")
-        p.add_argument("--batch-size", type=int, default=8)
+        p.add_argument("--batch-size", type=batch_size_arg, default=8,
+                       help="pairs per batch (default 8), or auto: start by device and halve on out-of-memory")
         p.add_argument("--threads", type=int, default=None,
                        help="torch CPU threads (default: 1 for models with d_model <= 1024 on CPU, else torch's)")
         p.add_argument("--debug", action="store_true", help="show the full traceback of an error")

@@ -82,7 +82,8 @@ def validate_args(args: Any) -> None:
     check_device(args.device)
     check_dtype(args.dtype)
     check_positive("--max-pairs", args.max_pairs)
-    check_positive("--batch-size", args.batch_size)
+    if args.batch_size != "auto":
+        check_positive("--batch-size", args.batch_size)
     check_positive("--threads", args.threads)
     check_pairs_file(args.pairs)
     for spec in getattr(args, "models", None) or [getattr(args, "model", None)]:
