@@ -26,6 +26,7 @@ and recomputes its shard; the shards (cut in units of the initial size) stay the
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import inspect
 import os
 from dataclasses import dataclass
@@ -70,8 +71,8 @@ class Ranks:
         rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
         import torch.distributed as dist
 
-        if not dist.is_initialized():
-            dist.init_process_group("gloo", rank=rank, world_size=world)
+        if not dist.is_initialized():  # ranks wait for each other at gathers: allow long uneven steps
+            dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(hours=2))
         return cls(rank, world, local)
 
     def device(self, requested: Optional[str]) -> Optional[str]:
