@@ -183,23 +183,29 @@ def assert_same_report(one: Path, two: Path) -> None:
         pd.testing.assert_frame_equal(pd.read_csv(one / name), pd.read_csv(two / name), rtol=1e-5, atol=1e-5)
 
 
-def test_torchrun_audit_and_compare_write_the_single_process_reports(tmp_path):
-    """2 CPU ranks (gloo) under torchrun: one report each, equal to the one-process report within 1e-5."""
+def test_torchrun_audit_compare_and_sweep_write_the_single_process_outputs(tmp_path):
+    """2 CPU ranks (gloo) under torchrun: one report (or sweep table) each, equal to the one-process one within 1e-5."""
     from reward_lens.app.cli import main
 
     audit = ["audit", "--max-pairs", "8", "--batch-size", "4"]
     compare = ["compare", "demo", "demo", "--max-pairs", "4", "--batch-size", "2"]
+    sweep = ["sweep", "--max-pairs", "6", "--chunk-size", "2", "--instruments", "patch,attribute", "--modes",
+             "noising,mean", "--batch-size", "2"]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            str(ROOT / "tests" / "torchrun_cli.py"), *audit, "--out", str(tmp_path / "a2"), "::",
-           *compare, "--out", str(tmp_path / "c2")]
+           *compare, "--out", str(tmp_path / "c2"), "::", *sweep, "--out", str(tmp_path / "s2")]
     out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert main([*audit, "--out", str(tmp_path / "a1")]) == 0
     assert main([*compare, "--out", str(tmp_path / "c1")]) == 0
+    assert main([*sweep, "--out", str(tmp_path / "s1")]) == 0
     assert_same_report(tmp_path / "a1", tmp_path / "a2")
     assert_same_report(tmp_path / "c1", tmp_path / "c2")
     assert json.loads((tmp_path / "a2" / "results.json").read_text())["world_size"] == 2
     assert json.loads((tmp_path / "a1" / "results.json").read_text())["world_size"] == 1
     assert json.loads((tmp_path / "c2" / "run.json").read_text())["world_size"] == 2
+    one, two = (pd.read_parquet(tmp_path / d / "sweep.parquet") for d in ("s1", "s2"))
+    assert len(one) and len(list((tmp_path / "s2" / "parts").iterdir())) == 3  # ranks took disjoint chunks
+    pd.testing.assert_frame_equal(one, two, rtol=1e-5, atol=1e-5)
     assert not list(tmp_path.glob("*.lock"))  # rank 0 took and released the only lock

@@ -1,4 +1,6 @@
-"""The `reward-lens` command line: `audit` (the main job), `compare` and `monitor`."""
+"""The `reward-lens` command line: `audit` (the main job), `compare`, `sweep` and `monitor`.
+
+`audit`, `compare` and `sweep` run data-parallel when launched by torchrun (`reward_lens.distributed`)."""
 
 from __future__ import annotations
 
@@ -142,6 +144,24 @@ def _write_comparison(models, pairs, args, out, info, ranks) -> None:
     print(f"[reward-lens] wrote {path / 'report.html'}")
 
 
+def cmd_sweep(args) -> int:
+    from reward_lens.app.options import sweep_spec
+    from reward_lens.app.output import provenance
+    from reward_lens.app.sweep import run_sweep
+    from reward_lens.distributed import Ranks
+
+    ranks = Ranks.from_env()
+    model, label = _load_model(args.model, ranks.device(args.device), args.dtype, args.input_format)
+    _set_threads(args.threads, model)
+    pairs = _load_pairs(args.pairs, model)
+    if args.max_pairs:
+        pairs = pairs[: args.max_pairs]
+    info = provenance(args.pairs, {k: v for k, v in vars(args).items() if k not in ("func", "debug")})
+    run_sweep(model, pairs, args.out, sweep_spec(args), batch_size=args.batch_size, model_label=label, ranks=ranks,
+              run_info=info, echo=print if ranks.is_main else (lambda _: None))
+    return 0
+
+
 def cmd_monitor(args) -> int:
     from reward_lens.integrations.monitor import render_monitor
 
@@ -196,6 +216,19 @@ def build_parser() -> argparse.ArgumentParser:
     common(compare)
     compare.set_defaults(func=cmd_compare)
 
+    sweep = sub.add_parser("sweep", help="ablation sweep (patching / AtP / attribution) into one tidy parquet; "
+                                         "resumable, torchrun-aware")
+    sweep.add_argument("--model", default=None, help="checkpoint directory or hub id (default: the demo model)")
+    sweep.add_argument("--out", default="reward-lens-sweep", help="output directory; rerun into it to resume")
+    sweep.add_argument("--instruments", default="patch", help="comma-separated: patch, atp, attribute (default patch)")
+    sweep.add_argument("--levels", default="component", help="comma-separated: component, head, residual")
+    sweep.add_argument("--modes", default="noising", help="comma-separated: noising, denoising, zero, mean")
+    sweep.add_argument("--positions", default="readout", help="readout (default), prompt or all")
+    sweep.add_argument("--method", default="fast", help="patching method: fast (KV-cache readout path) or naive")
+    sweep.add_argument("--chunk-size", type=int, default=64, help="pairs per resumable part (default 64)")
+    common(sweep)
+    sweep.set_defaults(func=cmd_sweep)
+
     monitor = sub.add_parser("monitor", help="render a RewardLensCallback training log (JSONL) as an HTML page")
     monitor.add_argument("log", metavar="LOG.jsonl", help="the log_path of reward_lens.integrations.trl's callback")
     monitor.add_argument("--out", default=None, help="output HTML file (default: LOG with .html)")
@@ -210,13 +243,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         print("reward-lens compare: error: give at least two models to compare", file=sys.stderr)
         return 2
     try:
-        if args.command in ("audit", "compare"):  # every option checked before any work
+        if args.command in ("audit", "compare", "sweep"):  # every option checked before any work
             validate_args(args)
         return args.func(args)
     except KeyboardInterrupt:
         if args.debug:
             raise
-        print(f"reward-lens {args.command}: interrupted; no partial report was written", file=sys.stderr)
+        done = ("finished chunks are kept; rerun the same command to resume" if args.command == "sweep"
+                else "no partial report was written")
+        print(f"reward-lens {args.command}: interrupted; {done}", file=sys.stderr)
         return 130
     except USER_ERRORS as exc:
         if args.debug:
