@@ -359,7 +359,7 @@ CLI_ERRORS = [
     (["--max-pairs", "0"], "--max-pairs must be >= 1"),
     (["--batch-size", "0"], "--batch-size must be >= 1"),
     (["--threads", "-2"], "--threads must be >= 1"),
-    (["--batch-size", "many"], "invalid int value: 'many'"),
+    (["--batch-size", "many"], "invalid batch size 'many' (give an integer >= 1 or auto)"),
     (["--bogus"], "unrecognized arguments: --bogus"),
     (["--pairs", "{tmp}/nope.jsonl"], "--pairs: no pairs file"),
     (["--pairs", "{tmp}"], "is a directory"),

@@ -22,7 +22,9 @@ import numpy as np
 import pandas as pd
 import torch
 
+from reward_lens import distributed as dist
 from reward_lens.app.output import ReportDir, clean_json, provenance, write_csv, write_json
+from reward_lens.core.autobatch import BatchSize
 from reward_lens.data.pairs import PreferencePair, as_pairs
 from reward_lens.data.validate import tie_indices
 from reward_lens.plotting import finish, panels
@@ -128,36 +130,71 @@ def run_audit(
     out_dir: Union[str, Path, None] = "reward-lens-report",
     *,
     max_pairs: Optional[int] = None,
-    batch_size: int = 8,
+    batch_size: Union[int, str, BatchSize] = 8,
     probe_items: Any = None,
     model_label: str = "",
     echo: Callable[[str], None] = print,
     run_info: Optional[Dict[str, Any]] = None,
-) -> AuditResult:
+    ranks: Optional[dist.Ranks] = None,
+) -> Optional[AuditResult]:
     """Run the whole audit; write report.html, results.json and CSVs into `out_dir` (None: write nothing).
 
     `out_dir` is checked (and locked) before any work and the report is swapped in whole at the end
-    (`reward_lens.app.output.ReportDir`); `run_info` (pairs file, options) goes into results.json."""
+    (`reward_lens.app.output.ReportDir`); `run_info` (pairs file, options) goes into results.json.
+    `batch_size`: an int, or "auto" (halve on out-of-memory). Under torchrun (`ranks`, default: the joined
+    process group) the pair-level instruments are sharded over ranks (`reward_lens.distributed`); rank 0
+    computes everything else on the merged results and writes the report; the other ranks return None."""
+    ranks = ranks or dist.current()
+    if not ranks.is_main:
+        shard_worker(model, pairs, max_pairs=max_pairs, batch_size=batch_size, ranks=ranks)
+        return None
     report_dir = None if out_dir is None else (out_dir if isinstance(out_dir, ReportDir) else ReportDir(out_dir))
     if run_info is None:
         run_info = provenance(pairs if isinstance(pairs, (str, Path)) else None,
-                              {"max_pairs": max_pairs, "batch_size": batch_size})
+                              {"max_pairs": max_pairs, "batch_size": batch_size if isinstance(batch_size, int) else str(batch_size)})
     with report_dir or contextlib.nullcontext():
         audit = _audit(model, pairs, max_pairs=max_pairs, batch_size=batch_size, probe_items=probe_items,
-                       model_label=model_label, echo=echo)
+                       model_label=model_label, echo=echo, ranks=ranks)
         audit.record = {**clean_json(run_info), **audit.record}
         if report_dir is not None:
             write_outputs(audit, report_dir, echo)
     return audit
 
 
-def _audit(model, pairs, *, max_pairs, batch_size, probe_items, model_label, echo) -> AuditResult:
-    """The audit's steps; `run_audit` checks the output first and writes it after."""
+def _audit_pairs(pairs, max_pairs: Optional[int]) -> list:
     pairs = as_pairs(pairs)
     if max_pairs is not None:
         if max_pairs < 1:
             raise ValueError(f"--max-pairs must be >= 1, got {max_pairs}")
         pairs = pairs[:max_pairs]
+    return pairs
+
+
+def shard_worker(model, pairs, *, max_pairs: Optional[int], batch_size, ranks: dist.Ranks) -> None:
+    """What a rank other than 0 does in an audit: its shard of every pair-level step, in rank 0's order."""
+    pairs = _audit_pairs(pairs, max_pairs)
+    sharded_steps(model, pairs, BatchSize.parse(batch_size, model.cfg.device), ranks, _Steps(lambda _: None))
+
+
+def sharded_steps(model, pairs, batch: BatchSize, ranks: dist.Ranks, step: "_Steps") -> Dict[str, Any]:
+    """The pair-level instruments, called in this one order on every rank (a collective each under
+    torchrun): rank 0 gets the results over all pairs, the other ranks None."""
+    kw = {"ranks": ranks, "batch_size": batch}
+    out = {
+        "lens": step("reward lens", lambda: dist.lens(model, pairs, **kw)),
+        "attribution": step("exact attribution", lambda: dist.attribute(model, pairs, **kw)),
+        "patching": step("contrastive patching (noising, denoising, zero, mean; fast path)",
+                         lambda: dist.patch(model, pairs, mode=list(PATCH_MODES), level="component", **kw)),
+    }
+    if len(pairs) >= 2:
+        out["divergence"] = step("divergence-aware patching", lambda: dist.divergence_patch(model, pairs, **kw))
+    return out
+
+
+def _audit(model, pairs, *, max_pairs, batch_size, probe_items, model_label, echo, ranks) -> AuditResult:
+    """The audit's steps; `run_audit` checks the output first and writes it after."""
+    pairs = _audit_pairs(pairs, max_pairs)
+    batch = BatchSize.parse(batch_size, model.cfg.device, echo)
     step = _Steps(echo)
     t0 = time.perf_counter()
     record: Dict[str, Any] = {
@@ -165,74 +202,72 @@ def _audit(model, pairs, *, max_pairs, batch_size, probe_items, model_label, ech
         "n_layers": model.cfg.n_layers, "d_model": model.cfg.d_model, "n_pairs": len(pairs),
         "head": model.cfg.head_type, "dtype": str(model.cfg.dtype).replace("torch.", ""), "device": str(model.cfg.device),
         "n_ties": len(tie_indices(pairs)),
-        "input_format": input_format_name(model),
+        "input_format": input_format_name(model), "world_size": ranks.world_size,
     }
-    results: Dict[str, Any] = {}
-    _instrument_steps(model, pairs, batch_size, step, record, results)
-    _probe_steps(model, pairs, batch_size, probe_items, step, record, results)
+    results: Dict[str, Any] = sharded_steps(model, pairs, batch, ranks, step)
+    _instrument_steps(model, pairs, batch, step, record, results)
+    _probe_steps(model, pairs, batch, probe_items, step, record, results)
     if is_armorm(model):
-        _armorm_steps(model, pairs, batch_size, step, record, results)
+        _armorm_steps(model, pairs, batch, step, record, results)
+    if batch.backoff:
+        record["batch_size_used"] = batch.size
     record["timings_s"] = step.timings
     record["total_time_s"] = round(time.perf_counter() - t0, 3)
     return AuditResult(record=_jsonable(record), frames=_frames(results), results=results)
 
 
-def _instrument_steps(model, pairs, batch_size: int, step: _Steps, record: Dict[str, Any], results: Dict[str, Any]) -> None:
-    """Lens + crystallization, attribution, patching, faithfulness and divergence: results and record entries."""
+def _instrument_steps(model, pairs, batch: BatchSize, step: _Steps, record: Dict[str, Any], results: Dict[str, Any]) -> None:
+    """Record entries of the lens + crystallization, attribution, patching and divergence results (over all
+    pairs, from `sharded_steps`); token heatmaps and the faithfulness gap, on the full set."""
     from reward_lens import instruments as ins
 
-    lens_res = results["lens"] = step("reward lens", lambda: ins.lens(model, pairs, batch_size=batch_size))
+    lens_res = results["lens"]
     record["pair_accuracy"] = float((lens_res.reward_gap > 0).float().mean())
     record["mean_reward_gap"] = float(lens_res.reward_gap.mean())
     record["crystallization_depth"] = depth_summary(lens_res)
     record["crystallization_rule"] = ("first fractional depth from which the lens gap stays within 10% of the final "
                                       "gap with the final gap's sign (LensResult.crystallization_depth)")
-    attr = results["attribution"] = step("exact attribution", lambda: ins.attribute(model, pairs, batch_size=batch_size))
+    attr, patch_res = results["attribution"], results["patching"]
     record["attribution_max_relative_error"] = float(attr.max_relative_error())
-    results.update(_token_heatmaps(model, pairs, lens_res.reward_gap, step, batch_size))
-    patch_res = results["patching"] = step(
-        "contrastive patching (noising, denoising, zero, mean; fast path)",
-        lambda: ins.patch(model, pairs, mode=list(PATCH_MODES), level="component", batch_size=batch_size))
+    results.update(_token_heatmaps(model, pairs, lens_res.reward_gap, step, batch))
     faith = results["faithfulness"] = step("faithfulness gap", lambda: ins.faithfulness(attr, patch_res, mode="noising"))
     record["faithfulness"] = {
         "mode": "noising", "mean_rho": faith.mean_rho, "mean_rho_ci": list(faith.mean_rho_ci),
         "pooled_rho": faith.pooled_rho, "pooled_rho_ci": list(faith.pooled_rho_ci),
     }
-    if len(pairs) >= 2:
-        div = results["divergence"] = step("divergence-aware patching",
-                                           lambda: ins.divergence_patch(model, pairs, batch_size=batch_size))
-        record["divergence"] = divergence_summary(div)
+    if "divergence" in results:
+        record["divergence"] = divergence_summary(results["divergence"])
 
 
-def _probe_steps(model, pairs, batch_size: int, probe_items: Any, step: _Steps, record: Dict[str, Any],
+def _probe_steps(model, pairs, batch: BatchSize, probe_items: Any, step: _Steps, record: Dict[str, Any],
                  results: Dict[str, Any]) -> None:
     """Hacking probes, misalignment cascades and the distortion index."""
     from reward_lens.probes.suite import run_probes
     from reward_lens.theory import detect_cascades
     from reward_lens.theory.distortion import distortion_from_model
 
-    probes = results["probes"] = step("hacking probes", lambda: run_probes(model, items=probe_items,
-                                                                           batch_size=batch_size))
+    probes = results["probes"] = step("hacking probes", lambda: batch.run(
+        lambda bs: run_probes(model, items=probe_items, batch_size=bs)))
     record["probes"] = probes.to_dict()["dimensions"]
     record["probe_verdict_rule"] = probes.to_dict()["verdict_rule"]
     casc = results["cascades"] = step("misalignment cascades", lambda: detect_cascades(probes))
     record["cascades"] = {"clusters": _jsonable(casc.clusters)}
     try:
-        dist = results["distortion"] = step("distortion index", lambda: distortion_from_model(
-            model, pairs, probes, batch_size=batch_size))
-        record["distortion"] = _jsonable(dist.to_frame().to_dict("records"))
+        distortion = results["distortion"] = step("distortion index", lambda: batch.run(
+            lambda bs: distortion_from_model(model, pairs, probes, batch_size=bs)))
+        record["distortion"] = _jsonable(distortion.to_frame().to_dict("records"))
     except ValueError as exc:  # e.g. too few pairs per subset: reported, the rest of the audit stands
         record["distortion"] = {"skipped": str(exc)}
 
 
-def _armorm_steps(model, pairs, batch_size: int, step: _Steps, record: Dict[str, Any], results: Dict[str, Any]) -> None:
-    """ArmoRM's gate and per-objective view, and the conflicts between its objectives."""
+def _armorm_steps(model, pairs, batch: BatchSize, step: _Steps, record: Dict[str, Any], results: Dict[str, Any]) -> None:
+    """ArmoRM's gate and per-objective view, and the conflicts between its objectives (on rank 0)."""
     from reward_lens.theory import reward_conflicts
 
-    results["armorm"] = step("ArmoRM gate and objectives", lambda: _armorm_view(model, pairs, batch_size))
+    results["armorm"] = step("ArmoRM gate and objectives", lambda: batch.run(lambda bs: _armorm_view(model, pairs, bs)))
     record["armorm"] = results["armorm"]["summary"]
-    conf = results["conflicts"] = step("reward-term conflicts", lambda: reward_conflicts(model, pairs,
-                                                                                         batch_size=batch_size))
+    conf = results["conflicts"] = step("reward-term conflicts", lambda: batch.run(
+        lambda bs: reward_conflicts(model, pairs, batch_size=bs)))
     record["conflicts"] = _jsonable(conf.to_frame().to_dict("records"))
 
 
@@ -252,14 +287,15 @@ def _frames(results: Dict[str, Any]) -> Dict[str, pd.DataFrame]:
     return frames
 
 
-def _token_heatmaps(model, pairs, gap: torch.Tensor, step: _Steps, batch_size: int) -> Dict[str, Any]:
+def _token_heatmaps(model, pairs, gap: torch.Tensor, step: _Steps, batch: BatchSize) -> Dict[str, Any]:
     """{"tokens": TokenAttributionResult} of the pairs with the largest |reward gap| ({} on the generic path)."""
     from reward_lens.instruments.tokens import supports_token_attribution, token_attribution
 
     if not supports_token_attribution(model):
         return {}
     top = [pairs[int(i)] for i in torch.argsort(gap.abs(), descending=True)[:TOKEN_PAIRS]]
-    return {"tokens": step("token attribution (largest gaps)", lambda: token_attribution(model, top, batch_size=batch_size))}
+    return {"tokens": step("token attribution (largest gaps)", lambda: batch.run(
+        lambda bs: token_attribution(model, top, batch_size=bs)))}
 
 
 def depth_summary(lens_res) -> Dict[str, Any]:

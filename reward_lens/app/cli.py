@@ -1,4 +1,6 @@
-"""The `reward-lens` command line: `audit` (the main job), `compare` and `monitor`."""
+"""The `reward-lens` command line: `audit` (the main job), `compare`, `sweep` and `monitor`.
+
+`audit`, `compare` and `sweep` run data-parallel when launched by torchrun (`reward_lens.distributed`)."""
 
 from __future__ import annotations
 
@@ -66,27 +68,40 @@ def _set_threads(threads: Optional[int], model) -> None:
         torch.set_num_threads(threads)
 
 
+def _report_dir(out: str, ranks):
+    """The locked output directory on rank 0 (the only writer); nothing on the other ranks of a torchrun."""
+    import contextlib
+
+    from reward_lens.app.output import ReportDir
+
+    return ReportDir(out) if ranks.is_main else contextlib.nullcontext()
+
+
 def cmd_audit(args) -> int:
     from reward_lens.app.audit import run_audit
-    from reward_lens.app.output import ReportDir, provenance
+    from reward_lens.app.output import provenance
+    from reward_lens.distributed import Ranks
 
-    with ReportDir(args.out) as out:  # checked and locked before any work
-        model, label = _load_model(args.model, args.device, args.dtype, args.input_format)
+    ranks = Ranks.from_env()  # torchrun: this process's rank; one rank otherwise
+    with _report_dir(args.out, ranks) as out:  # checked and locked before any work
+        model, label = _load_model(args.model, ranks.device(args.device), args.dtype, args.input_format)
         _set_threads(args.threads, model)
         pairs = _load_pairs(args.pairs, model)
         info = provenance(args.pairs, {k: v for k, v in vars(args).items() if k not in ("func", "debug")})
         run_audit(model, pairs, out, max_pairs=args.max_pairs, batch_size=args.batch_size, model_label=label,
-                  run_info=info)
+                  run_info=info, ranks=ranks)
     return 0
 
 
 def cmd_compare(args) -> int:
-    from reward_lens.app.output import ReportDir, provenance
+    from reward_lens.app.output import provenance
+    from reward_lens.distributed import Ranks
 
-    with ReportDir(args.out) as out:  # checked and locked before any work
+    ranks = Ranks.from_env()
+    with _report_dir(args.out, ranks) as out:  # checked and locked before any work
         models = {}
         for spec in args.models:
-            model, label = _load_model(spec, args.device, args.dtype, args.input_format)
+            model, label = _load_model(spec, ranks.device(args.device), args.dtype, args.input_format)
             name = Path(label).name or label
             while name in models:
                 name += "'"
@@ -96,16 +111,19 @@ def cmd_compare(args) -> int:
         if args.max_pairs:
             pairs = pairs[: args.max_pairs]
         info = provenance(args.pairs, {k: v for k, v in vars(args).items() if k not in ("func", "debug")})
-        _write_comparison(models, pairs, args, out, info)
+        info["world_size"] = ranks.world_size
+        _write_comparison(models, pairs, args, out, info, ranks)
     return 0
 
 
-def _write_comparison(models, pairs, args, out, info) -> None:
+def _write_comparison(models, pairs, args, out, info, ranks) -> None:
     from reward_lens.app.output import write_csv, write_json
     from reward_lens.app.report import Report
     from reward_lens.instruments.compare import compare_models
 
-    result = compare_models(models, pairs, probes=True, batch_size=args.batch_size, progress=True)
+    result = compare_models(models, pairs, probes=True, batch_size=args.batch_size, progress=True, ranks=ranks)
+    if result is None:  # a rank other than 0: its shards are in rank 0's result
+        return
     report = Report("reward-lens comparison: " + " vs ".join(models))
     sec = report.section("Summary")
     sec.text("Only basis-free quantities are compared: residual bases differ between models, so directions and "
@@ -126,11 +144,39 @@ def _write_comparison(models, pairs, args, out, info) -> None:
     print(f"[reward-lens] wrote {path / 'report.html'}")
 
 
+def cmd_sweep(args) -> int:
+    from reward_lens.app.options import sweep_spec
+    from reward_lens.app.output import provenance
+    from reward_lens.app.sweep import run_sweep
+    from reward_lens.distributed import Ranks
+
+    ranks = Ranks.from_env()
+    model, label = _load_model(args.model, ranks.device(args.device), args.dtype, args.input_format)
+    _set_threads(args.threads, model)
+    pairs = _load_pairs(args.pairs, model)
+    if args.max_pairs:
+        pairs = pairs[: args.max_pairs]
+    info = provenance(args.pairs, {k: v for k, v in vars(args).items() if k not in ("func", "debug")})
+    run_sweep(model, pairs, args.out, sweep_spec(args), batch_size=args.batch_size, model_label=label, ranks=ranks,
+              run_info=info, echo=print if ranks.is_main else (lambda _: None))
+    return 0
+
+
 def cmd_monitor(args) -> int:
     from reward_lens.integrations.monitor import render_monitor
 
     print(f"[reward-lens] wrote {render_monitor(args.log, args.out)}")
     return 0
+
+
+def batch_size_arg(text: str):
+    """--batch-size: an integer, or "auto"."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid batch size {text!r} (give an integer >= 1 or auto)") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -152,7 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--device", default=None, help="cpu or cuda[:i] (default: cuda when available, else cpu)")
         p.add_argument("--dtype", default=None, help="float32 (default), bfloat16 or float16")
         p.add_argument("--max-pairs", type=int, default=None, help="use only the first N pairs")
-        p.add_argument("--batch-size", type=int, default=8)
+        p.add_argument("--batch-size", type=batch_size_arg, default=8,
+                       help="pairs per batch (default 8), or auto: start by device and halve on out-of-memory")
         p.add_argument("--threads", type=int, default=None,
                        help="torch CPU threads (default: 1 for models with d_model <= 1024 on CPU, else torch's)")
         p.add_argument("--debug", action="store_true", help="show the full traceback of an error")
@@ -169,6 +216,19 @@ def build_parser() -> argparse.ArgumentParser:
     common(compare)
     compare.set_defaults(func=cmd_compare)
 
+    sweep = sub.add_parser("sweep", help="ablation sweep (patching / AtP / attribution) into one tidy parquet; "
+                                         "resumable, torchrun-aware")
+    sweep.add_argument("--model", default=None, help="checkpoint directory or hub id (default: the demo model)")
+    sweep.add_argument("--out", default="reward-lens-sweep", help="output directory; rerun into it to resume")
+    sweep.add_argument("--instruments", default="patch", help="comma-separated: patch, atp, attribute (default patch)")
+    sweep.add_argument("--levels", default="component", help="comma-separated: component, head, residual")
+    sweep.add_argument("--modes", default="noising", help="comma-separated: noising, denoising, zero, mean")
+    sweep.add_argument("--positions", default="readout", help="readout (default), prompt or all")
+    sweep.add_argument("--method", default="fast", help="patching method: fast (KV-cache readout path) or naive")
+    sweep.add_argument("--chunk-size", type=int, default=64, help="pairs per resumable part (default 64)")
+    common(sweep)
+    sweep.set_defaults(func=cmd_sweep)
+
     monitor = sub.add_parser("monitor", help="render a RewardLensCallback training log (JSONL) as an HTML page")
     monitor.add_argument("log", metavar="LOG.jsonl", help="the log_path of reward_lens.integrations.trl's callback")
     monitor.add_argument("--out", default=None, help="output HTML file (default: LOG with .html)")
@@ -183,13 +243,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         print("reward-lens compare: error: give at least two models to compare", file=sys.stderr)
         return 2
     try:
-        if args.command in ("audit", "compare"):  # every option checked before any work
+        if args.command in ("audit", "compare", "sweep"):  # every option checked before any work
             validate_args(args)
         return args.func(args)
     except KeyboardInterrupt:
         if args.debug:
             raise
-        print(f"reward-lens {args.command}: interrupted; no partial report was written", file=sys.stderr)
+        done = ("finished chunks are kept; rerun the same command to resume" if args.command == "sweep"
+                else "no partial report was written")
+        print(f"reward-lens {args.command}: interrupted; {done}", file=sys.stderr)
         return 130
     except USER_ERRORS as exc:
         if args.debug:

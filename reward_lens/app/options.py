@@ -1,4 +1,4 @@
-"""Every CLI option checked before any work, the same way for every command (`audit`, `compare`).
+"""Every CLI option checked before any work, the same way for every command (`audit`, `compare`, `sweep`).
 
 A bad value is a `CLIError` with one line that names the option and says what to give; nothing is
 loaded or written first. `--out` is checked by `reward_lens.app.output.check_out_dir`.
@@ -77,17 +77,39 @@ def check_model_spec(spec: Optional[str]) -> None:
                        "weights, or a hub id such as 'Skywork/Skywork-Reward-Llama-3.1-8B-v0.2'")
 
 
+def split_list(text: str) -> tuple:
+    """'a, b,a' -> ('a', 'b'): a comma-separated option, deduplicated in order."""
+    return tuple(dict.fromkeys(v.strip() for v in str(text).split(",") if v.strip()))
+
+
+def sweep_spec(args: Any):
+    """The SweepSpec of `reward-lens sweep`'s options, checked (CLIError naming the option)."""
+    from reward_lens.app.sweep import SweepSpec
+
+    spec = SweepSpec(instruments=split_list(args.instruments), levels=split_list(args.levels),
+                     modes=split_list(args.modes), positions=args.positions, method=args.method,
+                     chunk_size=args.chunk_size)
+    try:
+        return spec.check()
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None
+
+
 def validate_args(args: Any) -> None:
     """All options of `args` (an argparse namespace of any command), before any work."""
     check_device(args.device)
     check_dtype(args.dtype)
     check_positive("--max-pairs", args.max_pairs)
-    check_positive("--batch-size", args.batch_size)
+    if args.batch_size != "auto":
+        check_positive("--batch-size", args.batch_size)
     check_positive("--threads", args.threads)
     check_pairs_file(args.pairs)
     for spec in getattr(args, "models", None) or [getattr(args, "model", None)]:
         check_model_spec(spec)
+    sweep = getattr(args, "command", None) == "sweep"
+    if sweep:
+        sweep_spec(args)
     try:
-        check_out_dir(args.out)
+        check_out_dir(args.out, sweep=sweep)
     except ValueError as exc:
         raise CLIError(str(exc)) from None

@@ -30,8 +30,9 @@ class OutputError(ValueError):
     """`--out` cannot hold a report; the message says why and what to do."""
 
 
-def check_out_dir(out: Union[str, Path, None]) -> Path:
-    """`out` as an absolute path that can hold a report; an OutputError (one line) otherwise."""
+def check_out_dir(out: Union[str, Path, None], sweep: bool = False) -> Path:
+    """`out` as an absolute path that can hold a report (`sweep`: a resumable sweep, `SweepDir`); an
+    OutputError (one line) otherwise."""
     if out is None or str(out).strip() == "":
         raise OutputError("the output directory is empty (--out ''); give a directory name such as reward-lens-report")
     path = Path(out).expanduser().absolute()
@@ -40,7 +41,10 @@ def check_out_dir(out: Union[str, Path, None]) -> Path:
                           "(e.g. --out reward-lens-report), which is replaced as a whole")
     if path.exists() and not path.is_dir():
         raise OutputError(f"--out {str(path)!r} is a file, not a directory; choose another --out")
-    if path.is_dir() and any(path.iterdir()) and not is_report_dir(path):
+    if sweep and path.is_dir() and any(path.iterdir()) and not (path / SWEEP_MANIFEST).is_file():
+        raise OutputError(f"--out {str(path)!r} is a non-empty directory that is not a reward-lens sweep; choose a "
+                          "new or empty directory (a sweep there is resumed)")
+    if not sweep and path.is_dir() and any(path.iterdir()) and not is_report_dir(path):
         raise OutputError(f"--out {str(path)!r} is a non-empty directory that is not a reward-lens report; "
                           "choose a new or empty directory (an earlier report there would be replaced)")
     parent = path.parent
@@ -83,11 +87,14 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+SWEEP_MANIFEST = "sweep.json"
+
+
 class ReportDir:
     """A checked output directory with an exclusive lock; `commit(write)` swaps a finished report in."""
 
-    def __init__(self, out: Union[str, Path]):
-        self.path = check_out_dir(out)
+    def __init__(self, out: Union[str, Path], sweep: bool = False):
+        self.path = check_out_dir(out, sweep)
         self.lock = self.path.with_name(self.path.name + ".lock")
         self._held = False
         self._depth = 0  # re-entrant: the CLI holds the lock, run_audit enters again

@@ -28,16 +28,18 @@ def tokenize(model, prompts: Sequence[str], responses: Sequence[str], padding_si
     return Tokenized(ids, mask, model.readout_positions(ids, mask))
 
 
-def batches(n: int, batch_size: int, progress: Union[bool, str] = False) -> Iterator[slice]:
-    """Slices covering range(n) in chunks; a tqdm bar when `progress` (a str is its label)."""
+def batches(n: int, batch_size: int, progress: Union[bool, str] = False, within: Optional[slice] = None) -> Iterator[slice]:
+    """Slices covering range(n) in chunks; a tqdm bar when `progress` (a str is its label). `within`: only
+    the chunks of that part of range(n) (a data-parallel rank's shard), starting at its start."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    starts = range(0, n, batch_size)
-    if progress and n > batch_size:
+    lo, hi = (0, n) if within is None else (within.start or 0, min(n, within.stop))
+    starts = range(lo, hi, batch_size)
+    if progress and hi - lo > batch_size:
         starts = tqdm(starts, desc=progress if isinstance(progress, str) else None, leave=False)
     with one_truncation_warning():  # inputs cut in any batch: one warning when the loop ends
         for s in starts:
-            yield slice(s, min(n, s + batch_size))
+            yield slice(s, min(hi, s + batch_size))
 
 
 @dataclass
@@ -99,8 +101,11 @@ def tokenize_pair_batch(model, pairs: Sequence, index: slice, padding_side: Opti
         chosen = tokenize(model, [p.prompt for p in pairs], [p.chosen for p in pairs], padding_side)
         rejected = tokenize(model, [p.prompt for p in pairs], [p.rejected for p in pairs], padding_side)
     prompt_len = []
+    # On the host, once per batch: a per-pair comparison of device ids would sync the device per pair.
+    host_c, host_r = Tokenized(chosen.input_ids.cpu(), chosen.attention_mask.cpu(), chosen.readout), \
+        Tokenized(rejected.input_ids.cpu(), rejected.attention_mask.cpu(), rejected.readout)
     for b, p in enumerate(pairs):
-        c, r = unpadded(chosen, b), unpadded(rejected, b)
+        c, r = unpadded(host_c, b), unpadded(host_r, b)
         n = min(len(c), len(r))
         given = getattr(p, "prompt_len", None)
         if given is not None:
@@ -116,9 +121,11 @@ def tokenize_pair_batch(model, pairs: Sequence, index: slice, padding_side: Opti
 
 
 def pair_batches(
-    model, pairs: Sequence, batch_size: int, progress: Union[bool, str] = False, padding_side: Optional[str] = None
+    model, pairs: Sequence, batch_size: int, progress: Union[bool, str] = False, padding_side: Optional[str] = None,
+    within: Optional[slice] = None,
 ) -> Iterator[PairBatch]:
-    for sl in batches(len(pairs), batch_size, progress):
+    """PairBatches of `pairs` (of `pairs[within]` only, with indices into `pairs`, when given)."""
+    for sl in batches(len(pairs), batch_size, progress, within):
         yield tokenize_pair_batch(model, pairs[sl], sl, padding_side)
 
 

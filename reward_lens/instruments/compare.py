@@ -37,6 +37,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 import numpy as np
 import pandas as pd
 
+from reward_lens.core.autobatch import BatchSize
 from reward_lens.plotting import figure_axes, finish, panels, pyplot
 from reward_lens.stats import bootstrap_indices, check_level, crystallization_depth, percentile_ci
 
@@ -150,18 +151,21 @@ def model_profile(
     *,
     name: str = "model",
     variant: str = "normed",
-    batch_size: int = 8,
+    batch_size: Any = 8,
     progress: Union[bool, str] = False,
-) -> ModelProfile:
+    ranks: Any = None,
+) -> Optional[ModelProfile]:
     """Run the reward lens and the exact attribution (`reward_lens.instruments`) of `model` on `pairs`
-    and keep the basis-free parts: gaps, the lens of the gap by depth, the attribution of the gap."""
+    and keep the basis-free parts: gaps, the lens of the gap by depth, the attribution of the gap.
+    Under torchrun (`ranks`, `reward_lens.distributed`) the pairs are sharded; rank 0 gets the profile,
+    the other ranks None."""
+    from reward_lens import distributed as dist
     from reward_lens.data.pairs import as_pairs
-    from reward_lens.instruments import attribute, lens
 
     pairs = as_pairs(pairs)
-    lr = lens(model, pairs, batch_size=batch_size, progress=progress)
-    ar = attribute(model, pairs, heads=False, batch_size=batch_size, progress=progress)
-    return profile_from_results(name, lr, ar, variant=variant)
+    lr = dist.lens(model, pairs, ranks=ranks, batch_size=batch_size, progress=progress)
+    ar = dist.attribute(model, pairs, ranks=ranks, heads=False, batch_size=batch_size, progress=progress)
+    return None if lr is None else profile_from_results(name, lr, ar, variant=variant)
 
 
 def crystallization_depths(lens_gap: np.ndarray, depths: np.ndarray, tol: float = 0.1) -> np.ndarray:
@@ -359,7 +363,8 @@ def compare_profiles(
     n_boot: int = 1000,
     seed: int = 0,
     level: float = 0.95,
-) -> ComparisonResult:
+    ranks: Any = None,
+) -> Optional[ComparisonResult]:
     """Compare precomputed model profiles measured on the same pairs (in the same order)."""
     check_level(level)
     profs = _checked_profiles(profiles)
@@ -491,7 +496,7 @@ def _probe_metrics(probes: pd.DataFrame, a: str, b: str) -> Dict[str, float]:
     return out
 
 
-def _probe_results(models: Mapping[str, Any], probes: Any, batch_size: int) -> Dict[str, Any]:
+def _probe_results(models: Mapping[str, Any], probes: Any, batch: BatchSize) -> Dict[str, Any]:
     if probes is None or probes is False:
         return {}
     if probes is True:
@@ -500,7 +505,7 @@ def _probe_results(models: Mapping[str, Any], probes: Any, batch_size: int) -> D
         except ImportError:
             raise ValueError("the hacking probe suite (reward_lens.probes.suite) is not available in this install; "
                              "pass probes={name: probe_result_or_frame} instead") from None
-        return {n: run_probes(m, batch_size=batch_size) for n, m in models.items()}
+        return {n: batch.run(lambda bs, m=m: run_probes(m, batch_size=bs)) for n, m in models.items()}
     if isinstance(probes, Mapping):
         unknown = [k for k in probes if k not in models]
         if unknown:
@@ -522,7 +527,8 @@ def compare_models(
     n_boot: int = 1000,
     seed: int = 0,
     level: float = 0.95,
-) -> ComparisonResult:
+    ranks: Any = None,
+) -> Optional[ComparisonResult]:
     """Compare two or more reward models on the same pairs with basis-free, scale-free quantities.
 
     `models`: name -> HookedRewardModel (any widths, depths, architectures; each uses its own tokenizer).
@@ -530,17 +536,25 @@ def compare_models(
     `probes`: None; True to run the hacking probe suite on every model; or name -> probe result / frame.
     `variant`: the lens variant for curves and crystallization ("normed", the logit-lens analogue and the
     lens instrument's default, or "frozen", additive); `tol`: crystallization tolerance (relative).
+    Under torchrun (`ranks`) the lens and attribution are sharded over ranks and rank 0 compares (the
+    other ranks get None).
     """
+    from reward_lens import distributed as dist
     from reward_lens.data.pairs import as_pairs
 
     if not isinstance(models, Mapping) or len(models) < 2:
         raise ValueError("compare_models needs a dict of at least two models, e.g. {'a': model_a, 'b': model_b}")
     pairs = as_pairs(pairs)
-    probe_results = _probe_results(models, probes, batch_size)
+    ranks = ranks or dist.current()
+    batch = BatchSize.parse(batch_size, next(iter(models.values())).cfg.device)
+    probe_results = _probe_results(models, probes, batch) if ranks.is_main else {}  # probe items: on rank 0
+    built = {name: model_profile(model, pairs, name=str(name), variant=variant, batch_size=batch,
+                                 progress=f"{name}" if progress else False, ranks=ranks)
+             for name, model in models.items()}
+    if not ranks.is_main:
+        return None
     profiles = []
-    for name, model in models.items():
-        prof = model_profile(model, pairs, name=str(name), variant=variant, batch_size=batch_size,
-                             progress=f"{name}" if progress else False)
+    for name, prof in built.items():
         if name in probe_results:
             prof.probes = probe_results[name]
         profiles.append(prof)

@@ -187,10 +187,16 @@ def divergence_patch(
     batch_size: int = 8,
     padding_side: Optional[str] = None,
     means: Optional[Dict[str, torch.Tensor]] = None,
+    reference: Optional[Dict[str, PCAMahalanobis]] = None,
+    shard: Optional[slice] = None,
     progress: Union[bool, str] = True,
 ) -> DivergenceResult:
     """Readout patching of `level` in `mode` with an OOD score per patch, a threshold calibrated on
-    clean-vs-clean swaps and flags (see the module docstring). Needs at least 2 pairs."""
+    clean-vs-clean swaps and flags (see the module docstring). Needs at least 2 pairs.
+
+    `reference`: state hook -> a fit (`fit_reference`) to score against instead of fitting on `pairs`.
+    `shard`: patch and score only `pairs[shard]` (the swaps still take the next pair of all `pairs`; the
+    threshold is then this shard's, so `reward_lens.distributed` recomputes it over the merged shards)."""
     pairs = as_pairs(pairs)
     target = _check_divergence_options(model, pairs, mode, target, method, state, quantile)
     cfg = model.cfg
@@ -199,10 +205,13 @@ def divergence_patch(
     if mode == "mean" and means is None:
         means = site_means(model, pairs, sites, "readout", batch_size=batch_size, padding_side=padding_side)
     ids = pair_labels(pairs)
-    scorer = _Scorer(hooks, method, _fit_reference(model, pairs, hooks, method, n_components, max_reference,
-                                                   batch_size, padding_side, progress))
+    if reference is None and method == "mahalanobis":
+        ref = reference_states(model, reference_pairs(pairs, max_reference), hooks, batch_size, padding_side, progress)
+        reference = fit_reference(ref, n_components)
+    scorer = _Scorer(hooks, method, reference or {})
+    shard = shard or slice(0, len(pairs))
     patched, clean_c, clean_r, scores, calib = [], [], [], [], []
-    for batch in pair_batches(model, pairs, batch_size, progress and "divergence: patching", padding_side):
+    for batch in pair_batches(model, pairs, batch_size, progress and "divergence: patching", padding_side, shard):
         out = patch_batch(model, batch, sites, [mode], "readout", "fast", means, ids[batch.index], 64)
         if (mode, target) not in out.entries:  # (the generic path was refused above)
             raise ValueError("divergence_patch needs the readout to be each sequence's last attended token")
@@ -215,15 +224,15 @@ def divergence_patch(
         scores.append(scorer(entry if state == "site" else out.final[(mode, target)], clean_states))
         entry_c, final_c = _clean_swaps(model, pairs, batch, tcap, sites, target, state, ids, padding_side)
         calib.append(scorer(entry_c if state == "site" else final_c, clean_states))
-    scores_t, calib_t = torch.cat(scores), torch.cat(calib)
+    scores_t, calib_t = torch.cat(scores).float(), torch.cat(calib).float()
     result = PatchResult(
-        pair_ids=ids, sites=sites, positions="readout", method="fast",
+        pair_ids=ids[shard], sites=sites, positions="readout", method="fast",
         clean_chosen=torch.cat(clean_c).cpu(), clean_rejected=torch.cat(clean_r).cpu(),
         patched={(mode, target): torch.cat(patched).cpu()},
     )
     return DivergenceResult(
-        patching=result, mode=mode, target=target, scores=scores_t.float(), calibration_scores=calib_t.float(),
-        threshold=torch.quantile(calib_t, quantile, dim=0).float(),
+        patching=result, mode=mode, target=target, scores=scores_t, calibration_scores=calib_t,
+        threshold=calibrated_threshold(calib_t, quantile),
         settings={"state": state, "method": method, "n_components": n_components, "quantile": quantile},
     )
 
@@ -250,23 +259,35 @@ def _check_divergence_options(model, pairs, mode, target, method, state, quantil
     return target
 
 
-def _fit_reference(model, pairs, hooks, method, n_components, max_reference, batch_size, padding_side, progress):
-    """One PCA-Mahalanobis fit per state hook on the clean readout states of both responses (method
-    "mahalanobis"; {} otherwise)."""
-    if method != "mahalanobis":
-        return {}
+def calibrated_threshold(calibration_scores: torch.Tensor, quantile: float) -> torch.Tensor:
+    """[n_sites] the `quantile` of the clean-swap scores of each site (over all pairs given)."""
+    return torch.quantile(calibration_scores.double(), quantile, dim=0).float()
+
+
+def reference_pairs(pairs: Sequence, max_reference: Optional[int]) -> List:
+    """The pairs whose clean states the Mahalanobis fit uses: all, or `max_reference` evenly spaced."""
     n = len(pairs)
     if max_reference is None or max_reference >= n:
-        ref_pairs = pairs
-    else:
-        ref_pairs = [pairs[i] for i in np.linspace(0, n - 1, max_reference).round().astype(int)]
+        return list(pairs)
+    return [pairs[i] for i in np.linspace(0, n - 1, max_reference).round().astype(int)]
+
+
+def reference_states(model, ref_pairs, hooks, batch_size: int = 8, padding_side=None, progress=False,
+                     within: Optional[slice] = None) -> Dict[str, torch.Tensor]:
+    """State hook -> [2 * n_pairs, d_model] clean readout states (each batch's chosen, then its rejected),
+    float32 on the host; of `ref_pairs[within]` only when given."""
     states: Dict[str, List[torch.Tensor]] = {h: [] for h in set(hooks)}
-    for batch in pair_batches(model, ref_pairs, batch_size, progress and "divergence: reference", padding_side):
+    for batch in pair_batches(model, ref_pairs, batch_size, progress and "divergence: reference", padding_side, within):
         for tok in (batch.chosen, batch.rejected):
             cap = capture(model, tok, readout_names=sorted(states))
             for h in states:
                 states[h].append(cap.at_readout[h].float().cpu())
-    return {h: PCAMahalanobis.fit(torch.cat(v), n_components) for h, v in states.items()}
+    return {h: torch.cat(v) for h, v in states.items()}
+
+
+def fit_reference(states: Dict[str, torch.Tensor], n_components: Optional[int] = None) -> Dict[str, PCAMahalanobis]:
+    """One PCA-Mahalanobis fit per state hook (`reference_states`)."""
+    return {h: PCAMahalanobis.fit(v, n_components) for h, v in states.items()}
 
 
 class _Scorer:
@@ -277,8 +298,9 @@ class _Scorer:
 
     def __call__(self, states: torch.Tensor, clean: Dict[str, torch.Tensor]) -> torch.Tensor:
         out = []
+        states = states.float().cpu()  # one transfer per batch, not one per site
         for i, h in enumerate(self.hooks):
-            x = states[:, i].float().cpu()
+            x = states[:, i]
             if self.method == "mahalanobis":
                 out.append(self.fits[h].score(x))
             else:

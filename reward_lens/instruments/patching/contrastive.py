@@ -192,10 +192,10 @@ class PatchResult(PairRewards):
 
 
 @torch.no_grad()
-def site_means(model, pairs, sites: Sequence[Site], positions: str = "readout", *, batch_size: int = 8,
-               padding_side: Optional[str] = None, progress: Union[bool, str] = False) -> Dict[str, torch.Tensor]:
-    """Mean activation of each site over both responses of every pair: at the readout (positions=
-    "readout") or over every real token (otherwise). The values mean ablation writes."""
+def site_sums(model, pairs, sites: Sequence[Site], positions: str = "readout", *, batch_size: int = 8,
+              padding_side: Optional[str] = None, progress: Union[bool, str] = False) -> Tuple[Dict[str, torch.Tensor], int]:
+    """(hook name -> float64 sum of its activation, count) over both responses of every pair: at the
+    readout (positions="readout") or over every real token. Sums of disjoint pair sets add up (ranks)."""
     L = model.cfg.n_layers
     hooks = sorted({s.hook_name(L) for s in sites})
     sums: Dict[str, torch.Tensor] = {}
@@ -213,7 +213,22 @@ def site_means(model, pairs, sites: Sequence[Site], positions: str = "readout", 
                 count += int(m.sum())
             for h, v in acts.items():
                 sums[h] = sums.get(h, 0) + v
-    return {s.name: select(s, sums[s.hook_name(L)] / count).to(model.cfg.dtype) for s in sites}
+    return sums, count
+
+
+def means_from_sums(model, sites: Sequence[Site], sums: Dict[str, torch.Tensor], count: int) -> Dict[str, torch.Tensor]:
+    """Site name -> mean activation (the model's dtype) from `site_sums`' sums and count."""
+    L = model.cfg.n_layers
+    return {s.name: select(s, sums[s.hook_name(L)].to(model.cfg.device) / count).to(model.cfg.dtype) for s in sites}
+
+
+def site_means(model, pairs, sites: Sequence[Site], positions: str = "readout", *, batch_size: int = 8,
+               padding_side: Optional[str] = None, progress: Union[bool, str] = False) -> Dict[str, torch.Tensor]:
+    """Mean activation of each site over both responses of every pair: at the readout (positions=
+    "readout") or over every real token (otherwise). The values mean ablation writes."""
+    sums, count = site_sums(model, pairs, sites, positions, batch_size=batch_size, padding_side=padding_side,
+                            progress=progress)
+    return means_from_sums(model, sites, sums, count)
 
 
 def patch(

@@ -31,10 +31,11 @@ def patch_positions(batch: PairBatch, positions: str, target: Tokenized, source:
     """The target's patched positions and the source's matching ones ("readout": readout onto readout;
     "prompt": the shared prompt tokens, k onto k; "all": every token, equal lengths needed)."""
     B = target.input_ids.shape[0]
+    if positions == "readout":  # stays on the device: no host sync per batch and mode
+        rows = torch.arange(B, device=target.readout.device)
+        return Positions(rows, target.readout, rows if source is not None else None,
+                         source.readout.to(rows.device) if source is not None else None)
     rows = torch.arange(B)
-    if positions == "readout":
-        return Positions(rows, target.readout.cpu(), rows if source is not None else None,
-                         source.readout.cpu() if source is not None else None)
     if positions == "prompt":
         counts = batch.prompt_len.cpu()
     else:  # "all"

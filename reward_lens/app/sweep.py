@@ -1,0 +1,193 @@
+"""`reward-lens sweep`: scripted ablation sweeps over a pairs file, as one tidy table; resumable; torchrun-aware.
+
+A sweep runs the chosen instruments (`patch`: contrastive activation patching, `atp`: attribution
+patching, `attribute`: exact direct attribution) over every pair for the chosen levels, modes and
+positions, and writes `sweep.parquet` and `sweep.csv`: the instruments' own tidy frames
+(`PatchResult.to_frame()`, `AtPResult.to_frame()`, `AttributionResult.to_frame(level)`) stacked, with an
+`instrument` column (a column an instrument does not have is empty in its rows).
+
+Resuming: the pairs are cut into chunks of `chunk_size`; each finished chunk is written at once to
+`parts/chunk-NNNNN.parquet` (atomically), and `sweep.json` (the manifest) records the options, the pairs'
+fingerprint and the model. Rerunning the same command into the same `--out` skips the chunks already
+written (a different sweep there is refused) and merges all parts in pair order at the end, so an
+interrupted sweep ends with the same table as an uninterrupted one. Mean-ablation values are computed
+once over all pairs and kept in `means.pt`.
+
+Under torchrun, rank r takes chunks r, r + world, ... (disjoint; each writes its own parts), and rank 0
+merges. Results equal the one-process sweep: a chunk is computed the same way whichever rank runs it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+import pandas as pd
+import torch
+
+from reward_lens import distributed as dist
+from reward_lens.app.output import SWEEP_MANIFEST, ReportDir, clean_json, write_csv
+from reward_lens.core.autobatch import BatchSize
+from reward_lens.data.pairs import TokenPair, as_pairs, pair_labels
+from reward_lens.instruments.attribution import attribute
+from reward_lens.instruments.patching.atp import attribution_patch
+from reward_lens.instruments.patching.contrastive import patch
+from reward_lens.instruments.patching.spec import METHODS, MODES, POSITIONS
+from reward_lens.instruments.sites import sites_for
+
+INSTRUMENTS = ("patch", "atp", "attribute")
+LEVELS = ("component", "head", "residual")
+ATTRIBUTION_LEVELS = ("component", "head")
+PARTS = "parts"
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    """What a sweep computes; `chunk_size` pairs per resumable part."""
+
+    instruments: Tuple[str, ...] = ("patch",)
+    levels: Tuple[str, ...] = ("component",)
+    modes: Tuple[str, ...] = ("noising",)
+    positions: str = "readout"
+    method: str = "fast"
+    chunk_size: int = 64
+
+    def check(self) -> "SweepSpec":
+        """Every option valid (a one-line ValueError naming the option otherwise)."""
+        for name, given, allowed in (("--instruments", self.instruments, INSTRUMENTS), ("--levels", self.levels, LEVELS),
+                                     ("--modes", self.modes, MODES)):
+            bad = [v for v in given if v not in allowed]
+            if not given or bad:
+                raise ValueError(f"{name}: {', '.join(bad) or 'nothing'} given; use one or more of {', '.join(allowed)} "
+                                 "(comma-separated)")
+        if self.positions not in POSITIONS:
+            raise ValueError(f"--positions {self.positions!r}: use one of {', '.join(POSITIONS)}")
+        if self.method not in METHODS:
+            raise ValueError(f"--method {self.method!r}: use one of {', '.join(METHODS)}")
+        if not isinstance(self.chunk_size, int) or self.chunk_size < 1:
+            raise ValueError(f"--chunk-size must be >= 1, got {self.chunk_size}")
+        if "attribute" in self.instruments and not set(self.levels) & set(ATTRIBUTION_LEVELS):
+            raise ValueError(f"--instruments attribute has no {'/'.join(self.levels)} terms; add --levels component "
+                             "or head")
+        return self
+
+
+def pairs_fingerprint(pairs: Sequence[Any]) -> str:
+    """SHA-256 of the pairs' contents (text or token ids) and ids, in order."""
+    h = hashlib.sha256()
+    for p in pairs:
+        if isinstance(p, TokenPair):
+            row = [p.chosen.tolist(), p.rejected.tolist(), p.prompt_len, p.id]
+        else:
+            row = p.to_dict()
+        h.update(json.dumps(row, sort_keys=True, default=str).encode())
+    return h.hexdigest()
+
+
+def part_path(out: Path, k: int) -> Path:
+    return out / PARTS / f"chunk-{k:05d}.parquet"
+
+
+def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
+    """`write(tmp)` beside `path`, then one rename: a part is there whole or not at all."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def chunk_frame(model, pairs: Sequence[Any], ids: List[str], sl: slice, spec: SweepSpec,
+                means: Optional[Dict[str, torch.Tensor]], batch: BatchSize) -> pd.DataFrame:
+    """The sweep table of pairs[sl]: each instrument's tidy frame with an `instrument` column."""
+    chunk, frames = pairs[sl], []
+    common = dict(progress=False)
+    for name in spec.instruments:
+        if name == "attribute":
+            levels = [lv for lv in spec.levels if lv in ATTRIBUTION_LEVELS]
+            res = batch.run(lambda bs: attribute(model, chunk, heads="head" in levels, batch_size=bs, **common))
+        else:
+            fn = patch if name == "patch" else attribution_patch
+            extra = {"method": spec.method} if name == "patch" else {}
+            res = batch.run(lambda bs: fn(model, chunk, mode=list(spec.modes), level=list(spec.levels),
+                                          positions=spec.positions, means=means, batch_size=bs, **extra, **common))
+        res.pair_ids = ids[sl]
+        frame = pd.concat([res.to_frame(lv) for lv in levels], ignore_index=True) if name == "attribute" else res.to_frame()
+        frame.insert(0, "instrument", name)
+        frames.append(frame)
+    return pd.concat(frames, ignore_index=True)
+
+
+def _prepare(out: Path, manifest: Dict[str, Any]) -> int:
+    """Check an earlier sweep in `out` is this one (or start one); the number of parts already written."""
+    path = out / SWEEP_MANIFEST
+    if path.exists():
+        earlier = json.loads(path.read_text())
+        for key in ("spec", "pairs_sha256", "n_pairs", "model"):
+            if earlier.get(key) != clean_json(manifest[key]):
+                raise ValueError(f"--out {str(out)!r} holds a sweep with other {key.replace('_', ' ')} "
+                                 f"({earlier.get(key)!r}); rerun with its options to resume it, or use a new --out")
+    (out / PARTS).mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(clean_json(manifest), indent=1))
+    return len(list((out / PARTS).glob("chunk-*.parquet")))
+
+
+def _means(model, pairs, spec: SweepSpec, out: Path, ranks, batch: BatchSize) -> Optional[Dict[str, torch.Tensor]]:
+    """Mean-ablation values over all pairs (kept in means.pt, so a resumed sweep patches in the same)."""
+    if "mean" not in spec.modes or set(spec.instruments) <= {"attribute"}:
+        return None
+    path = out / "means.pt"
+    if path.exists():
+        return {k: v.to(model.cfg.device) for k, v in torch.load(path).items()}
+    means = dist.site_means(model, pairs, sites_for(model.cfg, list(spec.levels)), spec.positions, ranks=ranks,
+                            batch_size=batch)
+    if ranks.is_main:
+        write_atomic(path, lambda tmp: torch.save({k: v.cpu() for k, v in means.items()}, tmp))
+    return means
+
+
+def merge_parts(out: Path, n_chunks: int) -> pd.DataFrame:
+    """All parts in pair order as one table; sweep.parquet and sweep.csv written (each atomically)."""
+    table = pd.concat([pd.read_parquet(part_path(out, k)) for k in range(n_chunks)], ignore_index=True)
+    write_atomic(out / "sweep.parquet", lambda tmp: table.to_parquet(tmp, index=False))
+    write_atomic(out / "sweep.csv", lambda tmp: write_csv(tmp, table))
+    return table
+
+
+def run_sweep(model, pairs, out_dir: Union[str, Path], spec: SweepSpec = SweepSpec(), *,
+              batch_size: Union[int, str, BatchSize] = 8, model_label: str = "", ranks: Optional[dist.Ranks] = None,
+              run_info: Optional[Dict[str, Any]] = None, echo: Callable[[str], None] = print) -> Optional[pd.DataFrame]:
+    """Run (or resume) the sweep into `out_dir`; the whole table on rank 0 (None on the other ranks)."""
+    spec.check()
+    ranks = ranks or dist.current()
+    pairs, out = as_pairs(pairs), Path(out_dir).expanduser().absolute()
+    ids, batch = pair_labels(pairs), BatchSize.parse(batch_size, model.cfg.device, echo)
+    n_chunks = -(-len(pairs) // spec.chunk_size)
+    manifest = {**(run_info or {}), "spec": asdict(spec), "n_pairs": len(pairs), "n_chunks": n_chunks,
+                "pairs_sha256": pairs_fingerprint(pairs), "model": model_label or model.cfg.model_name,
+                "world_size": ranks.world_size}
+    with ReportDir(out, sweep=True) if ranks.is_main else contextlib.nullcontext():
+        if ranks.is_main:
+            done = _prepare(out, manifest)
+            echo(f"[reward-lens] sweep: {n_chunks} chunk(s) of {spec.chunk_size} pairs, {done} already done")
+        ranks.barrier()  # the manifest is checked before any rank computes
+        means = _means(model, pairs, spec, out, ranks, batch)
+        for k in range(ranks.rank, n_chunks, ranks.world_size):
+            if part_path(out, k).exists():
+                continue
+            sl = slice(k * spec.chunk_size, min(len(pairs), (k + 1) * spec.chunk_size))
+            frame = chunk_frame(model, pairs, ids, sl, spec, means, batch)
+            write_atomic(part_path(out, k), lambda tmp: frame.to_parquet(tmp, index=False))
+            echo(f"[reward-lens] sweep: chunk {k + 1}/{n_chunks} written") if ranks.is_main else None
+        ranks.barrier()
+        if not ranks.is_main:
+            return None
+        table = merge_parts(out, n_chunks)
+    echo(f"[reward-lens] wrote {out / 'sweep.parquet'} and sweep.csv ({len(table)} rows)")
+    return table
