@@ -138,3 +138,24 @@ def assert_hf_parity(model, hf, ids, mask, tol: float = 1e-4) -> None:
     if model.ln_final.w is not None:  # unfolded: the final norm's output is comparable too
         final = model.ln_final(cache[f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"])
         assert ((final - out.hidden_states[-1]) * mask[..., None]).abs().max() < tol
+
+
+def word_tokenizer(tokens, *, bos=None, eos=None, pad=None, unk="<unk>", template=None, add_bos=False,
+                   split: str = "whitespace", padding_side: str = "right"):
+    """A fixed-vocabulary word-level tokenizer: id i is `tokens[i]` (specials included), words split on
+    whitespace ("whitespace") or whitespace and punctuation ("words"); `add_bos` has the tokenizer itself
+    prepend BOS (a Llama-style post-processor); `template` becomes the chat template."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {t: i for i, t in enumerate(tokens)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token=unk))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit() if split == "whitespace" else pre_tokenizers.Whitespace()
+    if add_bos:
+        tok.post_processor = processors.TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, vocab[bos])])
+    named = dict(bos_token=bos, eos_token=eos, pad_token=pad, unk_token=unk)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, padding_side=padding_side,
+                                   **{k: v for k, v in named.items() if v is not None})
+    if template is not None:
+        fast.chat_template = template
+    return fast

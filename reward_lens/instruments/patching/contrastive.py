@@ -15,10 +15,11 @@ patches every position and needs equal lengths for the contrastive modes.
 Effects: `effect` = patched reward - the target's clean reward; `normalized_effect` = effect / clean gap
 (chosen - rejected): noising -1 erases the preference, denoising +1 restores all of it.
 
-Fast path (method="fast", the default). A readout-position patch at layer l changes only the readout
-token from l on: it is the last attended token (right padding puts pads after it, left padding before
-it, and pads are masked), so no other position attends to it. The target's post-RoPE keys and values
-are cached in its one clean run; every patch of a sweep is then one row of a batch of single-token
+Fast path (method="fast", the default). A readout-position patch at layer l changes the readout token
+from l on and, under causal attention, nothing before it; positions after the readout (right padding, a
+trailing EOS when pad = EOS) may change but the reward never reads them, so the readout need not be the
+last attended token (a gated head's gate position must precede it). The target's post-RoPE keys and
+values are cached in its one clean run; every patch of a sweep is then one row of a batch of single-token
 queries recomputed through layers l..L-1 by the blocks' own readout step, attending to the cached keys
 of the other positions plus its own fresh key. A sweep costs about one forward per response.
 Multi-position patches start the forward at the patched layer (`start_at_layer`) from the cached

@@ -18,8 +18,9 @@ receiver then computes flows on to the reward. Exactly (docs/theory.md, "Path pa
 The receiver's new value replaces its target-run value and everything downstream of it is recomputed (as in
 Wang et al.'s final step); components between sender and receiver never see Δ. Readout-aligned as `patch`
 is: chosen and rejected differ in length, so the sender's readout output is compared across runs, and only
-the target's readout token changes. Since the readout is the last attended token, nothing attends to it:
-the other positions keep their target values without being frozen explicitly.
+the target's readout token changes. Under causal attention positions before it never see it and the reward
+never reads positions after it (a trailing EOS when pad = EOS): the other positions keep their target values
+without being frozen explicitly, wherever the readout sits.
 
 Modes: "noising" (target chosen, source rejected) and "denoising" (target rejected, source chosen).
 Methods: "naive" runs full forwards with hooks (one to compute the receiver's new value from its input plus
@@ -45,6 +46,7 @@ from reward_lens.data.pairs import as_pairs
 from reward_lens.data.pairs import pair_labels
 from reward_lens.plotting import pyplot
 from reward_lens.results import to_numpy
+from reward_lens.instruments.patching.engines import readout_recompute_exact
 from reward_lens.model.components import apply_rotary
 from reward_lens.model.hooks import act_name, final_resid_name
 
@@ -245,8 +247,9 @@ def _context(model, tok: Tokenized, extra: Sequence[str]) -> _Context:
     device = tok.input_ids.device
     readout, mask = tok.readout.to(device), tok.attention_mask.to(device)
     idx = torch.arange(T, device=device)
-    if bool((mask.bool() & (idx[None] > readout[:, None])).any()):
-        raise ValueError("the fast path needs the readout to be the last attended token of every row; use method='naive'")
+    if not readout_recompute_exact(model, tok):
+        raise ValueError("the fast path recomputes the readout alone, but the head's gate reads a position at or after "
+                         "it (ArmoRM's gating pattern); use method='naive' or select one objective")
     position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0)
     cos, sin = model.rotary(position_ids[torch.arange(B, device=device), readout][:, None], cfg.dtype)
     before = mask.bool() & (idx[None] < readout[:, None])
