@@ -26,6 +26,7 @@ from reward_lens.app.output import ReportDir, clean_json, provenance, write_csv,
 from reward_lens.data.pairs import PreferencePair, as_pairs
 from reward_lens.data.validate import tie_indices
 from reward_lens.plotting import finish, panels
+from reward_lens.model.tokenization import model_input_format
 from reward_lens.model.truncation import one_truncation_warning
 
 PATCH_MODES = ("noising", "denoising", "zero", "mean")
@@ -114,11 +115,8 @@ def is_armorm(model) -> bool:
 
 
 def input_format_name(model) -> str:
-    """The format the pairs were tokenised in ("auto" resolved against the tokenizer)."""
-    from reward_lens.model.tokenization import resolve_input_format
-
-    fmt = getattr(model, "input_format", "auto")
-    return fmt if model.tokenizer is None else resolve_input_format(fmt, model.tokenizer)
+    """The format the pairs were tokenised in ("auto" resolved as `to_tokens` resolves it)."""
+    return model_input_format(model)
 
 
 @one_truncation_warning()  # the steps tokenise the same pairs again and again: one warning for the audit
