@@ -28,6 +28,13 @@ from reward_lens.data.validate import tie_indices
 from reward_lens.plotting import finish, panels
 from reward_lens.model.tokenization import model_input_format
 from reward_lens.model.truncation import one_truncation_warning
+from reward_lens import instruments as ins
+from reward_lens.probes.suite import run_probes
+from reward_lens.theory import detect_cascades, reward_conflicts
+from reward_lens.theory.distortion import distortion_from_model
+from reward_lens.instruments.tokens import supports_token_attribution, token_attribution
+from reward_lens.core.readout import readout_run
+from reward_lens.app.report import Report
 
 PATCH_MODES = ("noising", "denoising", "zero", "mean")
 TOKEN_PAIRS = 3  # pairs with the largest |reward gap| whose token heatmaps the report shows
@@ -177,8 +184,6 @@ def _audit(model, pairs, *, max_pairs, batch_size, probe_items, model_label, ech
 
 def _instrument_steps(model, pairs, batch_size: int, step: _Steps, record: Dict[str, Any], results: Dict[str, Any]) -> None:
     """Lens + crystallization, attribution, patching, faithfulness and divergence: results and record entries."""
-    from reward_lens import instruments as ins
-
     lens_res = results["lens"] = step("reward lens", lambda: ins.lens(model, pairs, batch_size=batch_size))
     record["pair_accuracy"] = float((lens_res.reward_gap > 0).float().mean())
     record["mean_reward_gap"] = float(lens_res.reward_gap.mean())
@@ -205,10 +210,6 @@ def _instrument_steps(model, pairs, batch_size: int, step: _Steps, record: Dict[
 def _probe_steps(model, pairs, batch_size: int, probe_items: Any, step: _Steps, record: Dict[str, Any],
                  results: Dict[str, Any]) -> None:
     """Hacking probes, misalignment cascades and the distortion index."""
-    from reward_lens.probes.suite import run_probes
-    from reward_lens.theory import detect_cascades
-    from reward_lens.theory.distortion import distortion_from_model
-
     probes = results["probes"] = step("hacking probes", lambda: run_probes(model, items=probe_items,
                                                                            batch_size=batch_size))
     record["probes"] = probes.to_dict()["dimensions"]
@@ -225,8 +226,6 @@ def _probe_steps(model, pairs, batch_size: int, probe_items: Any, step: _Steps, 
 
 def _armorm_steps(model, pairs, batch_size: int, step: _Steps, record: Dict[str, Any], results: Dict[str, Any]) -> None:
     """ArmoRM's gate and per-objective view, and the conflicts between its objectives."""
-    from reward_lens.theory import reward_conflicts
-
     results["armorm"] = step("ArmoRM gate and objectives", lambda: _armorm_view(model, pairs, batch_size))
     record["armorm"] = results["armorm"]["summary"]
     conf = results["conflicts"] = step("reward-term conflicts", lambda: reward_conflicts(model, pairs,
@@ -252,8 +251,6 @@ def _frames(results: Dict[str, Any]) -> Dict[str, pd.DataFrame]:
 
 def _token_heatmaps(model, pairs, gap: torch.Tensor, step: _Steps, batch_size: int) -> Dict[str, Any]:
     """{"tokens": TokenAttributionResult} of the pairs with the largest |reward gap| ({} on the generic path)."""
-    from reward_lens.instruments.tokens import supports_token_attribution, token_attribution
-
     if not supports_token_attribution(model):
         return {}
     top = [pairs[int(i)] for i in torch.argsort(gap.abs(), descending=True)[:TOKEN_PAIRS]]
@@ -282,8 +279,6 @@ def divergence_summary(div) -> Dict[str, Any]:
 
 def _armorm_view(model, pairs: Sequence[PreferencePair], batch_size: int) -> Dict[str, Any]:
     """Gate weights per pair and each objective's reward for chosen and rejected."""
-    from reward_lens.core.readout import readout_run
-
     names = ["reward_head.hook_gate", "reward_head.hook_pooled"]
     prompts = [p.prompt for p in pairs]
     chosen = readout_run(model, prompts, [p.chosen for p in pairs], names, batch_size=batch_size)
@@ -382,8 +377,6 @@ def headline_frame(audit: AuditResult) -> pd.DataFrame:
 
 
 def build_report(audit: AuditResult):
-    from reward_lens.app.report import Report
-
     s, r = audit.record, audit.results
     rep = Report(f"reward-lens audit: {s['model']}")
     sec = rep.section("Summary")

@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Union
 
 import torch
+from reward_lens.model.native import HookedRewardModel
+from reward_lens.data.pairs import load_pairs
 
 DEMO_DIR = Path(__file__).resolve().parent
 DEMO_WEIGHTS_PATH = DEMO_DIR / "model.safetensors"
@@ -37,16 +39,12 @@ def load_demo_model(
     device: Union[str, torch.device, None] = None, dtype: Union[str, torch.dtype, None] = None
 ):
     """The demo reward model as a HookedRewardModel (offline; the weights ship in the package)."""
-    from reward_lens.model.native import HookedRewardModel
-
     _require(DEMO_WEIGHTS_PATH)
     return HookedRewardModel.from_pretrained(DEMO_DIR, device=device, dtype=dtype)
 
 
 def demo_pairs():
     """The demo model's held-out preference pairs (subsets arithmetic, facts, instructions, length, sycophancy)."""
-    from reward_lens.data.pairs import load_pairs
-
     _require(DEMO_PAIRS_PATH)
     return load_pairs(DEMO_PAIRS_PATH)
 

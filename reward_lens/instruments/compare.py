@@ -39,6 +39,9 @@ import pandas as pd
 
 from reward_lens.plotting import figure_axes, finish, panels, pyplot
 from reward_lens.stats import bootstrap_indices, check_level, crystallization_depth, percentile_ci
+from reward_lens.data.pairs import as_pairs
+from reward_lens.instruments import attribute, lens
+from reward_lens.probes.suite import run_probes
 
 
 # ------------------------------------------------------------------------------------------- profiles
@@ -155,9 +158,6 @@ def model_profile(
 ) -> ModelProfile:
     """Run the reward lens and the exact attribution (`reward_lens.instruments`) of `model` on `pairs`
     and keep the basis-free parts: gaps, the lens of the gap by depth, the attribution of the gap."""
-    from reward_lens.data.pairs import as_pairs
-    from reward_lens.instruments import attribute, lens
-
     pairs = as_pairs(pairs)
     lr = lens(model, pairs, batch_size=batch_size, progress=progress)
     ar = attribute(model, pairs, heads=False, batch_size=batch_size, progress=progress)
@@ -495,11 +495,6 @@ def _probe_results(models: Mapping[str, Any], probes: Any, batch_size: int) -> D
     if probes is None or probes is False:
         return {}
     if probes is True:
-        try:
-            from reward_lens.probes.suite import run_probes
-        except ImportError:
-            raise ValueError("the hacking probe suite (reward_lens.probes.suite) is not available in this install; "
-                             "pass probes={name: probe_result_or_frame} instead") from None
         return {n: run_probes(m, batch_size=batch_size) for n, m in models.items()}
     if isinstance(probes, Mapping):
         unknown = [k for k in probes if k not in models]
@@ -531,8 +526,6 @@ def compare_models(
     `variant`: the lens variant for curves and crystallization ("normed", the logit-lens analogue and the
     lens instrument's default, or "frozen", additive); `tol`: crystallization tolerance (relative).
     """
-    from reward_lens.data.pairs import as_pairs
-
     if not isinstance(models, Mapping) or len(models) < 2:
         raise ValueError("compare_models needs a dict of at least two models, e.g. {'a': model_a, 'b': model_b}")
     pairs = as_pairs(pairs)

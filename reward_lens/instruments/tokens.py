@@ -256,10 +256,7 @@ def _token_strings(model, ids: torch.Tensor) -> List[str]:
 
 def supports_token_attribution(model) -> bool:
     """Whether the model exposes per-head attention patterns and values (native architectures)."""
-    try:
-        return act_name("pattern", 0) in model.hook_dict and hasattr(model.blocks[0], "attn")
-    except (AttributeError, NotImplementedError, IndexError):  # the generic path raises on head-level attributes
-        return False
+    return model.has_head_hooks
 
 
 def check_token_level(model) -> None:

@@ -28,6 +28,7 @@ from reward_lens.model.loading import check_weights, fold_and_cast, save_hooked
 from reward_lens.core.validation import check_attention_mask, check_model_inputs
 from reward_lens.model.readout import set_readout
 from reward_lens.model.tl_compat import TransformerLensConveniences, check_forward_input
+from reward_lens.model.tokenization import check_input_format
 
 # Activations whose position axis is not dim 1 (attention scores/patterns: [batch, head, query, key]).
 # Kept for callers of the old constant; `reward_lens.model.hooks.query_axis(name)` is the source.
@@ -75,8 +76,6 @@ class HookedRewardModel(TransformerLensConveniences, RewardModelBase):
         `input_format`: how `to_tokens` renders pairs by default (`reward_lens.model.tokenization`).
         `readout` overrides the checkpoint's readout convention ("last_non_pad" / "last_attended").
         """
-        from reward_lens.model.tokenization import check_input_format
-
         check_input_format(input_format)
         model = factory.load_pretrained(cls, path_or_id, device=device, dtype=dtype, fold_ln=fold_ln, generic=generic,
                                         **kwargs)

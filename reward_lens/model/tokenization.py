@@ -32,6 +32,7 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 import torch
 
 from reward_lens.model.truncation import report_truncation
+from reward_lens.model.readout import readout_needs_pad_id
 
 PLAIN_FORMAT = "User: {prompt}\n\nAssistant: {response}"
 INPUT_FORMATS = ("auto", "chat", "concat", "openrlhf", "plain")
@@ -173,8 +174,6 @@ def trim_after_readout(model, ids: List[int]) -> List[int]:
 
 
 def pad_rows(model, ids: List[List[int]], side: str) -> Dict[str, torch.Tensor]:
-    from reward_lens.model.readout import readout_needs_pad_id
-
     pad = model.cfg.pad_token_id
     if pad is None and len(ids) > 1 and readout_needs_pad_id(model.cfg):
         hint = getattr(model.tokenizer, "pad_token_id", None)

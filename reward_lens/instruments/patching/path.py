@@ -427,7 +427,7 @@ def path_patch(
     'denoising'. method: 'fast' (default) or 'naive' (full forwards; the reference).
     """
     cfg = model.cfg
-    if act_name("z", 0) not in model.hook_dict or not hasattr(model.blocks[0], "attn"):
+    if not model.has_head_hooks:
         raise ValueError("path_patch needs per-head hooks and weights (a native architecture); this model runs on the "
                          "generic component-level path: use patch(model, pairs, level='component') instead")
     if mode not in PATH_MODES:
