@@ -47,7 +47,6 @@ from reward_lens.data.pairs import pair_labels
 from reward_lens.plotting import pyplot
 from reward_lens.results import to_numpy
 from reward_lens.instruments.patching.engines import readout_recompute_exact
-from reward_lens.model.components import apply_rotary
 from reward_lens.model.hooks import act_name, final_resid_name
 
 PATH_MODES = ("noising", "denoising")
@@ -198,13 +197,11 @@ class PathPatchResult:
 
 
 def _sender_names(model, senders: Sequence[PathNode]) -> List[str]:
-    cfg = model.cfg
     names = set()
     for s in senders:
         if s.kind == "head":
             names.add(act_name("z", s.layer))
-            if cfg.post_norms:
-                names.add(act_name("scale", s.layer, norm="ln1_post"))
+            names.update(model.blocks[s.layer].output_gain_hooks())  # Gemma-2's post-norm scales
         else:
             names.add(act_name(f"{s.kind}_out", s.layer))
     return sorted(names)
@@ -213,17 +210,13 @@ def _sender_names(model, senders: Sequence[PathNode]) -> List[str]:
 def sender_delta(model, sender: PathNode, tgt: Dict[str, torch.Tensor], src: Dict[str, torch.Tensor]) -> torch.Tensor:
     """Δ [B, d_model]: the sender's output at the source readout minus at the target readout (head outputs
     through Gemma-2's post-norm with the target's scale frozen)."""
-    cfg = model.cfg
     if sender.kind != "head":
         name = act_name(f"{sender.kind}_out", sender.layer)
         return src[name] - tgt[name]
     z = act_name("z", sender.layer)
     W_O = model.blocks[sender.layer].attn.W_O[sender.index]
     delta = (src[z][:, sender.index] - tgt[z][:, sender.index]) @ W_O
-    if cfg.post_norms:
-        norm = model.blocks[sender.layer].ln1_post
-        delta = delta * (cfg.norm_weight_offset + norm.w) / tgt[act_name("scale", sender.layer, norm="ln1_post")]
-    return delta
+    return delta * model.blocks[sender.layer].output_gain("attn", tgt)  # the target's post-norm scale frozen
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -264,19 +257,12 @@ def one_token_attention(model, layer: int, xq, xk, xv, ctx: _Context) -> torch.T
     cfg, attn = model.cfg, model.blocks[layer].attn
     group = cfg.n_heads // cfg.n_key_value_heads
     B, P = xq.shape[:2]
-    q = torch.einsum("bpnd,ndh->bpnh", xq, attn.W_Q) + attn.b_Q
-    k = torch.einsum("bpnd,ndh->bpnh", xk, attn.W_K) + attn.b_K
-    v = torch.einsum("bpnd,ndh->bpnh", xv, attn.W_V) + attn.b_V
-    if cfg.qk_norm:
-        q, k = attn.q_norm(q), attn.k_norm(k)
-    cos, sin = ctx.cos.expand(B, P, -1), ctx.sin.expand(B, P, -1)
-    q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+    q, k, v = attn.per_head_qkv(xq, xk, xv, ctx.cos.expand(B, P, -1), ctx.sin.expand(B, P, -1))
     past_k = ctx.cap.full[act_name("rot_k", layer)].repeat_interleave(group, dim=2)  # [B, T, H, d_head]
     past_v = ctx.cap.full[act_name("v", layer)].repeat_interleave(group, dim=2)
     k, v = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)
     scores = torch.cat([torch.einsum("bpnh,btnh->bpnt", q, past_k), (q * k).sum(-1, keepdim=True)], -1) / cfg.attn_scale
-    if cfg.attn_scores_soft_cap is not None:
-        scores = torch.tanh(scores / cfg.attn_scores_soft_cap) * cfg.attn_scores_soft_cap
+    scores = attn.soft_cap(scores)
     allowed = ctx.allowed[attn.window]
     allowed = torch.cat([allowed, allowed.new_ones(B, 1)], -1)[:, None, None]
     pattern = torch.softmax(scores.masked_fill(~allowed, torch.finfo(scores.dtype).min).float(), -1).to(q.dtype)
@@ -286,15 +272,9 @@ def one_token_attention(model, layer: int, xq, xk, xv, ctx: _Context) -> torch.T
 def _finish_block(model, layer: int, resid_pre, z, mlp_delta=None):
     """resid_post of block `layer` from the readout's resid_pre and z [B, P, H, d_head]; `mlp_delta` is
     added to the MLP's input only (an MLP receiver)."""
-    cfg, block = model.cfg, model.blocks[layer]
-    attn_out = torch.einsum("bpnh,nhm->bpm", z, block.attn.W_O) + block.attn.b_O
-    if cfg.post_norms:
-        attn_out = block.ln1_post(attn_out)
-    mid = resid_pre + attn_out
-    mlp_out = block.mlp(block.ln2(mid if mlp_delta is None else mid + mlp_delta))
-    if cfg.post_norms:
-        mlp_out = block.ln2_post(mlp_out)
-    return mid + mlp_out
+    block = model.blocks[layer]
+    mid = resid_pre + block.attn_out_from_z(z)
+    return mid + block.mlp_post(block.mlp(block.ln2(mid if mlp_delta is None else mid + mlp_delta)))
 
 
 def _fast_receiver(model, receiver: PathNode, deltas: torch.Tensor, ctx: _Context, direction, bias) -> torch.Tensor:
