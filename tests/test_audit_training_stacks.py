@@ -62,6 +62,12 @@ def run_audit_cli(model_dir, pairs, out):
     return results
 
 
+def chat_ids(tok):
+    """apply_chat_template's ids of every (prompt, response), in the order [pair0 chosen, pair0 rejected, ...]."""
+    return [tok.apply_chat_template([{"role": "user", "content": p}, {"role": "assistant", "content": resp}],
+                                    tokenize=True, return_dict=False) for p, c, r in QA for resp in (c, r)]
+
+
 def audit_rewards(out) -> list:
     """The clean rewards the audit read, [pair0 chosen, pair0 rejected, ...] (patching.csv: noising patches
     the chosen run, denoising the rejected one)."""
@@ -85,12 +91,9 @@ def test_audit_on_a_pad_is_eos_llama3_chat_rm(tmp_path):
     # The rewards the audit reports are transformers' on apply_chat_template's ids (trailing EOS = pad: read
     # one token before it).
     expected = []
-    for p, c, r in QA:
-        for resp in (c, r):
-            ids = tok.apply_chat_template([{"role": "user", "content": p}, {"role": "assistant", "content": resp}],
-                                          tokenize=True, return_dict=False)
-            assert ids[-1] == tok.eos_token_id == tok.pad_token_id
-            expected.append(float(hf(torch.tensor([ids])).logits[0, 0]))
+    for ids in chat_ids(tok):
+        assert ids[-1] == tok.eos_token_id == tok.pad_token_id
+        expected.append(float(hf(torch.tensor([ids])).logits[0, 0]))
     check_rewards(tmp_path / "out", expected)
 
 
@@ -110,13 +113,9 @@ def test_audit_on_an_openrlhf_checkpoint(tmp_path):
     assert results["input_format"] == "openrlhf"
     # OpenRLHF's dataset: the rendered chat with its last token replaced by EOS; read at the last attended token.
     expected = []
-    for p, c, r in QA:
-        for resp in (c, r):
-            ids = tok.apply_chat_template([{"role": "user", "content": p}, {"role": "assistant", "content": resp}],
-                                          tokenize=True, return_dict=False)
-            ids[-1] = tok.eos_token_id
-            row = torch.tensor([ids])
-            expected.append(float(openrlhf_reference(base, head, row, torch.ones_like(row))[0]))
+    for ids in chat_ids(tok):
+        row = torch.tensor([ids[:-1] + [tok.eos_token_id]])
+        expected.append(float(openrlhf_reference(base, head, row, torch.ones_like(row))[0]))
     assert MEAN and STD  # normalised as saved (normalize_reward=True)
     check_rewards(tmp_path / "out", expected)
 

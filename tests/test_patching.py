@@ -7,7 +7,6 @@ import torch
 from helpers import one_thread, tiny_tokenizer, token_pairs  # noqa: F401
 
 import reward_lens.instruments.patching.contrastive as patching_module
-import reward_lens.instruments.patching.engines as engines_module
 from reward_lens import HookedRewardModel
 from reward_lens.data.pairs import TokenPair, bundled_pairs
 from reward_lens.instruments import patch, site_means
@@ -26,19 +25,6 @@ def assert_same(fast, naive, tol=TOL):
         err = (fast.patched[key] - naive.patched[key]).abs().max().item()
         assert err < tol * scale, f"{key}: fast vs naive differ by {err:.2e}"
     assert torch.allclose(fast.clean_chosen, naive.clean_chosen, atol=tol)
-
-
-@pytest.fixture
-def count_readout_sweeps(monkeypatch):
-    calls = []
-    original = engines_module.readout_sweep
-
-    def counted(*args, **kwargs):
-        calls.append(1)
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(engines_module, "readout_sweep", counted)
-    return calls
 
 
 @pytest.mark.parametrize("side", ["right", "left"])

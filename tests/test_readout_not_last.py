@@ -8,7 +8,6 @@ import pytest
 import torch
 from helpers import one_thread, tiny_hf_model, token_pairs, word_tokenizer  # noqa: F401
 
-import reward_lens.instruments.patching.engines as engines_module
 from reward_lens import HookedRewardModel
 from reward_lens.core.batching import tokenize_pair_batch
 from reward_lens.data.pairs import TokenPair
@@ -40,19 +39,6 @@ def model():
     return pad_is_eos_model()
 
 
-@pytest.fixture
-def readout_sweeps(monkeypatch):
-    calls = []
-    original = engines_module.readout_sweep
-
-    def counted(*args, **kwargs):
-        calls.append(1)
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(engines_module, "readout_sweep", counted)
-    return calls
-
-
 def assert_close(fast: torch.Tensor, naive: torch.Tensor, what: str) -> None:
     err = ((fast - naive).abs() / naive.abs().clamp(min=1.0)).max().item()
     assert err < TOL, f"{what}: fast vs naive differ by {err:.2e}"
@@ -73,11 +59,11 @@ def test_the_readout_is_one_before_the_trailing_eos(model):
 
 
 @pytest.mark.parametrize("arch,side", [("llama", "right"), ("llama", "left"), ("mistral", "right")])
-def test_patch_fast_equals_naive(model, arch, side, readout_sweeps):
+def test_patch_fast_equals_naive(model, arch, side, count_readout_sweeps):
     m = model if arch == "llama" else pad_is_eos_model(arch)
     kw = dict(mode=MODES, level=["component", "head", "residual"], padding_side=side, batch_size=3, progress=False)
     fast = patch(m, PAIRS, **kw)
-    assert readout_sweeps, "the readout fast path was not taken"
+    assert count_readout_sweeps, "the readout fast path was not taken"
     naive = patch(m, PAIRS, method="naive", **kw)
     assert fast.patched.keys() == naive.patched.keys() and len(fast.patched) == 6
     for key in fast.patched:

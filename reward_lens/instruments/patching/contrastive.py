@@ -45,7 +45,7 @@ from reward_lens.core.validation import safe_ratio
 from reward_lens.data.pairs import as_pairs, pair_labels
 from reward_lens.instruments.sites import Site, sites_for
 from reward_lens.plotting import diverging_heatmap, finish, panels
-from reward_lens.results import PairRewards, to_numpy
+from reward_lens.results import CleanPairRewards, to_numpy
 from reward_lens.core.batching import pair_batches
 from reward_lens.core.readout import capture
 from reward_lens.instruments.patching.engines import has_readout_fast_path, patch_batch  # noqa: F401
@@ -54,7 +54,7 @@ from reward_lens.instruments.patching.spec import METHODS, MODES, POSITIONS, TAR
 
 
 @dataclass
-class PatchResult(PairRewards):
+class PatchResult(CleanPairRewards):
     """Patched rewards per pair and site. `patched[(mode, target)]` is [n_pairs, n_sites] (target:
     "chosen" or "rejected"); `clean_chosen`/`clean_rejected` [n_pairs] the clean rewards (also
     `reward_chosen`/`reward_rejected`, with `reward_gap`, as every result)."""
@@ -74,18 +74,6 @@ class PatchResult(PairRewards):
     @property
     def modes(self) -> List[str]:
         return list(dict.fromkeys(m for m, _ in self.patched))
-
-    @property
-    def reward_chosen(self) -> torch.Tensor:
-        return self.clean_chosen
-
-    @property
-    def reward_rejected(self) -> torch.Tensor:
-        return self.clean_rejected
-
-    @property
-    def clean_gap(self) -> torch.Tensor:
-        return self.clean_chosen - self.clean_rejected
 
     def _key(self, mode: str, target: Optional[str]) -> Tuple[str, str]:
         if target is None:

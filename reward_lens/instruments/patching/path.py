@@ -45,7 +45,7 @@ from reward_lens.core.readout import Capture, Tokenized, capture, pair_batches, 
 from reward_lens.data.pairs import as_pairs
 from reward_lens.data.pairs import pair_labels
 from reward_lens.plotting import pyplot
-from reward_lens.results import to_numpy
+from reward_lens.results import CleanPairRewards, to_numpy
 from reward_lens.instruments.patching.engines import readout_recompute_exact
 from reward_lens.model.hooks import act_name, final_resid_name
 
@@ -122,7 +122,7 @@ def default_receivers(cfg) -> List[str]:
 
 
 @dataclass
-class PathPatchResult:
+class PathPatchResult(CleanPairRewards):
     """Patched rewards of the target run per pair, sender and receiver: `patched` [n_pairs, n_senders,
     n_receivers] (NaN where the receiver does not read the sender's output); `clean_chosen` /
     `clean_rejected` [n_pairs]. effect = patched - clean target reward; normalised by the clean gap
@@ -140,10 +140,6 @@ class PathPatchResult:
     @property
     def target(self) -> str:
         return _TARGET[self.mode][0]
-
-    @property
-    def clean_gap(self) -> torch.Tensor:
-        return self.clean_chosen - self.clean_rejected
 
     def effect(self, normalized: bool = False) -> torch.Tensor:
         clean = self.clean_chosen if self.target == "chosen" else self.clean_rejected
@@ -289,10 +285,7 @@ def _fast_receiver(model, receiver: PathNode, deltas: torch.Tensor, ctx: _Contex
     pre = acts[act_name("resid_pre", l)][:, None].expand(-1, P, -1)
     if receiver.kind == "mlp":
         mid = acts[act_name("resid_mid", l)][:, None]
-        mlp_out = model.blocks[l].mlp(model.blocks[l].ln2(mid + deltas))
-        if cfg.post_norms:
-            mlp_out = model.blocks[l].ln2_post(mlp_out)
-        state = mid + mlp_out
+        state = mid + model.blocks[l].mlp_post(model.blocks[l].mlp(model.blocks[l].ln2(mid + deltas)))
     else:
         x_t, x_p = model.blocks[l].ln1(pre), model.blocks[l].ln1(pre + deltas)
         inputs = {}
