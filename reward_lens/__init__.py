@@ -1,4 +1,11 @@
-"""reward-lens: mechanistic interpretability for reward models, along the reward direction w_r."""
+"""reward-lens: mechanistic interpretability for reward models, along the reward direction w_r.
+
+The package: `model/` (the hooked reward model, its heads, loading), `converters/` (weight maps),
+`core/` (batching, readout capture, directions), `instruments/` (lens, attribution, patching, ...),
+`representations/` (SAEs, features, concepts, editing), `probes/`, `theory/`, `integrations/` (TRL),
+`app/` (audit, report, CLI), `data/`, `demo/`, and `stats`, `results`, `plotting` shared by all.
+This module is the public API; `_legacy` keeps the old deep module paths importable for one release.
+"""
 
 from reward_lens.model.config import RewardModelConfig
 from reward_lens.model.heads.scalar import RewardHead

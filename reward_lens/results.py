@@ -49,6 +49,26 @@ class PairRewards:
         return pd.DataFrame({"pair": list(ids), "reward_chosen": c, "reward_rejected": r, "reward_gap": c - r})
 
 
+class CleanPairRewards(PairRewards):
+    """Mixin for patching results: the clean runs' rewards `clean_chosen` / `clean_rejected` [n_pairs] are
+    the model's rewards (`reward_chosen` / `reward_rejected`); `clean_gap` = chosen - rejected."""
+
+    clean_chosen: torch.Tensor
+    clean_rejected: torch.Tensor
+
+    @property
+    def reward_chosen(self) -> torch.Tensor:
+        return self.clean_chosen
+
+    @property
+    def reward_rejected(self) -> torch.Tensor:
+        return self.clean_rejected
+
+    @property
+    def clean_gap(self) -> torch.Tensor:
+        return self.clean_chosen - self.clean_rejected
+
+
 def to_numpy(x: Any) -> np.ndarray:
     """A tensor (any dtype, any device) or array-like as a float32/float64 numpy array."""
     if isinstance(x, torch.Tensor):

@@ -35,3 +35,19 @@ def close_figures():
     yield
     if "matplotlib.pyplot" in sys.modules:
         sys.modules["matplotlib.pyplot"].close("all")
+
+
+@pytest.fixture
+def count_readout_sweeps(monkeypatch):
+    """A list that grows by one per call of the patching engines' readout (KV-cache) sweep."""
+    import reward_lens.instruments.patching.engines as engines
+
+    calls = []
+    original = engines.readout_sweep
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(engines, "readout_sweep", counted)
+    return calls

@@ -138,3 +138,41 @@ def assert_hf_parity(model, hf, ids, mask, tol: float = 1e-4) -> None:
     if model.ln_final.w is not None:  # unfolded: the final norm's output is comparable too
         final = model.ln_final(cache[f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"])
         assert ((final - out.hidden_states[-1]) * mask[..., None]).abs().max() < tol
+
+
+def word_tokenizer(tokens, *, bos=None, eos=None, pad=None, unk="<unk>", specials=(), template=None, add_bos=False,
+                   split: str = "whitespace", padding_side: str = "right"):
+    """A fixed-vocabulary word-level tokenizer: id i is `tokens[i]` (specials included), words split on
+    whitespace ("whitespace") or whitespace and punctuation ("words"); `specials` are matched inside words
+    too (as added special tokens); `add_bos` has the tokenizer itself prepend BOS (a Llama-style
+    post-processor); `template` becomes the chat template."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {t: i for i, t in enumerate(dict.fromkeys(tokens))}  # a repeated token keeps its first id
+    tok = Tokenizer(models.WordLevel(vocab, unk_token=unk))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit() if split == "whitespace" else pre_tokenizers.Whitespace()
+    if add_bos:
+        tok.post_processor = processors.TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, vocab[bos])])
+    named = dict(bos_token=bos, eos_token=eos, pad_token=pad, unk_token=unk, additional_special_tokens=list(specials))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, padding_side=padding_side,
+                                   **{k: v for k, v in named.items() if v})
+    if template is not None:
+        fast.chat_template = template
+    return fast
+
+
+LLAMA3_SPECIALS = ["<|eot_id|>", "<unk>", "<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>"]
+LLAMA3_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
+    "{{ m['content'] | trim }}<|eot_id|>{% endfor %}"
+    "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+)
+
+
+def llama3_tokenizer(words, pad_is_eos: bool = True):
+    """A Llama-3-style chat tokenizer over `words`: BOS from the template, EOS <|eot_id|> = id 0, and (as TRL
+    sets it when a tokenizer has none) pad = EOS."""
+    return word_tokenizer(LLAMA3_SPECIALS + ["user", "assistant", "system"] + list(words), bos="<|begin_of_text|>",
+                          eos="<|eot_id|>", pad="<|eot_id|>" if pad_is_eos else None, specials=LLAMA3_SPECIALS,
+                          template=LLAMA3_TEMPLATE)

@@ -13,8 +13,8 @@ import warnings
 
 import pytest
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers, processors
-from transformers import LlamaConfig, LlamaForSequenceClassification, PreTrainedTokenizerFast
+from helpers import LLAMA3_TEMPLATE, word_tokenizer
+from transformers import LlamaConfig, LlamaForSequenceClassification
 
 from reward_lens import HookedRewardModel, load_pairs
 
@@ -24,11 +24,6 @@ datasets = pytest.importorskip("datasets")
 TOL = 1e-5
 WORDS = "what is two plus three five four six the sky blue green a fruit pear apple name color yes no i think it . ?".split()
 ROLES = ["user", "assistant", "system"]
-LLAMA3_TEMPLATE = (
-    "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
-    "{{ m['content'] | trim }}<|eot_id|>{% endfor %}"
-    "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
-)
 QWEN_LIKE_TEMPLATE = (  # no BOS, as Qwen's (and TRL's chat_template_path example)
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -42,15 +37,8 @@ QA = [
 
 
 def make_tokenizer(specials, bos, eos, pad=None, add_bos=False):
-    vocab = {t: i for i, t in enumerate(["<unk>"] + specials + ROLES + WORDS)}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    if add_bos:  # the tokenizer adds BOS itself (Llama-style post-processor)
-        tok.post_processor = processors.TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, vocab[bos])])
-    kwargs = dict(bos_token=bos, eos_token=eos, unk_token="<unk>", additional_special_tokens=specials)
-    if pad is not None:
-        kwargs["pad_token"] = pad
-    return PreTrainedTokenizerFast(tokenizer_object=tok, **kwargs)
+    return word_tokenizer(["<unk>"] + specials + ROLES + WORDS, bos=bos, eos=eos, pad=pad, specials=specials,
+                          add_bos=add_bos)
 
 
 def train(tokenizer, records, out, **config):

@@ -7,7 +7,6 @@ import torch
 from helpers import one_thread, tiny_tokenizer, token_pairs  # noqa: F401
 
 import reward_lens.instruments.patching.contrastive as patching_module
-import reward_lens.instruments.patching.engines as engines_module
 from reward_lens import HookedRewardModel
 from reward_lens.data.pairs import TokenPair, bundled_pairs
 from reward_lens.instruments import patch, site_means
@@ -26,19 +25,6 @@ def assert_same(fast, naive, tol=TOL):
         err = (fast.patched[key] - naive.patched[key]).abs().max().item()
         assert err < tol * scale, f"{key}: fast vs naive differ by {err:.2e}"
     assert torch.allclose(fast.clean_chosen, naive.clean_chosen, atol=tol)
-
-
-@pytest.fixture
-def count_readout_sweeps(monkeypatch):
-    calls = []
-    original = engines_module.readout_sweep
-
-    def counted(*args, **kwargs):
-        calls.append(1)
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(engines_module, "readout_sweep", counted)
-    return calls
 
 
 @pytest.mark.parametrize("side", ["right", "left"])
@@ -91,11 +77,16 @@ def test_fast_equals_naive_armorm(tmp_path, count_readout_sweeps):
         assert_same(fast, patch(model, pairs, method="naive", **kw))
     assert count_readout_sweeps  # the gate reads the prompt, so the per-sequence direction keeps the fast path exact
     # ArmoRM reads the token before the first pad id: with a pad id inside a sequence, later tokens are
-    # attended after the readout, so the fast path must (and does) fall back to start_at_layer.
+    # attended after the readout; they never reach the reward, so both targets keep the (exact) fast path.
     inner = [TokenPair(prompt + [11, 299, 13, 14], prompt + [21, 22])]
     calls = len(count_readout_sweeps)
     kw = dict(mode=["noising", "denoising"], level="component", progress=False)
     assert_same(patch(model, inner, **kw), patch(model, inner, method="naive", **kw))
+    assert len(count_readout_sweeps) == calls + 2
+    # A gating pattern after the readout is read from the patched run: the fast path must fall back.
+    late_gate = [TokenPair([7, 8, 9, 11, 299, 290, 291, 13], prompt + [21, 22])]
+    calls = len(count_readout_sweeps)
+    assert_same(patch(model, late_gate, **kw), patch(model, late_gate, method="naive", **kw))
     assert len(count_readout_sweeps) == calls + 1  # denoising's target (rejected) still takes the fast path
 
 

@@ -2,8 +2,7 @@
 
 import pytest
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
+from helpers import word_tokenizer
 
 from reward_lens import HookedRewardModel
 
@@ -12,14 +11,8 @@ TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|> {{ m['con
 
 
 def make_tokenizer(template=True):
-    vocab = {t: i for i, t in enumerate(["<pad>", "<s>", "</s>", "<unk>", "<|user|>", "<|assistant|>", "<|end|>"] + WORDS)}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
-                                   unk_token="<unk>")
-    if template:
-        fast.chat_template = TEMPLATE
-    return fast
+    return word_tokenizer(["<pad>", "<s>", "</s>", "<unk>", "<|user|>", "<|assistant|>", "<|end|>"] + WORDS,
+                          bos="<s>", eos="</s>", pad="<pad>", template=TEMPLATE if template else None)
 
 
 @pytest.fixture()

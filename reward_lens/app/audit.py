@@ -28,7 +28,15 @@ from reward_lens.core.autobatch import BatchSize
 from reward_lens.data.pairs import PreferencePair, as_pairs
 from reward_lens.data.validate import tie_indices
 from reward_lens.plotting import finish, panels
+from reward_lens.model.tokenization import model_input_format
 from reward_lens.model.truncation import one_truncation_warning
+from reward_lens import instruments as ins
+from reward_lens.probes.suite import run_probes
+from reward_lens.theory import detect_cascades, reward_conflicts
+from reward_lens.theory.distortion import distortion_from_model
+from reward_lens.instruments.tokens import supports_token_attribution, token_attribution
+from reward_lens.core.readout import readout_run
+from reward_lens.app.report import Report
 
 PATCH_MODES = ("noising", "denoising", "zero", "mean")
 TOKEN_PAIRS = 3  # pairs with the largest |reward gap| whose token heatmaps the report shows
@@ -116,11 +124,8 @@ def is_armorm(model) -> bool:
 
 
 def input_format_name(model) -> str:
-    """The format the pairs were tokenised in ("auto" resolved against the tokenizer)."""
-    from reward_lens.model.tokenization import resolve_input_format
-
-    fmt = getattr(model, "input_format", "auto")
-    return fmt if model.tokenizer is None else resolve_input_format(fmt, model.tokenizer)
+    """The format the pairs were tokenised in ("auto" resolved as `to_tokens` resolves it)."""
+    return model_input_format(model)
 
 
 @one_truncation_warning()  # the steps tokenise the same pairs again and again: one warning for the audit
@@ -289,8 +294,6 @@ def _frames(results: Dict[str, Any]) -> Dict[str, pd.DataFrame]:
 
 def _token_heatmaps(model, pairs, gap: torch.Tensor, step: _Steps, batch: BatchSize) -> Dict[str, Any]:
     """{"tokens": TokenAttributionResult} of the pairs with the largest |reward gap| ({} on the generic path)."""
-    from reward_lens.instruments.tokens import supports_token_attribution, token_attribution
-
     if not supports_token_attribution(model):
         return {}
     top = [pairs[int(i)] for i in torch.argsort(gap.abs(), descending=True)[:TOKEN_PAIRS]]
@@ -320,8 +323,6 @@ def divergence_summary(div) -> Dict[str, Any]:
 
 def _armorm_view(model, pairs: Sequence[PreferencePair], batch_size: int) -> Dict[str, Any]:
     """Gate weights per pair and each objective's reward for chosen and rejected."""
-    from reward_lens.core.readout import readout_run
-
     names = ["reward_head.hook_gate", "reward_head.hook_pooled"]
     prompts = [p.prompt for p in pairs]
     chosen = readout_run(model, prompts, [p.chosen for p in pairs], names, batch_size=batch_size)
@@ -420,8 +421,6 @@ def headline_frame(audit: AuditResult) -> pd.DataFrame:
 
 
 def build_report(audit: AuditResult):
-    from reward_lens.app.report import Report
-
     s, r = audit.record, audit.results
     rep = Report(f"reward-lens audit: {s['model']}")
     sec = rep.section("Summary")

@@ -8,6 +8,7 @@ import io
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, List, Union
+from reward_lens.plotting import pyplot
 
 _STYLE = """
 body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
@@ -20,7 +21,6 @@ th{background:#f3f3f3}img{max-width:100%;height:auto;border:1px solid #eee}.note
 def figure_to_data_uri(fig: Any) -> str:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
-    from reward_lens.plotting import pyplot
 
     pyplot().close(fig)
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")

@@ -28,6 +28,8 @@ import torch
 
 from reward_lens.converters.registry import StateDict
 from reward_lens.model.heads.scalar import RewardHead
+from reward_lens.converters.llama import rope_inverse_frequencies
+from reward_lens.model.loading import resolve_dtype
 
 ARCHITECTURE = "LlamaForSequenceClassification"
 
@@ -78,8 +80,6 @@ def _rope_parameters(model, hf_config: Any) -> Dict[str, Any]:
 def llama_config(model, hf_config: Any = None):
     """A transformers LlamaConfig for the hooked model (RoPE from `hf_config` when given)."""
     from transformers import LlamaConfig
-
-    from reward_lens.converters.llama import rope_inverse_frequencies
 
     cfg = model.cfg
     attention_bias = any(
@@ -159,8 +159,6 @@ def export_hf(
     are sharded with a `model.safetensors.index.json`, as transformers does.
     """
     from safetensors.torch import save_file
-
-    from reward_lens.model.loading import resolve_dtype
 
     _check_exportable(model)
     config = llama_config(model, hf_config)

@@ -19,6 +19,7 @@ import torch
 
 from reward_lens.model.config import RewardModelConfig
 from reward_lens.converters.registry import StateDict, WeightMap, register
+from reward_lens.converters.openrlhf import missing_head_error
 
 
 def rope_inverse_frequencies(hf_config: Any):
@@ -117,8 +118,6 @@ def convert_decoder_layer(sd: StateDict, cfg: RewardModelConfig, l: int, prefix:
 
 def convert_score_head(sd: StateDict, cfg: RewardModelConfig, key: str = "score") -> StateDict:
     if f"{key}.weight" not in sd:
-        from reward_lens.converters.openrlhf import missing_head_error
-
         raise missing_head_error(sd, key, cfg.original_architecture)
     weight = sd[f"{key}.weight"]
     if weight.shape[0] != cfg.n_outputs:

@@ -64,6 +64,8 @@ def first_token(tok: Tokenized) -> torch.Tensor:
 def pad_token_rows(model, rows: List[torch.Tensor], side: str) -> Tokenized:
     pad = model.cfg.pad_token_id
     by_mask = not readout_needs_pad_id(model.cfg)  # the mask alone locates the readout (OpenRLHF's rule)
+    # pad = EOS (TRL's default): a trailing EOS is real text, read one token before it as transformers does
+    by_mask = by_mask or (pad is not None and getattr(model.tokenizer, "eos_token_id", None) == pad)
     if pad is None and len(rows) > 1 and not by_mask:
         raise ValueError(
             "cannot batch token pairs: the model config has no pad_token_id; set model.cfg.pad_token_id or use batch_size=1"

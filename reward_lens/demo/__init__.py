@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Union
 
 import torch
+from reward_lens.model.native import HookedRewardModel
+from reward_lens.data.pairs import load_pairs
 
 DEMO_DIR = Path(__file__).resolve().parent
 DEMO_WEIGHTS_PATH = DEMO_DIR / "model.safetensors"
@@ -46,8 +48,6 @@ def load_demo_model(
 
 def demo_pairs():
     """The demo model's held-out preference pairs (subsets arithmetic, facts, instructions, length, sycophancy)."""
-    from reward_lens.data.pairs import load_pairs
-
     _require(DEMO_PAIRS_PATH)
     return load_pairs(DEMO_PAIRS_PATH)
 

@@ -40,6 +40,9 @@ import pandas as pd
 from reward_lens.core.autobatch import BatchSize
 from reward_lens.plotting import figure_axes, finish, panels, pyplot
 from reward_lens.stats import bootstrap_indices, check_level, crystallization_depth, percentile_ci
+from reward_lens.data.pairs import as_pairs
+from reward_lens.instruments import attribute, lens
+from reward_lens.probes.suite import run_probes
 
 
 # ------------------------------------------------------------------------------------------- profiles

@@ -213,8 +213,12 @@ def divergence_patch(
     patched, clean_c, clean_r, scores, calib = [], [], [], [], []
     for batch in pair_batches(model, pairs, batch_size, progress and "divergence: patching", padding_side, shard):
         out = patch_batch(model, batch, sites, [mode], "readout", "fast", means, ids[batch.index], 64)
-        if (mode, target) not in out.entries:  # (the generic path was refused above)
-            raise ValueError("divergence_patch needs the readout to be each sequence's last attended token")
+        if (mode, target) not in out.entries:  # (the generic path was refused above: a gate read late)
+            raise ValueError(
+                "divergence_patch scores readout-only recomputations, exact only when the head's gate position "
+                "precedes the readout; here it does not (ArmoRM's gating pattern at or after the readout). Select "
+                "one objective (model.reward_head.set_objective) or fix the gating pattern"
+            )
         patched.append(out.patched[(mode, target)])
         clean_c.append(out.clean_chosen)
         clean_r.append(out.clean_rejected)

@@ -256,10 +256,7 @@ def _token_strings(model, ids: torch.Tensor) -> List[str]:
 
 def supports_token_attribution(model) -> bool:
     """Whether the model exposes per-head attention patterns and values (native architectures)."""
-    try:
-        return act_name("pattern", 0) in model.hook_dict and hasattr(model.blocks[0], "attn")
-    except (AttributeError, NotImplementedError, IndexError):  # the generic path raises on head-level attributes
-        return False
+    return model.has_head_hooks
 
 
 def check_token_level(model) -> None:
@@ -275,7 +272,7 @@ def check_token_level(model) -> None:
 @torch.no_grad()
 def _capture_for_tokens(model, tok: Tokenized) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
     """One forward: patterns at the readout query [B, H, T], full values, readout-position activations."""
-    cfg, L = model.cfg, model.cfg.n_layers
+    L = model.cfg.n_layers
     B = tok.input_ids.shape[0]
     rows = torch.arange(B, device=tok.input_ids.device)
     readout = tok.readout.to(tok.input_ids.device)
@@ -291,8 +288,7 @@ def _capture_for_tokens(model, tok: Tokenized) -> Tuple[torch.Tensor, Dict[str, 
         acts[hook.name] = t[rows, readout].detach()
 
     readout_names = [act_name("embed"), act_name("final_scale")] + [act_name("mlp_out", l) for l in range(L)]
-    if cfg.post_norms:
-        readout_names += [act_name("scale", l, norm="ln1_post") for l in range(L)]
+    readout_names += [name for block in model.blocks for name in block.output_gain_hooks()]  # post-norm scales
     hooks = [(act_name("pattern", l), at_query) for l in range(L)] + [(act_name("v", l), full) for l in range(L)]
     hooks += [(n, at_readout) for n in readout_names]
     rewards = model.run_with_hooks(tok.input_ids, tok.attention_mask, readout_positions=tok.readout, fwd_hooks=hooks)
@@ -316,10 +312,8 @@ def token_terms(model, tok: Tokenized) -> Dict[str, torch.Tensor]:
     heads, b_O = [], []
     for l in range(L):
         attn = model.blocks[l].attn
-        wl = w
-        if cfg.post_norms:  # Gemma-2: out = raw / s_post * (offset + w_post), linear with s_post frozen
-            gain = cfg.norm_weight_offset + model.blocks[l].ln1_post.w.double().to(w.device)
-            wl = w * gain / acts[act_name("scale", l, norm="ln1_post")].double()
+        # Gemma-2: out = raw / s_post * (offset + w_post), linear with s_post frozen (1 without post-norms)
+        wl = w * torch.as_tensor(model.blocks[l].output_gain("attn", acts)).double().to(w.device)
         read = torch.einsum("nhd,bd->bnh", attn.W_O.double().to(w.device), wl)  # [B, H, d_head]: W_O[h] . w per head
         v = acts[act_name("v", l)].double().repeat_interleave(group, dim=2)  # [B, T, H, d_head]
         vr = torch.einsum("bthd,bhd->bht", v, read)  # what each source's value would add if fully attended

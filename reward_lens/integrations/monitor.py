@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Union
 
 import pandas as pd
+from reward_lens.app.report import Report
 
 GROUPS: Dict[str, str] = {
     "reward": "reward and its correlation with response length",
@@ -139,8 +140,6 @@ def load_monitor(path: Union[str, Path]) -> MonitorRun:
 
 def render_monitor(path: Union[str, Path], out: Optional[Union[str, Path]] = None) -> Path:
     """Render the log at `path` as one self-contained HTML page (default: next to it, .html); returns its path."""
-    from reward_lens.app.report import Report
-
     mon = load_monitor(path)
     out = Path(out) if out is not None else Path(path).with_suffix(".html")
     report = Report(f"reward-lens training monitor: {mon.run.get('model') or Path(path).name}")

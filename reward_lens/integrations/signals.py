@@ -33,6 +33,8 @@ from reward_lens.core.readout import Tokenized, batches, readout_direction
 from reward_lens.instruments.sites import component_sites
 from reward_lens.model.hooks import act_name
 from reward_lens.stats import bootstrap_indices, fisher_ci, percentile_ci
+from reward_lens.probes.suite import DIMENSIONS, probe_pairs, run_probes
+from reward_lens.representations.concepts import concept_vector
 
 RISING_ONLY = ("reward_length_corr",)  # quantities flagged only when they rise above the baseline
 
@@ -217,9 +219,6 @@ def build_concepts(
     the direction lives in the policy's own distribution. Anything else goes to `concept_vector` (a bundled
     contrast set name, a .jsonl path, ContrastPairs or PreferencePairs).
     """
-    from reward_lens.probes.suite import DIMENSIONS, probe_pairs
-    from reward_lens.representations.concepts import concept_vector
-
     items = spec.items() if isinstance(spec, Mapping) else [(name, None) for name in (spec or [])]
     vectors, cosines = {}, {}
     for name, contrast in items:
@@ -240,8 +239,6 @@ def measure(
     probes: hacking-probe dimensions to run on the sample's responses (None: none; they cost about
     2 forwards per item and dimension). concepts: name -> unit direction at resid_post[`concept_layer`].
     """
-    from reward_lens.probes.suite import run_probes
-
     layer = concept_layer % model.cfg.n_layers
     hook = act_name("resid_post", layer)
     sig = score_batch(model, prompts, responses, batch_size=batch_size, resid_hooks=[hook] if concepts else [])

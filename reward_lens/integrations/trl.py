@@ -36,6 +36,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 from transformers import TrainerCallback
 
 from reward_lens.integrations.signals import build_concepts, drift_flags, measure, score_batch
+from reward_lens.probes.suite import DIMENSIONS
 
 LOG_PREFIX = "reward_lens/"
 DEFAULT_CONCEPTS = ("length", "sycophancy", "formatting", "confidence")
@@ -131,8 +132,6 @@ class RewardLensCallback(TrainerCallback):
                  log_path: Union[str, Path] = "reward_lens_monitor.jsonl", probes: Optional[Sequence[str]] = None,
                  concepts: Union[None, Sequence[str], Mapping[str, Any]] = None, concept_layer: int = -1,
                  n_boot: int = 1000, seed: int = 0, trainer: Any = None):
-        from reward_lens.probes.suite import DIMENSIONS
-
         if not isinstance(reward_fn, RewardLensReward):
             raise TypeError(f"reward_fn must be a RewardLensReward (the function the trainer scores with), got {type(reward_fn).__name__}")
         if every < 1 or sample_size < 4:

@@ -2,7 +2,10 @@
 which own their one-token readout step), `heads/` (the head protocol, scalar, ArmoRM), `base`
 (`RewardModelBase`: what both model kinds share), `native` (`HookedRewardModel`), `generic/` (any
 transformers sequence classifier), `loading` (checkpoints -> config and weights), `factory` (chooses
-native or generic), `tokenization`. `reward_lens.model.HookedRewardModel` is the main class."""
+native or generic), `checks` (named checkpoint damage), `inmemory` (models handed over in memory),
+`peft_adapter` (LoRA directories merged), `readout` (where each convention reads the reward),
+`tokenization` (input formats), `truncation` (one warning per call), `tl_compat` (TransformerLens
+conveniences). `reward_lens.model.HookedRewardModel` is the main class."""
 
 from reward_lens.model.native import QUERY_AXIS_2_HOOKS, HookedRewardModel
 

@@ -25,6 +25,7 @@ from reward_lens.model import hooks
 from reward_lens.model.readout import readout_positions as readout_by_rule
 from reward_lens.model.tl_compat import INPUT_FORMAT_DEFAULT, leading_pad_mask
 from reward_lens.model.tokenization import tokenize_pairs
+from reward_lens.model.tokenization import check_input_format
 
 
 class RewardModelBase(HookedRootModule):
@@ -43,8 +44,6 @@ class RewardModelBase(HookedRootModule):
 
     @input_format.setter
     def input_format(self, value: Any) -> None:
-        from reward_lens.model.tokenization import check_input_format
-
         self.__dict__["_input_format"] = check_input_format(value)
 
     def infer_attention_mask(

@@ -172,7 +172,19 @@ class Attention(nn.Module):
         k = hook(self.hook_rot_k, apply_rotary(k, cos, sin))
         return q, k, v
 
-    def _soft_cap(self, scores: torch.Tensor) -> torch.Tensor:
+    def per_head_qkv(self, xq, xk, xv, cos, sin):
+        """q, k (after q/k norms and RoPE) and v when each head reads its own input: `xq` [..., n_heads,
+        d_model] (one normalised input per query head), `xk`/`xv` [..., n_kv, d_model] (per key/value head);
+        hooks do not fire. Path patching's receivers change one head's input only."""
+        q = torch.einsum("...nd,ndh->...nh", xq, self.W_Q) + self.b_Q
+        k = torch.einsum("...nd,ndh->...nh", xk, self.W_K) + self.b_K
+        v = torch.einsum("...nd,ndh->...nh", xv, self.W_V) + self.b_V
+        if self.cfg.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
+
+    def soft_cap(self, scores: torch.Tensor) -> torch.Tensor:
+        """Gemma-2's cap * tanh(scores / cap) of the scaled scores (identity without a cap)."""
         cap = self.cfg.attn_scores_soft_cap
         return scores if cap is None else torch.tanh(scores / cap) * cap
 
@@ -213,7 +225,7 @@ class Attention(nn.Module):
         group = cfg.n_heads // cfg.n_key_value_heads
         if group > 1:
             k, v = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)
-        scores = self._soft_cap(torch.einsum("bqnh,bknh->bnqk", q, k) / cfg.attn_scale)
+        scores = self.soft_cap(torch.einsum("bqnh,bknh->bnqk", q, k) / cfg.attn_scale)
         scores = self.hook_attn_scores(scores.masked_fill(~allowed[:, None], torch.finfo(scores.dtype).min))
         pattern = self.hook_pattern(F.softmax(scores.float(), dim=-1).to(q.dtype))
         return torch.einsum("bnqk,bknh->bqnh", pattern, v)
@@ -249,7 +261,7 @@ class Attention(nn.Module):
         qg = q.view(B, P, nkv, group, h).permute(0, 2, 1, 3, 4)  # [B, nkv, P, group, h]
         past = qg.reshape(B, nkv, P * group, h) @ past_k.permute(0, 2, 3, 1)  # [B, nkv, P*group, T]
         own = (qg * k.permute(0, 2, 1, 3)[:, :, :, None]).sum(-1).reshape(B, nkv, P * group, 1)
-        scores = self._soft_cap(torch.cat([past, own], dim=-1) / cfg.attn_scale)
+        scores = self.soft_cap(torch.cat([past, own], dim=-1) / cfg.attn_scale)
         allowed = torch.cat([past_allowed, past_allowed.new_ones(B, 1)], dim=-1)[:, None, None]
         scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
         pattern = F.softmax(scores.float(), dim=-1).to(q.dtype)

@@ -30,6 +30,7 @@ from reward_lens.model.streaming import WeightSource, build_model, partitioned_s
 from reward_lens.core.validation import check_attention_mask, check_model_inputs
 from reward_lens.model.readout import set_readout
 from reward_lens.model.tl_compat import TransformerLensConveniences, check_forward_input
+from reward_lens.model.tokenization import check_input_format
 
 # Activations whose position axis is not dim 1 (attention scores/patterns: [batch, head, query, key]).
 # Kept for callers of the old constant; `reward_lens.model.hooks.query_axis(name)` is the source.
@@ -81,8 +82,6 @@ class HookedRewardModel(TransformerLensConveniences, RewardModelBase):
         `device_map=[devices]` / `"auto"` spreads the blocks over several devices, balanced by bytes
         (`reward_lens.model.placement`).
         """
-        from reward_lens.model.tokenization import check_input_format
-
         check_input_format(input_format)
         model = factory.load_pretrained(cls, path_or_id, device=device, dtype=dtype, fold_ln=fold_ln, generic=generic,
                                         **kwargs)

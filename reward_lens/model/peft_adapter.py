@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Any, Dict, Optional
+from reward_lens.model.loading import resolve_checkpoint_dir, load_tokenizer
 
 ADAPTER_CONFIG = "adapter_config.json"
 PREFIX = "base_model.model."
@@ -62,7 +63,6 @@ def merged_adapter_model(directory: Path, *, base_model: Optional[str] = None, t
     shapes = adapter_tensor_shapes(directory)
     head = next((shape for name, shape in shapes.items() if name.endswith(("score.weight", "classifier.weight"))), None)
     kwargs = {"num_labels": head[0]} if head is not None else {}
-    from reward_lens.model.loading import resolve_checkpoint_dir
 
     hf, info = AutoModelForSequenceClassification.from_pretrained(
         str(resolve_checkpoint_dir(base)), dtype=torch.float32, output_loading_info=True, **kwargs
@@ -82,8 +82,6 @@ def merged_adapter_model(directory: Path, *, base_model: Optional[str] = None, t
 def load_peft_adapter(cls, directory: Path, *, tokenizer=None, base_model: Optional[str] = None, **convert: Any):
     """`from_pretrained` on an adapter directory: merged, then `cls.from_hf_model(merged, tokenizer, **convert)`."""
     if tokenizer is None:
-        from reward_lens.model.loading import load_tokenizer, resolve_checkpoint_dir
-
         base = base_model or json.loads((directory / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
         tokenizer = load_tokenizer(resolve_checkpoint_dir(base)) if base else None
     merged = merged_adapter_model(directory, base_model=base_model, tokenizer=tokenizer)

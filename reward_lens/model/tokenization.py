@@ -11,7 +11,9 @@
                 token replaced by EOS.
     "plain"     "User: {prompt}\\n\\nAssistant: {response}" with the tokenizer's special tokens.
     a string with "{prompt}" and "{response}": that template, like "plain".
-    "auto"      (default) "chat" when the tokenizer has a chat template, else "plain".
+    "auto"      (default) the checkpoint's own convention when it names one (`cfg.input_format`: an
+                OpenRLHF checkpoint's "openrlhf"), else "chat" when the tokenizer has a chat template,
+                else "plain" (`model_input_format`).
 
 Prompts and responses are strings or lists of {"role", "content"} messages (TRL's conversational format;
 a string prompt is one user message, a string response one assistant message).
@@ -30,6 +32,7 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 import torch
 
 from reward_lens.model.truncation import report_truncation
+from reward_lens.model.readout import readout_needs_pad_id
 
 PLAIN_FORMAT = "User: {prompt}\n\nAssistant: {response}"
 INPUT_FORMATS = ("auto", "chat", "concat", "openrlhf", "plain")
@@ -65,6 +68,15 @@ def resolve_input_format(fmt: Optional[str], tokenizer) -> str:
             "string) or use input_format='concat' (TRL standard data), 'plain' or a '{prompt}...{response}' template"
         )
     return fmt
+
+
+def model_input_format(model, fmt: Optional[str] = None) -> str:
+    """The format `model` tokenises in: `fmt`, else `model.input_format`; "auto" is the checkpoint's own
+    convention (`cfg.input_format`) when it has one, then resolved against the tokenizer (if any)."""
+    fmt = check_input_format(fmt or getattr(model, "input_format", "auto"))
+    if fmt == "auto" and model.cfg.input_format:
+        fmt = model.cfg.input_format
+    return fmt if model.tokenizer is None else resolve_input_format(fmt, model.tokenizer)
 
 
 def _messages(x: Text, role: str) -> List[Dict[str, Any]]:
@@ -162,8 +174,6 @@ def trim_after_readout(model, ids: List[int]) -> List[int]:
 
 
 def pad_rows(model, ids: List[List[int]], side: str) -> Dict[str, torch.Tensor]:
-    from reward_lens.model.readout import readout_needs_pad_id
-
     pad = model.cfg.pad_token_id
     if pad is None and len(ids) > 1 and readout_needs_pad_id(model.cfg):
         hint = getattr(model.tokenizer, "pad_token_id", None)
@@ -215,7 +225,7 @@ def tokenize_pairs(
         raise ValueError(f"got {len(prompts)} prompts but {len(responses)} responses; pass one response per prompt")
     if padding_side not in (None, "left", "right"):
         raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
-    fmt = resolve_input_format(input_format or getattr(model, "input_format", "auto"), tokenizer)
+    fmt = model_input_format(model, input_format)
     ids = [trim_after_readout(model, encode_pair(tokenizer, p, r, fmt)) for p, r in zip(prompts, responses)]
     limit = max_length or getattr(tokenizer, "model_max_length", None)
     if limit is None or limit > 10**8:

@@ -39,6 +39,8 @@ import numpy as np
 from reward_lens.data.pairs import PreferencePair
 from reward_lens.plotting import figure_axes, finish
 from reward_lens.stats import bootstrap_ci as percentile_bootstrap_ci
+from reward_lens.demo import DEMO_PROBE_ITEMS_PATH
+from reward_lens.core.readout import readout_run
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -181,8 +183,6 @@ def load_probe_items(path: Union[str, Path, None] = None) -> List[ProbeItem]:
 
 def demo_probe_items() -> List[ProbeItem]:
     """Base items in the demo model's own domain (arithmetic, invented-world facts, instructions)."""
-    from reward_lens.demo import DEMO_PROBE_ITEMS_PATH
-
     return load_probe_items(DEMO_PROBE_ITEMS_PATH)
 
 
@@ -384,8 +384,6 @@ def run_probes(
     tuples / dicts. `output` picks one reward of a multi-output head.
     """
     import pandas as pd
-
-    from reward_lens.core.readout import readout_run
 
     if n_boot < 100:
         raise ValueError(f"n_boot={n_boot} is too few bootstrap draws for a 95% interval; use at least 100 (default 2000)")

@@ -28,6 +28,7 @@ from reward_lens.representations.concepts import ConceptVector, concept_effect
 from reward_lens.data.pairs import PreferencePair, as_pairs
 from reward_lens.core.readout import readout_run
 from reward_lens.plotting import finish, panels
+from reward_lens.converters.export import export_hf
 
 
 def _copy_model(model):
@@ -131,8 +132,6 @@ class RewardEdit:
 
     def export(self, path: Union[str, Path], *, hf_config: Any = None, dtype=None) -> Path:
         """Write the edited model as a transformers LlamaForSequenceClassification checkpoint."""
-        from reward_lens.converters.export import export_hf
-
         return export_hf(self.model, path, hf_config=hf_config, dtype=dtype)
 
     def to_frame(self):

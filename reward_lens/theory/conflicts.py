@@ -33,6 +33,9 @@ from reward_lens.plotting import diverging_heatmap, finish, panels
 from reward_lens.model.heads.base import read_objective
 from reward_lens.model.hooks import final_resid_name
 from reward_lens.stats import as_float_matrix, check_level, column_correlations, fisher_ci, named_rows, to_float64
+from reward_lens.data.pairs import as_pairs
+from reward_lens.core.readout import pair_batches
+from reward_lens.model.native import HookedRewardModel
 
 VERDICTS = ("aligned", "orthogonal", "conflicting")
 
@@ -198,9 +201,6 @@ def _readout_states(model, pairs, batch_size: int):
     `reward_head.hook_pooled` ([n, n_out] each) when the head has that hook."""
     import torch
 
-    from reward_lens.data.pairs import as_pairs
-    from reward_lens.core.readout import pair_batches
-
     last = final_resid_name(model.cfg.n_layers)
     names = [last, "ln_final.hook_scale"]
     has_pooled = "reward_head.hook_pooled" in model.hook_dict
@@ -287,8 +287,6 @@ def reward_conflicts(
       cost of comparing directions in bases that only approximately coincide).
     `pairs` may be omitted for models (geometry only).
     """
-    from reward_lens.model.native import HookedRewardModel
-
     opts = dict(threshold=threshold, level=level)
     if isinstance(source, HookedRewardModel):
         model = source

@@ -51,6 +51,9 @@ from reward_lens.plotting import finish, panels
 from reward_lens.stats import (
     as_float_matrix, bootstrap_indices, check_level, named_rows, percentile_ci, to_float64,
 )
+from reward_lens.data.pairs import as_pairs, PreferencePair
+from reward_lens.core.readout import pair_batches, readout_direction
+from reward_lens.model.hooks import final_resid_name
 
 ArrayLike = Any
 
@@ -456,10 +459,6 @@ def readout_states(model, pairs: Any, *, batch_size: int = 8, progress: Union[bo
     reward difference exactly."""
     import torch
 
-    from reward_lens.data.pairs import as_pairs
-    from reward_lens.core.readout import pair_batches, readout_direction
-    from reward_lens.model.hooks import final_resid_name
-
     pairs = as_pairs(pairs)
     last = final_resid_name(model.cfg.n_layers)
     deltas, directions = [], []
@@ -480,8 +479,6 @@ def _dimension_specs(dimensions: Any) -> Dict[str, Any]:
     """name -> direction or pairs; a probe-suite result becomes name -> its probe pairs (A = with the property)."""
     per_item = getattr(dimensions, "per_item", None)
     if per_item is not None and not isinstance(dimensions, Mapping):
-        from reward_lens.data.pairs import PreferencePair
-
         need = {"dimension", "prompt", "response_a", "response_b"}
         if not need <= set(per_item.columns):
             raise ValueError(f"the probe result's per_item frame lacks columns {sorted(need - set(per_item.columns))}")
@@ -501,7 +498,6 @@ def _probe_sets(probes: Any) -> Dict[str, Any]:
         if not probes:
             raise ValueError("no evaluation probes given; pass name -> pairs, or a list of pairs with subsets")
         return dict(probes)
-    from reward_lens.data.pairs import as_pairs
 
     groups: Dict[str, list] = {}
     for p in as_pairs(probes):

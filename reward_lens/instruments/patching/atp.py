@@ -22,7 +22,7 @@ from reward_lens.core.validation import safe_ratio
 from reward_lens.data.pairs import as_pairs, pair_labels
 from reward_lens.instruments.sites import Site, sites_for
 from reward_lens.plotting import panels, finish
-from reward_lens.results import PairRewards, to_numpy
+from reward_lens.results import CleanPairRewards, to_numpy
 from reward_lens.stats import spearman, spearman_rows
 from reward_lens.core.batching import Tokenized, pair_batches
 from reward_lens.core.readout import capture
@@ -66,7 +66,7 @@ class AtPComparison:
 
 
 @dataclass
-class AtPResult(PairRewards):
+class AtPResult(CleanPairRewards):
     """`estimates[(mode, target)]`: [n_pairs, n_sites] first-order estimates of patched - clean reward;
     `clean_chosen`/`clean_rejected` [n_pairs] the clean rewards (also `reward_chosen`/`reward_rejected`)."""
 
@@ -80,18 +80,6 @@ class AtPResult(PairRewards):
     @property
     def components(self) -> List[str]:
         return [s.name for s in self.sites]
-
-    @property
-    def reward_chosen(self) -> torch.Tensor:
-        return self.clean_chosen
-
-    @property
-    def reward_rejected(self) -> torch.Tensor:
-        return self.clean_rejected
-
-    @property
-    def clean_gap(self) -> torch.Tensor:
-        return self.clean_chosen - self.clean_rejected
 
     def effect(self, mode: str, target: Optional[str] = None, normalized: bool = False) -> torch.Tensor:
         target = target or TARGETS[mode][0]

@@ -15,10 +15,11 @@ patches every position and needs equal lengths for the contrastive modes.
 Effects: `effect` = patched reward - the target's clean reward; `normalized_effect` = effect / clean gap
 (chosen - rejected): noising -1 erases the preference, denoising +1 restores all of it.
 
-Fast path (method="fast", the default). A readout-position patch at layer l changes only the readout
-token from l on: it is the last attended token (right padding puts pads after it, left padding before
-it, and pads are masked), so no other position attends to it. The target's post-RoPE keys and values
-are cached in its one clean run; every patch of a sweep is then one row of a batch of single-token
+Fast path (method="fast", the default). A readout-position patch at layer l changes the readout token
+from l on and, under causal attention, nothing before it; positions after the readout (right padding, a
+trailing EOS when pad = EOS) may change but the reward never reads them, so the readout need not be the
+last attended token (a gated head's gate position must precede it). The target's post-RoPE keys and
+values are cached in its one clean run; every patch of a sweep is then one row of a batch of single-token
 queries recomputed through layers l..L-1 by the blocks' own readout step, attending to the cached keys
 of the other positions plus its own fresh key. A sweep costs about one forward per response.
 Multi-position patches start the forward at the patched layer (`start_at_layer`) from the cached
@@ -44,7 +45,7 @@ from reward_lens.core.validation import safe_ratio
 from reward_lens.data.pairs import as_pairs, pair_labels
 from reward_lens.instruments.sites import Site, sites_for
 from reward_lens.plotting import diverging_heatmap, finish, panels
-from reward_lens.results import PairRewards, to_numpy
+from reward_lens.results import CleanPairRewards, to_numpy
 from reward_lens.core.batching import pair_batches
 from reward_lens.core.readout import capture
 from reward_lens.instruments.patching.engines import has_readout_fast_path, patch_batch  # noqa: F401
@@ -53,7 +54,7 @@ from reward_lens.instruments.patching.spec import METHODS, MODES, POSITIONS, TAR
 
 
 @dataclass
-class PatchResult(PairRewards):
+class PatchResult(CleanPairRewards):
     """Patched rewards per pair and site. `patched[(mode, target)]` is [n_pairs, n_sites] (target:
     "chosen" or "rejected"); `clean_chosen`/`clean_rejected` [n_pairs] the clean rewards (also
     `reward_chosen`/`reward_rejected`, with `reward_gap`, as every result)."""
@@ -73,18 +74,6 @@ class PatchResult(PairRewards):
     @property
     def modes(self) -> List[str]:
         return list(dict.fromkeys(m for m, _ in self.patched))
-
-    @property
-    def reward_chosen(self) -> torch.Tensor:
-        return self.clean_chosen
-
-    @property
-    def reward_rejected(self) -> torch.Tensor:
-        return self.clean_rejected
-
-    @property
-    def clean_gap(self) -> torch.Tensor:
-        return self.clean_chosen - self.clean_rejected
 
     def _key(self, mode: str, target: Optional[str]) -> Tuple[str, str]:
         if target is None:

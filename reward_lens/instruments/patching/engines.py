@@ -1,8 +1,10 @@
 """Patching engines: each returns the patched rewards [batch, n_sites] of one target batch.
 
-readout (the KV-cache fast path): a readout-position patch at layer l changes only the readout token from l
-on (it is the last attended token, so no other position attends to it). The target's post-RoPE keys and
-values are cached in its one clean run; every patch of a sweep is one row of a batch of single-token
+readout (the KV-cache fast path): a readout-position patch at layer l changes the readout token from l on,
+and under causal attention only positions after it besides; the reward reads the readout alone (a gated
+head also reads its gate position, which must precede the readout), so those later positions (a trailing
+EOS when pad = EOS, tokens after an inner pad id) are irrelevant and the readout need not be the last
+attended token. The target's post-RoPE keys and values are cached in its one clean run; every patch of a sweep is one row of a batch of single-token
 queries recomputed through layers l..L-1 by the blocks' own readout step (`TransformerBlock.readout_attn`,
 `readout_mlp`), so architecture quirks (post-norms, soft-caps, windows) live in the block only.
 layer: multi-position patches rerun the forward from the patched layer on the cached clean residual.
@@ -61,11 +63,14 @@ def has_readout_fast_path(model) -> bool:
     return model.has_readout_fast_path
 
 
-def readout_is_last(tok: Tokenized) -> bool:
-    """Whether every row's readout is its last attended token (the fast path's condition)."""
-    idx = torch.arange(tok.input_ids.shape[1], device=tok.attention_mask.device)
-    after = tok.attention_mask.bool() & (idx[None] > tok.readout.to(idx.device)[:, None])
-    return not bool(after.any())
+def readout_recompute_exact(model, tok: Tokenized) -> bool:
+    """Whether recomputing the readout token alone gives the patched reward exactly: the model has a
+    readout step and every other position the head reads (a gate's) precedes the readout. Positions after
+    the readout never matter (causal attention), so where the readout sits among them does not."""
+    if not model.has_readout_fast_path:
+        return False
+    context = model.reward_head.context_positions(tok.input_ids)
+    return context is None or bool((context.to(tok.readout.device) < tok.readout).all())
 
 
 def readout_capture_names(model, sites: Sequence[Site]) -> Tuple[List[str], List[str]]:
@@ -128,7 +133,7 @@ def readout_sweep(model, tcap: Capture, entries: Sequence[ReadoutEntry]) -> torc
     position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0)
     cos, sin = model.rotary(position_ids[torch.arange(B, device=device), readout][:, None], state.dtype)
     idx = torch.arange(T, device=device)
-    before = mask.bool() & (idx[None] < readout[:, None])  # every other position the readout may see
+    before = mask.bool() & (idx[None] < readout[:, None])  # what the readout sees (later positions: irrelevant)
     shared = {device: (cos, sin, before, readout)}  # per device: a placed model's blocks span several
     for l in range(sorted_keys[0][0], L):
         n_pre = bisect_left(sorted_keys, (l, MID))
@@ -233,7 +238,7 @@ def clean_captures(model, batch: PairBatch, sites, modes, positions: str, method
     for side, tok in (("chosen", batch.chosen), ("rejected", batch.rejected)):
         readout_names, full_names = [], []
         if side in targets:
-            fast = positions == "readout" and model.has_readout_fast_path and readout_is_last(tok)
+            fast = positions == "readout" and readout_recompute_exact(model, tok)
             engine_for[side] = "naive" if method == "naive" else "readout" if fast else "layer"
             if engine_for[side] == "readout":
                 at_readout, whole = readout_capture_names(model, sites)

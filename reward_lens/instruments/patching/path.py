@@ -18,8 +18,9 @@ receiver then computes flows on to the reward. Exactly (docs/theory.md, "Path pa
 The receiver's new value replaces its target-run value and everything downstream of it is recomputed (as in
 Wang et al.'s final step); components between sender and receiver never see Δ. Readout-aligned as `patch`
 is: chosen and rejected differ in length, so the sender's readout output is compared across runs, and only
-the target's readout token changes. Since the readout is the last attended token, nothing attends to it:
-the other positions keep their target values without being frozen explicitly.
+the target's readout token changes. Under causal attention positions before it never see it and the reward
+never reads positions after it (a trailing EOS when pad = EOS): the other positions keep their target values
+without being frozen explicitly, wherever the readout sits.
 
 Modes: "noising" (target chosen, source rejected) and "denoising" (target rejected, source chosen).
 Methods: "naive" runs full forwards with hooks (one to compute the receiver's new value from its input plus
@@ -44,8 +45,8 @@ from reward_lens.core.readout import Capture, Tokenized, capture, pair_batches, 
 from reward_lens.data.pairs import as_pairs
 from reward_lens.data.pairs import pair_labels
 from reward_lens.plotting import pyplot
-from reward_lens.results import to_numpy
-from reward_lens.model.components import apply_rotary
+from reward_lens.results import CleanPairRewards, to_numpy
+from reward_lens.instruments.patching.engines import readout_recompute_exact
 from reward_lens.model.placement import block_device
 from reward_lens.model.hooks import act_name, final_resid_name
 
@@ -122,7 +123,7 @@ def default_receivers(cfg) -> List[str]:
 
 
 @dataclass
-class PathPatchResult:
+class PathPatchResult(CleanPairRewards):
     """Patched rewards of the target run per pair, sender and receiver: `patched` [n_pairs, n_senders,
     n_receivers] (NaN where the receiver does not read the sender's output); `clean_chosen` /
     `clean_rejected` [n_pairs]. effect = patched - clean target reward; normalised by the clean gap
@@ -140,10 +141,6 @@ class PathPatchResult:
     @property
     def target(self) -> str:
         return _TARGET[self.mode][0]
-
-    @property
-    def clean_gap(self) -> torch.Tensor:
-        return self.clean_chosen - self.clean_rejected
 
     def effect(self, normalized: bool = False) -> torch.Tensor:
         clean = self.clean_chosen if self.target == "chosen" else self.clean_rejected
@@ -197,13 +194,11 @@ class PathPatchResult:
 
 
 def _sender_names(model, senders: Sequence[PathNode]) -> List[str]:
-    cfg = model.cfg
     names = set()
     for s in senders:
         if s.kind == "head":
             names.add(act_name("z", s.layer))
-            if cfg.post_norms:
-                names.add(act_name("scale", s.layer, norm="ln1_post"))
+            names.update(model.blocks[s.layer].output_gain_hooks())  # Gemma-2's post-norm scales
         else:
             names.add(act_name(f"{s.kind}_out", s.layer))
     return sorted(names)
@@ -212,7 +207,6 @@ def _sender_names(model, senders: Sequence[PathNode]) -> List[str]:
 def sender_delta(model, sender: PathNode, tgt: Dict[str, torch.Tensor], src: Dict[str, torch.Tensor]) -> torch.Tensor:
     """Δ [B, d_model]: the sender's output at the source readout minus at the target readout (head outputs
     through Gemma-2's post-norm with the target's scale frozen)."""
-    cfg = model.cfg
     if sender.kind != "head":
         name = act_name(f"{sender.kind}_out", sender.layer)
         return src[name] - tgt[name]
@@ -220,10 +214,8 @@ def sender_delta(model, sender: PathNode, tgt: Dict[str, torch.Tensor], src: Dic
     home = tgt[z].device  # a placed model's weights may live elsewhere: brought to the activations
     W_O = model.blocks[sender.layer].attn.W_O[sender.index].to(home)
     delta = (src[z][:, sender.index] - tgt[z][:, sender.index]) @ W_O
-    if cfg.post_norms:
-        norm = model.blocks[sender.layer].ln1_post
-        delta = delta * (cfg.norm_weight_offset + norm.w.to(home)) / tgt[act_name("scale", sender.layer, norm="ln1_post")]
-    return delta
+    gain = model.blocks[sender.layer].output_gain("attn", tgt)  # the target's post-norm scale frozen
+    return delta * (gain.to(delta.device) if torch.is_tensor(gain) else gain)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -247,8 +239,9 @@ def _context(model, tok: Tokenized, extra: Sequence[str]) -> _Context:
     device = tok.input_ids.device
     readout, mask = tok.readout.to(device), tok.attention_mask.to(device)
     idx = torch.arange(T, device=device)
-    if bool((mask.bool() & (idx[None] > readout[:, None])).any()):
-        raise ValueError("the fast path needs the readout to be the last attended token of every row; use method='naive'")
+    if not readout_recompute_exact(model, tok):
+        raise ValueError("the fast path recomputes the readout alone, but the head's gate reads a position at or after "
+                         "it (ArmoRM's gating pattern); use method='naive' or select one objective")
     position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0)
     cos, sin = model.rotary(position_ids[torch.arange(B, device=device), readout][:, None], cfg.dtype)
     before = mask.bool() & (idx[None] < readout[:, None])
@@ -265,19 +258,12 @@ def one_token_attention(model, layer: int, xq, xk, xv, ctx: _Context) -> torch.T
     B, P = xq.shape[:2]
     home, dev = xq.device, block_device(model, layer)  # a placed model: computed on the block's device
     xq, xk, xv = xq.to(dev), xk.to(dev), xv.to(dev)
-    q = torch.einsum("bpnd,ndh->bpnh", xq, attn.W_Q) + attn.b_Q
-    k = torch.einsum("bpnd,ndh->bpnh", xk, attn.W_K) + attn.b_K
-    v = torch.einsum("bpnd,ndh->bpnh", xv, attn.W_V) + attn.b_V
-    if cfg.qk_norm:
-        q, k = attn.q_norm(q), attn.k_norm(k)
-    cos, sin = ctx.cos.to(dev).expand(B, P, -1), ctx.sin.to(dev).expand(B, P, -1)
-    q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+    q, k, v = attn.per_head_qkv(xq, xk, xv, ctx.cos.to(dev).expand(B, P, -1), ctx.sin.to(dev).expand(B, P, -1))
     past_k = ctx.cap.full[act_name("rot_k", layer)].to(dev).repeat_interleave(group, dim=2)  # [B, T, H, d_head]
     past_v = ctx.cap.full[act_name("v", layer)].to(dev).repeat_interleave(group, dim=2)
     k, v = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)
     scores = torch.cat([torch.einsum("bpnh,btnh->bpnt", q, past_k), (q * k).sum(-1, keepdim=True)], -1) / cfg.attn_scale
-    if cfg.attn_scores_soft_cap is not None:
-        scores = torch.tanh(scores / cfg.attn_scores_soft_cap) * cfg.attn_scores_soft_cap
+    scores = attn.soft_cap(scores)
     allowed = ctx.allowed[attn.window].to(dev)
     allowed = torch.cat([allowed, allowed.new_ones(B, 1)], -1)[:, None, None]
     pattern = torch.softmax(scores.masked_fill(~allowed, torch.finfo(scores.dtype).min).float(), -1).to(q.dtype)
@@ -287,18 +273,12 @@ def one_token_attention(model, layer: int, xq, xk, xv, ctx: _Context) -> torch.T
 def _finish_block(model, layer: int, resid_pre, z, mlp_delta=None):
     """resid_post of block `layer` from the readout's resid_pre and z [B, P, H, d_head]; `mlp_delta` is
     added to the MLP's input only (an MLP receiver)."""
-    cfg, block = model.cfg, model.blocks[layer]
+    block = model.blocks[layer]
     home, dev = resid_pre.device, block_device(model, layer)  # a placed model: computed on the block's device
     resid_pre, z = resid_pre.to(dev), z.to(dev)
     mlp_delta = None if mlp_delta is None else mlp_delta.to(dev)
-    attn_out = torch.einsum("bpnh,nhm->bpm", z, block.attn.W_O) + block.attn.b_O
-    if cfg.post_norms:
-        attn_out = block.ln1_post(attn_out)
-    mid = resid_pre + attn_out
-    mlp_out = block.mlp(block.ln2(mid if mlp_delta is None else mid + mlp_delta))
-    if cfg.post_norms:
-        mlp_out = block.ln2_post(mlp_out)
-    return (mid + mlp_out).to(home)
+    mid = resid_pre + block.attn_out_from_z(z)
+    return (mid + block.mlp_post(block.mlp(block.ln2(mid if mlp_delta is None else mid + mlp_delta)))).to(home)
 
 
 def _fast_receiver(model, receiver: PathNode, deltas: torch.Tensor, ctx: _Context, direction, bias) -> torch.Tensor:
@@ -314,9 +294,8 @@ def _fast_receiver(model, receiver: PathNode, deltas: torch.Tensor, ctx: _Contex
     dev = block_device(model, l)  # norms with weights (fold_ln=False) run where the block is
     if receiver.kind == "mlp":
         mid = acts[act_name("resid_mid", l)][:, None]
-        mlp_out = model.blocks[l].mlp(model.blocks[l].ln2((mid + deltas).to(dev)))
-        if cfg.post_norms:
-            mlp_out = model.blocks[l].ln2_post(mlp_out)
+        block = model.blocks[l]
+        mlp_out = block.mlp_post(block.mlp(block.ln2((mid + deltas).to(dev))))
         state = mid + mlp_out.to(mid.device)
     else:
         x_t, x_p = (model.blocks[l].ln1(x.to(dev)).to(pre.device) for x in (pre, pre + deltas))
@@ -432,7 +411,7 @@ def path_patch(
     'denoising'. method: 'fast' (default) or 'naive' (full forwards; the reference).
     """
     cfg = model.cfg
-    if act_name("z", 0) not in model.hook_dict or not hasattr(model.blocks[0], "attn"):
+    if not model.has_head_hooks:
         raise ValueError("path_patch needs per-head hooks and weights (a native architecture); this model runs on the "
                          "generic component-level path: use patch(model, pairs, level='component') instead")
     if mode not in PATH_MODES:

@@ -174,6 +174,9 @@ class ArmoRMHead(RewardHeadBase):
     def gate_positions(self, input_ids: Int[torch.Tensor, "batch pos"]) -> Int[torch.Tensor, "batch"]:
         return last_pattern_positions(input_ids, self.gating_pattern)
 
+    def context_positions(self, input_ids: Int[torch.Tensor, "batch pos"]) -> Optional[Int[torch.Tensor, "batch"]]:
+        return self.gate_positions(input_ids) if self.is_gated else None
+
     # ------------------------------------------------------------------ forward
     def gate(self, x: Float[torch.Tensor, "batch d_model"]) -> Float[torch.Tensor, "batch n_obj"]:
         """g from the final-norm output at the gate position (hooks fire)."""

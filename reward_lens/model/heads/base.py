@@ -87,6 +87,11 @@ class RewardHeadBase(nn.Module):
         """Where the reward is read, exactly as transformers pools: the rightmost non-pad token."""
         return rightmost_non_pad(input_ids, self.cfg.pad_token_id)
 
+    def context_positions(self, input_ids: Int[torch.Tensor, "batch pos"]) -> Optional[Int[torch.Tensor, "batch"]]:
+        """Positions other than the readout whose final state the output reads (a gate's input); None when
+        the head reads the readout alone. A readout-only recomputation is exact when these precede it."""
+        return None
+
     # ------------------------------------------------------------------ objectives
     @property
     def n_objectives(self) -> int:

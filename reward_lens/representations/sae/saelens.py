@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Dict, Optional, Tuple, Union
 
 import torch
+from reward_lens.model.checks import check_finite_weights, load_safetensors, read_json
 
 SAE_CFG_FILENAME = "cfg.json"
 SAE_WEIGHTS_FILENAME = "sae_weights.safetensors"
@@ -137,8 +138,6 @@ def read_saelens(
 ) -> Tuple[SAEConfig, Dict[str, torch.Tensor]]:
     """(config, float32 weights) from an SAE directory in SAELens's format (any version), with older
     versions' scaling factors and a dataset norm factor folded into the weights."""
-    from reward_lens.model.checks import check_finite_weights, load_safetensors, read_json
-
     directory = Path(path).expanduser()
     cfg_file = directory / SAE_CFG_FILENAME
     weights_file = directory / SAE_WEIGHTS_FILENAME
@@ -191,8 +190,6 @@ def read_saelens(
 
 def read_extras(path: Union[str, Path], d_sae: int) -> Tuple[Optional[torch.Tensor], Dict[str, Any]]:
     """(firing frequency [d_sae] from sparsity.safetensors or None, our training record or {})."""
-    from reward_lens.model.checks import load_safetensors
-
     directory = Path(path).expanduser()
     freq = None
     sparsity = directory / SPARSITY_FILENAME

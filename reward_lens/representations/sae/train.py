@@ -14,6 +14,7 @@ import torch
 
 from reward_lens.model import hooks
 from reward_lens.representations.sae.module import SAEConfig, SparseAutoencoder, hook_width
+from reward_lens.core.readout import stream_activations
 
 
 def _pair_texts(data: Sequence[Any]) -> Tuple[List[str], List[str]]:
@@ -44,8 +45,6 @@ def gather_activations(
     progress: Union[bool, str] = False,
 ) -> torch.Tensor:
     """Activations [n, width] at `hook_name` for texts (pairs, (prompts, responses)) or token ids, on CPU."""
-    from reward_lens.core.readout import stream_activations
-
     kwargs: Dict[str, Any] = dict(positions=positions, batch_size=batch_size, progress=progress, device="cpu")
     if isinstance(data, dict):
         if "input_ids" not in data:
