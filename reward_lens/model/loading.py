@@ -110,6 +110,11 @@ def load_tokenizer(directory: Path):
 def load_pretrained(
     cls, path_or_id, *, device=None, dtype=None, fold_ln=True, tokenizer=None, generic=False, module_map=None, **overrides
 ):
+    if overrides.get("gguf_file") is not None:  # a llama.cpp file: transformers dequantises it (model/gguf.py)
+        from reward_lens.model.gguf import load_gguf
+
+        return load_gguf(cls, path_or_id, overrides.pop("gguf_file"), tokenizer=tokenizer, device=device, dtype=dtype,
+                         fold_ln=fold_ln, generic=generic, module_map=module_map, **overrides)
     directory = resolve_checkpoint_dir(path_or_id)
     if tokenizer is None:
         tokenizer = load_tokenizer(directory)

@@ -58,6 +58,9 @@ class HookedRewardModel(HookedRootModule):
 
         An architecture without a native weight map (or `generic=True`) loads on the generic
         component-level path (`reward_lens.model.generic.wrapper.GenericHookedRewardModel`; option `module_map=`).
+        `gguf_file="x.gguf"` loads a llama.cpp file in `path_or_id` as transformers does (dequantised to float32;
+        needs `pip install gguf`); a GGUF holds no reward head, so the score head is random until set
+        (`reward_lens.model.gguf`). Other keyword arguments override config fields (e.g. `pad_token_id`).
         """
         from reward_lens.model.loading import load_pretrained
 
