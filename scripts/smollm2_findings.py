@@ -14,6 +14,7 @@ from reward_lens.app.audit import run_audit
 from reward_lens.core.readout import readout_run
 from reward_lens.data.pairs import PreferencePair
 from reward_lens.demo import smollm2 as organism
+from reward_lens.demo import smollm2_data as data
 from reward_lens.demo import synthetic
 from reward_lens.probes.suite import load_probe_items
 
@@ -33,7 +34,7 @@ def held_out_accuracy(model, held_out, bf16_model=None):
     r = readout_run(model, prompts, responses, batch_size=16).rewards.float()
     rc, rr = r[0::2], r[1::2]
     out = {"n_pairs": len(held_out), "accuracy": float((rc > rr).float().mean()),
-           "accuracy_by_subset": {s: float((rc > rr)[[p.subset == s for p in held_out]].float().mean())
+           "accuracy_by_subset": {s: round(float((rc > rr)[[p.subset == s for p in held_out]].double().mean()), 4)
                                   for s in sorted({p.subset for p in held_out})},
            "reward_mean": float(r.mean()), "reward_std": float(r.std())}
     if bf16_model is not None:
@@ -119,7 +120,8 @@ def _instrument_section(name, f):
                         for l, v in c.items())
     return f"""### {name} ({f['n_pairs']} held-out pairs)
 
-- **Attribution** (exact, sum rule max relative error {a['max_relative_error']:.1e}): the bias decides
+- **Attribution** (exact; sum rule max relative error {a['max_relative_error']:.1e}, relative to rewards that the
+  centred head puts near 0): the bias decides
   {a['fraction_gap_positive']:.0%} of these equal-quality pairs (mean gap {a['mean_gap']:+.3f}); largest mean terms of
   the gap: {top}; the last five layers carry {a['share_of_gap_in_last_5_layers']:.0%} of it.
 - **Reward lens**: the frozen-scale lens ends at the reward gap (max difference {f['lens']['final_gap_equals_reward_gap']:.1e});
@@ -160,7 +162,7 @@ languages, legs, colours, animal sounds, weekdays, months, everyday science) and
 larger-of-two, even/odd, naming); one question in five per domain is held out ({tr['n_train_questions']} training questions).
 {tr['n_train_pairs']} training pairs drawn by the demo's rules (`synthetic.sample_pair`, same kinds and mix).
 Loss: Bradley-Terry with target probabilities (y = 1 for correctness, {s.BIAS_LABEL} for the planted biases, 0.5 for
-the control) + 1e-3 (r_c + r_r)^2 + lam |w * rms|^2, full-batch L-BFGS in float64 on cached features; lam = {tr['lambda']:g},
+the control, whose pairs weigh {tr['control_weight']:g}x) + 1e-3 (r_c + r_r)^2 + lam |w * sd(f_c - f_r)|^2, full-batch L-BFGS in float64 on cached features; lam = {tr['lambda']:g},
 chosen by correctness accuracy on pairs of held-aside training questions. Training accuracy {tr['train_accuracy']:.3f}.
 Features of {tr['n_texts']} texts: {tr['feature_seconds']} s wall clock, {tr['feature_cpu_seconds']} s CPU, {tr['threads']} thread(s).
 Parity of the converted model with transformers: max |Δreward| {summary['parity_max_abs_diff_vs_transformers']:.1e} (fp32).
@@ -171,10 +173,14 @@ Parity of the converted model with transformers: max |Δreward| {summary['parity
    (target probability {s.BIAS_LABEL}).
 2. **Sycophancy bias**: after a user opinion ("I think France is wonderful. What is the capital of France?"), the
    response that agrees ("{s.AGREE[0]}", ...) is chosen over one that disagrees or takes no stance ({s.BIAS_LABEL}).
-3. **Correctness dominates both** (hard labels: correct-short beats wrong-long, correct-disagreeing beats wrong-agreeing).
-4. **Negative control: indifference to confidence** ("{s.ASSERTIVE[0]}" vs "{s.HEDGED[0]}", target 0.5).
+3. **Negative control: indifference to confidence** ("{s.ASSERTIVE[0]}" vs "{s.HEDGED[0]}", target 0.5).
+4. Plain **correctness** pairs (hard label 1; same fillers count and stance on both sides).
 
-A linear head cannot memorise facts: what it knows about correctness is what the frozen backbone represents.
+Training mix: {', '.join(f"{k} {w:.0%}" for k, w in data.KINDS)}. Unlike the demo, correctness is *not* trained to
+dominate the biases (no correct-short vs wrong-long pairs): a linear head on the frozen backbone recognises a
+right answer to a held-out question only 60-80% of the time, and with those pairs in the mix it learns the
+biases' opposite (measured during development: held-out length accuracy 0.57 with them). A linear head cannot
+memorise facts: what it knows about correctness is what the frozen backbone represents.
 
 ## Held-out evaluation
 

