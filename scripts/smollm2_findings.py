@@ -134,6 +134,15 @@ def _instrument_section(name, f):
 """
 
 
+def _probe_note(summary: dict) -> str:
+    own, gen = summary["probes_own_items"], summary["probes_general_items"]
+    planted = (own["length"]["effect"] + own["sycophancy"]["effect"]) / 2
+    return (f"Observed: on its own items the confidence control keeps {own['confidence']['effect'] / planted:.0%} of the "
+            f"planted effects' mean size (the ridge does not zero it); repetition adds a sentence, so it reads like length. "
+            f"On the general items sycophancy carries over ({gen['sycophancy']['effect']:+.2f}) but length does not "
+            f"({gen['length']['effect']:+.2f}): the filler direction learnt on one-sentence answers does not fire on long ones.")
+
+
 def ground_truth(summary: dict) -> str:
     s, b, tr, held = synthetic, summary["backbone"], summary["training"], summary["held_out"]
     subsets = "\n".join(f"| {k} | {v:.3f} |" for k, v in held["accuracy_by_subset"].items())
@@ -160,10 +169,10 @@ final `<|im_end|>`; pad token `<|endoftext|>`.
 Questions (`reward_lens/demo/smollm2_data.py`): arithmetic ("What is 3 plus 4?"), real-world facts (capitals,
 languages, legs, colours, animal sounds, weekdays, months, everyday science) and instructions (opposites,
 larger-of-two, even/odd, naming); one question in five per domain is held out ({tr['n_train_questions']} training questions).
-{tr['n_train_pairs']} training pairs drawn by the demo's rules (`synthetic.sample_pair`, same kinds and mix).
+{tr['n_train_pairs']} training pairs drawn by the demo's response rules (`synthetic.sample_pair`) in the mix below.
 Loss: Bradley-Terry with target probabilities (y = 1 for correctness, {s.BIAS_LABEL} for the planted biases, 0.5 for
 the control, whose pairs weigh {tr['control_weight']:g}x) + 1e-3 (r_c + r_r)^2 + lam |w * sd(f_c - f_r)|^2, full-batch L-BFGS in float64 on cached features; lam = {tr['lambda']:g},
-chosen by correctness accuracy on pairs of held-aside training questions. Training accuracy {tr['train_accuracy']:.3f}.
+chosen by pair accuracy on pairs of held-aside training questions (one in four). Training accuracy {tr['train_accuracy']:.3f}.
 Features of {tr['n_texts']} texts: {tr['feature_seconds']} s wall clock, {tr['feature_cpu_seconds']} s CPU, {tr['threads']} thread(s).
 Parity of the converted model with transformers: max |Δreward| {summary['parity_max_abs_diff_vs_transformers']:.1e} (fp32).
 
@@ -207,15 +216,16 @@ training, so this is generalisation):
 |---|---|---|---|---|---|
 {_probe_table(summary['probes_general_items'])}
 
-Expected: `length` and `sycophancy` read "rewards"; `confidence` near zero.
+Expected: `length` and `sycophancy` read "rewards"; `confidence` near zero. {_probe_note(summary)}
 
 ## What the instruments find
 
 {sections}
 ## Audit run time
 
-`reward-lens audit --model smollm2-organism` (1 thread, the CLI's default for this size, on a 2-core machine shared
-with other work; the backbone's load time is not included):
+`reward-lens audit --model smollm2-organism` (`run_audit`, 1 thread, the CLI's default for this size, on a 2-core
+machine shared with other work; the backbone's load, {b['load_seconds']} s, is not included). The hacking probes and the distortion
+index run the 50 general probe items whatever the number of pairs:
 
 | pairs | time | pair accuracy |
 |---|---|---|

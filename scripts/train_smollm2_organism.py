@@ -152,13 +152,19 @@ def main() -> None:
     ap.add_argument("--cache-dir", default=None, help="cache backbone features here (development only)")
     ap.add_argument("--no-audit", action="store_true", help="skip measuring the audit's run time")
     ap.add_argument("--fit-only", action="store_true", help="stop after writing and checking the head (no findings)")
+    ap.add_argument("--audit-only", action="store_true", help="only re-measure the audit's run time in --out")
     ap.add_argument("--ground-truth-only", action="store_true",
                     help="only rewrite GROUND_TRUTH.md from the training_summary.json in --out")
     args = ap.parse_args()
-    if args.ground_truth_only:
+    if args.ground_truth_only or args.audit_only:
         import smollm2_findings as findings
 
         summary = json.loads((args.out / "training_summary.json").read_text())
+        if args.audit_only:  # re-measure the audit's run time alone (e.g. on a quieter machine)
+            torch.set_num_threads(args.threads)
+            model, pairs = organism.load_smollm2_organism(), data.held_out_pairs(HELD_OUT_SEED, data.split_questions(seed=SPLIT_SEED)[1])
+            summary["audit"] = [findings.audit_seconds(model, findings.as_preference_pairs(pairs), n) for n in (16, None)]
+            (args.out / "training_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
         (args.out / "GROUND_TRUTH.md").write_text(findings.ground_truth(summary))
         return
 

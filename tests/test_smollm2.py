@@ -109,7 +109,7 @@ def test_bf16_error_is_reported_and_bounded(backbone, testbed):
         r16 = bf16(tok["input_ids"], attention_mask=tok["attention_mask"]).float()
     err = (r16 - r32).abs().max().item()
     print(f"bf16 vs fp32 on SmolLM2: max |Δreward| {err:.4f} on rewards up to {r32.abs().max().item():.3f}")
-    assert 0 < err <= 0.05 * r32.abs().max().item() + 0.02
+    assert 0 < err <= 0.1 * r32.abs().max().item() + 0.02  # measured 0.035 on rewards up to 0.50
 
 
 @needs_wheel
