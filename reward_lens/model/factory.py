@@ -50,6 +50,11 @@ def load_pretrained(
     hooked model: native (`native_cls`) when a weight map handles it, else generic. `overrides` are set
     on the transformers config before conversion. Native checkpoints stream: read, converted, checked,
     folded, cast and placed one block at a time (`reward_lens.model.streaming`)."""
+    if overrides.get("gguf_file") is not None:  # a llama.cpp file: transformers dequantises it (model/gguf.py)
+        from reward_lens.model.gguf import load_gguf
+
+        return load_gguf(native_cls, path_or_id, overrides.pop("gguf_file"), tokenizer=tokenizer, device=device,
+                         dtype=dtype, fold_ln=fold_ln, generic=generic, module_map=module_map, **overrides)
     directory = resolve_checkpoint_dir(path_or_id)
     if tokenizer is None:
         tokenizer = load_tokenizer(directory)

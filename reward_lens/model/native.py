@@ -81,6 +81,9 @@ class HookedRewardModel(TransformerLensConveniences, RewardModelBase):
         (one block in host memory at a time, `reward_lens.model.streaming`); `n_devices=k` (cuda:0..k-1) or
         `device_map=[devices]` / `"auto"` spreads the blocks over several devices, balanced by bytes
         (`reward_lens.model.placement`).
+        `gguf_file="x.gguf"` loads a llama.cpp file in `path_or_id` as transformers does (dequantised to float32;
+        needs `pip install gguf`); a GGUF holds no reward head, so the score head is random until set
+        (`reward_lens.model.gguf`). Other keyword arguments override config fields (e.g. `pad_token_id`).
         """
         check_input_format(input_format)
         model = factory.load_pretrained(cls, path_or_id, device=device, dtype=dtype, fold_ln=fold_ln, generic=generic,

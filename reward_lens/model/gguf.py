@@ -1,0 +1,71 @@
+"""GGUF backbones: `HookedRewardModel.from_pretrained(dir, gguf_file=...)`, dequantised, like transformers.
+
+transformers reads a `.gguf` file (llama.cpp's format; quantised Q4/Q8/... or float) and dequantises every
+tensor to float32 when it loads it (`from_pretrained(dir_or_hub_id, gguf_file=...)`, which needs the `gguf`
+package). We let it build the `*ForSequenceClassification` model and convert that with `from_hf_model`, so
+the hooked model computes exactly what transformers computes on the dequantised weights (no quantised
+arithmetic anywhere). A GGUF file holds a language model, never a reward head: the score head is what
+transformers initialises (random, from torch's RNG), and it is the caller's to train or set (see
+`reward_lens.demo.smollm2` for a shipped head on a GGUF backbone).
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any, Union
+
+import torch
+
+SCORE_HEAD_NOTE = (
+    "{file} holds a language model, not a reward head: the score head is randomly initialised (as transformers "
+    "does); set model weights for a trained head before reading rewards"
+)
+
+
+def load_gguf_hf_model(path_or_id: Union[str, Path], gguf_file: str, **config_overrides: Any) -> torch.nn.Module:
+    """transformers' `AutoModelForSequenceClassification` from a GGUF file (dequantised to float32).
+
+    `config_overrides` go to transformers' `from_pretrained` (e.g. `num_labels`, default 1; `pad_token_id`).
+    """
+    from transformers import AutoModelForSequenceClassification
+
+    _check_gguf_available()
+    config_overrides.setdefault("num_labels", 1)
+    directory = Path(path_or_id).expanduser()
+    if directory.is_dir() and not (directory / gguf_file).exists():
+        raise FileNotFoundError(f"no GGUF file {gguf_file!r} in {directory}; pass gguf_file= a file name inside it")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # transformers' own notes on the dequantisation
+        model = AutoModelForSequenceClassification.from_pretrained(str(path_or_id), gguf_file=gguf_file,
+                                                                   **config_overrides)
+    model.eval()
+    return model
+
+
+def load_gguf_tokenizer(path_or_id: Union[str, Path], gguf_file: str):
+    """The tokenizer (with its chat template) stored in the GGUF file's metadata."""
+    from transformers import AutoTokenizer
+
+    _check_gguf_available()
+    return AutoTokenizer.from_pretrained(str(path_or_id), gguf_file=gguf_file)
+
+
+def load_gguf(
+    cls, path_or_id, gguf_file: str, *, tokenizer=None, device=None, dtype=None, fold_ln=True, generic=False,
+    module_map=None, **config_overrides
+):
+    """`cls.from_pretrained(path_or_id, gguf_file=...)`: transformers loads and dequantises, we convert."""
+    hf_model = load_gguf_hf_model(path_or_id, gguf_file, **config_overrides)
+    warnings.warn(SCORE_HEAD_NOTE.format(file=gguf_file), stacklevel=3)
+    if tokenizer is None:
+        tokenizer = load_gguf_tokenizer(path_or_id, gguf_file)
+    return cls.from_hf_model(hf_model, tokenizer, device=device, dtype=dtype, fold_ln=fold_ln, generic=generic,
+                             module_map=module_map)
+
+
+def _check_gguf_available() -> None:
+    try:
+        import gguf  # noqa: F401
+    except ImportError:
+        raise ImportError("loading a .gguf file needs the `gguf` package: pip install gguf") from None
