@@ -65,9 +65,12 @@ def check_pairs_file(path: Optional[str]) -> None:
         raise CLIError(f"--pairs {str(path)!r}: unsupported file type {p.suffix!r}; use {', '.join(SUFFIXES)}")
 
 
+BUILTIN_MODELS = ("demo", "smollm2-organism")  # names the CLI loads itself (not paths)
+
+
 def check_model_spec(spec: Optional[str]) -> None:
     """'demo', a checkpoint directory, or a hub id (org/name); a missing local path is refused here."""
-    if spec is None or spec == "demo":
+    if spec is None or spec in BUILTIN_MODELS:
         return
     p = Path(spec).expanduser()
     if p.exists() and not p.is_dir():
