@@ -46,6 +46,17 @@ class RewardModelBase(HookedRootModule):
     def input_format(self, value: Any) -> None:
         self.__dict__["_input_format"] = check_input_format(value)
 
+    def checked_ids(
+        self, input: Any, attention_mask: Optional[torch.Tensor], warn: bool
+    ) -> Tuple[Int[torch.Tensor, "batch pos"], Optional[torch.Tensor]]:
+        """The ids and mask a full forward starts from: validated (`check_model_inputs`), the ids on the
+        model's device, and a missing mask inferred from the leading pad run (`infer_attention_mask`)."""
+        input, attention_mask = check_model_inputs(self, input, attention_mask)
+        input = input.to(self.cfg.device)
+        if attention_mask is None:
+            attention_mask = self.infer_attention_mask(input, warn=warn)
+        return input, attention_mask
+
     def infer_attention_mask(
         self, input_ids: Int[torch.Tensor, "batch pos"], warn: bool = True
     ) -> Int[torch.Tensor, "batch pos"]:

@@ -27,7 +27,7 @@ from reward_lens.model.hooks import QUERY_AXIS_2_KINDS
 from reward_lens.model.loading import save_hooked
 from reward_lens.model.placement import head_device, module_device, resolve_devices
 from reward_lens.model.streaming import WeightSource, build_model, partitioned_source
-from reward_lens.core.validation import check_attention_mask, check_model_inputs
+from reward_lens.core.validation import check_attention_mask
 from reward_lens.model.readout import set_readout
 from reward_lens.model.tl_compat import TransformerLensConveniences, check_forward_input
 from reward_lens.model.tokenization import check_input_format
@@ -172,11 +172,8 @@ class HookedRewardModel(TransformerLensConveniences, RewardModelBase):
         """
         check_forward_input(input, return_type)
         if start_at_layer is None:
-            input, attention_mask = check_model_inputs(self, input, attention_mask)
-            input_ids = input
-            if attention_mask is None:
-                attention_mask = self.infer_attention_mask(input.to(self.cfg.device), warn=readout_positions is None)
-            residual = self.hook_embed(self.embed(input.to(self.cfg.device)))
+            input_ids, attention_mask = self.checked_ids(input, attention_mask, warn=readout_positions is None)
+            residual = self.hook_embed(self.embed(input_ids))
             start_at_layer = 0
         else:
             residual = input

@@ -56,7 +56,6 @@ from jaxtyping import Float, Int
 from transformer_lens.hook_points import HookPoint
 
 from reward_lens.model import hooks
-from reward_lens.core.validation import check_model_inputs
 from reward_lens.model.base import RewardModelBase
 from reward_lens.model.tl_compat import check_forward_input
 from reward_lens.model.generic.discovery import (  # noqa: F401  (GenericLoadError, GenericRewardModelConfig: re-exported)
@@ -382,8 +381,9 @@ class GenericHookedRewardModel(RewardModelBase):
     ) -> Optional[torch.Tensor]:
         """Rewards [batch] (or [batch, n_outputs]); the residual before block `stop_at_layer` if given.
 
-        As `HookedRewardModel.forward` (ids without a mask: the leading pad run is masked; `return_type`). With `start_at_layer=l`, `input` is the residual entering block l
-        (blocks before l are skipped); position ids default to cumsum(attention_mask) - 1.
+        As `HookedRewardModel.forward` (ids without a mask: the leading pad run is masked; `return_type`).
+        With `start_at_layer=l`, `input` is the residual entering block l (blocks before l are skipped);
+        position ids default to cumsum(attention_mask) - 1.
         """
         check_forward_input(input, return_type)
         n = self.cfg.n_layers
@@ -393,11 +393,8 @@ class GenericHookedRewardModel(RewardModelBase):
             raise ValueError(f"need 0 <= start_at_layer <= stop_at_layer <= n_layers={n}; got {start_at_layer}, {stop_at_layer}")
         device = self.cfg.device
         if start_at_layer is None:
-            input, attention_mask = check_model_inputs(self, input, attention_mask)
-            input_ids = input.to(device)
-            embeds = None
-            if attention_mask is None:
-                attention_mask = self.infer_attention_mask(input_ids, warn=readout_positions is None)
+            input_ids, attention_mask = self.checked_ids(input, attention_mask, warn=readout_positions is None)
+            input, embeds = input_ids, None
         else:
             embeds = input
         batch, T = input.shape[:2]
