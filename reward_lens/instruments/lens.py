@@ -26,7 +26,9 @@ from reward_lens.data.pairs import as_pairs, pair_labels
 from reward_lens.plotting import figure_axes, finish
 from reward_lens.results import PairRewards, to_numpy
 from reward_lens.stats import crystallization_depth
-from reward_lens.core.readout import capture, pair_batches, readout_direction, reward_from_final_resid
+from reward_lens.core.readout import capture
+from reward_lens.core.batching import pair_batches
+from reward_lens.core.directions import readout_direction, reward_from_final_resid
 from reward_lens.model.hooks import act_name
 
 VARIANTS = ("normed", "frozen")

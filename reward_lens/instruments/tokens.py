@@ -36,7 +36,9 @@ import pandas as pd
 import torch
 from jaxtyping import Float
 
-from reward_lens.core.readout import Tokenized, batches, pair_batches, readout_direction, tokenize
+from reward_lens.core.readout import Tokenized, batches, tokenize
+from reward_lens.core.batching import pair_batches
+from reward_lens.core.directions import readout_direction
 from reward_lens.data.pairs import PreferencePair, TokenPair, as_pairs
 from reward_lens.data.pairs import pair_labels
 from reward_lens.plotting import pyplot

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from reward_lens.core.validation import safe_ratio
+from reward_lens.model.validation import safe_ratio
 from reward_lens.data.pairs import as_pairs, pair_labels
 from reward_lens.instruments.sites import Site, sites_for
 from reward_lens.plotting import panels, finish

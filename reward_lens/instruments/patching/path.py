@@ -41,7 +41,9 @@ import pandas as pd
 import torch
 from jaxtyping import Float
 
-from reward_lens.core.readout import Capture, Tokenized, capture, pair_batches, readout_direction, reward_from_final_resid
+from reward_lens.core.readout import Capture, Tokenized, capture
+from reward_lens.core.batching import pair_batches
+from reward_lens.core.directions import readout_direction, reward_from_final_resid
 from reward_lens.data.pairs import as_pairs
 from reward_lens.data.pairs import pair_labels
 from reward_lens.plotting import pyplot
