@@ -51,6 +51,7 @@ from reward_lens.results import CleanPairRewards, to_numpy
 from reward_lens.instruments.patching.engines import readout_recompute_exact
 from reward_lens.model.placement import block_device
 from reward_lens.model.hooks import act_name, final_resid_name
+from reward_lens.model.validation import safe_ratio
 
 PATH_MODES = ("noising", "denoising")
 PATH_METHODS = ("fast", "naive")
@@ -147,7 +148,7 @@ class PathPatchResult(CleanPairRewards):
     def effect(self, normalized: bool = False) -> torch.Tensor:
         clean = self.clean_chosen if self.target == "chosen" else self.clean_rejected
         eff = self.patched - clean[:, None, None]
-        return eff / self.clean_gap[:, None, None] if normalized else eff
+        return safe_ratio(eff, self.clean_gap[:, None, None]) if normalized else eff  # ties: NaN
 
     def to_frame(self) -> pd.DataFrame:
         """One row per (pair, sender, receiver) path that exists: pair, sender, receiver, mode, target,
