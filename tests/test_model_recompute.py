@@ -62,7 +62,9 @@ def test_context_holds_the_forwards_positional_state(model, batch):
         attended = mask[b].nonzero().flatten()
         assert torch.equal(ctx.position_ids[b, attended], torch.arange(len(attended)))
     cos, sin = model.rotary(ctx.position_ids, model.cfg.dtype)
-    assert torch.equal(ctx.cos[:, 0], at_readout(cos, readout)) and torch.equal(ctx.sin[:, 0], at_readout(sin, readout))
+    assert torch.equal(ctx.cos[:, 0], at_readout(cos, readout)) and torch.equal(
+        ctx.sin[:, 0], at_readout(sin, readout)
+    )
     for window in set(model.cfg.window_sizes):
         for b in range(ids.shape[0]):
             r = int(readout[b])
@@ -72,7 +74,9 @@ def test_context_holds_the_forwards_positional_state(model, batch):
     if windows:  # the window really cuts some row's view (the 12-token row reads at position 11)
         assert ctx.sees[min(windows)].sum() < (mask.bool() & (torch.arange(T) < readout[:, None])).sum()
     for layer in range(model.cfg.n_layers):  # the clean forward's post-RoPE keys and values (the cached run
-        k, v = ctx.kv[layer]  # hooks every pattern, so it takes the explicit attention: equal within rounding)
+        k, v = ctx.kv[
+            layer
+        ]  # hooks every pattern, so it takes the explicit attention: equal within rounding)
         assert_close(k, cache[act_name("rot_k", layer)], f"keys {layer}")
         assert_close(v, cache[act_name("v", layer)], f"values {layer}")
 
@@ -126,7 +130,9 @@ def test_per_head_inputs_equal_hooked_full_forwards(model, batch, layer):
     B, P = pre.shape[0], 3
     g = torch.Generator().manual_seed(layer)
     scale = pre.norm(dim=-1, keepdim=True) / cfg.d_model**0.5
-    new = {kind: pre[:, None] + scale[:, None] * torch.randn(B, P, cfg.d_model, generator=g) for kind in "qkv"}
+    new = {
+        kind: pre[:, None] + scale[:, None] * torch.randn(B, P, cfg.d_model, generator=g) for kind in "qkv"
+    }
     heads = {"q": [0, cfg.n_heads - 1, 1], "k": [0, 1, cfg.n_key_value_heads - 1], "v": [1, 0, 0]}
     inputs = {}
     for kind, n in (("q", cfg.n_heads), ("k", cfg.n_key_value_heads), ("v", cfg.n_key_value_heads)):
@@ -144,7 +150,9 @@ def test_per_head_inputs_equal_hooked_full_forwards(model, batch, layer):
             h = heads[kind][p]
             value = ln1(new[kind][:, p]) @ W[h] + b[h]  # what hook_{q,k,v} holds for that head's input
             hooks.append((act_name(kind, layer), writer(readout, h, value)))
-        assert_close(got[:, p], run_final(model, ids, mask, readout, hooks), f"block {layer}, alternative {p}")
+        assert_close(
+            got[:, p], run_final(model, ids, mask, readout, hooks), f"block {layer}, alternative {p}"
+        )
 
 
 def test_mlp_input_shift_equals_hooked_full_forwards(model, batch):
@@ -161,21 +169,18 @@ def test_mlp_input_shift_equals_hooked_full_forwards(model, batch):
     for p in range(P):
         kept = {}
 
-        def shift(t, hook):
+        def shift(t, hook, d=delta[:, p]):
             t = t.clone()
-            t[rows, readout] += delta[:, p]
+            t[rows, readout] += d
             return t
 
-        def keep(t, hook):
+        def keep(t, hook, kept=kept):
             kept["mlp_out"] = at_readout(t, readout).clone()
 
-        model.run_with_hooks(ids, mask, fwd_hooks=[(act_name("resid_mid", layer), shift), (act_name("mlp_out", layer), keep)])
-
-        def write(t, hook):
-            t = t.clone()
-            t[rows, readout] = kept["mlp_out"]
-            return t
-
+        model.run_with_hooks(
+            ids, mask, fwd_hooks=[(act_name("resid_mid", layer), shift), (act_name("mlp_out", layer), keep)]
+        )
+        write = writer(readout, slice(None), kept["mlp_out"])
         want = run_final(model, ids, mask, readout, [(act_name("mlp_out", layer), write)])
         assert_close(got[:, p], want, f"MLP shift {p}")
 
@@ -191,7 +196,9 @@ def test_one_readout_step_serves_shared_and_per_head_inputs(model, batch):
     shared = attn.forward_readout(x, cos, sin, *ctx.kv[layer], sees)
     per_q = x[:, :, None].expand(-1, -1, cfg.n_heads, -1)
     per_kv = x[:, :, None].expand(-1, -1, cfg.n_key_value_heads, -1)
-    assert_close(attn.forward_readout(per_q, cos, sin, *ctx.kv[layer], sees, per_kv, per_kv), shared, "per-head")
+    assert_close(
+        attn.forward_readout(per_q, cos, sin, *ctx.kv[layer], sees, per_kv, per_kv), shared, "per-head"
+    )
     assert_close(shared[:, 0], at_readout(cache[act_name("z", layer)], readout), "z of the full forward")
 
 

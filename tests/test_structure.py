@@ -211,7 +211,8 @@ def code_only(source: str) -> str:
 
     kept = []
     for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-        if tok.type in (tokenize.COMMENT, tokenize.STRING) or tok.type == getattr(tokenize, "FSTRING_MIDDLE", -1):
+        skipped = (tokenize.COMMENT, tokenize.STRING, getattr(tokenize, "FSTRING_MIDDLE", -1))
+        if tok.type in skipped:
             continue
         kept.append(tok.string)
     return " ".join(kept)

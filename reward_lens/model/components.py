@@ -175,12 +175,14 @@ class Attention(nn.Module):
     def readout_qkv(self, xq, xk, xv, cos, sin):
         """q, k (after q/k norms and RoPE) and v of alternative readout tokens; hooks do not fire. Each
         input is either shared by every head ([..., d_model]: one GEMM) or one per head ([..., n, d_model]
-        with n = n_heads for `xq`, n_key_value_heads for `xk`/`xv`): path patching changes one head's input."""
+        with n = n_heads for `xq`, n_key_value_heads for `xk`/`xv`): path patching changes one head's
+        input."""
 
         def project(x, W, b):
             return self._project(x, W, b) if x.dim() == 3 else torch.einsum("...nd,ndh->...nh", x, W) + b
 
-        q, k, v = project(xq, self.W_Q, self.b_Q), project(xk, self.W_K, self.b_K), project(xv, self.W_V, self.b_V)
+        q = project(xq, self.W_Q, self.b_Q)
+        k, v = project(xk, self.W_K, self.b_K), project(xv, self.W_V, self.b_V)
         if self.cfg.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v

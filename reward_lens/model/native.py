@@ -214,7 +214,7 @@ class HookedRewardModel(TransformerLensConveniences, RewardModelBase):
         return recompute.readout_context(self, tok_or_ids, attention_mask, readout, kv=kv)
 
     def readout_kv_names(self) -> List[str]:
-        """The hooks `readout_context(kv=...)` needs kept whole from the clean run (keys, values per layer)."""
+        """The hooks `readout_context(kv=...)` needs kept whole from a clean run: keys, values per layer."""
         return recompute.kv_names(self)
 
     def readout_sweep(
@@ -232,7 +232,8 @@ class HookedRewardModel(TransformerLensConveniences, RewardModelBase):
         """Final residuals [batch, n, d_model] at the readout when, at block `layer`, each head reads its
         own q/k/v input ([batch, n, n_heads or n_kv, d_model], the residual before ln1) and/or the MLP's
         input is shifted by `mlp_delta`; `resid_pre` [batch, n, d_model] is what the skip carries."""
-        return recompute.readout_with_inputs(self, ctx, layer, resid_pre, q_input, k_input, v_input, mlp_delta)
+        inputs = (q_input, k_input, v_input, mlp_delta)
+        return recompute.readout_with_inputs(self, ctx, layer, resid_pre, *inputs)
 
     def resid_mid_with_heads(
         self, layer: int, resid_pre: torch.Tensor, z: torch.Tensor, heads: Sequence[int], new_z: torch.Tensor

@@ -26,7 +26,10 @@ from jaxtyping import Bool, Float, Int
 
 from reward_lens.model.placement import block_device
 
-PRE, MID = 0, 1  # where a readout recomputation enters its block: before attention, or between attention and MLP
+PRE, MID = (
+    0,
+    1,
+)  # where a readout recomputation enters its block: before attention, or between attention and MLP
 
 
 @dataclass
@@ -55,17 +58,24 @@ class ReadoutContext:
     sin: torch.Tensor
     sees: Dict[Optional[int], Bool[torch.Tensor, "batch pos"]]
     kv: List[Tuple[torch.Tensor, torch.Tensor]]
-    copies: Dict[torch.device, Tuple[torch.Tensor, torch.Tensor, Dict]] = field(default_factory=dict, repr=False)
+    copies: Dict[torch.device, Tuple[torch.Tensor, torch.Tensor, Dict]] = field(
+        default_factory=dict, repr=False
+    )
 
     @property
     def home(self) -> torch.device:
         return self.readout.device
 
-    def on(self, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor, Dict[Optional[int], torch.Tensor]]:
+    def on(
+        self, device: torch.device
+    ) -> Tuple[torch.Tensor, torch.Tensor, Dict[Optional[int], torch.Tensor]]:
         """(cos, sin, sees) on `device`."""
         if device not in self.copies:
-            self.copies[device] = (self.cos.to(device), self.sin.to(device),
-                                   {w: m.to(device) for w, m in self.sees.items()})
+            self.copies[device] = (
+                self.cos.to(device),
+                self.sin.to(device),
+                {w: m.to(device) for w, m in self.sees.items()},
+            )
         return self.copies[device]
 
     def layer_kv(self, layer: int, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -79,14 +89,20 @@ def kv_names(model) -> List[str]:
 
 
 def readout_context(
-    model, tok_or_ids: Any, attention_mask: Optional[torch.Tensor] = None, readout: Optional[torch.Tensor] = None,
-    *, kv: Optional[Mapping[str, torch.Tensor]] = None,
+    model,
+    tok_or_ids: Any,
+    attention_mask: Optional[torch.Tensor] = None,
+    readout: Optional[torch.Tensor] = None,
+    *,
+    kv: Optional[Mapping[str, torch.Tensor]] = None,
 ) -> ReadoutContext:
     """The readout context of a batch: `tok_or_ids` is a tokenised batch (input_ids, attention_mask,
     readout) or ids; `readout` defaults to the model's readout rule. `kv` maps the `kv_names` hooks to
     the clean run's full activations (e.g. a capture's `full`); None runs that clean forward here."""
     if not model.has_readout_fast_path:
-        raise ValueError("recomputing the readout alone needs the blocks' one-token step (a native architecture)")
+        raise ValueError(
+            "recomputing the readout alone needs the blocks' one-token step (a native architecture)"
+        )
     if hasattr(tok_or_ids, "input_ids"):
         ids, attention_mask, readout = tok_or_ids.input_ids, tok_or_ids.attention_mask, tok_or_ids.readout
     else:
@@ -102,30 +118,41 @@ def readout_context(
     cos, sin = model.rotary(position_ids[torch.arange(B, device=device), readout][:, None], model.cfg.dtype)
     idx = torch.arange(T, device=device)
     before = mask.bool() & (idx[None] < readout[:, None])
-    sees = {w: before if w is None else before & (idx[None] > readout[:, None] - w) for w in set(model.cfg.window_sizes)}
+    sees = {
+        w: before if w is None else before & (idx[None] > readout[:, None] - w)
+        for w in set(model.cfg.window_sizes)
+    }
     names = kv_names(model)
     pairs = [(kv[names[2 * l]], kv[names[2 * l + 1]]) for l in range(model.cfg.n_layers)]
     return ReadoutContext(readout, position_ids, cos, sin, sees, pairs)
 
 
 @torch.no_grad()
-def clean_kv(model, ids: torch.Tensor, attention_mask: torch.Tensor, readout: torch.Tensor) -> Dict[str, torch.Tensor]:
+def clean_kv(
+    model, ids: torch.Tensor, attention_mask: torch.Tensor, readout: torch.Tensor
+) -> Dict[str, torch.Tensor]:
     """The `kv_names` activations of one clean forward (whole sequences)."""
     kept: Dict[str, torch.Tensor] = {}
 
     def keep(tensor: torch.Tensor, hook) -> None:
         kept[hook.name] = tensor.detach()
 
-    model.run_with_hooks(ids, attention_mask, readout_positions=readout, fwd_hooks=[(n, keep) for n in kv_names(model)])
+    model.run_with_hooks(
+        ids, attention_mask, readout_positions=readout, fwd_hooks=[(n, keep) for n in kv_names(model)]
+    )
     return kept
 
 
-def run_blocks(model, ctx: ReadoutContext, start: int, state: Float[torch.Tensor, "batch n d_model"]) -> torch.Tensor:
+def run_blocks(
+    model, ctx: ReadoutContext, start: int, state: Float[torch.Tensor, "batch n d_model"]
+) -> torch.Tensor:
     """The final residuals [batch, n, d_model] at the readout of `state` entering block `start`."""
     return readout_sweep(model, ctx, [ReadoutEntry(start, PRE, state[:, j]) for j in range(state.shape[1])])
 
 
-def readout_sweep(model, ctx: ReadoutContext, entries: Sequence[ReadoutEntry]) -> Float[torch.Tensor, "batch n d_model"]:
+def readout_sweep(
+    model, ctx: ReadoutContext, entries: Sequence[ReadoutEntry]
+) -> Float[torch.Tensor, "batch n d_model"]:
     """Final residuals [batch, n_entries, d_model] at the readout, each entry recomputed from where it
     resumes. Entries are sorted by (layer, stage), so block l runs its attention on the prefix that has
     reached (l, PRE) and its MLP on the prefix that has reached (l, MID), all alternatives as one batch."""
@@ -175,8 +202,12 @@ def readout_with_inputs(
 
 
 def resid_mid_with_heads(
-    model, layer: int, resid_pre: Float[torch.Tensor, "batch d_model"], z: Float[torch.Tensor, "batch n_heads d_head"],
-    heads: Sequence[int], new_z: Float[torch.Tensor, "batch k d_head"],
+    model,
+    layer: int,
+    resid_pre: Float[torch.Tensor, "batch d_model"],
+    z: Float[torch.Tensor, "batch n_heads d_head"],
+    heads: Sequence[int],
+    new_z: Float[torch.Tensor, "batch k d_head"],
 ) -> Float[torch.Tensor, "batch k d_model"]:
     """The readout's resid_mid [batch, k, d_model] when head heads[j]'s z is new_z[:, j] (one head per
     alternative, the others at `z`): the output map is linear in each head's z, so the change is

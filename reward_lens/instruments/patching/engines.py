@@ -95,7 +95,8 @@ def readout_entries(model, tcap: Capture, sites: Sequence[Site], values: Sequenc
             heads_by_layer.setdefault(site.layer, []).append(i)
     for l, members in heads_by_layer.items():
         new = torch.stack([values[i] for i in members], 1)  # [B, k, d_head]
-        state = model.resid_mid_with_heads(l, resid_pre(l), acts[act_name("z", l)], [sites[i].head for i in members], new)
+        heads = [sites[i].head for i in members]
+        state = model.resid_mid_with_heads(l, resid_pre(l), acts[act_name("z", l)], heads, new)
         for j, i in enumerate(members):
             out[i] = ReadoutEntry(l, MID, state[:, j])
     return out
