@@ -244,3 +244,64 @@ def test_heads_are_asked_not_string_checked():
         if not name.startswith("reward_lens.model.heads") and ("head_type ==" in path.read_text() or "head_type !=" in path.read_text())
     ]
     assert not offenders, offenders
+
+
+# ---------------------------------------------------------------------------------------------------
+# The model owns every way of running itself: instruments say what to read, substitute and reduce.
+
+MODEL_ARITHMETIC = {
+    "softmax": r"softmax",
+    "rotary tables": r"\.rotary\b|apply_rotary",
+    "attention scale": r"attn_scale",
+    "sliding windows": r"window",
+    "position ids": r"cumsum\(\s*-1\s*\)\s*-\s*1|position_ids",
+    "soft-caps": r"soft_cap",
+    "fused attention": r"scaled_dot_product_attention",
+}
+
+
+def code_only(source: str) -> str:
+    """The source without comments and string literals (docstrings may describe what code must not do)."""
+    import io
+    import tokenize
+
+    kept = []
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        skipped = (tokenize.COMMENT, tokenize.STRING, getattr(tokenize, "FSTRING_MIDDLE", -1))
+        if tok.type in skipped:
+            continue
+        kept.append(tok.string)
+    return " ".join(kept)
+
+
+def model_arithmetic(source: str) -> List[str]:
+    """Which kinds of the model's own positional / attention arithmetic a source contains."""
+    import re
+
+    code = re.sub(r"\s*([().,\[\]-])\s*", r"\1", code_only(source))
+    return [what for what, pattern in MODEL_ARITHMETIC.items() if re.search(pattern, code)]
+
+
+def test_model_arithmetic_finder_catches_a_rebuilt_forward():
+    # a readout step rebuilt in an instrument, as the patching fast paths once held it
+    rebuilt = '''
+position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0)
+cos, sin = model.rotary(position_ids[rows, readout][:, None], cfg.dtype)  # RoPE at the readout
+allowed = {w: before & (idx[None] > readout[:, None] - w) for w in set(cfg.window_sizes)}
+scores = attn.soft_cap(torch.einsum("bpnh,btnh->bpnt", q, past_k) / cfg.attn_scale)
+pattern = torch.softmax(scores.float(), -1)
+'''
+    assert set(model_arithmetic(rebuilt)) == set(MODEL_ARITHMETIC) - {"fused attention"}
+    assert model_arithmetic('"""sliding windows and soft-caps live in the model"""\nx = 1  # softmax') == []
+
+
+def test_no_model_arithmetic_outside_the_model():
+    """No attention, softmax, rotary, window or position-id arithmetic outside reward_lens/model/
+    (converters compute RoPE frequencies, and the exporter maps them back: weight maps): a new positional
+    scheme or head type is a model change, never an instrument edit."""
+    offenders = [
+        f"{name}: {', '.join(found)}" for name, path in module_files().items()
+        if not name.startswith(("reward_lens.model", "reward_lens.converters", "reward_lens.loading"))
+        for found in [model_arithmetic(path.read_text())] if found
+    ]
+    assert not offenders, offenders

@@ -11,13 +11,14 @@ Built on TransformerLens's kept infrastructure (HookedRootModule, HookPoint, Act
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Dict, Mapping, Optional, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 import torch
 import torch.nn as nn
 from jaxtyping import Float, Int
 from transformer_lens.hook_points import HookPoint
 
+from reward_lens.model import recompute
 from reward_lens.model.base import RewardModelBase
 from reward_lens.model.components import Embed, RMSNorm, RotaryEmbedding, TransformerBlock, attention_masks
 from reward_lens.model.config import RewardModelConfig
@@ -28,6 +29,7 @@ from reward_lens.model.validation import check_attention_mask
 from reward_lens.model.readout import set_readout
 from reward_lens.model.tl_compat import TransformerLensConveniences, check_forward_input
 from reward_lens.model.tokenization import check_input_format
+
 
 class HookedRewardModel(TransformerLensConveniences, RewardModelBase):
     """The native hooked reward model: every TransformerLens hook down to single heads and neurons."""
@@ -193,6 +195,45 @@ class HookedRewardModel(TransformerLensConveniences, RewardModelBase):
         ids = input_ids.to(device) if input_ids is not None else None
         rewards = self.reward_head(self.ln_final(residual.to(device)), readout_positions.to(device), input_ids=ids)
         return rewards.to(self.cfg.device)
+
+    # ------------------------------------------------------------------ the readout token alone
+    def readout_context(
+        self, tok_or_ids: Any, attention_mask: Optional[torch.Tensor] = None,
+        readout: Optional[torch.Tensor] = None, *, kv: Optional[Mapping[str, torch.Tensor]] = None,
+    ) -> recompute.ReadoutContext:
+        """The positional state of recomputing each row's readout token alone, computed once: readout
+        positions, position ids, RoPE tables, per-window visible positions, the clean run's cached keys
+        and values (`kv`: hook name -> full activation, e.g. a capture's `full`; None runs that forward).
+        See `reward_lens.model.recompute`."""
+        return recompute.readout_context(self, tok_or_ids, attention_mask, readout, kv=kv)
+
+    def readout_kv_names(self) -> List[str]:
+        """The hooks `readout_context(kv=...)` needs kept whole from a clean run: keys, values per layer."""
+        return recompute.kv_names(self)
+
+    def readout_sweep(
+        self, ctx: recompute.ReadoutContext, entries: Sequence[recompute.ReadoutEntry]
+    ) -> Float[torch.Tensor, "batch n d_model"]:
+        """Final residuals at the readout of many alternative residuals, each resuming at its own block
+        and stage (`recompute.ReadoutEntry`); only the readout token is recomputed."""
+        return recompute.readout_sweep(self, ctx, entries)
+
+    def readout_with_inputs(
+        self, ctx: recompute.ReadoutContext, layer: int, resid_pre: torch.Tensor, *,
+        q_input: Optional[torch.Tensor] = None, k_input: Optional[torch.Tensor] = None,
+        v_input: Optional[torch.Tensor] = None, mlp_delta: Optional[torch.Tensor] = None,
+    ) -> Float[torch.Tensor, "batch n d_model"]:
+        """Final residuals [batch, n, d_model] at the readout when, at block `layer`, each head reads its
+        own q/k/v input ([batch, n, n_heads or n_kv, d_model], the residual before ln1) and/or the MLP's
+        input is shifted by `mlp_delta`; `resid_pre` [batch, n, d_model] is what the skip carries."""
+        inputs = (q_input, k_input, v_input, mlp_delta)
+        return recompute.readout_with_inputs(self, ctx, layer, resid_pre, *inputs)
+
+    def resid_mid_with_heads(
+        self, layer: int, resid_pre: torch.Tensor, z: torch.Tensor, heads: Sequence[int], new_z: torch.Tensor
+    ) -> Float[torch.Tensor, "batch k d_model"]:
+        """The readout's resid_mid [batch, k, d_model] with head heads[j]'s z replaced by new_z[:, j]."""
+        return recompute.resid_mid_with_heads(self, layer, resid_pre, z, heads, new_z)
 
     def accumulated_bias(self, layer: int, mlp_input: bool = False, include_mlp_biases: bool = True) -> torch.Tensor:
         """Sum of the attention and MLP output biases written into the residual before `layer`."""
