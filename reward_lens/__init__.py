@@ -116,3 +116,8 @@ __all__ += ["PathPatchResult", "TokenAttributionResult", "path_patch", "token_at
 from reward_lens.demo.smollm2 import load_smollm2_organism, smollm2_pairs  # noqa: E402
 
 __all__ += ["load_smollm2_organism", "smollm2_pairs"]
+
+# Benchmark evaluation by the official rules: RewardBench 2, RM-Bench, JudgeBench, RewardBench v1.
+from reward_lens.evaluation import BenchmarkResult, benchmark_pairs, evaluate  # noqa: E402
+
+__all__ += ["BenchmarkResult", "benchmark_pairs", "evaluate"]
