@@ -57,7 +57,7 @@ def _parse_cell(value: Any) -> Any:
 
 def _dataset_rows(data: Any) -> List[Row]:
     """Rows of a `datasets.Dataset`, or of every split of a `DatasetDict` (in split order, with `_split`)."""
-    if hasattr(data, "keys") and hasattr(data, "values") and not hasattr(data, "column_names"):
+    if isinstance(data, dict):  # a DatasetDict (a dict of split -> Dataset)
         rows: List[Row] = []
         for split, part in data.items():
             rows.extend({**r, "_split": split} for r in _dataset_rows(part))
@@ -104,7 +104,7 @@ def read_source(source: Any) -> Tuple[List[Row], str]:
                 raise SourceError(f"{path}, {where}: is {type(r).__name__}; each benchmark row is an object of columns")
             rows.append({k: _parse_cell(_plain(v)) for k, v in r.items()})
         return rows, str(path)
-    if hasattr(source, "column_names") or (hasattr(source, "keys") and type(source).__name__ == "DatasetDict"):
+    if hasattr(source, "column_names"):  # a datasets.Dataset or DatasetDict
         return _dataset_rows(source), f"{type(source).__name__}"
     if isinstance(source, list) and all(isinstance(r, dict) for r in source):
         return [_plain(dict(r)) for r in source], "rows"
