@@ -17,7 +17,7 @@ import torch
 from organism import concept_items, organism, quality_pairs, single_thread  # noqa: F401 (single_thread: autouse)
 from reward_lens import (
     attribute, attribution_patch, compare_models, concept_vector, demo_pairs, distortion_index, divergence_patch,
-    dose_response, edit_reward, faithfulness, feature_ablation, feature_alignment, feature_attribution, lens,
+    dose_response, edit_reward, evaluate, faithfulness, feature_ablation, feature_alignment, feature_attribution, lens,
     load_demo_model, patch, reward_conflicts, run_probes, train_sae,
 )
 from reward_lens.app.audit import run_audit
@@ -29,7 +29,7 @@ NAMES = [
     "LensResult", "AttributionResult", "PatchResult", "AtPResult", "AtPComparison", "FaithfulnessResult",
     "DivergenceResult", "ProbeResult", "CascadeResult", "ConflictResult", "DistortionResult", "ComparisonResult",
     "ModelProfile", "AuditResult", "SAEMetrics", "FeatureAlignment", "FeatureAttribution", "FeatureAblation",
-    "ConceptVector", "DoseResponse", "RewardEdit",
+    "ConceptVector", "DoseResponse", "RewardEdit", "BenchmarkResult",
 ]
 
 
@@ -50,6 +50,9 @@ def _instrument_results(out):
     comparison = out["ComparisonResult"] = compare_models({"a": model, "b": model}, pairs, n_boot=20)
     out["ModelProfile"] = comparison.profiles["a"]
     out["AuditResult"] = run_audit(model, pairs[:4], None, echo=lambda line: None)
+    rows = [{"prompt": p.prompt, "chosen": [p.chosen], "rejected": [p.rejected, p.chosen + " Yes."], "subset": p.subset}
+            for p in pairs]
+    out["BenchmarkResult"] = evaluate(model, rows, benchmark="rewardbench2", progress=False)
 
 
 def _plain_data_results(out):
