@@ -220,6 +220,17 @@ def test_every_source_kind(model, base, expected, tmp_path, name, kind):
     check(rl.evaluate(model, source, batch_size=8, progress=False), expected[name], name)
 
 
+def test_datasetdict_split(model, base, expected):
+    datasets = pytest.importorskip("datasets")
+    rows = rb2_rows(base)
+    dd = datasets.DatasetDict({"test": datasets.Dataset.from_list(rows),
+                               "other": datasets.Dataset.from_list(rows[:3])})
+    check(rl.evaluate(model, dd, split="test", progress=False), expected["rewardbench2"], "rewardbench2")
+    assert rl.evaluate(model, dd, progress=False).summary().n.iloc[-1] == len(rows) + 3  # all splits
+    with pytest.raises(SourceError, match="no split 'train' in the dataset; its splits are test, other"):
+        rl.evaluate(model, dd, split="train", progress=False)
+
+
 def test_hub_id_offline_is_one_clear_line(model, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(SourceError, match="HF_HUB_OFFLINE") as exc:

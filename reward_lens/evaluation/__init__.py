@@ -10,7 +10,7 @@ RewardBench v1 count a tie as wrong.
 
 from __future__ import annotations
 
-from typing import Any, List, Union
+from typing import Any, List, Optional, Union
 
 from reward_lens.evaluation.base import (
     BENCHMARKS, Benchmark, BenchmarkFormatError, BenchmarkResult, detect, formats_text, get,
@@ -34,17 +34,18 @@ def resolve(rows: List[dict], benchmark: str, source: str) -> Benchmark:
 
 
 def evaluate(model, source: Any, *, benchmark: str = AUTO, batch_size: int = 16,
-             progress: Union[bool, str] = True) -> BenchmarkResult:
+             progress: Union[bool, str] = True, split: Optional[str] = None) -> BenchmarkResult:
     """Score `model` on a benchmark by its official rule.
 
     `source`: a .jsonl / .json / .csv / .parquet file, a `datasets.Dataset` or `DatasetDict` (every split), a
-    hub dataset id (needs the hub; offline, a one-line error naming HF_HUB_OFFLINE), or a list of row dicts.
+    hub dataset id (needs the hub; offline, a one-line error naming HF_HUB_OFFLINE), or a list of row dicts;
+    `split` picks one split of a DatasetDict / hub dataset (default: all splits, in order).
     `benchmark`: "rewardbench2", "rmbench", "judgebench", "rewardbench", or "auto" (recognised by the
     columns). Every response is tokenised by `model.to_tokens` and scored by `model(ids, attention_mask=...)`
     in batches of `batch_size`. Ties count as the official scripts count them (see the module docstring)."""
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
-    rows, label = read_source(source)
+    rows, label = read_source(source, split)
     bench = resolve(rows, benchmark, label)
     frame = bench.responses(rows)
     frame["reward"] = score_texts(model, list(frame.prompt), list(frame.response), batch_size=batch_size,

@@ -10,7 +10,7 @@ import ast
 import json
 import os
 from pathlib import Path
-from typing import Any, Dict, List, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple
 
 from reward_lens.data.validate import SUFFIXES, PairDataError, read_records
 
@@ -55,17 +55,23 @@ def _parse_cell(value: Any) -> Any:
     return value
 
 
-def _dataset_rows(data: Any) -> List[Row]:
-    """Rows of a `datasets.Dataset`, or of every split of a `DatasetDict` (in split order, with `_split`)."""
+def _dataset_rows(data: Any, split: Optional[str] = None) -> List[Row]:
+    """Rows of a `datasets.Dataset`, or of a `DatasetDict`: its `split`, else every split in order."""
     if isinstance(data, dict):  # a DatasetDict (a dict of split -> Dataset)
+        if split is not None:
+            if split not in data:
+                raise SourceError(f"no split {split!r} in the dataset; its splits are {', '.join(map(str, data))}")
+            return _dataset_rows(data[split])
         rows: List[Row] = []
-        for split, part in data.items():
-            rows.extend({**r, "_split": split} for r in _dataset_rows(part))
+        for part in data.values():
+            rows.extend(_dataset_rows(part))
         return rows
+    if split is not None:
+        raise SourceError(f"split={split!r} applies to a DatasetDict or a hub dataset; this source has no splits")
     return [_plain(dict(r)) for r in data]
 
 
-def _hub_rows(name: str) -> List[Row]:
+def _hub_rows(name: str, split: Optional[str]) -> List[Row]:
     if _offline():
         raise SourceError(f"{name!r} is a hub dataset id, but HF_HUB_OFFLINE is set (no hub access); download the "
                           "dataset where the hub is reachable and pass the local file (jsonl/json/csv/parquet)")
@@ -82,15 +88,16 @@ def _hub_rows(name: str) -> List[Row]:
         text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise SourceError(f"cannot load hub dataset {name!r} ({text}); offline (HF_HUB_OFFLINE=1) pass a local file "
                           "instead") from None
-    return _dataset_rows(data)
+    return _dataset_rows(data, split)
 
 
-def read_source(source: Any) -> Tuple[List[Row], str]:
-    """(rows, label) of `source`: a path, a Dataset / DatasetDict, a hub id, or a list of row dicts."""
+def read_source(source: Any, split: Optional[str] = None) -> Tuple[List[Row], str]:
+    """(rows, label) of `source`: a path, a Dataset / DatasetDict (`split`: one of its splits, default all),
+    a hub id, or a list of row dicts."""
     if isinstance(source, (str, Path)):
         path = Path(source).expanduser()
         if not path.exists() and isinstance(source, str) and looks_like_hub_id(source):
-            return _hub_rows(source), source
+            return _hub_rows(source, split), source
         if not path.exists():
             raise SourceError(f"no benchmark file at {str(source)!r}; give a .jsonl/.json/.csv/.parquet file, a "
                               "datasets.Dataset, or a hub dataset id (org/name)")
@@ -105,7 +112,7 @@ def read_source(source: Any) -> Tuple[List[Row], str]:
             rows.append({k: _parse_cell(_plain(v)) for k, v in r.items()})
         return rows, str(path)
     if hasattr(source, "column_names"):  # a datasets.Dataset or DatasetDict
-        return _dataset_rows(source), f"{type(source).__name__}"
+        return _dataset_rows(source, split), type(source).__name__ + (f"[{split}]" if split else "")
     if isinstance(source, list) and all(isinstance(r, dict) for r in source):
         return [_plain(dict(r)) for r in source], "rows"
     raise SourceError(f"cannot read a benchmark from {type(source).__name__}; give a file path (.jsonl/.json/.csv/"
