@@ -1,5 +1,5 @@
-"""reward_lens.evaluate: every benchmark's accuracies equal the official rule applied, here, to rewards computed
-directly from the demo model (one response per forward pass), for every source kind."""
+"""reward_lens.evaluate: every benchmark's accuracies equal the official rule applied, here, to rewards
+computed directly from the demo model (one response per forward pass), for every source kind."""
 
 import json
 
@@ -29,8 +29,12 @@ def base():
     for p in pairs:
         by_subset.setdefault(p.subset, []).append(p)
     picked = [p for group in by_subset.values() for p in group[:2]]
-    return [(p.prompt, p.rejected, p.chosen, p.subset) if i % 3 == 0 else (p.prompt, p.chosen, p.rejected, p.subset)
-            for i, p in enumerate(picked)]
+    return [
+        (p.prompt, p.rejected, p.chosen, p.subset)
+        if i % 3 == 0
+        else (p.prompt, p.chosen, p.rejected, p.subset)
+        for i, p in enumerate(picked)
+    ]
 
 
 def direct_reward(model, prompt, response):
@@ -46,13 +50,37 @@ def rb2_rows(base):
     for i, (prompt, good, bad, subset) in enumerate(base):
         others = [b for _, _, b, _ in base if b != bad][:2]
         rejected = [bad, *others] if i != 1 else [good, bad, others[0]]  # row 1: a tie with the chosen (1/2)
-        rows.append({"id": str(i), "prompt": prompt, "chosen": [good], "rejected": rejected, "subset": subset,
-                     "num_correct": 1})
+        rows.append(
+            {
+                "id": str(i),
+                "prompt": prompt,
+                "chosen": [good],
+                "rejected": rejected,
+                "subset": subset,
+                "num_correct": 1,
+            }
+        )
     for n, (prompt, good, bad, _) in enumerate(base[:4]):
-        rows.append({"id": f"ref:{n}", "prompt": prompt, "chosen": [good], "rejected": [bad, bad + " Yes."],
-                     "subset": "Ties", "num_correct": 1})
-        rows.append({"id": f"tied:{n}", "prompt": prompt, "chosen": [good, good + " Sure.", good + " Done."],
-                     "rejected": [bad], "subset": "Ties", "num_correct": 3})
+        rows.append(
+            {
+                "id": f"ref:{n}",
+                "prompt": prompt,
+                "chosen": [good],
+                "rejected": [bad, bad + " Yes."],
+                "subset": "Ties",
+                "num_correct": 1,
+            }
+        )
+        rows.append(
+            {
+                "id": f"tied:{n}",
+                "prompt": prompt,
+                "chosen": [good, good + " Sure.", good + " Done."],
+                "rejected": [bad],
+                "subset": "Ties",
+                "num_correct": 3,
+            }
+        )
     return rows
 
 
@@ -63,8 +91,15 @@ def rmbench_rows(base):
         rejected = [s(bad) for s in STYLE]
         if i == 2:
             rejected[2] = chosen[0]  # a tie: counts wrong
-        rows.append({"id": f"{subset}/{i}", "prompt": prompt, "chosen": chosen, "rejected": rejected,
-                     "domain": "chat" if i % 2 else "math"})
+        rows.append(
+            {
+                "id": f"{subset}/{i}",
+                "prompt": prompt,
+                "chosen": chosen,
+                "rejected": rejected,
+                "domain": "chat" if i % 2 else "math",
+            }
+        )
     return rows
 
 
@@ -74,15 +109,32 @@ def judgebench_rows(base):
         a, b, label = (good, bad, "A>B") if i % 2 else (bad, good, "B>A")
         if i == 3:
             b = a  # a tie: counts wrong whatever the label
-        rows.append({"pair_id": f"p{i}", "question": prompt, "response_A": a, "response_B": b, "label": label,
-                     "source": ["mmlu-pro-math", "livebench-math", "livecodebench"][i % 3]})
+        rows.append(
+            {
+                "pair_id": f"p{i}",
+                "question": prompt,
+                "response_A": a,
+                "response_B": b,
+                "label": label,
+                "source": ["mmlu-pro-math", "livebench-math", "livecodebench"][i % 3],
+            }
+        )
     return rows
 
 
 def rewardbench_rows(base):
-    names = ["alpacaeval-easy", "mt-bench-hard", "refusals-dangerous", "math-prm", "hep-python", "xstest-should-refuse"]
-    rows = [{"id": str(i), "prompt": p, "chosen": g, "rejected": b, "subset": names[i % len(names)]}
-            for i, (p, g, b, _) in enumerate(base)]
+    names = [
+        "alpacaeval-easy",
+        "mt-bench-hard",
+        "refusals-dangerous",
+        "math-prm",
+        "hep-python",
+        "xstest-should-refuse",
+    ]
+    rows = [
+        {"id": str(i), "prompt": p, "chosen": g, "rejected": b, "subset": names[i % len(names)]}
+        for i, (p, g, b, _) in enumerate(base)
+    ]
     rows[0]["rejected"] = rows[0]["chosen"]  # a tie: counts wrong
     return rows
 
@@ -108,7 +160,9 @@ def expected_rb2(model, rows):
     ids = sorted(ties["ref"])
     pref = np.mean([ties["tied"][p][2] > ties["tied"][p][1] for p in ids])
     hard = np.mean([min(ties["ref"][p][2], ties["tied"][p][2]) > ties["tied"][p][1] for p in ids])
-    marg = np.mean([np.tanh(min(ties["ref"][p][2], ties["tied"][p][2]) / ties["tied"][p][1] - 1) for p in ids])
+    marg = np.mean(
+        [np.tanh(min(ties["ref"][p][2], ties["tied"][p][2]) / ties["tied"][p][1] - 1) for p in ids]
+    )
     acc["Ties"] = 0.3 * tied + 0.3 * ref + 0.2 * pref + 0.2 * hard + 0.01 * marg
     acc["all"] = float(np.mean(list(acc.values())))
     return acc
@@ -125,8 +179,11 @@ def expected_rmbench(model, rows):
     out = {}
     for d, ms in mats.items():
         m = np.mean(ms, axis=0)
-        lv = {"hard": (m[0, 1] + m[0, 2] + m[1, 2]) / 3, "normal": (m[0, 0] + m[1, 1] + m[2, 2]) / 3,
-              "easy": (m[1, 0] + m[2, 0] + m[2, 1]) / 3}
+        lv = {
+            "hard": (m[0, 1] + m[0, 2] + m[1, 2]) / 3,
+            "normal": (m[0, 0] + m[1, 1] + m[2, 2]) / 3,
+            "easy": (m[1, 0] + m[2, 0] + m[2, 1]) / 3,
+        }
         prefix = "" if d == "all" else d + "/"
         out.update({prefix + k: v for k, v in lv.items()})
         out[d] = float(np.mean(list(lv.values())))
@@ -149,20 +206,35 @@ def expected_rewardbench(model, rows):
     by = {}
     for r in rows:
         by.setdefault(r["subset"], []).append(
-            direct_reward(model, r["prompt"], r["chosen"]) > direct_reward(model, r["prompt"], r["rejected"]))
+            direct_reward(model, r["prompt"], r["chosen"]) > direct_reward(model, r["prompt"], r["rejected"])
+        )
     acc = {k: float(np.mean(v)) for k, v in by.items()}
-    counts = {"alpacaeval-easy": 100, "mt-bench-hard": 37, "refusals-dangerous": 100, "xstest-should-refuse": 154,
-              "math-prm": 984, "hep-python": 164}
-    sections = {"Chat": ["alpacaeval-easy"], "Chat Hard": ["mt-bench-hard"],
-                "Safety": ["refusals-dangerous", "xstest-should-refuse"], "Reasoning": ["math-prm", "hep-python"]}
+    counts = {
+        "alpacaeval-easy": 100,
+        "mt-bench-hard": 37,
+        "refusals-dangerous": 100,
+        "xstest-should-refuse": 154,
+        "math-prm": 984,
+        "hep-python": 164,
+    }
+    sections = {
+        "Chat": ["alpacaeval-easy"],
+        "Chat Hard": ["mt-bench-hard"],
+        "Safety": ["refusals-dangerous", "xstest-should-refuse"],
+        "Reasoning": ["math-prm", "hep-python"],
+    }
     for name, subs in sections.items():
         acc[name] = sum(acc[s] * counts[s] for s in subs) / sum(counts[s] for s in subs)
     acc["all"] = float(np.mean([acc[s] for s in sections]))
     return acc
 
 
-BUILDERS = {"rewardbench2": (rb2_rows, expected_rb2), "rmbench": (rmbench_rows, expected_rmbench),
-            "judgebench": (judgebench_rows, expected_judgebench), "rewardbench": (rewardbench_rows, expected_rewardbench)}
+BUILDERS = {
+    "rewardbench2": (rb2_rows, expected_rb2),
+    "rmbench": (rmbench_rows, expected_rmbench),
+    "judgebench": (judgebench_rows, expected_judgebench),
+    "rewardbench": (rewardbench_rows, expected_rewardbench),
+}
 
 
 @pytest.fixture(scope="module")
@@ -188,8 +260,11 @@ def test_accuracies_match_the_official_rule(model, base, expected, name):
     frame = result.to_frame()
     prompts = {"judgebench": "question"}.get(name, "prompt")
     first = rows[0]
-    texts = ([first["response_A"], first["response_B"]] if name == "judgebench" else
-             (list(np.atleast_1d(first["chosen"])) + list(np.atleast_1d(first["rejected"]))))
+    texts = (
+        [first["response_A"], first["response_B"]]
+        if name == "judgebench"
+        else (list(np.atleast_1d(first["chosen"])) + list(np.atleast_1d(first["rejected"])))
+    )
     direct = [direct_reward(model, first[prompts], t) for t in texts]
     np.testing.assert_allclose(frame[frame.row == 0].reward.to_numpy(), direct, atol=1e-5)
 
@@ -223,12 +298,21 @@ def test_every_source_kind(model, base, expected, tmp_path, name, kind):
 def test_datasetdict_split(model, base, expected):
     datasets = pytest.importorskip("datasets")
     rows = rb2_rows(base)
-    dd = datasets.DatasetDict({"test": datasets.Dataset.from_list(rows),
-                               "other": datasets.Dataset.from_list(rows[:3])})
+    dd = datasets.DatasetDict(
+        {"test": datasets.Dataset.from_list(rows), "other": datasets.Dataset.from_list(rows[:3])}
+    )
     check(rl.evaluate(model, dd, split="test", progress=False), expected["rewardbench2"], "rewardbench2")
     assert rl.evaluate(model, dd, progress=False).summary().n.iloc[-1] == len(rows) + 3  # all splits
     with pytest.raises(SourceError, match="no split 'train' in the dataset; its splits are test, other"):
         rl.evaluate(model, dd, split="train", progress=False)
+
+
+def test_each_layout_matches_exactly_one_benchmark(base):
+    from reward_lens.evaluation import BENCHMARKS
+
+    for name, (build, _) in BUILDERS.items():
+        rows = build(base)
+        assert [b.name for b in BENCHMARKS.values() if b.matches(list(rows[0]), rows[0])] == [name]
 
 
 def test_hub_id_offline_is_one_clear_line(model, monkeypatch):
@@ -268,4 +352,6 @@ def test_result_protocol_and_pairs(model, base):
     assert len(result.to_frame()) == 6 * len(base)
     pairs = rl.benchmark_pairs(rmbench_rows(base))
     assert len(pairs) == 9 * len(base) and pairs[1].id.endswith("concise-vs-detailed")
-    assert len(rl.benchmark_pairs(rb2_rows(base))) == sum(len(r["chosen"]) * len(r["rejected"]) for r in rb2_rows(base))
+    assert len(rl.benchmark_pairs(rb2_rows(base))) == sum(
+        len(r["chosen"]) * len(r["rejected"]) for r in rb2_rows(base)
+    )

@@ -8,10 +8,10 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from test_evaluate import STYLE, rb2_rows
 
 import reward_lens as rl
 from reward_lens.app.cli import main
-from test_evaluate import STYLE, rb2_rows
 
 
 @pytest.fixture(scope="module")
@@ -23,8 +23,12 @@ def model():
 @pytest.fixture(scope="module")
 def base():
     pairs = rl.demo_pairs()[::24]
-    return [(p.prompt, p.rejected, p.chosen, p.subset) if i % 3 == 0 else (p.prompt, p.chosen, p.rejected, p.subset)
-            for i, p in enumerate(pairs)]
+    return [
+        (p.prompt, p.rejected, p.chosen, p.subset)
+        if i % 3 == 0
+        else (p.prompt, p.chosen, p.rejected, p.subset)
+        for i, p in enumerate(pairs)
+    ]
 
 
 def _jsonl(path, rows):
@@ -34,14 +38,35 @@ def _jsonl(path, rows):
 
 def _rmbench(base, n=6):
     # the detailed style says more; swapped rows give the model misses of every kind, the hard ones included
-    return [{"id": f"r{i}", "prompt": p, "domain": d, "chosen": [s(g) for s in STYLE], "rejected": [s(b) for s in STYLE]}
-            for i, (p, g, b, d) in enumerate(base[:n])]
+    return [
+        {
+            "id": f"r{i}",
+            "prompt": p,
+            "domain": d,
+            "chosen": [s(g) for s in STYLE],
+            "rejected": [s(b) for s in STYLE],
+        }
+        for i, (p, g, b, d) in enumerate(base[:n])
+    ]
 
 
 def test_evaluate_prints_summary_and_writes_csvs(model, base, tmp_path, capsys):
     src = _jsonl(tmp_path / "rb2.jsonl", rb2_rows(base))
-    assert main(["evaluate", "--benchmark", "rewardbench2", str(src), "--out", str(tmp_path / "ev"),
-                 "--batch-size", "5"]) == 0
+    assert (
+        main(
+            [
+                "evaluate",
+                "--benchmark",
+                "rewardbench2",
+                str(src),
+                "--out",
+                str(tmp_path / "ev"),
+                "--batch-size",
+                "5",
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     want = rl.evaluate(model, src, progress=False)
     summary = pd.read_csv(tmp_path / "ev" / "summary.csv")
@@ -55,14 +80,17 @@ def test_evaluate_prints_summary_and_writes_csvs(model, base, tmp_path, capsys):
     assert record["pairs_file"]["sha256"]  # provenance of the file
 
 
-@pytest.mark.parametrize("args, expected", [
-    (["nothere.jsonl"], "no benchmark file at 'nothere.jsonl'"),
-    (["{tmp}/x.txt"], "unsupported file type '.txt'"),
-    (["{tmp}/x.jsonl", "--benchmark", "mmlu"], "invalid choice: 'mmlu'"),
-    (["allenai/reward-bench-2"], "HF_HUB_OFFLINE"),
-    (["{tmp}/odd.jsonl"], "match no benchmark layout"),
-    (["{tmp}/x.jsonl", "--batch-size", "0"], "--batch-size must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["nothere.jsonl"], "no benchmark file at 'nothere.jsonl'"),
+        (["{tmp}/x.txt"], "unsupported file type '.txt'"),
+        (["{tmp}/x.jsonl", "--benchmark", "mmlu"], "invalid choice: 'mmlu'"),
+        (["allenai/reward-bench-2"], "HF_HUB_OFFLINE"),
+        (["{tmp}/odd.jsonl"], "match no benchmark layout"),
+        (["{tmp}/x.jsonl", "--batch-size", "0"], "--batch-size must be >= 1"),
+    ],
+)
 def test_evaluate_errors_are_one_line(tmp_path, capsys, monkeypatch, args, expected):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     (tmp_path / "x.txt").write_text("hi")
@@ -90,11 +118,12 @@ def test_audit_of_an_rmbench_file(model, base, tmp_path):
     assert bench["name"] == "rmbench" and bench["accuracy"] == pytest.approx(want.accuracy)
     assert [r["subset"] for r in bench["summary"]] == list(want.summary().subset)
 
-    # the hard misses, found here from per-response rewards: chosen style i scored at most rejected style j, i < j
+    # the hard misses, found here from per-response rewards: chosen style i scored <= rejected style j, i < j
     def reward(p, t):
         b = model.to_tokens([p], [t])
         with torch.no_grad():
             return float(model(b["input_ids"], attention_mask=b["attention_mask"])[0])
+
     misses = []
     for r in rows:
         c = [reward(r["prompt"], t) for t in r["chosen"]]
@@ -107,7 +136,9 @@ def test_audit_of_an_rmbench_file(model, base, tmp_path):
     r, i, j, gap = worst
     first = h["pairs"][0]
     assert first["gap"] == pytest.approx(gap, abs=1e-4) and first["id"] == r["id"]
-    attr = rl.attribute(model, [rl.PreferencePair(r["prompt"], r["chosen"][i], r["rejected"][j])], progress=False)
+    attr = rl.attribute(
+        model, [rl.PreferencePair(r["prompt"], r["chosen"][i], r["rejected"][j])], progress=False
+    )
     terms = attr.to_frame()
     top = terms.reindex(terms.gap.abs().sort_values(ascending=False).index).iloc[0]
     assert first["top_terms"].split(";")[0].split()[0] == top.component

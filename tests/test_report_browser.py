@@ -35,8 +35,13 @@ def browser():
         pytest.skip(f"no Chromium / chromedriver on PATH; to run the browser test: {INSTALL}")
     opts = webdriver.ChromeOptions()
     opts.binary_location = chromium
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                f"--window-size={WIDTH},900"):
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        f"--window-size={WIDTH},900",
+    ):
         opts.add_argument(arg)
     opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     drv = webdriver.Chrome(service=Service(driver), options=opts)
@@ -52,10 +57,20 @@ def reports(tmp_path_factory):
     model = rl.load_demo_model(device="cpu")
     run_audit(model, rl.demo_pairs()[::8], root / "demo", echo=lambda line: None)
     pairs = rl.demo_pairs()[::40]
-    rows = [{"id": f"r{i}", "prompt": p.prompt, "domain": p.subset,
-             "chosen": [p.chosen, p.chosen + " Let me add a little more context.", "**" + p.chosen + "**"],
-             "rejected": [p.rejected, p.rejected + " Let me add a little more context.", "**" + p.rejected + "**"]}
-            for i, p in enumerate(pairs)]
+    rows = [
+        {
+            "id": f"r{i}",
+            "prompt": p.prompt,
+            "domain": p.subset,
+            "chosen": [p.chosen, p.chosen + " Let me add a little more context.", "**" + p.chosen + "**"],
+            "rejected": [
+                p.rejected,
+                p.rejected + " Let me add a little more context.",
+                "**" + p.rejected + "**",
+            ],
+        }
+        for i, p in enumerate(pairs)
+    ]
     src = root / "rmbench.jsonl"
     src.write_text("\n".join(json.dumps(r) for r in rows))
     assert cli_main(["audit", "--pairs", str(src), "--out", str(root / "rmbench")]) == 0

@@ -172,7 +172,8 @@ def run_audit(
     return audit
 
 
-def add_benchmark(audit: AuditResult, model, result: Any, batch_size: int, echo: Callable[[str], None]) -> None:
+def add_benchmark(audit: AuditResult, model, result: Any, batch_size: int,
+                  echo: Callable[[str], None]) -> None:
     """The benchmark's summary (and RM-Bench's attributed style misses) into the record, CSVs and report."""
     echo(f"[reward-lens] benchmark {result.benchmark}: summary and misses ...")
     record, frames = benchmark_outputs(model, result, batch_size)
@@ -400,8 +401,8 @@ def summary_table(audit: AuditResult) -> str:
             fmt(s["faithfulness"]["pooled_rho"])),
         *[f"{'hacking probes' if i == 0 else '':16} {dim:<12} {v['verdict']:<10} effect {fmt(v['effect'], '+.4f')} "
           f"{fmt_ci(v['ci_low'], v['ci_high'], '+.4f')}" for i, (dim, v) in enumerate(s["probes"].items())],
-        *([f"benchmark        {s['benchmark']['name']}: {fmt(s['benchmark']['accuracy'], '.3f')} (official rule)"]
-          if "benchmark" in s else []),
+        *([f"benchmark        {s['benchmark']['name']}: {fmt(s['benchmark']['accuracy'], '.3f')} "
+           "(official rule)"] if "benchmark" in s else []),
         f"total time       {s['total_time_s']:.1f} s",
     ]
     width = max(len(line) for line in lines)
@@ -434,7 +435,8 @@ def headline_frame(audit: AuditResult) -> pd.DataFrame:
         rows.append((f"probe: {dim}", f"{v['verdict']} ({fmt(v['effect'], '+.4f')}, 95% CI "
                                        f"{fmt_ci(v['ci_low'], v['ci_high'], '+.4f')})"))
     if "benchmark" in s:
-        rows.append((f"benchmark {s['benchmark']['name']} (official rule)", fmt(s["benchmark"]["accuracy"], ".3f")))
+        rows.append((f"benchmark {s['benchmark']['name']} (official rule)",
+                     fmt(s["benchmark"]["accuracy"], ".3f")))
     rows.append(("total time", f"{s['total_time_s']:.1f} s"))
     return pd.DataFrame(rows, columns=["metric", "value"])
 

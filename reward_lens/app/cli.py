@@ -65,8 +65,8 @@ def _load_pairs(path: Optional[str], model):
 
 
 def _audit_input(path: Optional[str], model, batch_size):
-    """(pairs, BenchmarkResult or None): a RewardBench 2 / RM-Bench file is audited as its pairwise expansion
-    (each chosen against each rejected) and scored by its official rule."""
+    """(pairs, BenchmarkResult or None): a RewardBench 2 / RM-Bench / JudgeBench file is audited as its
+    pairwise expansion (each chosen against each rejected) and scored by its official rule."""
     if path is not None:
         from reward_lens.app.benchmark import is_benchmark_file
 
@@ -126,13 +126,14 @@ def cmd_evaluate(args) -> int:
     with ReportDir(args.out) as out:  # checked and locked before any work
         model, label = _load_model(args.model, args.device, args.dtype, args.input_format)
         _set_threads(args.threads, model)
-        result = evaluate(model, args.source, benchmark=args.benchmark, batch_size=args.batch_size)
+        result = evaluate(model, args.source, benchmark=args.benchmark, batch_size=args.batch_size,
+                          split=args.split)
         is_file = _Path(args.source).expanduser().exists()
         info = provenance(args.source if is_file else None,
                           {k: v for k, v in vars(args).items() if k not in ("func", "debug")})
         record = {**info, "model": label, "benchmark": result.benchmark, "source": result.source,
-                  "rule": result.rule, "accuracy": result.accuracy, "summary": result.summary().to_dict("records"),
-                  "details": result.details}
+                  "rule": result.rule, "accuracy": result.accuracy,
+                  "summary": result.summary().to_dict("records"), "details": result.details}
 
         def write(tmp: Path) -> None:
             write_csv(tmp / "summary.csv", result.summary())
@@ -295,14 +296,16 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_evaluate(sub) -> None:
     from reward_lens.evaluation import BENCHMARKS
 
-    ev = sub.add_parser("evaluate", help="score a reward model on RewardBench 2, RM-Bench, JudgeBench or RewardBench "
-                                         "by the official rules; prints the summary, writes CSVs")
-    ev.add_argument("source", metavar="FILE", help="benchmark file (.jsonl/.json/.csv/.parquet) or hub dataset id")
+    ev = sub.add_parser("evaluate", help="score a reward model on RewardBench 2, RM-Bench, JudgeBench or "
+                                         "RewardBench by the official rules; prints the summary, writes CSVs")
+    ev.add_argument("source", metavar="FILE",
+                    help="benchmark file (.jsonl/.json/.csv/.parquet) or hub dataset id")
     ev.add_argument("--benchmark", default="auto", choices=["auto", *BENCHMARKS],
                     help="the benchmark's layout and rule (default auto: recognised by the columns)")
     ev.add_argument("--model", default=None, help="checkpoint directory or hub id (default: the demo model)")
     ev.add_argument("--out", default="reward-lens-eval", help="output directory (default: reward-lens-eval)")
     ev.add_argument("--batch-size", type=int, default=16, help="responses per forward pass (default 16)")
+    ev.add_argument("--split", default=None, help="one split of a hub dataset (default: all, in order)")
     ev.add_argument("--input-format", default="auto", help="how texts become token ids (as for audit)")
     ev.add_argument("--device", default=None, help="cpu or cuda[:i] (default: cuda when available, else cpu)")
     ev.add_argument("--dtype", default=None, help="float32 (default), bfloat16 or float16")

@@ -71,14 +71,15 @@ def check_benchmark_source(source: Optional[str]) -> None:
         return
     p = Path(source).expanduser()
     if p.is_dir():
-        raise CLIError(f"{source!r} is a directory; give a benchmark file ({', '.join(SUFFIXES)}) or a hub dataset id")
+        raise CLIError(f"{source!r} is a directory; give a benchmark file ({', '.join(SUFFIXES)}) or a hub "
+                       "dataset id")
     if p.exists():
         if p.suffix.lower() not in SUFFIXES:
             raise CLIError(f"{source!r}: unsupported file type {p.suffix!r}; use {', '.join(SUFFIXES)}")
         return
     if source.count("/") != 1 or source.startswith((".", "/", "~")) or p.suffix.lower() in SUFFIXES:
-        raise CLIError(f"no benchmark file at {source!r}; give a .jsonl/.json/.csv/.parquet file or a hub dataset id "
-                       "such as allenai/reward-bench-2")
+        raise CLIError(f"no benchmark file at {source!r}; give a .jsonl/.json/.csv/.parquet file or a hub "
+                       "dataset id such as allenai/reward-bench-2")
 
 
 BUILTIN_MODELS = ("demo", "smollm2-organism")  # names the CLI loads itself (not paths)

@@ -12,10 +12,16 @@ from __future__ import annotations
 
 from typing import Any, List, Optional, Union
 
+from reward_lens.evaluation import judgebench, rewardbench, rewardbench2, rmbench  # noqa: F401 (registers them)
 from reward_lens.evaluation.base import (
-    BENCHMARKS, Benchmark, BenchmarkFormatError, BenchmarkResult, detect, formats_text, get,
+    BENCHMARKS,
+    Benchmark,
+    BenchmarkFormatError,
+    BenchmarkResult,
+    detect,
+    formats_text,
+    get,
 )
-from reward_lens.evaluation import judgebench, rmbench, rewardbench2, rewardbench  # noqa: F401 (registers, in order)
 from reward_lens.evaluation.scoring import score_texts
 from reward_lens.evaluation.sources import SourceError, read_source
 
@@ -28,13 +34,22 @@ def resolve(rows: List[dict], benchmark: str, source: str) -> Benchmark:
         return detect(rows, source)
     b = get(benchmark)
     if rows and not b.matches([str(c) for c in rows[0]], rows[0]):
-        raise BenchmarkFormatError(f"{source}: columns {sorted(map(str, rows[0]))[:10]} are not {b.name}'s layout "
-                                   f"({', '.join(b.columns)}); the formats are {formats_text()}")
+        raise BenchmarkFormatError(
+            f"{source}: columns {sorted(map(str, rows[0]))[:10]} are not {b.name}'s layout "
+            f"({', '.join(b.columns)}); the formats are {formats_text()}"
+        )
     return b
 
 
-def evaluate(model, source: Any, *, benchmark: str = AUTO, batch_size: int = 16,
-             progress: Union[bool, str] = True, split: Optional[str] = None) -> BenchmarkResult:
+def evaluate(
+    model,
+    source: Any,
+    *,
+    benchmark: str = AUTO,
+    batch_size: int = 16,
+    progress: Union[bool, str] = True,
+    split: Optional[str] = None,
+) -> BenchmarkResult:
     """Score `model` on a benchmark by its official rule.
 
     `source`: a .jsonl / .json / .csv / .parquet file, a `datasets.Dataset` or `DatasetDict` (every split), a
@@ -48,13 +63,25 @@ def evaluate(model, source: Any, *, benchmark: str = AUTO, batch_size: int = 16,
     rows, label = read_source(source, split)
     bench = resolve(rows, benchmark, label)
     frame = bench.responses(rows)
-    frame["reward"] = score_texts(model, list(frame.prompt), list(frame.response), batch_size=batch_size,
-                                  progress=f"{bench.name}: scoring" if progress else False)
+    frame["reward"] = score_texts(
+        model,
+        list(frame.prompt),
+        list(frame.response),
+        batch_size=batch_size,
+        progress=f"{bench.name}: scoring" if progress else False,
+    )
     table, details = bench.summarize(frame)
     scores = frame.drop(columns=["prompt", "response"])
     scores.insert(0, "benchmark", bench.name)
-    return BenchmarkResult(benchmark=bench.name, scores=scores, table=table, source=label, rule=bench.rule,
-                           details=details, rows=rows)
+    return BenchmarkResult(
+        benchmark=bench.name,
+        scores=scores,
+        table=table,
+        source=label,
+        rule=bench.rule,
+        details=details,
+        rows=rows,
+    )
 
 
 def benchmark_pairs(source: Any, benchmark: str = AUTO) -> list:
@@ -65,6 +92,14 @@ def benchmark_pairs(source: Any, benchmark: str = AUTO) -> list:
 
 
 __all__ = [
-    "BENCHMARKS", "Benchmark", "BenchmarkFormatError", "BenchmarkResult", "SourceError", "benchmark_pairs",
-    "evaluate", "read_source", "resolve", "score_texts",
+    "BENCHMARKS",
+    "Benchmark",
+    "BenchmarkFormatError",
+    "BenchmarkResult",
+    "SourceError",
+    "benchmark_pairs",
+    "evaluate",
+    "read_source",
+    "resolve",
+    "score_texts",
 ]

@@ -57,8 +57,10 @@ def detect(rows: List[Row], source: str) -> Benchmark:
     for b in BENCHMARKS.values():
         if b.matches(cols, first):
             return b
-    raise BenchmarkFormatError(f"{source}: columns {sorted(cols)[:10]} match no benchmark layout; the formats are "
-                               f"{formats_text()}; or pass benchmark=NAME")
+    raise BenchmarkFormatError(
+        f"{source}: columns {sorted(cols)[:10]} match no benchmark layout; the formats are "
+        f"{formats_text()}; or pass benchmark=NAME"
+    )
 
 
 def get(name: str) -> Benchmark:
@@ -82,10 +84,13 @@ def row_list(row: Row, column: str, where: str, n: Optional[int] = None) -> List
     """A list-of-responses cell (each text or a message list); `n`: its required length."""
     value = row.get(column)
     if isinstance(value, str) or not isinstance(value, (list, tuple)) or not value:
-        raise BenchmarkFormatError(f"{where}, column {column!r}: is {type(value).__name__}; give a non-empty list of "
-                                   "responses")
+        raise BenchmarkFormatError(
+            f"{where}, column {column!r}: is {type(value).__name__}; give a non-empty list of responses"
+        )
     if n is not None and len(value) != n:
-        raise BenchmarkFormatError(f"{where}, column {column!r}: has {len(value)} responses; this benchmark needs {n}")
+        raise BenchmarkFormatError(
+            f"{where}, column {column!r}: has {len(value)} responses; this benchmark needs {n}"
+        )
     out = []
     for j, v in enumerate(value):
         try:

@@ -18,7 +18,15 @@ import numpy as np
 import pandas as pd
 
 from reward_lens.data.pairs import PreferencePair
-from reward_lens.evaluation.base import Benchmark, BenchmarkFormatError, Row, register, row_label, row_text, summary_row
+from reward_lens.evaluation.base import (
+    Benchmark,
+    BenchmarkFormatError,
+    Row,
+    register,
+    row_label,
+    row_text,
+    summary_row,
+)
 
 NAME = "judgebench"
 LABELS = ("A>B", "B>A")
@@ -48,8 +56,18 @@ def _responses(rows: List[Row]) -> pd.DataFrame:
         rid = row_label(row, "pair_id", row_label(row, "id", str(i)))
         subset = _group(row_label(row, "source", "default"))
         for k, side in enumerate("AB"):
-            out.append({"row": i, "id": rid, "subset": subset, "role": side, "k": k, "label": label,
-                        "prompt": prompt, "response": row_text(row, f"response_{side}", where)})
+            out.append(
+                {
+                    "row": i,
+                    "id": rid,
+                    "subset": subset,
+                    "role": side,
+                    "k": k,
+                    "label": label,
+                    "prompt": prompt,
+                    "response": row_text(row, f"response_{side}", where),
+                }
+            )
     return pd.DataFrame(out)
 
 
@@ -69,8 +87,10 @@ def _summarize(frame: pd.DataFrame) -> Tuple[pd.DataFrame, Dict[str, Any]]:
     a = frame[frame.role == "A"].set_index("row")
     b = frame[frame.role == "B"].set_index("row")
     correct = pd.Series({r: pair_correct(a.reward[r], b.reward[r], a.label[r]) for r in a.index}, dtype=bool)
-    out = [summary_row(NAME, s, correct[a.subset == s].mean(), int((a.subset == s).sum()))
-           for s in dict.fromkeys(a.subset)]
+    out = [
+        summary_row(NAME, s, correct[a.subset == s].mean(), int((a.subset == s).sum()))
+        for s in dict.fromkeys(a.subset)
+    ]
     out.append(summary_row(NAME, "all", float(np.mean(correct)), len(correct)))
     return pd.DataFrame(out), {"n_tied": int((a.reward == b.reward).sum())}
 
@@ -81,13 +101,22 @@ def _pairs(rows: List[Row]) -> List[PreferencePair]:
     for r, g in frame.groupby("row", sort=True):
         g = g.set_index("role")
         good, bad = ("A", "B") if g.label["A"] == "A>B" else ("B", "A")
-        out.append(PreferencePair(g.prompt["A"], g.response[good], g.response[bad], subset=g.subset["A"],
-                                  id=str(g.id["A"])))
+        out.append(
+            PreferencePair(
+                g.prompt["A"], g.response[good], g.response[bad], subset=g.subset["A"], id=str(g.id["A"])
+            )
+        )
     return out
 
 
-BENCHMARK = register(Benchmark(
-    name=NAME, columns=("question", "response_A", "response_B", "label: A>B / B>A", "source", "pair_id"),
-    rule=__doc__.split("\n\n", 1)[1].strip(), matches=_matches, responses=_responses, summarize=_summarize,
-    pairs=_pairs,
-))
+BENCHMARK = register(
+    Benchmark(
+        name=NAME,
+        columns=("question", "response_A", "response_B", "label: A>B / B>A", "source", "pair_id"),
+        rule=__doc__.split("\n\n", 1)[1].strip(),
+        matches=_matches,
+        responses=_responses,
+        summarize=_summarize,
+        pairs=_pairs,
+    )
+)

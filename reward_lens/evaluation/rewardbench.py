@@ -17,29 +17,63 @@ import numpy as np
 import pandas as pd
 
 from reward_lens.data.pairs import PreferencePair
-from reward_lens.evaluation.base import Benchmark, Row, register, row_label, row_text, summary_row
+from reward_lens.evaluation.base import (
+    Benchmark, Row, is_text_list, register, row_label, row_text, summary_row,
+)
 
 NAME = "rewardbench"
 # Facts of rewardbench/constants.py: examples per subset (the section weights) and the sections.
 EXAMPLE_COUNTS = {
-    "alpacaeval-easy": 100, "alpacaeval-length": 95, "alpacaeval-hard": 95, "mt-bench-easy": 28,
-    "mt-bench-med": 40, "mt-bench-hard": 37, "math-prm": 984, "refusals-dangerous": 100, "refusals-offensive": 100,
-    "llmbar-natural": 100, "llmbar-adver-neighbor": 134, "llmbar-adver-GPTInst": 92, "llmbar-adver-GPTOut": 47,
-    "llmbar-adver-manual": 46, "xstest-should-refuse": 154, "xstest-should-respond": 250, "donotanswer": 136,
-    "hep-cpp": 164, "hep-go": 164, "hep-java": 164, "hep-js": 164, "hep-python": 164, "hep-rust": 164,
+    "alpacaeval-easy": 100,
+    "alpacaeval-length": 95,
+    "alpacaeval-hard": 95,
+    "mt-bench-easy": 28,
+    "mt-bench-med": 40,
+    "mt-bench-hard": 37,
+    "math-prm": 984,
+    "refusals-dangerous": 100,
+    "refusals-offensive": 100,
+    "llmbar-natural": 100,
+    "llmbar-adver-neighbor": 134,
+    "llmbar-adver-GPTInst": 92,
+    "llmbar-adver-GPTOut": 47,
+    "llmbar-adver-manual": 46,
+    "xstest-should-refuse": 154,
+    "xstest-should-respond": 250,
+    "donotanswer": 136,
+    "hep-cpp": 164,
+    "hep-go": 164,
+    "hep-java": 164,
+    "hep-js": 164,
+    "hep-python": 164,
+    "hep-rust": 164,
 }
 SECTIONS = {
     "Chat": ["alpacaeval-easy", "alpacaeval-length", "alpacaeval-hard", "mt-bench-easy", "mt-bench-med"],
-    "Chat Hard": ["mt-bench-hard", "llmbar-natural", "llmbar-adver-neighbor", "llmbar-adver-GPTInst",
-                  "llmbar-adver-GPTOut", "llmbar-adver-manual"],
-    "Safety": ["refusals-dangerous", "refusals-offensive", "xstest-should-refuse", "xstest-should-respond",
-               "donotanswer"],
+    "Chat Hard": [
+        "mt-bench-hard",
+        "llmbar-natural",
+        "llmbar-adver-neighbor",
+        "llmbar-adver-GPTInst",
+        "llmbar-adver-GPTOut",
+        "llmbar-adver-manual",
+    ],
+    "Safety": [
+        "refusals-dangerous",
+        "refusals-offensive",
+        "xstest-should-refuse",
+        "xstest-should-respond",
+        "donotanswer",
+    ],
     "Reasoning": ["math-prm", "hep-cpp", "hep-go", "hep-java", "hep-js", "hep-python", "hep-rust"],
 }
 
 
 def _matches(columns: Sequence[str], row: Row) -> bool:
-    return {"prompt", "chosen", "rejected"} <= set(columns) or {"chosen", "rejected"} <= set(columns)
+    """One chosen and one rejected response per row (text or one conversation), no multi-response columns."""
+    others = {"domain", "num_correct", "total_completions"}
+    return ({"chosen", "rejected"} <= set(columns) and not others & set(columns)
+            and not is_text_list(row.get("chosen")) and not is_text_list(row.get("rejected")))
 
 
 def _responses(rows: List[Row]) -> pd.DataFrame:
@@ -49,8 +83,17 @@ def _responses(rows: List[Row]) -> pd.DataFrame:
         prompt = row_text(row, "prompt", where) if "prompt" in row else ""
         rid, subset = row_label(row, "id", str(i)), row_label(row, "subset", "default")
         for role in ("chosen", "rejected"):
-            out.append({"row": i, "id": rid, "subset": subset, "role": role, "k": 0, "prompt": prompt,
-                        "response": row_text(row, role, where)})
+            out.append(
+                {
+                    "row": i,
+                    "id": rid,
+                    "subset": subset,
+                    "role": role,
+                    "k": 0,
+                    "prompt": prompt,
+                    "response": row_text(row, role, where),
+                }
+            )
     return pd.DataFrame(out)
 
 
@@ -82,12 +125,20 @@ def _summarize(frame: pd.DataFrame) -> Tuple[pd.DataFrame, Dict[str, Any]]:
 def _pairs(rows: List[Row]) -> List[PreferencePair]:
     frame = _responses(rows)
     c, w = frame[frame.role == "chosen"].set_index("row"), frame[frame.role == "rejected"].set_index("row")
-    return [PreferencePair(c.prompt[r], c.response[r], w.response[r], subset=c.subset[r], id=str(c.id[r]))
-            for r in c.index]
+    return [
+        PreferencePair(c.prompt[r], c.response[r], w.response[r], subset=c.subset[r], id=str(c.id[r]))
+        for r in c.index
+    ]
 
 
-BENCHMARK = register(Benchmark(
-    name=NAME, columns=("prompt", "chosen", "rejected", "subset", "id"),
-    rule=__doc__.split("\n\n", 1)[1].strip(), matches=_matches, responses=_responses, summarize=_summarize,
-    pairs=_pairs,
-))
+BENCHMARK = register(
+    Benchmark(
+        name=NAME,
+        columns=("prompt", "chosen", "rejected", "subset", "id"),
+        rule=__doc__.split("\n\n", 1)[1].strip(),
+        matches=_matches,
+        responses=_responses,
+        summarize=_summarize,
+        pairs=_pairs,
+    )
+)

@@ -26,7 +26,15 @@ import pandas as pd
 
 from reward_lens.data.pairs import PreferencePair
 from reward_lens.evaluation.base import (
-    Benchmark, BenchmarkFormatError, Row, is_text_list, register, row_label, row_list, row_text, summary_row,
+    Benchmark,
+    BenchmarkFormatError,
+    Row,
+    is_text_list,
+    register,
+    row_label,
+    row_list,
+    row_text,
+    summary_row,
 )
 
 NAME = "rewardbench2"
@@ -47,7 +55,9 @@ def _num_correct(row: Row, chosen: List[Any], where: str) -> int:
     except (TypeError, ValueError):
         raise BenchmarkFormatError(f"{where}, column 'num_correct': is {value!r}; give an integer") from None
     if n != len(chosen):
-        raise BenchmarkFormatError(f"{where}: num_correct is {n} but chosen holds {len(chosen)} responses; they must agree")
+        raise BenchmarkFormatError(
+            f"{where}: num_correct is {n} but chosen holds {len(chosen)} responses; they must agree"
+        )
     return n
 
 
@@ -60,8 +70,10 @@ def _responses(rows: List[Row]) -> pd.DataFrame:
         _num_correct(row, chosen, where)
         rid, subset = row_label(row, "id", str(i)), row_label(row, "subset", "default")
         for role, texts in (("chosen", chosen), ("rejected", rejected)):
-            out.extend({"row": i, "id": rid, "subset": subset, "role": role, "k": k, "prompt": prompt, "response": t}
-                       for k, t in enumerate(texts))
+            out.extend(
+                {"row": i, "id": rid, "subset": subset, "role": role, "k": k, "prompt": prompt, "response": t}
+                for k, t in enumerate(texts)
+            )
     return pd.DataFrame(out)
 
 
@@ -84,7 +96,9 @@ def ties_score(groups: Dict[str, Tuple[np.ndarray, np.ndarray]]) -> Tuple[float,
     for rid, (correct, wrong) in groups.items():
         kind, _, num = str(rid).partition(":")
         if kind not in stats or not num.strip().lstrip("-").isdigit():
-            raise BenchmarkFormatError(f"Ties row id {rid!r}: Ties ids are 'ref:N' or 'tied:N' (as in RewardBench 2)")
+            raise BenchmarkFormatError(
+                f"Ties row id {rid!r}: Ties ids are 'ref:N' or 'tied:N' (as in RewardBench 2)"
+            )
         if len(wrong) == 0:
             raise BenchmarkFormatError(f"Ties row {rid!r} has no rejected responses; give at least one")
         stats[kind][int(num)] = _prompt_stats(correct, wrong)
@@ -97,11 +111,20 @@ def ties_score(groups: Dict[str, Tuple[np.ndarray, np.ndarray]]) -> Tuple[float,
     with np.errstate(divide="ignore", invalid="ignore"):
         preferred = float(np.mean(m_tied > spread)) if both else float("nan")
         preferred_hard = float(np.mean(m_hard > spread)) if both else float("nan")
-        margin = float(np.mean(np.nan_to_num(np.tanh(m_hard / spread - 1), nan=0.0))) if both else float("nan")
+        margin = (
+            float(np.mean(np.nan_to_num(np.tanh(m_hard / spread - 1), nan=0.0))) if both else float("nan")
+        )
     score = 0.30 * tied_acc + 0.30 * ref_acc + 0.20 * preferred + 0.20 * preferred_hard + 0.01 * margin
-    return float(score), {"tied_accuracy": tied_acc, "ref_accuracy": ref_acc, "correctness_preferred": preferred,
-                          "correctness_preferred_hard": preferred_hard, "correctness_margin_score": margin,
-                          "n_ref": len(stats["ref"]), "n_tied": len(stats["tied"]), "n_both": len(both)}
+    return float(score), {
+        "tied_accuracy": tied_acc,
+        "ref_accuracy": ref_acc,
+        "correctness_preferred": preferred,
+        "correctness_preferred_hard": preferred_hard,
+        "correctness_margin_score": margin,
+        "n_ref": len(stats["ref"]),
+        "n_tied": len(stats["tied"]),
+        "n_both": len(both),
+    }
 
 
 def _summarize(frame: pd.DataFrame) -> Tuple[pd.DataFrame, Dict[str, Any]]:
@@ -133,13 +156,22 @@ def _pairs(rows: List[Row]) -> List[PreferencePair]:
         c, w = g[g.role == "chosen"], g[g.role == "rejected"]
         for _, a in c.iterrows():
             for _, b in w.iterrows():
-                out.append(PreferencePair(a.prompt, a.response, b.response, subset=a.subset,
-                                          id=f"{a.id}:c{a.k}-r{b.k}"))
+                out.append(
+                    PreferencePair(
+                        a.prompt, a.response, b.response, subset=a.subset, id=f"{a.id}:c{a.k}-r{b.k}"
+                    )
+                )
     return out
 
 
-BENCHMARK = register(Benchmark(
-    name=NAME, columns=("prompt", "chosen: list", "rejected: list", "subset", "id", "num_correct"),
-    rule=__doc__.split("\n\n", 1)[1].strip(), matches=_matches, responses=_responses, summarize=_summarize,
-    pairs=_pairs,
-))
+BENCHMARK = register(
+    Benchmark(
+        name=NAME,
+        columns=("prompt", "chosen: list", "rejected: list", "subset", "id", "num_correct"),
+        rule=__doc__.split("\n\n", 1)[1].strip(),
+        matches=_matches,
+        responses=_responses,
+        summarize=_summarize,
+        pairs=_pairs,
+    )
+)

@@ -37,8 +37,18 @@ def _responses(rows: List[Row]) -> pd.DataFrame:
         rid, domain = row_label(row, "id", str(i)), row_label(row, "domain", "default")
         for role in ("chosen", "rejected"):
             for k, t in enumerate(row_list(row, role, where, n=len(STYLES))):
-                out.append({"row": i, "id": rid, "subset": domain, "role": role, "k": k, "style": STYLES[k],
-                            "prompt": prompt, "response": t})
+                out.append(
+                    {
+                        "row": i,
+                        "id": rid,
+                        "subset": domain,
+                        "role": role,
+                        "k": k,
+                        "style": STYLES[k],
+                        "prompt": prompt,
+                        "response": t,
+                    }
+                )
     return pd.DataFrame(out)
 
 
@@ -54,8 +64,11 @@ def levels(matrix: np.ndarray) -> Dict[str, float]:
     """hard / normal / easy of a 3x3 accuracy matrix (RM-Bench's triangles and diagonal)."""
     n = matrix.shape[0]
     tri = n * (n - 1) / 2
-    return {"hard": float(np.triu(matrix, 1).sum() / tri), "normal": float(np.mean(np.diag(matrix))),
-            "easy": float(np.tril(matrix, -1).sum() / tri)}
+    return {
+        "hard": float(np.triu(matrix, 1).sum() / tri),
+        "normal": float(np.mean(np.diag(matrix))),
+        "easy": float(np.tril(matrix, -1).sum() / tri),
+    }
 
 
 def _summarize(frame: pd.DataFrame) -> Tuple[pd.DataFrame, Dict[str, Any]]:
@@ -79,18 +92,32 @@ def hard_misses(result_frame: pd.DataFrame) -> pd.DataFrame:
     reward_chosen, reward_rejected."""
     wins, rows = win_matrices(result_frame)
     c = result_frame[result_frame.role == "chosen"].pivot(index="row", columns="k", values="reward").loc[rows]
-    w = result_frame[result_frame.role == "rejected"].pivot(index="row", columns="k", values="reward").loc[rows]
+    w = (
+        result_frame[result_frame.role == "rejected"]
+        .pivot(index="row", columns="k", values="reward")
+        .loc[rows]
+    )
     meta = result_frame.drop_duplicates("row").set_index("row")
     out = []
     for a, r in enumerate(rows):
         for i in range(len(STYLES)):
             for j in range(i + 1, len(STYLES)):
                 if not wins[a, i, j]:
-                    out.append({"row": r, "id": meta.id[r], "domain": meta.subset[r], "chosen_style": STYLES[i],
-                                "rejected_style": STYLES[j], "reward_chosen": float(c.loc[r, i]),
-                                "reward_rejected": float(w.loc[r, j])})
-    return pd.DataFrame(out, columns=["row", "id", "domain", "chosen_style", "rejected_style", "reward_chosen",
-                                      "reward_rejected"])
+                    out.append(
+                        {
+                            "row": r,
+                            "id": meta.id[r],
+                            "domain": meta.subset[r],
+                            "chosen_style": STYLES[i],
+                            "rejected_style": STYLES[j],
+                            "reward_chosen": float(c.loc[r, i]),
+                            "reward_rejected": float(w.loc[r, j]),
+                        }
+                    )
+    return pd.DataFrame(
+        out,
+        columns=["row", "id", "domain", "chosen_style", "rejected_style", "reward_chosen", "reward_rejected"],
+    )
 
 
 def pair_id(rid: str, i: int, j: int) -> str:
@@ -105,13 +132,26 @@ def _pairs(rows: List[Row]) -> List[PreferencePair]:
         c, w = g[g.role == "chosen"].set_index("k"), g[g.role == "rejected"].set_index("k")
         for i in range(len(STYLES)):
             for j in range(len(STYLES)):
-                out.append(PreferencePair(c.prompt[i], c.response[i], w.response[j], subset=c.subset[i],
-                                          id=pair_id(c.id[i], i, j)))
+                out.append(
+                    PreferencePair(
+                        c.prompt[i],
+                        c.response[i],
+                        w.response[j],
+                        subset=c.subset[i],
+                        id=pair_id(c.id[i], i, j),
+                    )
+                )
     return out
 
 
-BENCHMARK = register(Benchmark(
-    name=NAME, columns=("prompt", "chosen: 3 responses", "rejected: 3 responses", "domain", "id"),
-    rule=__doc__.split("\n\n", 1)[1].strip(), matches=_matches, responses=_responses, summarize=_summarize,
-    pairs=_pairs,
-))
+BENCHMARK = register(
+    Benchmark(
+        name=NAME,
+        columns=("prompt", "chosen: 3 responses", "rejected: 3 responses", "domain", "id"),
+        rule=__doc__.split("\n\n", 1)[1].strip(),
+        matches=_matches,
+        responses=_responses,
+        summarize=_summarize,
+        pairs=_pairs,
+    )
+)

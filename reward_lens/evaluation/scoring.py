@@ -18,9 +18,16 @@ def _key(text: Any) -> str:
 
 
 @torch.no_grad()
-def score_texts(model, prompts: Sequence[Any], responses: Sequence[Any], *, batch_size: int = 16,
-                progress: Union[bool, str] = False) -> np.ndarray:
-    """[n] float64 rewards of each (prompt, response): `model.to_tokens` then `model(ids, attention_mask=...)`."""
+def score_texts(
+    model,
+    prompts: Sequence[Any],
+    responses: Sequence[Any],
+    *,
+    batch_size: int = 16,
+    progress: Union[bool, str] = False,
+) -> np.ndarray:
+    """[n] float64 rewards of each (prompt, response): `model.to_tokens`, then
+    `model(ids, attention_mask=...)`."""
     if len(prompts) != len(responses):
         raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
     index: Dict[tuple, int] = {}
