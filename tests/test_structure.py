@@ -188,3 +188,12 @@ def test_heads_are_asked_not_string_checked():
         if not name.startswith("reward_lens.model.heads") and ("head_type ==" in path.read_text() or "head_type !=" in path.read_text())
     ]
     assert not offenders, offenders
+
+
+def test_progress_bars_are_tqdm_auto():
+    """Progress bars come from tqdm.auto, so notebooks get widgets and terminals get text bars."""
+    import re
+
+    plain = re.compile(r"^\s*(from tqdm import|import tqdm\b|from tqdm\.std import)", re.M)
+    offenders = [str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py") if plain.search(p.read_text())]
+    assert not offenders, f"use `from tqdm.auto import tqdm` in {offenders}"
