@@ -57,7 +57,12 @@ def evaluate(
     `split` picks one split of a DatasetDict / hub dataset (default: all splits, in order).
     `benchmark`: "rewardbench2", "rmbench", "judgebench", "rewardbench", or "auto" (recognised by the
     columns). Every response is tokenised by `model.to_tokens` and scored by `model(ids, attention_mask=...)`
-    in batches of `batch_size`. Ties count as the official scripts count them (see the module docstring)."""
+    in batches of `batch_size` (identical texts once, so they tie exactly).
+
+    Ties in rewards count as the official scripts count them: RewardBench 2 gives a row 1/k when its chosen
+    response shares the top reward with k - 1 others (Ties subset: equal rewards count wrong); RM-Bench,
+    JudgeBench (both orders played: one vote each way, not a win) and RewardBench v1 count a tie as wrong.
+    The rules in full: each benchmark module's docstring, also in `BenchmarkResult.rule`."""
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
     rows, label = read_source(source, split)
