@@ -355,3 +355,15 @@ def test_result_protocol_and_pairs(model, base):
     assert len(rl.benchmark_pairs(rb2_rows(base))) == sum(
         len(r["chosen"]) * len(r["rejected"]) for r in rb2_rows(base)
     )
+
+
+def test_score_texts_keeps_the_callers_order_and_scores_duplicates_once(model, base):
+    from reward_lens.evaluation import score_texts
+
+    prompts = [p for p, _, _, _ in base] * 2
+    responses = [g for _, g, _, _ in base] + [b for _, _, b, _ in base]
+    prompts, responses = prompts + prompts[:3], responses + responses[:3]  # exact duplicates
+    got = score_texts(model, prompts, responses, batch_size=3)
+    want = [direct_reward(model, p, r) for p, r in zip(prompts, responses)]
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    assert np.array_equal(got[-3:], got[:3])  # the same text, the same reward, bit for bit

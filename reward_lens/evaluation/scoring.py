@@ -1,4 +1,5 @@
-"""Rewards of (prompt, response) texts, tokenised by the model itself and scored in batches.
+"""Rewards of (prompt, response) texts, tokenised by the model itself and scored in batches (of similar
+lengths: the texts are scored longest first, and the rewards returned in the callers' order).
 
 Identical (prompt, response) texts are scored once, so duplicates get exactly the same reward and a tie
 between identical responses is a tie (padding in a different batch cannot split it)."""
@@ -39,12 +40,15 @@ def score_texts(
             index[k] = len(unique)
             unique.append((p, r))
         which.append(index[k])
+    # Longest first, by characters: batches of similar lengths pad little (and an out-of-memory comes early).
+    order = sorted(range(len(unique)), key=lambda i: -(len(_key(unique[i][0])) + len(_key(unique[i][1]))))
     rewards = np.empty(len(unique), dtype=np.float64)
     label = progress if isinstance(progress, str) else ("scoring responses" if progress else False)
-    for sl in batches(len(unique), batch_size, label):
-        tok = tokenize(model, [u[0] for u in unique[sl]], [u[1] for u in unique[sl]])
+    for sl in batches(len(order), batch_size, label):
+        ids = order[sl]
+        tok = tokenize(model, [unique[i][0] for i in ids], [unique[i][1] for i in ids])
         out = model(tok.input_ids, attention_mask=tok.attention_mask)
         if out.ndim > 1:  # a multi-output head: its first output is the reward
             out = out.reshape(out.shape[0], -1)[:, 0]
-        rewards[sl] = out.detach().float().cpu().numpy()
+        rewards[ids] = out.detach().float().cpu().numpy()
     return rewards[np.asarray(which, dtype=np.int64)] if which else np.empty(0)
