@@ -292,7 +292,7 @@ def test_every_source_kind(model, base, expected, tmp_path, name, kind):
         datasets = pytest.importorskip("datasets")  # a test dependency (pyproject `test` extra)
         ds = datasets.Dataset.from_list(rows)
         source = ds if kind == "Dataset" else datasets.DatasetDict({"test": ds})
-    check(rl.evaluate(model, source, batch_size=8, progress=False), expected[name], name)
+    check(rl.evaluate(model, source, benchmark=name, batch_size=8, progress=False), expected[name], name)
 
 
 def test_datasetdict_split(model, base, expected):
