@@ -12,7 +12,7 @@ negative counts from the end).
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 from jaxtyping import Int
@@ -107,3 +107,28 @@ class ProcessRewardHead(MLPHead):
 
 
 register_head("prm", ProcessRewardHead)
+
+
+def resolve_step_tag(model, step_tag: Optional[Union[str, int]] = None) -> None:
+    """Set a process reward model's step tag id: `step_tag` (a token or an id) when given, else the
+    tokenizer's `<extra_0>` when the checkpoint names none. A step tag for a model that has no steps is an
+    error; a model that is not a PRM is left as it is."""
+    head = model.reward_head
+    if not head.per_step:
+        if step_tag is not None:
+            raise ValueError(f"step_tag={step_tag!r} is for process reward models; this head is {type(head).__name__}")
+        return
+    if step_tag is None and head.step_tag_id is not None:
+        return
+    tag = DEFAULT_STEP_TAG if step_tag is None else step_tag
+    if isinstance(tag, str):
+        tok = model.tokenizer
+        ids = [] if tok is None else tok.encode(tag, add_special_tokens=False)
+        if len(ids) != 1:
+            if step_tag is None:  # no tokenizer tag: the user must name it before reading steps
+                return
+            raise ValueError(f"step_tag={tag!r} is {len(ids)} tokens in this tokenizer (or there is no tokenizer); "
+                             "pass a single token or its id")
+        tag = ids[0]
+    head.step_tag_id = int(tag)
+    model.cfg.head_config["step_tag_id"] = int(tag)
