@@ -75,6 +75,12 @@ class ProcessRewardHead(MLPHead):
         out[rows, rank] = cols
         return out
 
+    def step_index(self, input_ids: torch.Tensor, attention_mask=None) -> Int[torch.Tensor, "batch pos"]:
+        """The step each token belongs to (0-based: the tokens up to and including step j's tag are step j),
+        to group a token attribution at step k by the earlier steps that moved it."""
+        tags = self.step_mask(input_ids, attention_mask).long()
+        return tags.cumsum(-1) - tags
+
     def readout_positions(self, input_ids: Int[torch.Tensor, "batch pos"], attention_mask=None) -> torch.Tensor:
         tags = self.step_mask(input_ids, attention_mask)
         counts = tags.sum(-1)
