@@ -111,7 +111,7 @@ class Reference(nn.Module):
         return out
 
 
-def save_tiny(kind: str, path, seed: int = 0) -> Path:
+def save_tiny(kind: str, path, seed: int = 0, vocab_size: int = VOCAB, pad_token_id: int = PAD) -> Path:
     """A tiny random checkpoint of `kind` (config.json + model.safetensors), norms and biases randomised,
     head weights large enough that about half of its ReLUs are off."""
     from safetensors.torch import save_file
@@ -119,8 +119,9 @@ def save_tiny(kind: str, path, seed: int = 0) -> Path:
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    fields = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-5, pad_token_id=PAD,
+    fields = dict(vocab_size=vocab_size, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-5,
+                  pad_token_id=pad_token_id,
                   bos_token_id=1, eos_token_id=2, tie_word_embeddings=False, **head_fields(kind))
     torch.manual_seed(seed)
     config = (LlamaConfig if MODEL_TYPE[kind] == "llama" else Qwen2Config)(**fields)

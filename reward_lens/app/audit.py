@@ -214,6 +214,7 @@ def _audit(model, pairs, *, max_pairs, batch_size, probe_items, model_label, ech
     _probe_steps(model, pairs, batch, probe_items, step, record, results)
     if is_armorm(model):
         _armorm_steps(model, pairs, batch, step, record, results)
+    _head_family_step(model, pairs, batch, step, record, results)
     if batch.backoff:
         record["batch_size_used"] = batch.size
     record["timings_s"] = step.timings
@@ -276,6 +277,15 @@ def _armorm_steps(model, pairs, batch: BatchSize, step: _Steps, record: Dict[str
     record["conflicts"] = _jsonable(conf.to_frame().to_dict("records"))
 
 
+def _head_family_step(model, pairs, batch: BatchSize, step: _Steps, record: Dict[str, Any],
+                      results: Dict[str, Any]) -> None:
+    """Which head family was read, and the cosine spread of per-sequence directions (reward_lens.app.head_family)."""
+    from reward_lens.app.head_family import head_family_view
+
+    results["head_family"] = step("head family", lambda: batch.run(lambda bs: head_family_view(model, pairs, bs)))
+    record["head_family"] = results["head_family"]["summary"]
+
+
 def _frames(results: Dict[str, Any]) -> Dict[str, pd.DataFrame]:
     """The CSV files: name -> tidy frame."""
     frames = {
@@ -289,6 +299,8 @@ def _frames(results: Dict[str, Any]) -> Dict[str, pd.DataFrame]:
         frames["token_attribution"] = results["tokens"].token_totals()
     if "armorm" in results:
         frames["armorm_objectives"] = results["armorm"]["frame"]
+    if results.get("head_family", {}).get("frame") is not None:
+        frames["head_direction_cosines"] = results["head_family"]["frame"]
     return frames
 
 
@@ -427,6 +439,13 @@ def build_report(audit: AuditResult):
     sec.table(headline_frame(audit))
     sec.text("Every number here is also in results.json; per-pair and per-component values are in the CSV files.",
              note=True)
+    if "head_family" in r:
+        from reward_lens.app.head_family import head_family_text
+
+        sec = rep.section("Reward head")
+        sec.text(head_family_text(s["head_family"]))
+        if r["head_family"]["frame"] is not None:
+            sec.table(r["head_family"]["frame"])
     sec = rep.section("Reward lens")
     sec.text("The reward read from the residual stream after each layer at the readout position, chosen minus "
              "rejected. 'normed' recomputes the final norm on the intermediate residual (the logit-lens analogue); "

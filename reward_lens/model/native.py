@@ -113,6 +113,8 @@ class HookedRewardModel(TransformerLensConveniences, RewardModelBase):
         model = loader("load_judge")(cls, path_or_id, positive=positive, negative=negative, tokenizer=tokenizer,
                                      device=device, dtype=dtype, fold_ln=fold_ln, gguf_file=gguf_file, **overrides)
         model.input_format = input_format
+        if input_format != "auto":  # the judge's question is part of the model: saved with it
+            model.cfg.input_format = input_format
         return model
 
     @classmethod
