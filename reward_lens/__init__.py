@@ -17,7 +17,7 @@ from reward_lens.model.config import RewardModelConfig
 from reward_lens.model.heads.scalar import RewardHead
 from reward_lens.model.heads.base import read_objective, read_step
 from reward_lens.model.heads.armorm import ArmoRMHead  # registers the "armorm" head type
-from reward_lens.model.heads import JudgeHead, MLPHead, ProcessRewardHead  # registers the other head types
+from reward_lens.model.heads import JudgeHead, MLPHead, ProcessRewardHead, QRMHead  # the other head types
 from reward_lens.model.native import HookedRewardModel
 from reward_lens.model.generic.wrapper import (
     GenericHookedRewardModel,
@@ -90,7 +90,7 @@ from reward_lens.app.compare import ComparisonResult, ModelProfile, compare_mode
 __all__ = [
     # the model
     "ArmoRMHead", "GenericHookedRewardModel", "GenericLoadError", "GenericPathError", "GenericRewardModelConfig",
-    "HookedRewardModel", "JudgeHead", "MLPHead", "ProcessRewardHead", "RewardHead", "RewardModelConfig",
+    "HookedRewardModel", "JudgeHead", "MLPHead", "ProcessRewardHead", "QRMHead", "RewardHead", "RewardModelConfig",
     "export_hf", "read_objective", "read_step",
     # data and organisms
     "PreferencePair", "TokenPair", "bundled_pairs", "demo_pairs", "load_demo_model", "load_pairs",
