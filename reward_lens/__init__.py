@@ -90,8 +90,8 @@ from reward_lens.app.compare import ComparisonResult, ModelProfile, compare_mode
 __all__ = [
     # the model
     "ArmoRMHead", "GenericHookedRewardModel", "GenericLoadError", "GenericPathError", "GenericRewardModelConfig",
-    "HookedRewardModel", "JudgeHead", "MLPHead", "ProcessRewardHead", "QRMHead", "RewardHead", "RewardModelConfig",
-    "export_hf", "read_objective", "read_step",
+    "HookedRewardModel", "JudgeHead", "MLPHead", "ProcessRewardHead", "QRMHead", "RewardHead",
+    "RewardModelConfig", "export_hf", "read_objective", "read_step",
     # data and organisms
     "PreferencePair", "TokenPair", "bundled_pairs", "demo_pairs", "load_demo_model", "load_pairs",
     "load_smollm2_organism", "smollm2_pairs",

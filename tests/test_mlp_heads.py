@@ -102,7 +102,6 @@ def test_attribution_patching_and_tokens_are_exact(models, kind):
 
 def test_patched_readout_recomputes_the_relu_mask(models):
     """The fast path scores a patched residual with the head itself: different from the clean mask's direction."""
-    from reward_lens.core.batching import Tokenized  # noqa: F401
     from reward_lens.core.directions import reward_from_final_resid
 
     model = models[("inform", True)]

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from helpers import one_thread, word_tokenizer  # noqa: F401
-from mlp_reference import PAD, STEP_TAG, VOCAB, Reference, padded, random_rows, save_tiny
+from mlp_reference import STEP_TAG, VOCAB, Reference, padded, random_rows, save_tiny
 from reward_lens import HookedRewardModel, ProcessRewardHead, attribute, patch, read_step, token_attribution
 from reward_lens.data.pairs import TokenPair
 

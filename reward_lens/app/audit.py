@@ -279,11 +279,12 @@ def _armorm_steps(model, pairs, batch: BatchSize, step: _Steps, record: Dict[str
 
 def _head_family_step(model, pairs, batch: BatchSize, step: _Steps, record: Dict[str, Any],
                       results: Dict[str, Any]) -> None:
-    """Which head family was read, and the cosine spread of per-sequence directions (reward_lens.app.head_family)."""
+    """The head family read, and the cosine spread of per-sequence directions (app/head_family.py)."""
     from reward_lens.app.head_family import head_family_view
 
-    results["head_family"] = step("head family", lambda: batch.run(lambda bs: head_family_view(model, pairs, bs)))
-    record["head_family"] = results["head_family"]["summary"]
+    view = results["head_family"] = step("head family", lambda: batch.run(
+        lambda bs: head_family_view(model, pairs, bs)))
+    record["head_family"] = view["summary"]
 
 
 def _frames(results: Dict[str, Any]) -> Dict[str, pd.DataFrame]:

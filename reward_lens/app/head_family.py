@@ -57,10 +57,11 @@ def head_family_text(summary: Dict[str, Any]) -> str:
     """The report's sentence on the head family."""
     text = f"The reward is read through a {summary['family']} head ({summary['head_class']})."
     if summary.get("per_step"):
-        text += f" A process reward model: every instrument read step {summary['step_read']} (reward_lens.read_step)."
+        text += (f" A process reward model: every instrument read step {summary['step_read']} "
+                 "(reward_lens.read_step).")
     if summary["per_sequence_direction"]:
         spread = summary["direction_cosine"]["to_mean_direction"]
-        text += (" Its reward is linear in the final residual along a per-sequence direction (a gate or ReLU mask "
-                 f"frozen at the sequence's value, exactly); the directions' cosine to their mean is "
+        text += (" Its reward is linear in the final residual along a per-sequence direction (a gate or ReLU "
+                 f"mask frozen at the sequence's value, exactly); the directions' cosine to their mean is "
                  f"{spread['mean']:.3f} on average (min {spread['min']:.3f}).")
     return text

@@ -26,14 +26,15 @@ from reward_lens.converters.registry import StateDict, WeightMap
 from reward_lens.model.config import RewardModelConfig
 
 
-def judge_weight_map(hf_config: Any, positive: str, negative: str, positive_id: int, negative_id: int) -> WeightMap:
+def judge_weight_map(hf_config: Any, positive: str, negative: str, positive_id: int,
+                     negative_id: int) -> WeightMap:
     """The weight map of a judge on `hf_config`'s causal LM reading positive_id minus negative_id."""
     text = hf_config.get_text_config()
     cap = getattr(text, "final_logit_softcapping", None)
     if cap:
-        raise ValueError(f"config field final_logit_softcapping={cap}: this language model's logits are soft-capped, "
-                         "so a logit difference is not linear in the final residual; reward-lens cannot read it as "
-                         "a judge exactly")
+        raise ValueError(f"config field final_logit_softcapping={cap} is not supported: this language "
+                         "model's logits are soft-capped, so a logit difference is not linear in the final "
+                         "residual; supported: judges without final_logit_softcapping")
     base = base_weight_map(hf_config)
     vocab = int(text.vocab_size)
     for name, tid in (("positive", positive_id), ("negative", negative_id)):
@@ -53,14 +54,15 @@ def judge_weight_map(hf_config: Any, positive: str, negative: str, positive_id: 
             else "model.embed_tokens.weight"
         W_U = sd[key]
         out = {**convert_decoder_rest(sd, cfg), "rotary.inv_freq": rope_inverse_frequencies(text)[0]}
-        out["reward_head.W_R"] = (W_U[positive_id].double() - W_U[negative_id].double()).to(W_U.dtype)[:, None]
+        diff_U = W_U[positive_id].double() - W_U[negative_id].double()
+        out["reward_head.W_R"] = diff_U.to(W_U.dtype)[:, None]
         b_U = sd.get("lm_head.bias")
-        diff = torch.zeros(1, dtype=W_U.dtype) if b_U is None else (b_U[positive_id] - b_U[negative_id]).reshape(1)
-        out["reward_head.b_R"] = diff
+        no_bias = torch.zeros(1, dtype=W_U.dtype)
+        out["reward_head.b_R"] = no_bias if b_U is None else (b_U[positive_id] - b_U[negative_id]).reshape(1)
         return out
 
     return WeightMap(f"judge({cfg_name(hf_config)})", build_config, base.convert_layer, convert_rest,
-                     notes="causal LM read as a judge: logit(positive) - logit(negative) at the last position")
+                     notes="causal LM read as a judge: logit(positive) - logit(negative), last position")
 
 
 def cfg_name(hf_config: Any) -> str:

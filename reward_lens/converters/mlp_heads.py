@@ -1,12 +1,10 @@
 """Reward models with MLP heads, loaded as their authors save them (no remote code):
 
-  INFORMForSequenceClassification (INF-ORM-Llama3.1-70B)   Llama + `score` = Linear(d, d) -> ReLU -> Linear(d, 1)
-  Qwen2ForRewardModel (Qwen2.5-Math-RM-72B)                Qwen2 + the same `score` MLP
-  Qwen2ForProcessRewardModel (Qwen2.5-Math-PRM-7B/72B)     Qwen2 + `score` MLP with 2 labels, read at each step tag
-  GRewardModel (GRM, Ray2333)                               any decoder under `model.` + `v_head.summary`:
-                                                            `vhead_num_layers` x (Linear -> ReLU) -> Linear(., 1),
-                                                            width `vhead_num_neurons`; or one Linear when
-                                                            `vhead_layer_type` is "linear"
+  INFORMForSequenceClassification (INF-ORM-Llama3.1-70B): Llama + `score` = Linear(d, d), ReLU, Linear(d, 1)
+  Qwen2ForRewardModel (Qwen2.5-Math-RM-72B): Qwen2 + the same `score` MLP
+  Qwen2ForProcessRewardModel (Qwen2.5-Math-PRM-7B/72B): Qwen2 + `score` MLP with 2 labels, read at step tags
+  GRewardModel (GRM, Ray2333): any decoder under `model.` + `v_head.summary`, `vhead_num_layers` x
+      (Linear(., vhead_num_neurons), ReLU) then Linear(., 1); one Linear when `vhead_layer_type` is "linear"
 
 The decoder is the base family's own weight map (by `model_type`: Llama, Qwen2, Mistral, Gemma-2, ...).
 transformers `nn.Sequential` layout -> ours: `{prefix}.{k}.weight` [out, in] -> reward_head.W_mlp.i [in, out],
@@ -55,22 +53,23 @@ def qwen2_prm_config(hf_config: Any) -> RewardModelConfig:
     d = hf_config.get_text_config().hidden_size
     n_labels = int(getattr(hf_config, "num_labels", 2) or 2)
     if n_labels != 2:
-        raise ValueError(f"Qwen2ForProcessRewardModel with num_labels={n_labels}: reward-lens reads the two-class "
-                         "step head (log-odds of class 1 over class 0); num_labels must be 2")
+        raise ValueError(f"Qwen2ForProcessRewardModel config field num_labels={n_labels} is not supported: "
+                         "reward-lens reads the two-class step head (log-odds of class 1); supported: 2")
     tag = getattr(hf_config, "step_tag_id", None)
-    return _config(hf_config, "prm", mlp_head_config("qwen2-prm", [d], "last_non_pad", (-1.0, 1.0),
-                                                     step_tag_id=None if tag is None else int(tag)))
+    head_config = mlp_head_config("qwen2-prm", [d], "last_non_pad", (-1.0, 1.0),
+                                  step_tag_id=None if tag is None else int(tag))
+    return _config(hf_config, "prm", head_config)
 
 
 def grm_config(hf_config: Any) -> RewardModelConfig:
     layer_type = getattr(hf_config, "vhead_layer_type", "mlp")
     if layer_type not in GRM_LAYER_TYPES:
-        raise ValueError(f"GRewardModel config field vhead_layer_type={layer_type!r} is not supported; supported: "
-                         f"{', '.join(GRM_LAYER_TYPES)}")
-    if layer_type == "linear":
-        widths: List[int] = []
-    else:
-        widths = [int(getattr(hf_config, "vhead_num_neurons", 1024))] * int(getattr(hf_config, "vhead_num_layers", 1))
+        raise ValueError(f"GRewardModel config field vhead_layer_type={layer_type!r} is not supported; "
+                         f"supported: {', '.join(GRM_LAYER_TYPES)}")
+    widths: List[int] = []
+    if layer_type == "mlp":
+        neurons = int(getattr(hf_config, "vhead_num_neurons", 1024))
+        widths = [neurons] * int(getattr(hf_config, "vhead_num_layers", 1))
     return _config(hf_config, "mlp", mlp_head_config("grm", widths, "grm", vhead_layer_type=layer_type))
 
 
@@ -83,17 +82,19 @@ def convert_mlp(sd: StateDict, cfg: RewardModelConfig, prefix: str, linear_keys:
         W = sd.get(f"{key}.weight")
         want = (dims[i + 1], dims[i])
         if W is None or tuple(W.shape) != want:
+            got = None if W is None else tuple(W.shape)
             raise ValueError(
-                f"{key}.weight has shape {None if W is None else tuple(W.shape)}, expected {want} from the config "
-                f"(head layers {widths or 'none'} over d_model={cfg.d_model}); the checkpoint's head and config disagree"
+                f"{key}.weight has shape {got}, expected {want} from the config (head layers "
+                f"{widths or 'none'} over d_model={cfg.d_model}); the checkpoint's head and config disagree"
             )
         bias = sd.get(f"{key}.bias")
         out[f"reward_head.W_mlp.{i}"] = W.T
         out[f"reward_head.b_mlp.{i}"] = bias if bias is not None else torch.zeros(W.shape[0], dtype=W.dtype)
     extra = f"{prefix}.{2 * len(linear_keys)}.weight"
     if extra in sd:
-        raise ValueError(f"the checkpoint has head layer {extra!r} beyond the {len(linear_keys)} Linear layers the "
-                         "config describes; fix the head fields of config.json (e.g. vhead_num_layers)")
+        raise ValueError(f"the checkpoint has head layer {extra!r} beyond the {len(linear_keys)} Linear "
+                         "layers the config describes; fix the head fields of config.json "
+                         "(e.g. vhead_num_layers)")
     return out
 
 
@@ -105,18 +106,20 @@ def sequential_keys(prefix: str, n_linear: int) -> List[str]:
 def convert_score_mlp_rest(sd: StateDict, cfg: RewardModelConfig, hf_config: Any) -> StateDict:
     n_linear = len(cfg.head_config["hidden_sizes"]) + 1
     if "score.0.weight" not in sd:
-        raise ValueError(f"not a {cfg.original_architecture} checkpoint: its MLP head 'score.0.weight' is missing "
-                         f"(tensors outside model.*: {sorted(k for k in sd if not k.startswith('model.'))[:8]})")
-    return {**_decoder_rest(sd, cfg, hf_config), **convert_mlp(sd, cfg, "score", sequential_keys("score", n_linear))}
+        outside = sorted(k for k in sd if not k.startswith("model."))[:8]
+        raise ValueError(f"not a {cfg.original_architecture} checkpoint: its MLP head 'score.0.weight' is "
+                         f"missing (tensors outside model.*: {outside})")
+    head = convert_mlp(sd, cfg, "score", sequential_keys("score", n_linear))
+    return {**_decoder_rest(sd, cfg, hf_config), **head}
 
 
 def convert_grm_rest(sd: StateDict, cfg: RewardModelConfig, hf_config: Any) -> StateDict:
     widths = cfg.head_config["hidden_sizes"]
     keys = ["v_head.summary"] if not widths else sequential_keys("v_head.summary", len(widths) + 1)
     if f"{keys[0]}.weight" not in sd:
+        found = sorted(k for k in sd if k.startswith("v_head"))[:8] or "no v_head tensors"
         raise ValueError(f"GRewardModel checkpoint without '{keys[0]}.weight' (vhead_layer_type="
-                         f"{cfg.head_config['vhead_layer_type']!r}); found "
-                         f"{sorted(k for k in sd if k.startswith('v_head'))[:8] or 'no v_head tensors'}")
+                         f"{cfg.head_config['vhead_layer_type']!r}); found {found}")
     return {**_decoder_rest(sd, cfg, hf_config), **convert_mlp(sd, cfg, "v_head.summary", keys)}
 
 

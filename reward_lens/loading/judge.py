@@ -20,13 +20,14 @@ def answer_token_id(tokenizer: Any, answer: Union[str, int], which: str) -> int:
     if isinstance(answer, int):
         return int(answer)
     if tokenizer is None:
-        raise ValueError(f"{which}={answer!r} needs the model's tokenizer to find its token id; pass tokenizer= or "
-                         "give the token id as an int")
+        raise ValueError(f"{which}={answer!r} needs the model's tokenizer to find its token id; pass "
+                         "tokenizer= or give the token id as an int")
     ids = tokenizer.encode(answer, add_special_tokens=False)
     if len(ids) != 1:
         pieces = tokenizer.convert_ids_to_tokens(ids)
-        raise ValueError(f"{which}={answer!r} is {len(ids)} tokens {pieces} in this tokenizer, not one; a judge's reward "
-                         f"is one token's logit minus another's: pass a single-token answer (e.g. {pieces[:1]}) or its id")
+        raise ValueError(f"{which}={answer!r} is {len(ids)} tokens {pieces} in this tokenizer, not one; a "
+                         "judge's reward is one token's logit minus another's: pass a single-token answer "
+                         f"(e.g. {pieces[:1]}) or its id")
     return int(ids[0])
 
 
@@ -63,13 +64,17 @@ def load_judge(cls, source: Any, *, positive="Yes", negative="No", tokenizer=Non
     else:
         directory = resolve_checkpoint_dir(source)
         tokenizer = load_tokenizer(directory) if tokenizer is None else tokenizer
-        hf_config, sd, where = load_hf_config(directory, overrides), LazyStateDict.from_directory(directory), str(directory)
-    pos, neg = answer_token_id(tokenizer, positive, "positive"), answer_token_id(tokenizer, negative, "negative")
+        hf_config, where = load_hf_config(directory, overrides), str(directory)
+        sd = LazyStateDict.from_directory(directory)
+    pos = answer_token_id(tokenizer, positive, "positive")
+    neg = answer_token_id(tokenizer, negative, "negative")
     if pos == neg:
-        raise ValueError(f"positive and negative are the same token (id {pos}); a judge contrasts two answers")
-    weight_map = judge_weight_map(hf_config, answer_name(tokenizer, positive, pos), answer_name(tokenizer, negative, neg),
-                                  pos, neg)
+        raise ValueError(f"positive and negative are the same token (id {pos}); a judge contrasts two "
+                         "answers")
+    names = answer_name(tokenizer, positive, pos), answer_name(tokenizer, negative, neg)
+    weight_map = judge_weight_map(hf_config, *names, pos, neg)
     src = converted_source(hf_config, sd, where, weight_map=weight_map)
     if tokenizer is not None and getattr(tokenizer, "pad_token_id", None) is not None:
         src.cfg.pad_token_id = int(tokenizer.pad_token_id)
-    return cls.from_source(src, tokenizer=tokenizer, device=device, dtype=dtype, fold_ln=fold_ln, source=where)
+    return cls.from_source(src, tokenizer=tokenizer, device=device, dtype=dtype, fold_ln=fold_ln,
+                           source=where)

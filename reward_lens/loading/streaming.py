@@ -153,7 +153,8 @@ def partitioned_source(cfg: RewardModelConfig, sd: Mapping, transform: Optional[
     return WeightSource(cfg, lambda: part(None), part, release, owned=owns_tensors(sd))
 
 
-def converted_source(hf_config: Any, sd: Mapping, source: str, weight_map: Optional[Any] = None) -> WeightSource:
+def converted_source(hf_config: Any, sd: Mapping, source: str,
+                     weight_map: Optional[Any] = None) -> WeightSource:
     """A source converting a transformers state dict (dict or `LazyStateDict`) by its architecture's
     weight map (or `weight_map`, e.g. a judge's), one part at a time; a tensor the map needs but the
     checkpoint lacks is a CheckpointError."""

@@ -107,11 +107,13 @@ class HookedRewardModel(TransformerLensConveniences, RewardModelBase):
         final residual along W_U[positive] - W_U[negative] (tied embeddings: W_E's rows), so every instrument
         decomposes it exactly. `positive` / `negative`: one token each (a string of one token, or an id).
         `input_format` renders (prompt, response) pairs (`to_tokens`): e.g. a template asking the question,
-        "...{prompt}...{response}... Is this response correct? Answer Yes or No.<|im_end|>\n<|im_start|>assistant\n".
+        "...{prompt}...{response}... Is this response correct? Answer Yes or No.<|im_end|>\n<|im_start|>
+        assistant\n" (newlines as in the chat format).
         """
         check_input_format(input_format)
-        model = loader("load_judge")(cls, path_or_id, positive=positive, negative=negative, tokenizer=tokenizer,
-                                     device=device, dtype=dtype, fold_ln=fold_ln, gguf_file=gguf_file, **overrides)
+        model = loader("load_judge")(cls, path_or_id, positive=positive, negative=negative,
+                                     tokenizer=tokenizer, device=device, dtype=dtype, fold_ln=fold_ln,
+                                     gguf_file=gguf_file, **overrides)
         model.input_format = input_format
         if input_format != "auto":  # the judge's question is part of the model: saved with it
             model.cfg.input_format = input_format

@@ -1,6 +1,7 @@
 """Reward heads: the protocol every head follows (`base`), the linear head (`scalar`), ArmoRM's gated
 multi-objective head (`armorm`), MLP heads (`mlp`: INF-ORM, Qwen2.5-Math-RM, GRM), process reward heads
-(`prm`), generative judges (`judge`) and QRM's quantile head (`qrm`). Importing this package registers every head type."""
+(`prm`), generative judges (`judge`) and QRM's quantile head (`qrm`). Importing this package registers
+every head type."""
 
 from reward_lens.model.heads.base import (
     HEAD_TYPES,
@@ -19,6 +20,7 @@ from reward_lens.model.heads.judge import JudgeHead
 from reward_lens.model.heads.qrm import QRMHead
 
 __all__ = [
-    "ArmoRMHead", "HEAD_TYPES", "JudgeHead", "MLPHead", "ProcessRewardHead", "QRMHead", "RewardHead", "RewardHeadBase",
+    "ArmoRMHead", "HEAD_TYPES", "JudgeHead", "MLPHead", "ProcessRewardHead", "QRMHead", "RewardHead",
+    "RewardHeadBase",
     "build_head", "head_class", "read_objective", "read_step", "register_head",
 ]

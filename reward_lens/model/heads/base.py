@@ -119,7 +119,8 @@ class RewardHeadBase(nn.Module):
 
     def set_step(self, step: Optional[int]) -> None:
         if step is not None:
-            raise ValueError(f"step={step!r} needs a process reward model; this head is {type(self).__name__}")
+            raise ValueError(f"step={step!r} needs a process reward model; this head is "
+                             f"{type(self).__name__}")
 
     @property
     def step(self) -> Optional[int]:
@@ -204,7 +205,8 @@ def read_step(model, step: Optional[int]) -> Iterator:
         return
     head = model.reward_head
     if not head.per_step:
-        raise ValueError(f"read_step needs a process reward model; this model's head is {type(head).__name__}")
+        raise ValueError(f"read_step needs a process reward model; this model's head is "
+                         f"{type(head).__name__}")
     before = head.step
     head.set_step(step)
     try:

@@ -50,12 +50,13 @@ def grm_readout_positions(input_ids: torch.Tensor, attention_mask: Optional[torc
 def check_readout_attended(readout: torch.Tensor, attention_mask: Optional[torch.Tensor], rule: str) -> None:
     if attention_mask is None:
         return
-    masked = ~attention_mask.bool()[torch.arange(len(readout), device=attention_mask.device), readout.to(
-        attention_mask.device)]
+    rows = torch.arange(len(readout), device=attention_mask.device)
+    masked = ~attention_mask.bool()[rows, readout.to(attention_mask.device)]
     if bool(masked.any()):
+        bad = torch.nonzero(masked).flatten().tolist()
         raise ValueError(
-            f"the head's pooling rule ({rule}) reads a padded position in rows {torch.nonzero(masked).flatten().tolist()}: "
-            "pad with model.cfg.pad_token_id (or set it to the tokenizer's pad id)"
+            f"the head's pooling rule ({rule}) reads a padded position in rows {bad}: pad with "
+            "model.cfg.pad_token_id (or set it to the tokenizer's pad id)"
         )
 
 
@@ -75,12 +76,13 @@ class MLPHead(RewardHeadBase):
         widths = [int(w) for w in hc["hidden_sizes"]]
         self.pooling = str(hc.get("pooling", "last_non_pad"))
         if self.pooling not in POOLING_RULES:
-            raise ValueError(f"unknown MLP-head pooling {self.pooling!r}; supported: {', '.join(POOLING_RULES)}")
+            raise ValueError(f"unknown MLP-head pooling {self.pooling!r}; supported: "
+                             f"{', '.join(POOLING_RULES)}")
         contrast = [float(c) for c in hc.get("label_contrast", [1.0])]
         dims = [cfg.d_model] + widths + [len(contrast)]
         self.W_mlp = nn.ParameterList([nn.Parameter(torch.empty(a, b)) for a, b in zip(dims[:-1], dims[1:])])
         self.b_mlp = nn.ParameterList([nn.Parameter(torch.zeros(b)) for b in dims[1:]])
-        self.contrast: List[float] = contrast  # a plain list: the model is built on the meta device, then filled
+        self.contrast: List[float] = contrast  # a plain list (the model is built on the meta device)
         self.hook_input = HookPoint()
         self.hook_hidden = nn.ModuleList([HookPoint() for _ in widths])
         self.hook_logits = HookPoint()
@@ -94,7 +96,7 @@ class MLPHead(RewardHeadBase):
     def is_gated(self) -> bool:
         return True  # a per-sequence direction: the ReLU masks gate it
 
-    def readout_positions(self, input_ids: Int[torch.Tensor, "batch pos"], attention_mask=None) -> torch.Tensor:
+    def readout_positions(self, input_ids: Int[torch.Tensor, "batch pos"], attention_mask=None):
         pad = self.cfg.pad_token_id
         if self.pooling == "first_pad_minus_one":
             readout = armorm_readout_positions(input_ids, pad)
@@ -171,9 +173,10 @@ class MLPHead(RewardHeadBase):
 
     def direction(self, output: int = 0) -> torch.Tensor:
         raise ValueError(
-            f"this {self.family} head is an MLP: its reward is linear in h only with the ReLU masks of one sequence "
-            "frozen, so there is no single reward direction; use model.reward_direction_for(input_ids, attention_mask) "
-            "(and model.reward_bias_for) for the per-sequence direction and bias"
+            f"this {self.family} head is an MLP: its reward is linear in h only with the ReLU masks of one "
+            "sequence frozen, so there is no single reward direction; use "
+            "model.reward_direction_for(input_ids, attention_mask) (and model.reward_bias_for) for the "
+            "per-sequence direction and bias"
         )
 
     def bias(self, output: int = 0) -> torch.Tensor:

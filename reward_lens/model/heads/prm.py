@@ -81,7 +81,7 @@ class ProcessRewardHead(MLPHead):
         tags = self.step_mask(input_ids, attention_mask).long()
         return tags.cumsum(-1) - tags
 
-    def readout_positions(self, input_ids: Int[torch.Tensor, "batch pos"], attention_mask=None) -> torch.Tensor:
+    def readout_positions(self, input_ids: Int[torch.Tensor, "batch pos"], attention_mask=None):
         tags = self.step_mask(input_ids, attention_mask)
         counts = tags.sum(-1)
         k = torch.full_like(counts, self._step) + (counts if self._step < 0 else 0)
@@ -89,7 +89,8 @@ class ProcessRewardHead(MLPHead):
         if bool(bad.any()):
             rows = torch.nonzero(bad).flatten().tolist()
             raise ValueError(
-                f"rows {rows} of input_ids have {counts[bad].tolist()} step tags (id {self.tag_id()}), so step "
+                f"rows {rows} of input_ids have {counts[bad].tolist()} step tags (id {self.tag_id()}), "
+                f"so step "
                 f"{self._step} does not exist there; end every step with the step tag, or read another step "
                 "(reward_lens.read_step)"
             )
@@ -122,7 +123,8 @@ def resolve_step_tag(model, step_tag: Optional[Union[str, int]] = None) -> None:
     head = model.reward_head
     if not head.per_step:
         if step_tag is not None:
-            raise ValueError(f"step_tag={step_tag!r} is for process reward models; this head is {type(head).__name__}")
+            raise ValueError(f"step_tag={step_tag!r} is for process reward models; this head is "
+                             f"{type(head).__name__}")
         return
     if step_tag is None and head.step_tag_id is not None:
         return
@@ -133,8 +135,8 @@ def resolve_step_tag(model, step_tag: Optional[Union[str, int]] = None) -> None:
         if len(ids) != 1:
             if step_tag is None:  # no tokenizer tag: the user must name it before reading steps
                 return
-            raise ValueError(f"step_tag={tag!r} is {len(ids)} tokens in this tokenizer (or there is no tokenizer); "
-                             "pass a single token or its id")
+            raise ValueError(f"step_tag={tag!r} is {len(ids)} tokens in this tokenizer (or there is no "
+                             "tokenizer); pass a single token or its id")
         tag = ids[0]
     head.step_tag_id = int(tag)
     model.cfg.head_config["step_tag_id"] = int(tag)

@@ -4,8 +4,8 @@ with BatchNorm.
 
 With `h = ln_final(resid)`, n objectives, m quantiles (x @ W convention):
 
-    R        = h[readout] @ W_reg, reshaped [batch, n_obj, n_q]    (column j * n_q + q: objective j, quantile q)
-    E        = R.mean(quantiles)                                   the objectives' expected rewards [batch, n_obj]
+    R        = h[readout] @ W_reg, reshaped [batch, n_obj, n_q]   (column j * n_q + q: objective j, quantile)
+    E        = R.mean(quantiles)              the objectives' expected rewards [batch, n_obj]
     x        = h[gate_pos];  n_hidden x (x @ W_i -> ReLU -> BatchNorm_i (eval statistics))  -> @ W_out + b_out
     g        = softmax(x / temperature) * logit_scale                 [batch, n_obj]
     score    = sum_j g_j (E @ T)_j;   quantile q of the score: sum_j g_j (R[:, :, q] @ T)_j
@@ -33,8 +33,8 @@ from reward_lens.model.heads.base import RewardHeadBase, gather_positions, regis
 
 class QRMHead(ArmoRMHead):
     """QRM's head. Parameters: `W_reg` [d_model, n_obj * n_q], `reward_transform` [n_obj, n_obj], `W_gate[i]`
-    [d_in, d_out] (hidden layers bias-free), `b_gate` [n_obj] (the output layer's bias), BatchNorm `bn_weight[i]`,
-    `bn_bias[i]` and buffers `bn_mean.i`, `bn_var.i`, `logit_scale` [1].
+    [d_in, d_out] (hidden layers bias-free), `b_gate` [n_obj] (the output layer's bias), BatchNorm
+    `bn_weight[i]`, `bn_bias[i]` and buffers `bn_mean.i`, `bn_var.i`, `logit_scale` [1].
 
     Hooks as ArmoRM's (`hook_objectives` [batch, pos, n_obj] expected rewards, `hook_pooled` [batch, n_obj],
     `hook_gate_input`, `hook_gate_logits`, `hook_gate`, `hook_transformed`, `hook_score`) plus
@@ -66,7 +66,9 @@ class QRMHead(ArmoRMHead):
         self.logit_scale = nn.Parameter(torch.ones(1))
         self._objective: Optional[int] = None
         self._quantile: Optional[int] = None
-        for name in ("objectives", "pooled", "quantiles", "gate_input", "gate_logits", "gate", "transformed", "score"):
+        hooks = ("objectives", "pooled", "quantiles", "gate_input", "gate_logits", "gate", "transformed",
+                 "score")
+        for name in hooks:
             setattr(self, f"hook_{name}", HookPoint())
 
     @property
@@ -81,7 +83,8 @@ class QRMHead(ArmoRMHead):
     def set_quantile(self, quantile: Optional[int]) -> None:
         """Read quantile `quantile` (0-based) of the score (or of the selected objective); None: the mean."""
         if quantile is not None and not 0 <= int(quantile) < self.num_quantiles:
-            raise ValueError(f"quantile index {quantile} out of range: this head has {self.num_quantiles} quantiles")
+            raise ValueError(f"quantile index {quantile} out of range: this head has "
+                             f"{self.num_quantiles} quantiles")
         self._quantile = None if quantile is None else int(quantile)
 
     def quantile_levels(self) -> torch.Tensor:
@@ -113,8 +116,9 @@ class QRMHead(ArmoRMHead):
         if self._objective is not None:
             return read[:, self._objective]
         if input_ids is None:
-            raise ValueError("QRM's gate needs the token ids to find the prompt's end; pass input_ids= (also from "
-                             "start_at_layer), or select one objective with model.reward_head.set_objective")
+            raise ValueError("QRM's gate needs the token ids to find the prompt's end; pass input_ids= (also "
+                             "from start_at_layer), or select one objective with "
+                             "model.reward_head.set_objective")
         g = self.gate(gather_positions(h, self.gate_positions(input_ids)))
         transformed = self.hook_transformed(read @ self.reward_transform)
         return self.hook_score((g * transformed).sum(-1))
