@@ -23,8 +23,8 @@ KINDS = ("inform", "qwen2_rm", "grm", "grm_linear", "grm_deep", "qwen2_prm")
 ARCHITECTURE = {"inform": "INFORMForSequenceClassification", "qwen2_rm": "Qwen2ForRewardModel",
                 "grm": "GRewardModel", "grm_linear": "GRewardModel", "grm_deep": "GRewardModel",
                 "qwen2_prm": "Qwen2ForProcessRewardModel"}
-MODEL_TYPE = {"inform": "llama", "qwen2_rm": "qwen2", "grm": "llama", "grm_linear": "llama", "grm_deep": "qwen2",
-              "qwen2_prm": "qwen2"}
+MODEL_TYPE = {"inform": "llama", "qwen2_rm": "qwen2", "grm": "llama", "grm_linear": "llama",
+              "grm_deep": "qwen2", "qwen2_prm": "qwen2"}
 PAD, STEP_TAG, VOCAB = 0, 96, 97
 GRM_NEURONS = 40
 
@@ -120,8 +120,8 @@ def save_tiny(kind: str, path, seed: int = 0, vocab_size: int = VOCAB, pad_token
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     fields = dict(vocab_size=vocab_size, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-5,
-                  pad_token_id=pad_token_id,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                  rms_norm_eps=1e-5, pad_token_id=pad_token_id,
                   bos_token_id=1, eos_token_id=2, tie_word_embeddings=False, **head_fields(kind))
     torch.manual_seed(seed)
     config = (LlamaConfig if MODEL_TYPE[kind] == "llama" else Qwen2Config)(**fields)
@@ -134,9 +134,11 @@ def save_tiny(kind: str, path, seed: int = 0, vocab_size: int = VOCAB, pad_token
             elif name.endswith("bias"):
                 p.copy_(0.3 * torch.randn(p.shape, generator=g))
     raw = {**fields, "model_type": MODEL_TYPE[kind], "architectures": [ARCHITECTURE[kind]],
-           "auto_map": {"AutoModel": "modeling_custom.Model"}, "torch_dtype": "float32", "reference_kind": kind}
+           "auto_map": {"AutoModel": "modeling_custom.Model"}, "torch_dtype": "float32",
+           "reference_kind": kind}
     (path / "config.json").write_text(json.dumps(raw, indent=1))
-    save_file({k: v.detach().contiguous() for k, v in ref.state_dict().items()}, str(path / "model.safetensors"))
+    tensors = {k: v.detach().contiguous() for k, v in ref.state_dict().items()}
+    save_file(tensors, str(path / "model.safetensors"))
     return path
 
 
@@ -151,7 +153,7 @@ def padded(rows, side: str, pad: int = PAD):
 
 
 def random_rows(lengths, seed: int = 0, steps: bool = False):
-    """Token rows (ids 3..94) of the given lengths; with `steps`, a step tag every 3-4 tokens and at the end."""
+    """Token rows (ids 3..94) of the given lengths; with `steps`, a step tag every 4 tokens and at the end."""
     g = torch.Generator().manual_seed(seed)
     rows = []
     for n in lengths:

@@ -20,7 +20,7 @@ TEMPLATE = (
 
 
 def tokenizer():
-    """Llama-3-style chat tokens, a pad distinct from EOS, and the PRM step tag (`<extra_0>` ends the response)."""
+    """Llama-3-style chat tokens, a pad distinct from EOS, the PRM step tag (`<extra_0>` ends a response)."""
     specials = LLAMA3_SPECIALS + ["<pad>", "<extra_0>"]
     return word_tokenizer(specials + ["user", "assistant", "Yes", "No"] + WORDS, bos="<|begin_of_text|>",
                           eos="<|eot_id|>", pad="<pad>", specials=specials, template=TEMPLATE)
@@ -29,8 +29,9 @@ def tokenizer():
 def audit(model_dir, tmp_path):
     pairs = write_pairs(tmp_path / "pairs.jsonl", conversational=False)
     out = tmp_path / "out"
-    assert main(["audit", "--model", str(model_dir), "--pairs", str(pairs), "--out", str(out), "--max-pairs", str(N),
-                 "--batch-size", "4"]) == 0
+    args = ["audit", "--model", str(model_dir), "--pairs", str(pairs), "--out", str(out),
+            "--max-pairs", str(N), "--batch-size", "4"]
+    assert main(args) == 0
     results = json.loads((out / "results.json").read_text())
     assert results["n_pairs"] == N and results["attribution_max_relative_error"] < 1e-4
     return results, (out / "report.html").read_text(), out
@@ -47,7 +48,8 @@ def test_audit_reads_the_head_family(kind, tmp_path):
     spread = family["direction_cosine"]
     assert -1 <= spread["to_mean_direction"]["min"] <= spread["to_mean_direction"]["mean"] <= 1
     assert spread["to_mean_direction"]["min"] < 0.9999  # the ReLU masks differ across sequences
-    assert "Reward head" in html and family["family"] in html and (out / "head_direction_cosines.csv").exists()
+    assert "Reward head" in html and family["family"] in html
+    assert (out / "head_direction_cosines.csv").exists()
     if kind == "qwen2_prm":
         assert family["per_step"] and family["step_read"] == -1
 
@@ -56,9 +58,10 @@ def test_audit_of_a_judge(tmp_path):
     import transformers
 
     tok = tokenizer()
-    cfg = transformers.LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                                   pad_token_id=tok.pad_token_id, tie_word_embeddings=True)
+    cfg = transformers.LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=48,
+                                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                   max_position_embeddings=256, pad_token_id=tok.pad_token_id,
+                                   tie_word_embeddings=True)
     torch.manual_seed(0)
     transformers.LlamaForCausalLM(cfg).save_pretrained(tmp_path / "lm")
     tok.save_pretrained(tmp_path / "lm")
@@ -78,7 +81,8 @@ def test_audit_of_qrm(tmp_path):
     pairs = bundled_pairs()[:6]
     tok = chat_tokenizer(pairs)
     sep = tok.convert_tokens_to_ids("<sep>")
-    path = save_tiny_qrm(tmp_path / "qrm", vocab_size=len(tok), pad_token_id=tok.pad_token_id, gating_token_pattern=[sep])
+    path = save_tiny_qrm(tmp_path / "qrm", vocab_size=len(tok), pad_token_id=tok.pad_token_id,
+                         gating_token_pattern=[sep])
     model = HookedRewardModel.from_pretrained(path, tokenizer=tok)
     run_audit(model, pairs, tmp_path / "out", batch_size=4, echo=lambda s: None)
     results = json.loads((tmp_path / "out" / "results.json").read_text())

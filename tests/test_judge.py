@@ -12,15 +12,17 @@ from reward_lens import HookedRewardModel, JudgeHead, attribute, patch, token_at
 from reward_lens.data.pairs import PreferencePair
 from test_smollm2 import GGUF_DIR, SKIP_REASON, organism
 
-WORDS = ["<pad>", "<unk>", "<s>", "</s>", "Yes", "No", "is", "this", "right", "?"] + [f"w{i}" for i in range(87)]
+WORDS = ["<pad>", "<unk>", "<s>", "</s>", "Yes", "No", "is", "this", "right", "?"]
+WORDS += [f"w{i}" for i in range(87)]
 
 
 def tiny_causal_lm(path, tied: bool, seed: int = 0):
     import transformers
 
-    cfg = transformers.LlamaConfig(vocab_size=len(WORDS), hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                                   pad_token_id=0, bos_token_id=2, eos_token_id=3, tie_word_embeddings=tied)
+    cfg = transformers.LlamaConfig(vocab_size=len(WORDS), hidden_size=32, intermediate_size=48,
+                                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                   max_position_embeddings=64, pad_token_id=0, bos_token_id=2, eos_token_id=3,
+                                   tie_word_embeddings=tied)
     torch.manual_seed(seed)
     hf = transformers.LlamaForCausalLM(cfg).eval()
     randomise_norms(hf, seed)
@@ -76,11 +78,13 @@ def test_decomposition_is_exact(judge):
     assert (tok.total("chosen") - tok.reward["chosen"].double()).abs().max() < 1e-4
 
 
-JUDGE_TEMPLATE = ("<|im_start|>user\nQuestion: {prompt}\nAnswer: {response}\nIs this answer correct? Answer Yes or No."
-                  "<|im_end|>\n<|im_start|>assistant\n")
+JUDGE_TEMPLATE = ("<|im_start|>user\nQuestion: {prompt}\nAnswer: {response}\nIs this answer correct? "
+                  "Answer Yes or No.<|im_end|>\n<|im_start|>assistant\n")
 PAIRS = [
-    PreferencePair("What is the capital of France?", "The capital of France is Paris.", "The capital of France is Rome."),
-    PreferencePair("What is 2 plus 3?", "2 plus 3 is 5.", "2 plus 3 is 7, as everyone who has studied arithmetic knows."),
+    PreferencePair("What is the capital of France?", "The capital of France is Paris.",
+                   "The capital of France is Rome."),
+    PreferencePair("What is 2 plus 3?", "2 plus 3 is 5.",
+                   "2 plus 3 is 7, as everyone who has studied arithmetic knows."),
 ]
 
 
@@ -124,7 +128,8 @@ def test_smollm2_judge_matches_transformers_on_a_padded_chat_batch(smollm2_judge
 def test_smollm2_judge_decomposition_is_exact(smollm2_judge):
     _, model = smollm2_judge
     res = attribute(model, PAIRS, progress=False)
-    rel = ((res.chosen.sum(-1) + res.bias_chosen - res.reward_chosen).abs() / res.reward_chosen.abs().clamp(min=1))
+    err = (res.chosen.sum(-1) + res.bias_chosen - res.reward_chosen).abs()
+    rel = err / res.reward_chosen.abs().clamp(min=1)
     print(f"SmolLM2 judge attribution: max relative error {float(rel.max()):.2e}")
     assert rel.max() < 1e-5
     assert res.reward_chosen.shape == (2,)

@@ -23,7 +23,8 @@ def dirs(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def models(dirs):
-    return {(k, fold): HookedRewardModel.from_pretrained(dirs[k], fold_ln=fold) for k in RM_KINDS for fold in (False, True)}
+    return {(k, fold): HookedRewardModel.from_pretrained(dirs[k], fold_ln=fold)
+            for k in RM_KINDS for fold in (False, True)}
 
 
 @pytest.mark.parametrize("kind", RM_KINDS)
@@ -101,7 +102,7 @@ def test_attribution_patching_and_tokens_are_exact(models, kind):
 
 
 def test_patched_readout_recomputes_the_relu_mask(models):
-    """The fast path scores a patched residual with the head itself: different from the clean mask's direction."""
+    """The fast path scores a patched residual with the head itself (its masks), not the clean direction."""
     from reward_lens.core.directions import reward_from_final_resid
 
     model = models[("inform", True)]

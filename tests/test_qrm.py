@@ -23,7 +23,8 @@ def qrm(request, tmp_path_factory):
 
 
 def batch(side):
-    rows = [chat_ids(4, 5, seed=0), chat_ids(2, 2, seed=1), chat_ids(3, 1, seed=2, n_turns=2), chat_ids(6, 3, seed=3)]
+    rows = [chat_ids(4, 5, seed=0), chat_ids(2, 2, seed=1), chat_ids(3, 1, seed=2, n_turns=2),
+            chat_ids(6, 3, seed=3)]
     T = max(len(r) for r in rows)
     ids = torch.full((len(rows), T), PAD, dtype=torch.long)
     mask = torch.zeros_like(ids)
@@ -56,7 +57,7 @@ def test_score_objectives_quantiles_and_gate_match_reference(qrm, fold, side):
             assert (model(ids, attention_mask=mask) - out["quantiles"][:, q]).abs().max() < TOL
         finally:
             head.set_quantile(None)
-    assert torch.allclose(out["quantiles"].mean(1), out["score"], atol=1e-5)  # the score is the quantiles' mean
+    assert torch.allclose(out["quantiles"].mean(1), out["score"], atol=1e-5)  # the score: the quantiles' mean
     for j in (0, 7, 18):
         with read_objective(model, j):
             assert (model(ids, attention_mask=mask) - out["expectations"][:, j]).abs().max() < TOL
@@ -78,7 +79,8 @@ def test_gated_direction_reproduces_the_score(qrm):
 def test_instruments_are_exact(qrm):
     _, models = qrm
     model = models[True]
-    pairs = [TokenPair(chat_ids(3, 4, seed=s), chat_ids(3, 6, seed=s)[:-2].clone(), id=f"p{s}") for s in range(3)]
+    pairs = [TokenPair(chat_ids(3, 4, seed=s), chat_ids(3, 6, seed=s)[:-2].clone(), id=f"p{s}")
+             for s in range(3)]
     for p in pairs:  # same prompt, different responses, each ending with <|eot_id|>
         p.rejected[-1] = 128009
     res = attribute(model, pairs, heads=True, progress=False)
