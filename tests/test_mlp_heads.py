@@ -9,7 +9,7 @@ import torch
 
 from helpers import one_thread, token_pairs  # noqa: F401
 from mlp_reference import Reference, padded, random_rows, save_tiny
-from reward_lens import HookedRewardModel, MLPHead, attribute, patch, token_attribution
+from reward_lens import HookedRewardModel, MLPHead, attribute, patch, path_patch, token_attribution
 
 TOL = 1e-5
 RM_KINDS = ("inform", "qwen2_rm", "grm", "grm_linear", "grm_deep")
@@ -99,6 +99,8 @@ def test_attribution_patching_and_tokens_are_exact(models, kind):
     tok = token_attribution(model, pairs)
     for side in ("chosen", "rejected"):
         assert (tok.total(side) - tok.reward[side].double()).abs().max() < 1e-4
+    fast, naive = (path_patch(model, pairs, method=m) for m in ("fast", "naive"))
+    assert torch.allclose(fast.patched.nan_to_num(), naive.patched.nan_to_num(), atol=1e-4)
 
 
 def test_patched_readout_recomputes_the_relu_mask(models):
