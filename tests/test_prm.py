@@ -119,3 +119,17 @@ def test_which_earlier_steps_moved_step_k(models):
     local = (tok.b_O["chosen"][0].sum() + tok.mlp["chosen"][0].sum() + tok.embed["chosen"][0]
              + tok.bias["chosen"][0])
     assert abs(float(per_step.sum() + local) - float(tok.reward["chosen"][0])) < 1e-4
+
+
+def test_cache_decomposition_at_a_step(models):
+    model = models[True]
+    ids, mask = batch("left")
+    with read_step(model, 1):
+        reward, cache = model.run_with_cache(ids, attention_mask=mask)
+        rows, readout = torch.arange(4), model.readout_positions(ids, mask)
+        stack, labels = cache.decompose_resid(return_labels=True, apply_ln=False, pos_slice=None)
+        scale = cache["ln_final.hook_scale"][rows, readout]
+        dirs = model.tokens_to_residual_directions(ids)
+        terms = torch.stack([(stack[i][rows, readout] / scale * dirs).sum(-1) for i in range(len(labels))])
+        assert (terms.sum(0) + model.reward_bias_for(ids, mask) - reward).abs().max() < 1e-4
+        assert (reward - model.step_rewards(ids, attention_mask=mask)[:, 1]).abs().max() < TOL
