@@ -102,7 +102,8 @@ def smollm2_judge():
                                          input_format=JUDGE_TEMPLATE)
     in_memory = HookedRewardModel.from_judge(hf, "Yes", "No", tokenizer=tok, input_format=JUDGE_TEMPLATE)
     ids = model.to_tokens([p.prompt for p in PAIRS], [p.chosen for p in PAIRS])
-    assert torch.equal(model(**ids), in_memory(**ids))
+    args = (ids["input_ids"],), {"attention_mask": ids["attention_mask"]}
+    assert torch.equal(model(*args[0], **args[1]), in_memory(*args[0], **args[1]))
     return hf, model
 
 
