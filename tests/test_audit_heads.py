@@ -74,18 +74,14 @@ def test_audit_of_a_judge(tmp_path):
 
 def test_audit_of_qrm(tmp_path):
     from qrm_reference import save_tiny_qrm
-    from reward_lens import bundled_pairs
-    from reward_lens.app.audit import run_audit
-    from test_audit_armorm import chat_tokenizer
 
-    pairs = bundled_pairs()[:6]
-    tok = chat_tokenizer(pairs)
-    sep = tok.convert_tokens_to_ids("<sep>")
+    tok = tokenizer()
+    header = tok.encode("<|start_header_id|> assistant <|end_header_id|>", add_special_tokens=False)
     path = save_tiny_qrm(tmp_path / "qrm", vocab_size=len(tok), pad_token_id=tok.pad_token_id,
-                         gating_token_pattern=[sep])
-    model = HookedRewardModel.from_pretrained(path, tokenizer=tok)
-    run_audit(model, pairs, tmp_path / "out", batch_size=4, echo=lambda s: None)
-    results = json.loads((tmp_path / "out" / "results.json").read_text())
+                         gating_token_pattern=header)
+    tok.chat_template = TEMPLATE.replace(" <extra_0>", "")
+    tok.save_pretrained(path)
+    results, html, _ = audit(path, tmp_path)
     assert results["head_family"]["family"] == "qrm" and len(results["armorm"]["objectives"]) == 19
-    assert results["attribution_max_relative_error"] < 1e-4
     assert results["head_family"]["direction_cosine"]["to_mean_direction"]["min"] < 0.9999
+    assert "ArmoRM: gate and objectives" in html and "qrm" in html
