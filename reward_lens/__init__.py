@@ -15,8 +15,9 @@ from reward_lens.version import __version__
 from reward_lens import loading  # noqa: F401  (installs the checkpoint loaders into the model classes)
 from reward_lens.model.config import RewardModelConfig
 from reward_lens.model.heads.scalar import RewardHead
-from reward_lens.model.heads.base import read_objective
+from reward_lens.model.heads.base import read_objective, read_step
 from reward_lens.model.heads.armorm import ArmoRMHead  # registers the "armorm" head type
+from reward_lens.model.heads import JudgeHead, MLPHead, ProcessRewardHead, QRMHead  # the other head types
 from reward_lens.model.native import HookedRewardModel
 from reward_lens.model.generic.wrapper import (
     GenericHookedRewardModel,
@@ -92,7 +93,8 @@ from reward_lens.evaluation import BenchmarkResult, benchmark_pairs, evaluate
 __all__ = [
     # the model
     "ArmoRMHead", "GenericHookedRewardModel", "GenericLoadError", "GenericPathError", "GenericRewardModelConfig",
-    "HookedRewardModel", "RewardHead", "RewardModelConfig", "export_hf", "read_objective",
+    "HookedRewardModel", "JudgeHead", "MLPHead", "ProcessRewardHead", "QRMHead", "RewardHead",
+    "RewardModelConfig", "export_hf", "read_objective", "read_step",
     # data and organisms
     "PreferencePair", "TokenPair", "bundled_pairs", "demo_pairs", "load_demo_model", "load_pairs",
     "load_smollm2_organism", "smollm2_pairs",

@@ -36,6 +36,7 @@ from reward_lens.theory import detect_cascades, reward_conflicts
 from reward_lens.theory.distortion import distortion_from_model
 from reward_lens.instruments.tokens import supports_token_attribution, token_attribution
 from reward_lens.core.readout import readout_run
+from reward_lens.app.head_family import head_family_text, head_family_view
 from reward_lens.app.report import Report
 from reward_lens.app.benchmark import benchmark_outputs, benchmark_section
 
@@ -230,6 +231,7 @@ def _audit(model, pairs, *, max_pairs, batch_size, probe_items, model_label, ech
     _probe_steps(model, pairs, batch, probe_items, step, record, results)
     if is_armorm(model):
         _armorm_steps(model, pairs, batch, step, record, results)
+    _head_family_step(model, pairs, batch, step, record, results)
     if batch.backoff:
         record["batch_size_used"] = batch.size
     record["timings_s"] = step.timings
@@ -292,6 +294,15 @@ def _armorm_steps(model, pairs, batch: BatchSize, step: _Steps, record: Dict[str
     record["conflicts"] = _jsonable(conf.to_frame().to_dict("records"))
 
 
+def _head_family_step(model, pairs, batch: BatchSize, step: _Steps, record: Dict[str, Any],
+                      results: Dict[str, Any]) -> None:
+    """The head family read, and the cosine spread of per-sequence directions (app/head_family.py)."""
+
+    view = results["head_family"] = step("head family", lambda: batch.run(
+        lambda bs: head_family_view(model, pairs, bs)))
+    record["head_family"] = view["summary"]
+
+
 def _frames(results: Dict[str, Any]) -> Dict[str, pd.DataFrame]:
     """The CSV files: name -> tidy frame."""
     frames = {
@@ -305,6 +316,8 @@ def _frames(results: Dict[str, Any]) -> Dict[str, pd.DataFrame]:
         frames["token_attribution"] = results["tokens"].token_totals()
     if "armorm" in results:
         frames["armorm_objectives"] = results["armorm"]["frame"]
+    if results.get("head_family", {}).get("frame") is not None:
+        frames["head_direction_cosines"] = results["head_family"]["frame"]
     return frames
 
 
@@ -450,6 +463,11 @@ def build_report(audit: AuditResult):
              note=True)
     if "benchmark" in r:
         benchmark_section(rep, s["benchmark"], audit.frames, r["benchmark"].plot())
+    if "head_family" in r:
+        sec = rep.section("Reward head")
+        sec.text(head_family_text(s["head_family"]))
+        if r["head_family"]["frame"] is not None:
+            sec.table(r["head_family"]["frame"])
     sec = rep.section("Reward lens")
     sec.text("The reward read from the residual stream after each layer at the readout position, chosen minus "
              "rejected. 'normed' recomputes the final norm on the intermediate residual (the logit-lens analogue); "

@@ -19,5 +19,6 @@ from reward_lens.converters.registry import (
 from reward_lens.converters import llama, mistral, qwen2, qwen3  # noqa: F401,E402  (each registers itself)
 from reward_lens.converters import armorm, gemma2  # noqa: F401,E402
 from reward_lens.converters import openrlhf  # noqa: F401,E402
+from reward_lens.converters import mlp_heads, qrm  # noqa: F401,E402
 
 __all__ = ["ARCHITECTURES", "StateDict", "WeightMap", "get_weight_map", "register", "supported_architectures"]

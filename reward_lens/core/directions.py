@@ -32,10 +32,10 @@ def readout_direction(model, tok: Tokenized) -> Tuple[torch.Tensor, torch.Tensor
     """
     check_scalar_reward(model)
     B = tok.input_ids.shape[0]
-    if model.reward_head.is_gated:
-        direction = model.reward_direction_for(tok.input_ids, tok.attention_mask)
-    else:
-        direction = model.reward_direction.expand(B, -1)
+    if model.reward_head.is_gated:  # per-sequence: a gate or ReLU masks frozen (bias per sequence too)
+        direction, bias = model.reward_readout_for(tok.input_ids, tok.attention_mask)
+        return direction.detach().float(), bias.detach().float().to(direction.device)
+    direction = model.reward_direction.expand(B, -1)
     bias = torch.as_tensor(model.reward_bias).float().reshape(()).expand(B)
     return direction.detach().float(), bias.detach().to(direction.device)
 
@@ -44,5 +44,11 @@ def reward_from_final_resid(
     model, resid: torch.Tensor, direction: torch.Tensor, bias: torch.Tensor
 ) -> torch.Tensor:
     """The reward read from final residual vectors [..., d_model] with the final norm recomputed on them,
-    as the model does at its readout: direction . resid / scale(resid) + bias."""
-    return (model.ln_final.normalized(resid) * direction).sum(-1) + bias
+    as the model does at its readout: direction . resid / scale(resid) + bias; a head that is not linear
+    given its frozen direction (an MLP head: its ReLU masks) is applied to the normalised vectors itself."""
+    normalized = model.ln_final.normalized(resid)
+    if model.reward_head.nonlinear_readout:
+        gain = model.ln_final.gain
+        h = normalized if gain is None else normalized * gain.float().to(normalized.device)
+        return model.reward_head.reward_from_final(h).to(direction.device)
+    return (normalized * direction).sum(-1) + bias

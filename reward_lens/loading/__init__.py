@@ -8,7 +8,7 @@ memory at a time), `factory` (native or generic), `generic` (the generic path's 
 entry points into the model's loader table (`reward_lens.model.loaders`).
 """
 
-from reward_lens.loading import checkpoint, factory, generic, streaming
+from reward_lens.loading import checkpoint, factory, generic, judge, streaming
 from reward_lens.model.loaders import install
 
 install(
@@ -23,4 +23,5 @@ install(
     load_sequence_classifier=generic.load_sequence_classifier,
     saved_module_map=generic.saved_module_map,
     save_generic=generic.save_generic,
+    load_judge=judge.load_judge,
 )

@@ -153,11 +153,14 @@ def partitioned_source(cfg: RewardModelConfig, sd: Mapping, transform: Optional[
     return WeightSource(cfg, lambda: part(None), part, release, owned=owns_tensors(sd))
 
 
-def converted_source(hf_config: Any, sd: Mapping, source: str) -> WeightSource:
+def converted_source(hf_config: Any, sd: Mapping, source: str,
+                     weight_map: Optional[Any] = None) -> WeightSource:
     """A source converting a transformers state dict (dict or `LazyStateDict`) by its architecture's
-    weight map, one part at a time; a tensor the map needs but the checkpoint lacks is a CheckpointError."""
-    weight_map = get_weight_map(hf_config)
-    warn_if_relabelled(hf_config, weight_map.architecture)
+    weight map (or `weight_map`, e.g. a judge's), one part at a time; a tensor the map needs but the
+    checkpoint lacks is a CheckpointError."""
+    if weight_map is None:
+        weight_map = get_weight_map(hf_config)
+        warn_if_relabelled(hf_config, weight_map.architecture)
     cfg = weight_map.build_config(hf_config)
 
     def guarded(convert: Callable[[], StateDict]) -> StateDict:

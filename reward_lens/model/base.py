@@ -206,6 +206,32 @@ class RewardModelBase(HookedRootModule):
         direction = self.through_final_norm(self.reward_head.direction_for(self, input_ids, attention_mask))
         return direction.to(self.cfg.device)
 
+    def reward_readout_for(
+        self, input_ids: Int[torch.Tensor, "batch pos"], attention_mask: Optional[torch.Tensor] = None
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Per-sequence (direction [batch, d_model], bias [batch]) such that, exactly,
+        reward[b] = direction[b] . (resid_final[b, readout] / ln_final.hook_scale) + bias[b].
+
+        A linear head: `reward_direction` and `reward_bias` on every row; ArmoRM: its gate frozen; an MLP
+        head: its ReLU masks frozen at the sequence's values (so the bias is per sequence too)."""
+        direction, bias = self.reward_head.linear_readout(self, input_ids.to(self.cfg.device), attention_mask)
+        if self.ln_final.b is not None:
+            bias = bias + direction @ self.ln_final.b.to(direction.dtype)
+        return self.through_final_norm(direction).to(self.cfg.device), bias.to(self.cfg.device)
+
+    def reward_bias_for(
+        self, input_ids: Int[torch.Tensor, "batch pos"], attention_mask: Optional[torch.Tensor] = None
+    ) -> Float[torch.Tensor, "batch"]:
+        """The per-sequence bias of `reward_readout_for` (the head's bias on every row of a linear head)."""
+        return self.reward_readout_for(input_ids, attention_mask)[1]
+
+    def step_rewards(
+        self, input_ids: Int[torch.Tensor, "batch pos"], attention_mask: Optional[torch.Tensor] = None
+    ) -> Float[torch.Tensor, "batch max_steps"]:
+        """A process reward model's reward of every step [batch, max_steps] (log-odds; NaN after a
+        sequence's last step). `model(...)` returns the selected step's (default: the last)."""
+        return self.reward_head.step_rewards(self, input_ids, attention_mask)
+
     @property
     def reward_bias(self) -> torch.Tensor:
         """The reward of an all-zero normalised residual: the head's bias (+ w_R . b for a LayerNorm with bias)."""

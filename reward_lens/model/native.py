@@ -23,6 +23,7 @@ from reward_lens.model.base import RewardModelBase
 from reward_lens.model.components import Embed, RMSNorm, RotaryEmbedding, TransformerBlock, attention_masks
 from reward_lens.model.config import RewardModelConfig
 from reward_lens.model.heads import build_head
+from reward_lens.model.heads.prm import resolve_step_tag
 from reward_lens.model.loaders import loader
 from reward_lens.model.placement import head_device, module_device, resolve_devices
 from reward_lens.model.validation import check_attention_mask
@@ -80,10 +81,45 @@ class HookedRewardModel(TransformerLensConveniences, RewardModelBase):
         (`reward_lens.loading.gguf`). Other keyword arguments override config fields (e.g. `pad_token_id`).
         """
         check_input_format(input_format)
+        step_tag = kwargs.pop("step_tag", None)
         model = loader("load_pretrained")(cls, path_or_id, device=device, dtype=dtype, fold_ln=fold_ln, generic=generic,
                                         **kwargs)
         model.input_format = input_format
+        resolve_step_tag(model, step_tag)
         return set_readout(model, readout)
+
+    @classmethod
+    def from_judge(
+        cls,
+        path_or_id: Any,
+        positive: Union[str, int] = "Yes",
+        negative: Union[str, int] = "No",
+        *,
+        input_format: str = "auto",
+        device: Union[str, torch.device, None] = None,
+        dtype: Union[str, torch.dtype, None] = None,
+        gguf_file: Optional[str] = None,
+        tokenizer: Any = None,
+        fold_ln: bool = True,
+        **overrides: Any,
+    ) -> "HookedRewardModel":
+        """A generative judge read as a reward model: any causal LM (a checkpoint directory or hub id, a
+        directory with `gguf_file=`, or a transformers causal LM in memory), reward = logit(positive) -
+        logit(negative) at the last attended position of the rendered text. That is exactly linear in the
+        final residual along W_U[positive] - W_U[negative] (tied embeddings: W_E's rows), so every instrument
+        decomposes it exactly. `positive` / `negative`: one token each (a string of one token, or an id).
+        `input_format` renders (prompt, response) pairs (`to_tokens`): e.g. a template asking the question,
+        "...{prompt}...{response}... Is this response correct? Answer Yes or No.<|im_end|>\n<|im_start|>
+        assistant\n" (newlines as in the chat format).
+        """
+        check_input_format(input_format)
+        model = loader("load_judge")(cls, path_or_id, positive=positive, negative=negative,
+                                     tokenizer=tokenizer, device=device, dtype=dtype, fold_ln=fold_ln,
+                                     gguf_file=gguf_file, **overrides)
+        model.input_format = input_format
+        if input_format != "auto":  # the judge's question is part of the model: saved with it
+            model.cfg.input_format = input_format
+        return model
 
     @classmethod
     def from_hf_model(

@@ -157,6 +157,10 @@ class ArmoRMHead(RewardHeadBase):
     def is_gated(self) -> bool:
         return self._objective is None
 
+    @property
+    def family(self) -> str:
+        return "armorm"
+
     # ------------------------------------------------------------------ positions
     def readout_positions(self, input_ids: Int[torch.Tensor, "batch pos"], attention_mask=None) -> torch.Tensor:
         readout = armorm_readout_positions(input_ids, self.cfg.pad_token_id)

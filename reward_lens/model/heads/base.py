@@ -9,9 +9,15 @@ outside `reward_lens/model/heads/` asks the head through this base class, never 
     direction_for(...)   the per-sequence direction (= direction(0) for every row unless gated)
     objective_names, objective_directions(), set_objective(...)   multi-objective heads
     readout_positions(ids, mask)   where the reward is read (default: rightmost non-pad token)
+    linear_readout(model, ids, mask)   per-sequence (direction, bias): exact for the sequence, with a
+                         gate or a ReLU mask frozen at its value (one forward pass when not linear)
+    reward_from_final(h)     the head re-applied to other final states h [..., d_model] (None: linear
+                         given the frozen direction); what patched readouts are scored with
+    family               the head family a report names ("linear", "armorm", "mlp:inform", ...)
+    steps / step_rewards     process reward models: one readout per step (`read_step`)
 
 `read_objective(model, objective)` is the one context manager that makes a multi-objective model read
-one objective as its reward.
+one objective as its reward; `read_step(model, k)` makes a process reward model read step k.
 """
 
 from __future__ import annotations
@@ -59,6 +65,9 @@ class RewardHeadBase(nn.Module):
 
     # (parameter name, dim of length d_model) that the final norm's weight folds into.
     final_norm_readers: Tuple[Tuple[str, int], ...] = ()
+    # Whether a patched final state must be scored by the head itself (`reward_from_final`): True for heads
+    # not linear in h given a frozen direction (MLP heads recompute their ReLU masks).
+    nonlinear_readout: bool = False
     # Multi-objective heads list their objectives; a scalar head has none.
     objective_names: Sequence[str] = ()
 
@@ -82,6 +91,40 @@ class RewardHeadBase(nn.Module):
     def direction_for(self, model, input_ids, attention_mask=None) -> Float[torch.Tensor, "batch d_model"]:
         """The direction each sequence's reward is read along, before the final norm's weight."""
         return self.direction(0).expand(input_ids.shape[0], -1)
+
+    def linear_readout(self, model, input_ids, attention_mask=None) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(direction [batch, d_model], bias [batch]) with reward = direction . h[readout] + bias for each
+        sequence (before the final norm's weight). Linear and gated heads: `direction_for` and `bias(0)`."""
+        direction = self.direction_for(model, input_ids, attention_mask)
+        return direction, self.bias(0).expand(direction.shape[0])
+
+    def reward_from_final(self, h: Float[torch.Tensor, "... d_model"]) -> Optional[torch.Tensor]:
+        """The reward of final-norm outputs `h` when the head is not linear in them given its frozen
+        direction (an MLP head recomputes its ReLU mask); None for heads whose direction is all they need."""
+        return None
+
+    @property
+    def family(self) -> str:
+        """The head family, as reports name it."""
+        return "linear"
+
+    @property
+    def per_step(self) -> bool:
+        """Whether a sequence has one readout per step (a process reward model)."""
+        return False
+
+    def step_rewards(self, model, input_ids, attention_mask=None) -> torch.Tensor:
+        raise ValueError(f"step_rewards needs a process reward model (one readout per step); this head is "
+                         f"{type(self).__name__} ({self.family})")
+
+    def set_step(self, step: Optional[int]) -> None:
+        if step is not None:
+            raise ValueError(f"step={step!r} needs a process reward model; this head is "
+                             f"{type(self).__name__}")
+
+    @property
+    def step(self) -> Optional[int]:
+        return None
 
     def readout_positions(self, input_ids: Int[torch.Tensor, "batch pos"], attention_mask=None) -> Int[torch.Tensor, "batch"]:
         """Where the reward is read, exactly as transformers pools: the rightmost non-pad token."""
@@ -150,3 +193,23 @@ def read_objective(model, objective: Objective) -> Iterator:
         yield model
     finally:
         head.set_objective(before)
+
+
+@contextlib.contextmanager
+def read_step(model, step: Optional[int]) -> Iterator:
+    """Within the block a process reward model reads step `step` of every sequence (0-based; negative
+    counts from each sequence's last step) as its reward, so every instrument studies that step; restored
+    after. `step=None` leaves the model as it is."""
+    if step is None:
+        yield model
+        return
+    head = model.reward_head
+    if not head.per_step:
+        raise ValueError(f"read_step needs a process reward model; this model's head is "
+                         f"{type(head).__name__}")
+    before = head.step
+    head.set_step(step)
+    try:
+        yield model
+    finally:
+        head.set_step(before)

@@ -1,0 +1,67 @@
+"""The audit's head-family view: which head family the model reads its reward through, and, for heads with
+a per-sequence direction (ArmoRM's gate, an MLP head's frozen ReLU masks), how much that direction moves
+across the audited sequences (the cosine spread a user asks for first: near 1 everywhere means the head
+is close to one linear direction; low values mean each sequence is read along its own direction)."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Sequence
+
+import pandas as pd
+import torch
+
+from reward_lens.core.batching import pair_batches
+from reward_lens.core.directions import readout_direction
+
+
+def _stats(x: torch.Tensor) -> Dict[str, float]:
+    x = x.double()
+    return {"mean": float(x.mean()), "min": float(x.min()), "p05": float(torch.quantile(x, 0.05)),
+            "max": float(x.max())}
+
+
+@torch.no_grad()
+def direction_spread(model, pairs: Sequence, batch_size: int) -> Dict[str, Dict[str, float]]:
+    """Cosines of the per-sequence reward directions (chosen and rejected of every pair): to their mean
+    direction, between all pairs of sequences, and between each pair's chosen and rejected."""
+    chosen, rejected = [], []
+    for batch in pair_batches(model, pairs, batch_size):
+        chosen.append(readout_direction(model, batch.chosen)[0].cpu())
+        rejected.append(readout_direction(model, batch.rejected)[0].cpu())
+    c = torch.nn.functional.normalize(torch.cat(chosen).double(), dim=-1)
+    r = torch.nn.functional.normalize(torch.cat(rejected).double(), dim=-1)
+    every = torch.cat([c, r])
+    mean = torch.nn.functional.normalize(every.mean(0), dim=0)
+    gram = every @ every.T
+    off = gram[~torch.eye(len(every), dtype=torch.bool)]
+    return {"to_mean_direction": _stats(every @ mean), "between_sequences": _stats(off),
+            "chosen_vs_rejected": _stats((c * r).sum(-1))}
+
+
+def head_family_view(model, pairs: Sequence, batch_size: int) -> Dict[str, Any]:
+    """{"summary": what results.json records, "frame": the cosine-spread table (None for one direction)}."""
+    head = model.reward_head
+    summary: Dict[str, Any] = {"family": head.family, "head_class": type(head).__name__,
+                               "per_sequence_direction": bool(head.is_gated), "per_step": bool(head.per_step)}
+    if head.per_step:
+        summary["step_read"] = head.step
+    frame = None
+    if head.is_gated:
+        spread = direction_spread(model, pairs, batch_size)
+        summary["direction_cosine"] = spread
+        frame = pd.DataFrame([{"cosine": k, **v} for k, v in spread.items()])
+    return {"summary": summary, "frame": frame}
+
+
+def head_family_text(summary: Dict[str, Any]) -> str:
+    """The report's sentence on the head family."""
+    text = f"The reward is read through a {summary['family']} head ({summary['head_class']})."
+    if summary.get("per_step"):
+        text += (f" A process reward model: every instrument read step {summary['step_read']} "
+                 "(reward_lens.read_step).")
+    if summary["per_sequence_direction"]:
+        spread = summary["direction_cosine"]["to_mean_direction"]
+        text += (" Its reward is linear in the final residual along a per-sequence direction (a gate or ReLU "
+                 f"mask frozen at the sequence's value, exactly); the directions' cosine to their mean is "
+                 f"{spread['mean']:.3f} on average (min {spread['min']:.3f}).")
+    return text
