@@ -23,6 +23,7 @@ forward (one more forward per side of that batch): with the budget, a pre-pass c
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -36,6 +37,7 @@ from reward_lens.core.readout import Capture, capture
 from reward_lens.data.pairs import as_pairs, pair_labels
 
 SIDES = ("chosen", "rejected")
+CLEAN = "clean passes"  # the timings key of the shared captures
 KEEP_BYTES = 2**30  # clean captures kept between a pre-pass and the second pass (default budget)
 
 
@@ -164,6 +166,22 @@ class _Pass:
     extra: List[Spec]  # specs of a later pass whose reads are captured now, to keep the captures
     keep: Optional[Dict[Tuple[int, int], Shared]] = None
     keep_bytes: int = 0
+    timings: Optional[Dict[str, float]] = None
+
+
+def _timed(p: _Pass, key: str, model, fn):
+    """fn(), its seconds added to `p.timings[key]` when timings are asked for (the device synchronised)."""
+    if p.timings is None:
+        return fn()
+    cuda = torch.device(model.cfg.device).type == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    out = fn()
+    if cuda:
+        torch.cuda.synchronize()
+    p.timings[key] = p.timings.get(key, 0.0) + time.perf_counter() - start
+    return out
 
 
 def _run_pass(model, pairs, ids, p: _Pass, bs: int, within: slice, padding_side, progress,
@@ -182,12 +200,12 @@ def _run_pass(model, pairs, ids, p: _Pass, bs: int, within: slice, padding_side,
                 reads = reads.union(s.reads(model, batch))
             for s in p.pre:
                 reads = reads.union(s.pre_reads(model, batch))
-            shared = shared_batch(model, batch, reads, ids)
+            shared = _timed(p, CLEAN, model, lambda: shared_batch(model, batch, reads, ids))
         with torch.no_grad():  # the steps read the captures; only a capture itself may need a graph
             for s in p.pre:
-                pres[s.name].append(s.pre_step(model, shared))
+                pres[s.name].append(_timed(p, s.name, model, lambda: s.pre_step(model, shared)))
             for s in p.steps:
-                steps[s.name].append(s.step(model, shared))
+                steps[s.name].append(_timed(p, s.name, model, lambda: s.step(model, shared)))
         if p.keep is not None:
             size = capture_bytes(shared.caps)
             if used + size <= p.keep_bytes:
@@ -207,6 +225,7 @@ def run_pipeline(
     progress: Union[bool, str] = False,
     within: Optional[slice] = None,
     keep_bytes: int = KEEP_BYTES,
+    timings: Optional[Dict[str, float]] = None,
 ) -> Optional[Dict[str, Any]]:
     """Every spec's result over `pairs` (a dict keyed by spec name), the clean passes shared.
 
@@ -214,7 +233,8 @@ def run_pipeline(
     (whole batches of the initial batch size) and rank 0 gets the results (None on the others).
     `within`: compute only `pairs[within]` (pre-passes still cover every pair). Cost: one forward per
     side and batch (plus one backward per side where a spec reads gradients); a pre-pass adds none while
-    the captures fit in `keep_bytes`, else one forward per side of each batch beyond it.
+    the captures fit in `keep_bytes`, else one forward per side of each batch beyond it. `timings`: a dict
+    filled with seconds per spec name (its pre-steps and steps) and under "clean passes" (the captures).
     """
     pairs = as_pairs(pairs)
     names = [s.name for s in specs]
@@ -234,7 +254,8 @@ def run_pipeline(
     kept: Dict[Tuple[int, int], Shared] = {}
     pieces: Dict[str, list] = {}
     if any(s.needs_pre_pass() for s in late):
-        first = _Pass(early, [s for s in late if s.needs_pre_pass()], late, keep={}, keep_bytes=keep_bytes)
+        first = _Pass(early, [s for s in late if s.needs_pre_pass()], late, keep={}, keep_bytes=keep_bytes,
+                      timings=timings)
         steps, pres = batch.run(lambda bs: _run_pass(model, pairs, ids, first, bs, pre_span, padding_side,
                                                      progress and "pipeline (first pass)", {}))
         gathered = ranks.all_gather(to_host(pres)) if ranks.distributed else [pres]
@@ -243,7 +264,7 @@ def run_pipeline(
         pieces.update(steps)
         kept = first.keep
         early = late
-    steps, _ = batch.run(lambda bs: _run_pass(model, pairs, ids, _Pass(early, [], []), bs, shard, padding_side,
+    steps, _ = batch.run(lambda bs: _run_pass(model, pairs, ids, _Pass(early, [], [], timings=timings), bs, shard, padding_side,
                                               progress and "pipeline", kept))
     pieces.update(steps)
     parts = ranks.gather(to_host(pieces)) if ranks.distributed else [pieces]

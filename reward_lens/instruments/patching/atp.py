@@ -2,7 +2,8 @@
 
     effect(site) ~= grad_site(reward of the target run) . (patched value - clean value)
 
-summed over the patched positions. Modes, levels and positions are those of `patch` (the same targets
+summed over the patched positions (at the readout on a native model: a backward through the readout
+token alone, `readout_gradients`; elsewhere the full backward of the target's clean run). Modes, levels and positions are those of `patch` (the same targets
 and values are patched in), so the estimates line up with real patching one to one; `AtPResult.compare`
 reports the error against a `PatchResult`. Cost per target response: its forward, the source's forward
 and one backward, for all sites at once. Parameters stay frozen: the graph starts at the embedding,
@@ -23,9 +24,14 @@ from reward_lens.instruments.sites import Site, sites_for
 from reward_lens.plotting import panels, finish
 from reward_lens.results import CleanPairRewards, to_numpy
 from reward_lens.stats import spearman, spearman_rows
+from reward_lens.model.hooks import act_name, resid_entering
+from reward_lens.model.placement import block_device
+from reward_lens.core.directions import reward_from_final_resid
 from reward_lens.core.pipeline import Reads, Shared, run_pipeline
+from reward_lens.core.readout import Capture
 from reward_lens.core.ranks import Ranks
 from reward_lens.instruments.patching.contrastive import MeansPrePass, PatchResult
+from reward_lens.instruments.patching.engines import readout_capture_names, readout_recompute_exact
 from reward_lens.instruments.patching.positions import patch_positions, select, site_values
 from reward_lens.instruments.patching.spec import SOURCE, TARGETS, check_options
 
@@ -161,14 +167,64 @@ class AtPResult(CleanPairRewards):
         return AtPComparison(pd.concat(rows, ignore_index=True), pd.DataFrame(metrics))
 
 
+def readout_gradients(model, cap: Capture, sites: Sequence[Site], direction: torch.Tensor,
+                      bias: torch.Tensor) -> Dict[str, torch.Tensor]:
+    """Site name -> d reward / d its activation at the readout [batch, ...site shape], by a backward
+    through the readout token alone. Exact where the readout engine is (`readout_recompute_exact`): an
+    activation at the readout reaches the reward through the readout's own later states only (its key
+    and value included; earlier positions' keys and values are constants), so one single-token chain
+    through the blocks' readout steps, on the cached keys and values of `cap`, has every gradient."""
+    L = model.cfg.n_layers
+    tok, acts = cap.tok, cap.at_readout
+    device = tok.input_ids.device
+    B, T = tok.input_ids.shape
+    readout, mask = tok.readout.to(device), tok.attention_mask.to(device)
+    position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    head_layers = sorted({s.layer for s in sites if s.kind == "head"})
+    with torch.enable_grad():
+        x = acts[resid_entering(0, L)].detach()[:, None].requires_grad_(True)  # [B, 1, d]
+        cos, sin = model.rotary(position_ids[torch.arange(B, device=device), readout][:, None], x.dtype)
+        before = mask.bool() & (torch.arange(T, device=device)[None] < readout[:, None])
+        pre, mid, zs = [x], [], []
+        for l in range(L):
+            block, here = model.blocks[l], block_device(model, l)
+            past_k, past_v = (cap.full[name].to(here) for name in block.readout_kv_hooks)
+            m = block.readout_attn(pre[-1].to(here), cos.to(here), sin.to(here), past_k, past_v, before.to(here),
+                                   readout.to(here))
+            if l in head_layers:  # z enters through what the output map writes; the value stays exactly m
+                z = acts[act_name("z", l)].detach().to(here).requires_grad_(True)
+                written = block.attn_post(block.attn.project_z(z))[:, None]
+                m = m + (written - written.detach())
+                zs.append(z)
+            mid.append(m)
+            pre.append(block.readout_mlp(m))
+        reward = reward_from_final_resid(model, pre[-1][:, 0].to(device), direction, bias)
+        grads = torch.autograd.grad(reward.float().sum(), pre + mid + zs)  # one backward for every site
+    g_pre, g_mid = [g[:, 0] for g in grads[:L + 1]], [g[:, 0] for g in grads[L + 1:2 * L + 1]]
+    g_z = {l: g.to(device) for l, g in zip(head_layers, grads[2 * L + 1:])}
+    out: Dict[str, torch.Tensor] = {}
+    for site in sites:
+        if site.kind in ("embed", "resid"):
+            out[site.name] = g_pre[site.layer if site.kind == "resid" else 0].to(device)
+        elif site.kind == "attn":
+            out[site.name] = g_mid[site.layer].to(device)
+        elif site.kind == "mlp":
+            out[site.name] = g_pre[site.layer + 1].to(device)
+        else:
+            out[site.name] = g_z[site.layer][:, site.head]
+    return out
+
+
 @torch.no_grad()
 def atp_estimates(model, shared: Shared, sites: Sequence[Site], modes: Sequence[str], positions: str,
                   means: Optional[Dict[str, torch.Tensor]]) -> Dict[Tuple[str, str], torch.Tensor]:
-    """(mode, target) -> [batch, n_sites] estimates of one batch from its clean captures (the targets'
-    with gradients)."""
+    """(mode, target) -> [batch, n_sites] estimates of one batch from its clean captures: the targets'
+    gradients from the full backward of their capture, or (readout positions, no gradients captured)
+    from `readout_gradients`."""
     L = model.cfg.n_layers
     batch, caps = shared.batch, shared.caps
     out: Dict[Tuple[str, str], torch.Tensor] = {}
+    at_readout: Dict[str, Dict[str, torch.Tensor]] = {}
     for m in modes:
         src = caps[SOURCE[m]] if m in SOURCE else None
         for target in TARGETS[m]:
@@ -177,12 +233,18 @@ def atp_estimates(model, shared: Shared, sites: Sequence[Site], modes: Sequence[
             pos = patch_positions(batch, positions, tok, src.tok if src else None, shared.pair_ids)
             rows, t_pos = pos.t_rows.to(tok.input_ids.device), pos.t_pos.to(tok.input_ids.device)
             B = tok.input_ids.shape[0]
+            chain = not cap.grads
+            if chain and target not in at_readout:
+                at_readout[target] = readout_gradients(model, cap, sites, *shared.direction(model, target))
             est = []
             for site in sites:
                 h = site.hook_name(L)
                 new = site_values(model, site, m, pos, src, means, positions).float()
-                old = select(site, cap.full[h])[rows, t_pos].float()
-                g = select(site, cap.grads[h])[rows, t_pos].float()
+                if chain:  # readout positions: one row per target row
+                    old, g = select(site, cap.at_readout[h]).float(), at_readout[target][site.name].float()
+                else:
+                    old = select(site, cap.full[h])[rows, t_pos].float()
+                    g = select(site, cap.grads[h])[rows, t_pos].float()
                 per_position = (g * (new - old)).sum(-1)
                 est.append(torch.zeros(B, device=per_position.device).index_add_(0, rows, per_position))
             out[(m, target)] = torch.stack(est, -1)
@@ -212,11 +274,20 @@ class AtPSpec(MeansPrePass):
 
     def reads(self, model, batch) -> Reads:
         out = Reads()
+        chain_names, kv = readout_capture_names(model, self.sites)
         for side in ("chosen", "rejected"):
-            out.grads[side] = list(self.hooks) if any(side in TARGETS[m] for m in self.modes) else []
             source = any(SOURCE.get(m) == side for m in self.modes)
             out.readout[side] = list(self.hooks) if source and self.positions == "readout" else []
             out.full[side] = list(self.hooks) if source and self.positions != "readout" else []
+            out.grads[side] = []
+            if not any(side in TARGETS[m] for m in self.modes):
+                continue
+            if self.positions == "readout" and readout_recompute_exact(model, getattr(batch, side)):
+                # gradients by a backward through the readout token alone (`readout_gradients`)
+                out.readout[side] = list(dict.fromkeys(out.readout[side] + self.hooks + chain_names))
+                out.full[side] = list(dict.fromkeys(out.full[side] + kv))
+            else:
+                out.grads[side] = list(self.hooks)
         return out
 
     def step(self, model, shared: Shared) -> "AtPResult":
