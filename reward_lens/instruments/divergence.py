@@ -194,12 +194,13 @@ class DivergenceSpec(Spec):
                  reference: Optional[Dict[str, PCAMahalanobis]] = None):
         self.mode, self.target, self.level, self.layers, self.state = mode, target, level, layers, state
         self.method, self.n_components, self.quantile = method, n_components, quantile
-        self.max_reference, self.means, self.reference = max_reference, means, reference
+        self.max_reference, self.given_means, self.given_reference = max_reference, means, reference
 
     def setup(self, model, pairs) -> None:
         self.target = _check_divergence_options(model, pairs, self.mode, self.target, self.method, self.state,
                                                 self.quantile)
         L = model.cfg.n_layers
+        self.means, self.reference = self.given_means, self.given_reference  # pre-pass state: per call
         self.sites = sites_for(model.cfg, self.level, self.layers)
         self.hooks = [state_hook(s, L, self.state) for s in self.sites]
         self.site_hooks = sorted({s.hook_name(L) for s in self.sites})

@@ -263,13 +263,14 @@ class AtPSpec(MeansPrePass):
                  means: Optional[Dict[str, torch.Tensor]] = None, name: Optional[str] = None):
         self.modes = [mode] if isinstance(mode, str) else list(dict.fromkeys(mode))
         check_options(self.modes, positions, "fast")
-        self.level, self.positions, self.layers, self.means = level, positions, layers, means
+        self.level, self.positions, self.layers, self.means, self.given_means = level, positions, layers, means, means
         self.name = name or "atp"
 
     def setup(self, model, pairs) -> None:
         if self.level is None:  # components, and heads where the model has per-head hooks (native architectures)
             self.level = ("component", "head") if model.has_head_hooks else "component"
         self.sites = sites_for(model.cfg, self.level, self.layers)
+        self.means = self.given_means  # a spec used again computes its pre-pass again
         self.hooks = sorted({s.hook_name(model.cfg.n_layers) for s in self.sites})
 
     def reads(self, model, batch) -> Reads:

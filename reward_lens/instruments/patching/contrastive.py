@@ -245,8 +245,10 @@ class MeansPrePass(Spec):
     sites: List[Site]
     positions: str
 
+    given_means: Optional[Dict[str, torch.Tensor]] = None
+
     def needs_pre_pass(self) -> bool:
-        return "mean" in self.modes and self.means is None
+        return "mean" in self.modes and self.given_means is None
 
     def pre_reads(self, model, batch) -> Reads:
         return means_reads(model, self.sites, self.positions)
@@ -269,12 +271,13 @@ class PatchSpec(MeansPrePass):
         self.modes = [mode] if isinstance(mode, str) else list(dict.fromkeys(mode))
         check_options(self.modes, positions, method)
         self.level, self.positions, self.layers, self.method = level, positions, layers, method
-        self.max_rows, self.means = max_rows, means
+        self.max_rows, self.means, self.given_means = max_rows, means, means
         levels = [level] if isinstance(level, str) else list(level)
         self.name = name or ("patch" if levels == ["component"] else "patch:" + "+".join(levels))
 
     def setup(self, model, pairs) -> None:
         self.sites = sites_for(model.cfg, self.level, self.layers)
+        self.means = self.given_means  # a spec used again computes its pre-pass again
 
     def reads(self, model, batch) -> Reads:
         reads, _ = clean_reads(model, batch, self.sites, self.modes, self.positions, self.method)
