@@ -15,8 +15,17 @@ from reward_lens.core.pipeline import run_pipeline
 from reward_lens.core.ranks import Ranks
 from reward_lens.data.pairs import TokenPair
 from reward_lens.instruments import (
-    AtPSpec, AttributionSpec, DivergenceSpec, LensSpec, PatchSpec, attribute, attribution_patch, divergence_patch,
-    lens, patch, token_attribution,
+    AtPSpec,
+    AttributionSpec,
+    DivergenceSpec,
+    LensSpec,
+    PatchSpec,
+    attribute,
+    attribution_patch,
+    divergence_patch,
+    lens,
+    patch,
+    token_attribution,
 )
 from reward_lens.instruments.tokens import TokenSpec
 
@@ -25,15 +34,21 @@ ONE = Ranks()  # one process, whatever process group a test run may have joined
 
 
 def specs(divergence: bool = True):
-    out = [LensSpec(), AttributionSpec(heads=True), PatchSpec(mode=MODES, level="component"),
-           PatchSpec(mode="noising", level="head"), AtPSpec(mode=MODES, level=["component", "head"])]
+    out = [
+        LensSpec(),
+        AttributionSpec(heads=True),
+        PatchSpec(mode=MODES, level="component"),
+        PatchSpec(mode="noising", level="head"),
+        AtPSpec(mode=MODES, level=["component", "head"]),
+    ]
     return out + ([DivergenceSpec()] if divergence else [])
 
 
 def alone(model, pairs, bs, divergence: bool = True):
     kw = dict(batch_size=bs, progress=False)
     out = {
-        "lens": lens(model, pairs, **kw), "attribution": attribute(model, pairs, heads=True, **kw),
+        "lens": lens(model, pairs, **kw),
+        "attribution": attribute(model, pairs, heads=True, **kw),
         "patch": patch(model, pairs, mode=MODES, level="component", **kw),
         "patch:head": patch(model, pairs, mode="noising", level="head", **kw),
         "atp": attribution_patch(model, pairs, mode=MODES, level=["component", "head"], **kw),
@@ -85,8 +100,12 @@ def count_forwards(model, monkeypatch):
 
 def test_clean_passes_run_once_per_batch_and_side(llama_model, monkeypatch, count_readout_sweeps):
     pairs, bs = token_pairs(7), 3  # 3 batches
-    request = [LensSpec(), AttributionSpec(heads=True), PatchSpec(mode=MODES, level="component"),
-               AtPSpec(mode=MODES, level=["component", "head"])]
+    request = [
+        LensSpec(),
+        AttributionSpec(heads=True),
+        PatchSpec(mode=MODES, level="component"),
+        AtPSpec(mode=MODES, level=["component", "head"]),
+    ]
     calls = count_forwards(llama_model, monkeypatch)
     run_pipeline(llama_model, pairs, request, batch_size=bs, ranks=ONE)
     assert len(calls) == 2 * 3 and set(calls) == {None}  # mean ablation's pre-pass kept its captures

@@ -50,9 +50,13 @@ class Reads:
     grads: Dict[str, List[str]] = field(default_factory=dict)
 
     @classmethod
-    def both(cls, readout: Sequence[str] = (), full: Sequence[str] = (), grads: Sequence[str] = ()) -> "Reads":
+    def both(
+        cls, readout: Sequence[str] = (), full: Sequence[str] = (), grads: Sequence[str] = ()
+    ) -> "Reads":
         """The same names from both sides."""
-        return cls({s: list(readout) for s in SIDES}, {s: list(full) for s in SIDES}, {s: list(grads) for s in SIDES})
+        return cls(
+            {s: list(readout) for s in SIDES}, {s: list(full) for s in SIDES}, {s: list(grads) for s in SIDES}
+        )
 
     def union(self, other: "Reads") -> "Reads":
         out = Reads()
@@ -116,7 +120,9 @@ def merge_results(parts: Sequence[Any], pair_ids: List[str]) -> Any:
     result's own `after_merge()` (statistics over all pairs), if it has one."""
     parts = [p for p in parts if p is not None]
     if len(parts) == 1:
-        out = dataclasses.replace(parts[0], pair_ids=pair_ids) if _has_field(parts[0], "pair_ids") else parts[0]
+        out = (
+            dataclasses.replace(parts[0], pair_ids=pair_ids) if _has_field(parts[0], "pair_ids") else parts[0]
+        )
     else:
         values = {}
         for f in dataclasses.fields(parts[0]):
@@ -152,8 +158,16 @@ def capture_bytes(caps: Dict[str, Capture]) -> int:
 
 def shared_batch(model, batch: PairBatch, reads: Reads, pair_ids: List[str]) -> Shared:
     """The clean capture of both sides of `batch`: one forward each (and one backward where gradients are read)."""
-    caps = {side: capture(model, getattr(batch, side), reads.readout.get(side, ()), reads.full.get(side, ()),
-                          reads.grads.get(side, ())) for side in SIDES}
+    caps = {
+        side: capture(
+            model,
+            getattr(batch, side),
+            reads.readout.get(side, ()),
+            reads.full.get(side, ()),
+            reads.grads.get(side, ()),
+        )
+        for side in SIDES
+    }
     return Shared(batch, caps, pair_ids[batch.index])
 
 
@@ -184,8 +198,17 @@ def _timed(p: _Pass, key: str, model, fn):
     return out
 
 
-def _run_pass(model, pairs, ids, p: _Pass, bs: int, within: slice, padding_side, progress,
-              kept: Dict[Tuple[int, int], Shared]) -> Tuple[Dict[str, list], Dict[str, list]]:
+def _run_pass(
+    model,
+    pairs,
+    ids,
+    p: _Pass,
+    bs: int,
+    within: slice,
+    padding_side,
+    progress,
+    kept: Dict[Tuple[int, int], Shared],
+) -> Tuple[Dict[str, list], Dict[str, list]]:
     steps: Dict[str, list] = {s.name: [] for s in p.steps}
     pres: Dict[str, list] = {s.name: [] for s in p.pre}
     used = 0
@@ -254,18 +277,38 @@ def run_pipeline(
     kept: Dict[Tuple[int, int], Shared] = {}
     pieces: Dict[str, list] = {}
     if any(s.needs_pre_pass() for s in late):
-        first = _Pass(early, [s for s in late if s.needs_pre_pass()], late, keep={}, keep_bytes=keep_bytes,
-                      timings=timings)
-        steps, pres = batch.run(lambda bs: _run_pass(model, pairs, ids, first, bs, pre_span, padding_side,
-                                                     progress and "pipeline (first pass)", {}))
+        first = _Pass(
+            early,
+            [s for s in late if s.needs_pre_pass()],
+            late,
+            keep={},
+            keep_bytes=keep_bytes,
+            timings=timings,
+        )
+        steps, pres = batch.run(
+            lambda bs: _run_pass(
+                model, pairs, ids, first, bs, pre_span, padding_side, progress and "pipeline (first pass)", {}
+            )
+        )
         gathered = ranks.all_gather(to_host(pres)) if ranks.distributed else [pres]
         for s in first.pre:
             s.pre_finish(model, [p for part in gathered for p in part[s.name]])
         pieces.update(steps)
         kept = first.keep
         early = late
-    steps, _ = batch.run(lambda bs: _run_pass(model, pairs, ids, _Pass(early, [], [], timings=timings), bs, shard, padding_side,
-                                              progress and "pipeline", kept))
+    steps, _ = batch.run(
+        lambda bs: _run_pass(
+            model,
+            pairs,
+            ids,
+            _Pass(early, [], [], timings=timings),
+            bs,
+            shard,
+            padding_side,
+            progress and "pipeline",
+            kept,
+        )
+    )
     pieces.update(steps)
     parts = ranks.gather(to_host(pieces)) if ranks.distributed else [pieces]
     if not ranks.is_main:

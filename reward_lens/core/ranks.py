@@ -102,6 +102,7 @@ def to_host(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
         return type(obj)(to_host(v) for v in obj)
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return dataclasses.replace(obj, **{f.name: to_host(getattr(obj, f.name)) for f in dataclasses.fields(obj)
-                                           if f.init})
+        return dataclasses.replace(
+            obj, **{f.name: to_host(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.init}
+        )
     return obj

@@ -252,11 +252,10 @@ def atp_estimates(model, shared: Shared, sites: Sequence[Site], modes: Sequence[
 
 
 class AtPSpec(MeansPrePass):
-    """Attribution patching as a pipeline instrument (the options of `attribution_patch`): reads the
-    sites' activations and gradients of each target (one backward per target side, shared by the modes
-    and levels) and the sources' sites. Name: "atp", or "atp:" + levels when `level` is given."""
-
-    needs_gradients = True
+    """Attribution patching as a pipeline instrument (the options of `attribution_patch`): reads each
+    target's sites with their gradients (at the readout of a native model: the readout engine's states,
+    for `readout_gradients`; else the whole sites with the capture's full backward, one per target side,
+    shared by the modes and levels) and the sources' sites. Name: "atp" unless given."""
 
     def __init__(self, mode: Union[str, Sequence[str]] = "noising", level: Union[str, Sequence[str], None] = None,
                  positions: str = "readout", layers: Optional[Sequence[int]] = None,
@@ -275,7 +274,6 @@ class AtPSpec(MeansPrePass):
 
     def reads(self, model, batch) -> Reads:
         out = Reads()
-        chain_names, kv = readout_capture_names(model, self.sites)
         for side in ("chosen", "rejected"):
             source = any(SOURCE.get(m) == side for m in self.modes)
             out.readout[side] = list(self.hooks) if source and self.positions == "readout" else []
@@ -285,6 +283,7 @@ class AtPSpec(MeansPrePass):
                 continue
             if self.positions == "readout" and readout_recompute_exact(model, getattr(batch, side)):
                 # gradients by a backward through the readout token alone (`readout_gradients`)
+                chain_names, kv = readout_capture_names(model, self.sites)
                 out.readout[side] = list(dict.fromkeys(out.readout[side] + self.hooks + chain_names))
                 out.full[side] = list(dict.fromkeys(out.full[side] + kv))
             else:
