@@ -177,9 +177,9 @@ def main(argv=None) -> int:
     out, took = timed(dev, lambda: run_pipeline(model, pairs, specs(), batch_size=batch, ranks=Ranks(), timings=spent))
     peak = peak_memory_gib(dev)
     # Per stage: its own computation on the shared captures; the clean passes (one forward per side and
-    # batch, with AtP's backward) are shared by all of them and get their own row.
+    # batch) are shared by all of them and get their own row.
     rows = [(stage, spent.get(key, 0.0)) for stage, key in SPECS] + [
-        ("shared clean passes (forward + AtP backward)", spent.get(CLEAN, 0.0)),
+        ("shared clean passes (one forward per side and batch)", spent.get(CLEAN, 0.0)),
         ("pipeline total", took)]
     for stage, seconds in rows:
         print(f"| {stage} | {seconds:.4f} | {len(pairs) / max(seconds, 1e-9):.1f} | {peak:.2f} |", flush=True)
