@@ -14,7 +14,8 @@ import sys
 import torch
 
 from reward_lens import HookedRewardModel
-from reward_lens.model.loading import load_hf_config, resolve_checkpoint_dir, resolve_dtype
+from reward_lens.loading.checkpoint import load_hf_config, resolve_checkpoint_dir
+from reward_lens.model.devices import resolve_dtype
 
 DEFAULT_PAIRS = [
     ("What is the capital of France?", "The capital of France is Paris."),

@@ -33,7 +33,7 @@ import torch
 
 from reward_lens.core.autobatch import BatchSize
 from reward_lens.core.pipeline import Spec, merge_results, run_pipeline
-from reward_lens.core.ranks import Ranks, current, to_host  # noqa: F401  (re-exported: their old home)
+from reward_lens.core.ranks import Ranks, current, to_host  # noqa: F401  (part of this module's API)
 from reward_lens.data.pairs import as_pairs
 from reward_lens.instruments import divergence as div_mod
 from reward_lens.instruments.attribution import AttributionSpec

@@ -21,7 +21,7 @@ from reward_lens import PreferencePair, load_demo_model, load_pairs
 from reward_lens.app import audit as audit_module
 from reward_lens.app.cli import main
 from reward_lens.app.output import MARKER, ReportDir
-from reward_lens.core.validation import safe_ratio
+from reward_lens.model.validation import safe_ratio
 
 PAIRS = [
     {"prompt": "What is 2+2?", "chosen": "2+2 is 4.", "rejected": "2+2 is 5."},

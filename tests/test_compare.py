@@ -11,7 +11,7 @@ import torch
 from helpers import tiny_hf_model
 
 from reward_lens import HookedRewardModel
-from reward_lens.instruments.compare import (
+from reward_lens.app.compare import (
     compare_models,
     compare_profiles,
     compare_report_sections,

@@ -10,7 +10,8 @@ from helpers import one_thread, tiny_tokenizer, token_pairs  # noqa: F401
 
 from reward_lens import HookedRewardModel
 from reward_lens.data.pairs import PreferencePair, TokenPair, as_pairs, bundled_pairs, load_pairs
-from reward_lens.core.readout import readout_direction, reward_from_final_resid, tokenize_pair_batch
+from reward_lens.core.directions import readout_direction, reward_from_final_resid
+from reward_lens.core.batching import tokenize_pair_batch
 
 ROWS = [
     {"prompt": "p1", "chosen": "good", "rejected": "bad", "subset": "chat", "id": 7},

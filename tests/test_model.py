@@ -167,7 +167,7 @@ def test_unknown_architecture_lists_supported(tmp_path):
     cfg = transformers.LlamaConfig(vocab_size=10, hidden_size=8, intermediate_size=8, num_hidden_layers=1,
                                    num_attention_heads=2)
     cfg.architectures = ["FancyNewForSequenceClassification"]
-    from reward_lens.model.loading import convert_state_dict
+    from reward_lens.loading.checkpoint import convert_state_dict
 
     with pytest.raises(ValueError) as err:
         convert_state_dict(HookedRewardModel, cfg, {})

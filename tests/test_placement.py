@@ -17,8 +17,8 @@ import pytest
 import torch
 from helpers import tiny_hf_model, token_pairs
 
-import reward_lens.instruments.patching.engines as engines_module
 import reward_lens.model.native as native_module
+import reward_lens.model.recompute as recompute_module
 from reward_lens import HookedRewardModel
 from reward_lens.instruments import attribute, attribution_patch, lens, patch
 from reward_lens.instruments.patching.path import path_patch
@@ -155,7 +155,7 @@ def test_placed_on_cpu_devices_equals_single_device(sharded_dir, monkeypatch):
         return wrapped
 
     monkeypatch.setattr(native_module, "module_device", counting("forward", native_module.module_device))
-    monkeypatch.setattr(engines_module, "block_device", counting("engine", engines_module.block_device))
+    monkeypatch.setattr(recompute_module, "block_device", counting("engine", recompute_module.block_device))
     ids = torch.randint(1, 97, (3, 9))
     expected = single(ids)
     moved["forward"] = 0

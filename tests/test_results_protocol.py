@@ -3,6 +3,10 @@ DataFrame, summary() a DataFrame, plot() a new Figure and plot(ax=...) the given
 plots: one Axes split into panels, or one Axes per panel); the model's rewards are reward_chosen /
 reward_rejected [n_pairs] with reward_gap, and the old names are aliases of the same tensors."""
 
+import importlib
+import inspect
+import pkgutil
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -15,22 +19,41 @@ import pytest
 import torch
 
 from organism import concept_items, organism, quality_pairs, single_thread  # noqa: F401 (single_thread: autouse)
+import reward_lens
 from reward_lens import (
     attribute, attribution_patch, compare_models, concept_vector, demo_pairs, distortion_index, divergence_patch,
     dose_response, edit_reward, faithfulness, feature_ablation, feature_alignment, feature_attribution, lens,
-    load_demo_model, patch, reward_conflicts, run_probes, train_sae,
+    load_demo_model, patch, path_patch, reward_conflicts, run_probes, token_attribution, train_sae,
 )
 from reward_lens.app.audit import run_audit
+from reward_lens.app.monitor import MonitorRun
+from reward_lens.integrations.signals import measure, score_batch
 from reward_lens.results import PairRewards, Result
 from reward_lens.theory import detect_cascades
 
 N_PAIRS = 6
-NAMES = [
-    "LensResult", "AttributionResult", "PatchResult", "AtPResult", "AtPComparison", "FaithfulnessResult",
-    "DivergenceResult", "ProbeResult", "CascadeResult", "ConflictResult", "DistortionResult", "ComparisonResult",
-    "ModelProfile", "AuditResult", "SAEMetrics", "FeatureAlignment", "FeatureAttribution", "FeatureAblation",
-    "ConceptVector", "DoseResponse", "RewardEdit",
-]
+
+
+def result_classes():
+    """Every class defined in reward_lens that has to_frame, summary and plot: the result classes, found
+    by walking the package (a new result class is tested without editing a list)."""
+    found = set()
+    for info in pkgutil.walk_packages(reward_lens.__path__, "reward_lens."):
+        if info.name == "reward_lens.__main__":
+            continue
+        module = importlib.import_module(info.name)
+        for name, cls in inspect.getmembers(module, inspect.isclass):
+            if cls.__module__ == module.__name__ and cls is not Result and not getattr(cls, "_is_protocol", False) \
+                    and all(callable(getattr(cls, m, None)) for m in ("to_frame", "summary", "plot")):
+                found.add(name)
+    return sorted(found)
+
+
+NAMES = result_classes()
+
+
+def test_result_classes_are_found():
+    assert {"LensResult", "PatchResult", "PathPatchResult", "TokenAttributionResult", "AuditResult"} <= set(NAMES)
 
 
 def _instrument_results(out):
@@ -50,6 +73,8 @@ def _instrument_results(out):
     comparison = out["ComparisonResult"] = compare_models({"a": model, "b": model}, pairs, n_boot=20)
     out["ModelProfile"] = comparison.profiles["a"]
     out["AuditResult"] = run_audit(model, pairs[:4], None, echo=lambda line: None)
+    out["PathPatchResult"] = path_patch(model, pairs[:3], ["L0H0", "mlp_L0"], ["L1H1.q", "readout"])
+    out["TokenAttributionResult"] = token_attribution(model, pairs[:3], batch_size=8)
 
 
 def _plain_data_results(out):
@@ -75,13 +100,24 @@ def _representation_results(out):
     out["FeatureAblation"] = feature_ablation(o.model, sae, pairs, n_features=3)
 
 
+def _monitoring_results(out):
+    model = load_demo_model()
+    pairs = demo_pairs()[:N_PAIRS]
+    prompts, responses = [p.prompt for p in pairs], [p.chosen for p in pairs]
+    out["BatchSignals"] = score_batch(model, prompts, responses)
+    baseline, later = measure(model, prompts, responses, n_boot=50), measure(model, prompts, responses[::-1], n_boot=50)
+    out["MonitorRun"] = MonitorRun({"kind": "run"}, [{"kind": "baseline", "step": 0, "metrics": baseline},
+                                                     {"kind": "check", "step": 10, "metrics": later, "flags": ["reward"]}])
+
+
 @pytest.fixture(scope="module")
 def results():
     out = {}
     _instrument_results(out)
     _plain_data_results(out)
     _representation_results(out)
-    assert sorted(out) == sorted(NAMES)
+    _monitoring_results(out)
+    assert sorted(out) == sorted(NAMES), "build an instance of every result class found in reward_lens"
     yield out
     plt.close("all")
 

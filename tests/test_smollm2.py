@@ -17,7 +17,7 @@ import torch
 from reward_lens import HookedRewardModel, attribute, concept_vector, lens, patch, run_probes
 from reward_lens.data.pairs import PreferencePair
 from reward_lens.demo import smollm2 as organism
-from reward_lens.model import gguf as gguf_loading
+from reward_lens.loading import gguf as gguf_loading
 
 
 def skip_reason():

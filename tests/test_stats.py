@@ -88,7 +88,7 @@ def test_crystallization_depth_matches_the_rule_written_out(rtol, atol):
 
 
 def test_lens_and_compare_use_the_one_rule():
-    from reward_lens.instruments.compare import crystallization_depths
+    from reward_lens.app.compare import crystallization_depths
     from reward_lens.instruments.lens import LensResult
 
     rng = np.random.default_rng(5)

@@ -15,9 +15,6 @@ import reward_lens
 
 PACKAGE = Path(reward_lens.__file__).parent
 ROOT = "reward_lens"
-# The one module allowed to reach back into the package: the old-path alias finder, which imports the
-# modules it aliases by name at run time only.
-EXEMPT = {"reward_lens._legacy"}
 
 
 def module_files() -> Dict[str, Path]:
@@ -63,9 +60,6 @@ def import_graph() -> Dict[str, Set[str]]:
     modules = set(files)
     graph: Dict[str, Set[str]] = {}
     for module, path in files.items():
-        if module in EXEMPT:
-            graph[module] = set()
-            continue
         targets = set()
         for target, _ in imports_of(module, path, modules):
             # importing a.b.c runs a and a.b too; a package's __init__ is the package's public face,
@@ -129,14 +123,76 @@ def test_no_private_names_imported_across_modules():
     modules = set(files)
     bad = []
     for module, path in files.items():
-        if module in EXEMPT:
-            continue
         for target, name in imports_of(module, path, modules):
             if name.startswith("_") and not name.startswith("__") and target != module:
                 bad.append(f"{module} imports {target}.{name}")
-            if any(part.startswith("_") for part in target.split(".")) and target not in EXEMPT:
+            if any(part.startswith("_") for part in target.split(".")):
                 bad.append(f"{module} imports private module {target}")
     assert not bad, "\n".join(bad)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Layers: each top-level part of the package imports only from the layers below it (siblings in one layer
+# not at all), so no two subpackages import each other.
+
+LAYERS = [
+    {"version", "data", "stats", "results", "plotting"},
+    {"model"},
+    {"converters"},
+    {"loading"},
+    {"core"},
+    {"demo"},
+    {"instruments", "representations", "theory"},
+    {"probes"},
+    {"distributed"},
+    {"integrations"},
+    {"app"},
+    {"__main__", "__init__"},
+]
+
+
+def part_of(module: str) -> str:
+    """The top-level part of the package a module belongs to ("__init__" for the package root)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def layer_of(part: str) -> int:
+    for i, layer in enumerate(LAYERS):
+        if part in layer:
+            return i
+    raise AssertionError(f"reward_lens.{part} is in no layer: add it to LAYERS in tests/test_structure.py")
+
+
+def layer_violations(graph: Dict[str, Set[str]]) -> List[str]:
+    bad = []
+    for module, targets in graph.items():
+        src = part_of(module)
+        for target in targets:
+            dst = part_of(target)
+            if dst != src and target != ROOT and layer_of(dst) >= layer_of(src):
+                bad.append(f"{module} ({src}) imports {target} ({dst}), which is not in a lower layer")
+    return sorted(bad)
+
+
+def test_layers_import_only_downwards():
+    graph = import_graph()
+    assert not layer_violations(graph), "\n".join(layer_violations(graph))
+
+
+def test_layer_check_finds_a_back_edge():
+    graph = {"reward_lens.model.native": {"reward_lens.loading.factory"}, "reward_lens.loading.factory": set()}
+    assert layer_violations(graph) == [
+        "reward_lens.model.native (model) imports reward_lens.loading.factory (loading), which is not in a lower layer"
+    ]
+
+
+def test_no_compatibility_shims():
+    """No old-path alias finder and no re-exports kept for old import paths."""
+    assert not (PACKAGE / "_legacy.py").exists()
+    offenders = [name for name, path in module_files().items() if "re-exported" in path.read_text()
+                 or "old home" in path.read_text() or "kept for one release" in path.read_text()]
+    assert not offenders, offenders
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -169,13 +225,13 @@ def test_small_units():
 
 
 def test_hook_names_come_from_model_hooks():
-    """No hand-built hook-name f-strings outside reward_lens/model/ (converters build weight names)."""
+    """No hand-built hook-name f-strings outside reward_lens/model/ (converters and loading build weight names)."""
     import re
 
     pattern = re.compile(r"""f["'](blocks\.\{|hook_|ln_final\.hook|reward_head\.hook)""")
     offenders = [
         f"{name}:{i}" for name, path in module_files().items()
-        if not name.startswith(("reward_lens.model", "reward_lens.converters"))
+        if not name.startswith(("reward_lens.model", "reward_lens.converters", "reward_lens.loading"))
         for i, line in enumerate(path.read_text().splitlines(), 1) if pattern.search(line)
     ]
     assert not offenders, offenders
@@ -186,5 +242,66 @@ def test_heads_are_asked_not_string_checked():
     offenders = [
         name for name, path in module_files().items()
         if not name.startswith("reward_lens.model.heads") and ("head_type ==" in path.read_text() or "head_type !=" in path.read_text())
+    ]
+    assert not offenders, offenders
+
+
+# ---------------------------------------------------------------------------------------------------
+# The model owns every way of running itself: instruments say what to read, substitute and reduce.
+
+MODEL_ARITHMETIC = {
+    "softmax": r"softmax",
+    "rotary tables": r"\.rotary\b|apply_rotary",
+    "attention scale": r"attn_scale",
+    "sliding windows": r"window",
+    "position ids": r"cumsum\(\s*-1\s*\)\s*-\s*1|position_ids",
+    "soft-caps": r"soft_cap",
+    "fused attention": r"scaled_dot_product_attention",
+}
+
+
+def code_only(source: str) -> str:
+    """The source without comments and string literals (docstrings may describe what code must not do)."""
+    import io
+    import tokenize
+
+    kept = []
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        skipped = (tokenize.COMMENT, tokenize.STRING, getattr(tokenize, "FSTRING_MIDDLE", -1))
+        if tok.type in skipped:
+            continue
+        kept.append(tok.string)
+    return " ".join(kept)
+
+
+def model_arithmetic(source: str) -> List[str]:
+    """Which kinds of the model's own positional / attention arithmetic a source contains."""
+    import re
+
+    code = re.sub(r"\s*([().,\[\]-])\s*", r"\1", code_only(source))
+    return [what for what, pattern in MODEL_ARITHMETIC.items() if re.search(pattern, code)]
+
+
+def test_model_arithmetic_finder_catches_a_rebuilt_forward():
+    # a readout step rebuilt in an instrument, as the patching fast paths once held it
+    rebuilt = '''
+position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0)
+cos, sin = model.rotary(position_ids[rows, readout][:, None], cfg.dtype)  # RoPE at the readout
+allowed = {w: before & (idx[None] > readout[:, None] - w) for w in set(cfg.window_sizes)}
+scores = attn.soft_cap(torch.einsum("bpnh,btnh->bpnt", q, past_k) / cfg.attn_scale)
+pattern = torch.softmax(scores.float(), -1)
+'''
+    assert set(model_arithmetic(rebuilt)) == set(MODEL_ARITHMETIC) - {"fused attention"}
+    assert model_arithmetic('"""sliding windows and soft-caps live in the model"""\nx = 1  # softmax') == []
+
+
+def test_no_model_arithmetic_outside_the_model():
+    """No attention, softmax, rotary, window or position-id arithmetic outside reward_lens/model/
+    (converters compute RoPE frequencies, and the exporter maps them back: weight maps): a new positional
+    scheme or head type is a model change, never an instrument edit."""
+    offenders = [
+        f"{name}: {', '.join(found)}" for name, path in module_files().items()
+        if not name.startswith(("reward_lens.model", "reward_lens.converters", "reward_lens.loading"))
+        for found in [model_arithmetic(path.read_text())] if found
     ]
     assert not offenders, offenders

@@ -10,7 +10,7 @@ import torch
 from helpers import one_thread, tiny_hf_model, tiny_tokenizer, token_pairs  # noqa: F401
 
 from reward_lens import HookedRewardModel
-from reward_lens.core.readout import pair_batches
+from reward_lens.core.batching import pair_batches
 from reward_lens.data.pairs import TokenPair, bundled_pairs
 from reward_lens.instruments import attribute
 from reward_lens.instruments.tokens import TokenAttributionResult, token_attribution

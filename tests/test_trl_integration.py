@@ -208,7 +208,7 @@ def test_filler_policy_is_flagged(run):
 
 def test_monitor_page_and_cli(run, tmp_path):
     from reward_lens.app.cli import main
-    from reward_lens.integrations.monitor import load_monitor, render_monitor
+    from reward_lens.app.monitor import load_monitor, render_monitor
 
     log = run["out"] / "monitor.jsonl"
     mon = load_monitor(log)

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
-from reward_lens import __version__
+from reward_lens.version import __version__
 from reward_lens.app.options import CLIError, validate_args
 
 # What a user can cause (bad paths, values, files, checkpoints): one line, exit 2. Anything else is a bug
@@ -37,7 +37,7 @@ def _load_model(spec: Optional[str], device: Optional[str], dtype: Optional[str]
         model = load_smollm2_organism(device=device, dtype=dtype)
         model.input_format = input_format
         return model, "reward-lens SmolLM2 organism"
-    from reward_lens import HookedRewardModel
+    from reward_lens.model.native import HookedRewardModel
 
     return HookedRewardModel.from_pretrained(spec, device=device, dtype=dtype, input_format=input_format), spec
 
@@ -129,7 +129,7 @@ def cmd_compare(args) -> int:
 def _write_comparison(models, pairs, args, out, info, ranks) -> None:
     from reward_lens.app.output import write_csv, write_json
     from reward_lens.app.report import Report
-    from reward_lens.instruments.compare import compare_models
+    from reward_lens.app.compare import compare_models
 
     result = compare_models(models, pairs, probes=True, batch_size=args.batch_size, progress=True, ranks=ranks)
     if result is None:  # a rank other than 0: its shards are in rank 0's result
@@ -173,7 +173,7 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_monitor(args) -> int:
-    from reward_lens.integrations.monitor import render_monitor
+    from reward_lens.app.monitor import render_monitor
 
     print(f"[reward-lens] wrote {render_monitor(args.log, args.out)}")
     return 0

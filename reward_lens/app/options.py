@@ -40,7 +40,7 @@ def check_device(device: Optional[str]) -> None:
 
 
 def check_dtype(dtype: Optional[str]) -> None:
-    from reward_lens.model.loading import resolve_dtype
+    from reward_lens.model.devices import resolve_dtype
 
     try:
         resolve_dtype(dtype)

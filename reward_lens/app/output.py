@@ -193,7 +193,7 @@ def write_csv(path: Path, frame: Any) -> None:
 
 def provenance(pairs_file: Union[str, Path, None], options: Optional[dict] = None) -> dict:
     """What results.json records about the run: library version, pairs file (path, format, sha256), options."""
-    from reward_lens import __version__
+    from reward_lens.version import __version__
 
     info: dict = {"reward_lens_version": __version__, "report_format": 1}
     if pairs_file is not None:

@@ -1,7 +1,7 @@
 """Readout capture: rewards and activations at each sequence's readout position, batch by batch (with a
 progress bar on long runs), and whole activations streamed or captured in one forward. Instruments never
 write hook plumbing of their own. Batching lives in `core.batching`, per-sequence directions in
-`core.directions` (their names are re-exported here, their old home)."""
+`core.directions`."""
 
 from __future__ import annotations
 
@@ -10,18 +10,8 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Union
 
 import torch
 
-from reward_lens.core.validation import check_finite_rewards
-from reward_lens.core.batching import (  # noqa: F401  (re-exported)
-    PairBatch,
-    Tokenized,
-    batches,
-    cat_padded,
-    first_token,
-    pair_batches,
-    tokenize,
-    tokenize_pair_batch,
-)
-from reward_lens.core.directions import check_scalar_reward, readout_direction, reward_from_final_resid  # noqa: F401
+from reward_lens.model.validation import check_finite_rewards
+from reward_lens.core.batching import Tokenized, batches, cat_padded, tokenize
 from reward_lens.model import hooks
 
 NamesFilter = Union[None, str, Sequence[str], Callable[[str], bool]]

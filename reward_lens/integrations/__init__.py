@@ -5,7 +5,7 @@
     concept-vector projections, hacking-probe effects, and drift flags against a baseline.
   * `reward_lens.integrations.trl`: a TRL reward function and a `TrainerCallback` built on them
     (`pip install "reward-lens[trl]"`).
-  * `reward_lens.integrations.monitor`: a logged run (JSONL) rendered as one self-contained HTML page
+  * `reward_lens.app.monitor`: a logged run (JSONL) rendered as one self-contained HTML page
     (also `reward-lens monitor LOG.jsonl`).
 
 Nothing here is imported by `import reward_lens`, and no module here imports `trl` itself: the reward

@@ -29,7 +29,8 @@ import numpy as np
 import torch
 from jaxtyping import Float
 
-from reward_lens.core.readout import Tokenized, batches, readout_direction
+from reward_lens.core.readout import Tokenized, batches
+from reward_lens.core.directions import readout_direction
 from reward_lens.instruments.sites import component_sites
 from reward_lens.model.hooks import act_name
 from reward_lens.stats import bootstrap_indices, fisher_ci, percentile_ci

@@ -20,7 +20,7 @@ from transformer_lens.ActivationCache import ActivationCache
 from transformer_lens.hook_points import HookPoint
 from transformer_lens.HookedRootModule import HookedRootModule
 
-from reward_lens.core.validation import check_model_inputs
+from reward_lens.model.validation import check_model_inputs
 from reward_lens.model import hooks
 from reward_lens.model.readout import readout_positions as readout_by_rule
 from reward_lens.model.tl_compat import INPUT_FORMAT_DEFAULT, leading_pad_mask

@@ -8,7 +8,7 @@ public contract.
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple, Union
+from typing import Dict, List, Mapping, Optional, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -172,13 +172,17 @@ class Attention(nn.Module):
         k = hook(self.hook_rot_k, apply_rotary(k, cos, sin))
         return q, k, v
 
-    def per_head_qkv(self, xq, xk, xv, cos, sin):
-        """q, k (after q/k norms and RoPE) and v when each head reads its own input: `xq` [..., n_heads,
-        d_model] (one normalised input per query head), `xk`/`xv` [..., n_kv, d_model] (per key/value head);
-        hooks do not fire. Path patching's receivers change one head's input only."""
-        q = torch.einsum("...nd,ndh->...nh", xq, self.W_Q) + self.b_Q
-        k = torch.einsum("...nd,ndh->...nh", xk, self.W_K) + self.b_K
-        v = torch.einsum("...nd,ndh->...nh", xv, self.W_V) + self.b_V
+    def readout_qkv(self, xq, xk, xv, cos, sin):
+        """q, k (after q/k norms and RoPE) and v of alternative readout tokens; hooks do not fire. Each
+        input is either shared by every head ([..., d_model]: one GEMM) or one per head ([..., n, d_model]
+        with n = n_heads for `xq`, n_key_value_heads for `xk`/`xv`): path patching changes one head's
+        input."""
+
+        def project(x, W, b):
+            return self._project(x, W, b) if x.dim() == 3 else torch.einsum("...nd,ndh->...nh", x, W) + b
+
+        q = project(xq, self.W_Q, self.b_Q)
+        k, v = project(xk, self.W_K, self.b_K), project(xv, self.W_V, self.b_V)
         if self.cfg.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
@@ -237,28 +241,28 @@ class Attention(nn.Module):
         sin: torch.Tensor,
         past_k: Float[torch.Tensor, "batch key_pos n_kv d_head"],
         past_v: Float[torch.Tensor, "batch key_pos n_kv d_head"],
-        past_allowed: Bool[torch.Tensor, "batch key_pos"],
-        query_pos: Int[torch.Tensor, "batch"],
+        sees: Mapping[Optional[int], Bool[torch.Tensor, "batch key_pos"]],
+        xk: Optional[torch.Tensor] = None,
+        xv: Optional[torch.Tensor] = None,
     ) -> Float[torch.Tensor, "batch n_query n_heads d_head"]:
         """z of n_query alternative versions of one token per sequence (the readout), each attending to
         the cached keys/values of the other positions plus its own fresh key/value.
 
-        `x` is the normalised attention input of the alternatives; `cos`/`sin` [batch, 1, rotary_dim] the
-        RoPE tables at the token's position; `past_k` the keys as `hook_rot_k` holds them (after qk-norm and
-        RoPE), `past_v` as `hook_v`; `past_allowed` the positions the token may see, its own excluded (its
-        key is recomputed from `x`); `query_pos` [batch] the token's index, for a sliding window. Hooks on
-        this module do not fire: rows are alternatives, not positions. Used by the patching fast path;
-        equal to a full forward for the last attended token.
+        `x` is the normalised input of the queries, `xk`/`xv` of the token's own key/value (default `x`);
+        each [batch, n_query, d_model] (shared by the heads) or [..., n, d_model] (one per head, see
+        `readout_qkv`). `cos`/`sin` [batch, 1, rotary_dim] are the RoPE tables at the token's position;
+        `past_k` the keys as `hook_rot_k` holds them (after qk-norm and RoPE), `past_v` as `hook_v`; `sees`
+        maps each window size to the positions the token sees, its own excluded (its key is recomputed).
+        Hooks on this module do not fire: rows are alternatives, not positions. Equal to a full forward
+        at the token (tested); `reward_lens.model.recompute` builds the arguments.
         """
         cfg = self.cfg
-        if self.window is not None:
-            idx = torch.arange(past_allowed.shape[-1], device=past_allowed.device)
-            past_allowed = past_allowed & (idx[None] > query_pos.to(idx.device)[:, None] - self.window)
-        B, P, _ = x.shape
+        past_allowed = sees[self.window]
         nkv, group = cfg.n_key_value_heads, cfg.n_heads // cfg.n_key_value_heads
-        q, k, v = self._rotated_qkv(x, cos, sin, hooked=False)
-        h, T = q.shape[-1], past_k.shape[1]
-        qg = q.view(B, P, nkv, group, h).permute(0, 2, 1, 3, 4)  # [B, nkv, P, group, h]
+        q, k, v = self.readout_qkv(x, x if xk is None else xk, x if xv is None else xv, cos, sin)
+        B, P, _, h = q.shape
+        T = past_k.shape[1]
+        qg = q.reshape(B, P, nkv, group, h).permute(0, 2, 1, 3, 4)  # [B, nkv, P, group, h]
         past = qg.reshape(B, nkv, P * group, h) @ past_k.permute(0, 2, 3, 1)  # [B, nkv, P*group, T]
         own = (qg * k.permute(0, 2, 1, 3)[:, :, :, None]).sum(-1).reshape(B, nkv, P * group, 1)
         scores = self.soft_cap(torch.cat([past, own], dim=-1) / cfg.attn_scale)
@@ -266,7 +270,8 @@ class Attention(nn.Module):
         scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
         pattern = F.softmax(scores.float(), dim=-1).to(q.dtype)
         z = pattern[..., :T] @ past_v.permute(0, 2, 1, 3)  # [B, nkv, P*group, h]
-        z = z.view(B, nkv, P, group, h) + pattern[..., T:].view(B, nkv, P, group, 1) * v.permute(0, 2, 1, 3)[:, :, :, None]
+        own_v = v.permute(0, 2, 1, 3)[:, :, :, None]  # [B, nkv, P, 1, h]
+        z = z.reshape(B, nkv, P, group, h) + pattern[..., T:].reshape(B, nkv, P, group, 1) * own_v
         return z.permute(0, 2, 1, 3, 4).reshape(B, P, cfg.n_heads, h)
 
 
@@ -359,17 +364,28 @@ class TransformerBlock(nn.Module):
         sin: torch.Tensor,
         past_k: torch.Tensor,
         past_v: torch.Tensor,
-        past_allowed: Bool[torch.Tensor, "batch key_pos"],
-        query_pos: Int[torch.Tensor, "batch"],
+        sees: Mapping[Optional[int], Bool[torch.Tensor, "batch key_pos"]],
+        q_input: Optional[torch.Tensor] = None,
+        k_input: Optional[torch.Tensor] = None,
+        v_input: Optional[torch.Tensor] = None,
     ) -> Float[torch.Tensor, "batch n_query d_model"]:
         """resid_mid of n_query alternative residuals of one token per sequence, attending to cached
-        keys/values (see `Attention.forward_readout`); hooks do not fire."""
-        z = self.attn.forward_readout(self.ln1(resid), cos, sin, past_k, past_v, past_allowed, query_pos)
+        keys/values (see `Attention.forward_readout`); hooks do not fire. `q_input` [batch, n_query,
+        n_heads, d_model] / `k_input`, `v_input` [..., n_key_value_heads, d_model]: the residual each head
+        reads instead of `resid` (normalised by ln1 here, as TransformerLens's split q/k/v inputs); the
+        skip connection always carries `resid`."""
+        x = self.ln1(resid)
+        xq, xk, xv = (x if t is None else self.ln1(t) for t in (q_input, k_input, v_input))
+        z = self.attn.forward_readout(xq, cos, sin, past_k, past_v, sees, xk, xv)
         return resid + self.attn_out_from_z(z)
 
-    def readout_mlp(self, resid_mid: Float[torch.Tensor, "... d_model"]) -> Float[torch.Tensor, "... d_model"]:
-        """resid_post from resid_mid, position-wise (hooks do not fire)."""
-        return resid_mid + self.mlp_post(self.mlp(self.ln2(resid_mid)))
+    def readout_mlp(
+        self, resid_mid: Float[torch.Tensor, "... d_model"], mlp_delta: Optional[torch.Tensor] = None
+    ) -> Float[torch.Tensor, "... d_model"]:
+        """resid_post from resid_mid, position-wise (hooks do not fire); `mlp_delta` is added to the MLP's
+        input only (the skip connection carries `resid_mid`)."""
+        mlp_in = resid_mid if mlp_delta is None else resid_mid + mlp_delta
+        return resid_mid + self.mlp_post(self.mlp(self.ln2(mlp_in)))
 
     # ------------------------------------------------------------------ linear views of the outputs
     def output_gain_hooks(self) -> Tuple[str, ...]:

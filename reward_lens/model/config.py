@@ -13,10 +13,6 @@ from typing import Any, Dict, List, Optional
 import torch
 
 
-# Fields that earlier versions saved as settings although nothing could change them (every block is
-# attention + gated MLP; the final norm is RMS on the native path): dropped when an old checkpoint loads.
-LEGACY_FIELDS = ("attn_only", "gated_mlp", "final_rms")
-
 
 @dataclass
 class RewardModelConfig:
@@ -92,8 +88,6 @@ class RewardModelConfig:
         d = dict(d)
         if isinstance(d.get("dtype"), str):
             d["dtype"] = getattr(torch, d["dtype"])
-        for key in LEGACY_FIELDS:  # read by nothing; older checkpoints still carry them
-            d.pop(key, None)
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = set(d) - known
         if unknown:

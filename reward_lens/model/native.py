@@ -11,30 +11,24 @@ Built on TransformerLens's kept infrastructure (HookedRootModule, HookPoint, Act
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Dict, Mapping, Optional, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 import torch
 import torch.nn as nn
 from jaxtyping import Float, Int
 from transformer_lens.hook_points import HookPoint
 
-from reward_lens.model import factory
+from reward_lens.model import recompute
 from reward_lens.model.base import RewardModelBase
 from reward_lens.model.components import Embed, RMSNorm, RotaryEmbedding, TransformerBlock, attention_masks
 from reward_lens.model.config import RewardModelConfig
 from reward_lens.model.heads import build_head
-from reward_lens.model.hooks import QUERY_AXIS_2_KINDS
-from reward_lens.model.loading import save_hooked
+from reward_lens.model.loaders import loader
 from reward_lens.model.placement import head_device, module_device, resolve_devices
-from reward_lens.model.streaming import WeightSource, build_model, partitioned_source
-from reward_lens.core.validation import check_attention_mask
+from reward_lens.model.validation import check_attention_mask
 from reward_lens.model.readout import set_readout
 from reward_lens.model.tl_compat import TransformerLensConveniences, check_forward_input
 from reward_lens.model.tokenization import check_input_format
-
-# Activations whose position axis is not dim 1 (attention scores/patterns: [batch, head, query, key]).
-# Kept for callers of the old constant; `reward_lens.model.hooks.query_axis(name)` is the source.
-QUERY_AXIS_2_HOOKS = tuple(f"hook_{kind}" for kind in QUERY_AXIS_2_KINDS)
 
 
 class HookedRewardModel(TransformerLensConveniences, RewardModelBase):
@@ -78,15 +72,15 @@ class HookedRewardModel(TransformerLensConveniences, RewardModelBase):
         `input_format`: how `to_tokens` renders pairs by default (`reward_lens.model.tokenization`).
         `readout` overrides the checkpoint's readout convention ("last_non_pad" / "last_attended").
         `device` defaults to CUDA when available, else CPU (as TransformerLens). Native checkpoints stream
-        (one block in host memory at a time, `reward_lens.model.streaming`); `n_devices=k` (cuda:0..k-1) or
+        (one block in host memory at a time, `reward_lens.loading.streaming`); `n_devices=k` (cuda:0..k-1) or
         `device_map=[devices]` / `"auto"` spreads the blocks over several devices, balanced by bytes
         (`reward_lens.model.placement`).
         `gguf_file="x.gguf"` loads a llama.cpp file in `path_or_id` as transformers does (dequantised to float32;
         needs `pip install gguf`); a GGUF holds no reward head, so the score head is random until set
-        (`reward_lens.model.gguf`). Other keyword arguments override config fields (e.g. `pad_token_id`).
+        (`reward_lens.loading.gguf`). Other keyword arguments override config fields (e.g. `pad_token_id`).
         """
         check_input_format(input_format)
-        model = factory.load_pretrained(cls, path_or_id, device=device, dtype=dtype, fold_ln=fold_ln, generic=generic,
+        model = loader("load_pretrained")(cls, path_or_id, device=device, dtype=dtype, fold_ln=fold_ln, generic=generic,
                                         **kwargs)
         model.input_format = input_format
         return set_readout(model, readout)
@@ -110,11 +104,11 @@ class HookedRewardModel(TransformerLensConveniences, RewardModelBase):
 
         Weights are copied, never shared. The weight map is chosen by the module's class (its
         `config.architectures` may be stale); PEFT adapters are merged into a copy; accelerate's
-        mixed-precision wrapper and any enclosing autocast are ignored (see `reward_lens.model.inmemory`).
+        mixed-precision wrapper and any enclosing autocast are ignored (see `reward_lens.loading.inmemory`).
         No native weight map (or `generic=True`): a copy wrapped on the generic component-level path.
         `device` defaults to CUDA when available, else CPU.
         """
-        model = factory.from_hf_model(
+        model = loader("from_hf_model")(
             cls, hf_model, tokenizer, device=device, dtype=dtype, fold_ln=fold_ln, generic=generic, module_map=module_map,
             n_devices=n_devices, device_map=device_map,
         )
@@ -130,23 +124,23 @@ class HookedRewardModel(TransformerLensConveniences, RewardModelBase):
         folded when `fold_ln`. Neither argument is changed (weights are copied). Names, shapes, finite
         values and the tokenizer's vocabulary are checked first, block by block; errors name `source`.
         `n_devices` / `device_map`: spread the blocks over several devices (`reward_lens.model.placement`)."""
-        return cls.from_source(partitioned_source(cfg, sd), tokenizer=tokenizer, device=device, dtype=dtype,
+        return cls.from_source(loader("partitioned_source")(cfg, sd), tokenizer=tokenizer, device=device, dtype=dtype,
                                fold_ln=fold_ln, source=source, n_devices=n_devices, device_map=device_map)
 
     @classmethod
     def from_source(
-        cls, src: WeightSource, *, tokenizer: Any = None, device: Union[str, torch.device, None] = None,
+        cls, src: Any, *, tokenizer: Any = None, device: Union[str, torch.device, None] = None,
         dtype: Union[str, torch.dtype, None] = None, fold_ln: bool = True, source: str = "the checkpoint",
         n_devices: Optional[int] = None, device_map: Any = None,
     ) -> "HookedRewardModel":
-        """The model built from a `reward_lens.model.streaming.WeightSource`, one block at a time."""
+        """The model built from a `reward_lens.loading.streaming.WeightSource`, one block at a time."""
         devices = resolve_devices(device, n_devices, device_map)
-        return build_model(cls, src, tokenizer=tokenizer, device=device, dtype=dtype, fold_ln=fold_ln,
+        return loader("build_model")(cls, src, tokenizer=tokenizer, device=device, dtype=dtype, fold_ln=fold_ln,
                            source=source, devices=devices)
 
     def save_pretrained(self, path: Union[str, Path]) -> None:
         """Save as a hooked checkpoint (config JSON + safetensors + tokenizer files)."""
-        save_hooked(self, path)
+        loader("save_hooked")(self, path)
 
     # ------------------------------------------------------------------ forward
     def forward(
@@ -201,6 +195,45 @@ class HookedRewardModel(TransformerLensConveniences, RewardModelBase):
         ids = input_ids.to(device) if input_ids is not None else None
         rewards = self.reward_head(self.ln_final(residual.to(device)), readout_positions.to(device), input_ids=ids)
         return rewards.to(self.cfg.device)
+
+    # ------------------------------------------------------------------ the readout token alone
+    def readout_context(
+        self, tok_or_ids: Any, attention_mask: Optional[torch.Tensor] = None,
+        readout: Optional[torch.Tensor] = None, *, kv: Optional[Mapping[str, torch.Tensor]] = None,
+    ) -> recompute.ReadoutContext:
+        """The positional state of recomputing each row's readout token alone, computed once: readout
+        positions, position ids, RoPE tables, per-window visible positions, the clean run's cached keys
+        and values (`kv`: hook name -> full activation, e.g. a capture's `full`; None runs that forward).
+        See `reward_lens.model.recompute`."""
+        return recompute.readout_context(self, tok_or_ids, attention_mask, readout, kv=kv)
+
+    def readout_kv_names(self) -> List[str]:
+        """The hooks `readout_context(kv=...)` needs kept whole from a clean run: keys, values per layer."""
+        return recompute.kv_names(self)
+
+    def readout_sweep(
+        self, ctx: recompute.ReadoutContext, entries: Sequence[recompute.ReadoutEntry]
+    ) -> Float[torch.Tensor, "batch n d_model"]:
+        """Final residuals at the readout of many alternative residuals, each resuming at its own block
+        and stage (`recompute.ReadoutEntry`); only the readout token is recomputed."""
+        return recompute.readout_sweep(self, ctx, entries)
+
+    def readout_with_inputs(
+        self, ctx: recompute.ReadoutContext, layer: int, resid_pre: torch.Tensor, *,
+        q_input: Optional[torch.Tensor] = None, k_input: Optional[torch.Tensor] = None,
+        v_input: Optional[torch.Tensor] = None, mlp_delta: Optional[torch.Tensor] = None,
+    ) -> Float[torch.Tensor, "batch n d_model"]:
+        """Final residuals [batch, n, d_model] at the readout when, at block `layer`, each head reads its
+        own q/k/v input ([batch, n, n_heads or n_kv, d_model], the residual before ln1) and/or the MLP's
+        input is shifted by `mlp_delta`; `resid_pre` [batch, n, d_model] is what the skip carries."""
+        inputs = (q_input, k_input, v_input, mlp_delta)
+        return recompute.readout_with_inputs(self, ctx, layer, resid_pre, *inputs)
+
+    def resid_mid_with_heads(
+        self, layer: int, resid_pre: torch.Tensor, z: torch.Tensor, heads: Sequence[int], new_z: torch.Tensor
+    ) -> Float[torch.Tensor, "batch k d_model"]:
+        """The readout's resid_mid [batch, k, d_model] with head heads[j]'s z replaced by new_z[:, j]."""
+        return recompute.resid_mid_with_heads(self, layer, resid_pre, z, heads, new_z)
 
     def accumulated_bias(self, layer: int, mlp_input: bool = False, include_mlp_biases: bool = True) -> torch.Tensor:
         """Sum of the attention and MLP output biases written into the residual before `layer`."""

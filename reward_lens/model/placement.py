@@ -15,6 +15,8 @@ from typing import List, Optional, Sequence, Union
 import torch
 import torch.nn as nn
 
+from reward_lens.model.devices import resolve_device
+
 DeviceLike = Union[str, torch.device]
 
 
@@ -77,8 +79,6 @@ def resolve_devices(
             raise ValueError(f"device_map must be 'auto' or a list of devices, got {device_map!r}")
         have = torch.cuda.device_count() if torch.cuda.is_available() else 0
         return [torch.device("cuda", i) for i in range(have)] or [torch.device("cpu")]
-    from reward_lens.model.loading import resolve_device
-
     devices = [resolve_device(d) for d in device_map]
     if not devices:
         raise ValueError("device_map is an empty list; list at least one device")

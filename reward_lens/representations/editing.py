@@ -28,7 +28,7 @@ from reward_lens.representations.concepts import ConceptVector, concept_effect
 from reward_lens.data.pairs import PreferencePair, as_pairs
 from reward_lens.core.readout import readout_run
 from reward_lens.plotting import finish, panels
-from reward_lens.converters.export import export_hf
+from reward_lens.loading.export import export_hf
 
 
 def _copy_model(model):

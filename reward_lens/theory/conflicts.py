@@ -34,7 +34,7 @@ from reward_lens.model.heads.base import read_objective
 from reward_lens.model.hooks import final_resid_name
 from reward_lens.stats import as_float_matrix, check_level, column_correlations, fisher_ci, named_rows, to_float64
 from reward_lens.data.pairs import as_pairs
-from reward_lens.core.readout import pair_batches
+from reward_lens.core.batching import pair_batches
 from reward_lens.model.native import HookedRewardModel
 
 VERDICTS = ("aligned", "orthogonal", "conflicting")

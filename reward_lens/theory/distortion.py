@@ -52,7 +52,8 @@ from reward_lens.stats import (
     as_float_matrix, bootstrap_indices, check_level, named_rows, percentile_ci, to_float64,
 )
 from reward_lens.data.pairs import as_pairs, PreferencePair
-from reward_lens.core.readout import pair_batches, readout_direction
+from reward_lens.core.batching import pair_batches
+from reward_lens.core.directions import readout_direction
 from reward_lens.model.hooks import final_resid_name
 
 ArrayLike = Any

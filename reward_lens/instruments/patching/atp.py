@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from reward_lens.core.validation import safe_ratio
+from reward_lens.model.validation import safe_ratio
 from reward_lens.instruments.sites import Site, sites_for
 from reward_lens.plotting import panels, finish
 from reward_lens.results import CleanPairRewards, to_numpy
@@ -177,25 +177,22 @@ def readout_gradients(model, cap: Capture, sites: Sequence[Site], direction: tor
     L = model.cfg.n_layers
     tok, acts = cap.tok, cap.at_readout
     device = tok.input_ids.device
-    B, T = tok.input_ids.shape
-    readout, mask = tok.readout.to(device), tok.attention_mask.to(device)
-    position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    ctx = model.readout_context(tok, kv=cap.full)
     head_layers = sorted({s.layer for s in sites if s.kind == "head"})
     with torch.enable_grad():
         x = acts[resid_entering(0, L)].detach()[:, None].requires_grad_(True)  # [B, 1, d]
-        cos, sin = model.rotary(position_ids[torch.arange(B, device=device), readout][:, None], x.dtype)
-        before = mask.bool() & (torch.arange(T, device=device)[None] < readout[:, None])
         pre, mid, zs = [x], [], []
         for l in range(L):
             block, here = model.blocks[l], block_device(model, l)
-            past_k, past_v = (cap.full[name].to(here) for name in block.readout_kv_hooks)
-            m = block.readout_attn(pre[-1].to(here), cos.to(here), sin.to(here), past_k, past_v, before.to(here),
-                                   readout.to(here))
-            if l in head_layers:  # z enters through what the output map writes; the value stays exactly m
-                z = acts[act_name("z", l)].detach().to(here).requires_grad_(True)
-                written = block.attn_post(block.attn.project_z(z))[:, None]
-                m = m + (written - written.detach())
-                zs.append(z)
+            cos, sin, sees = ctx.on(here)
+            m = block.readout_attn(pre[-1].to(here), cos, sin, *ctx.layer_kv(l, here), sees)
+            if l in head_layers:  # each head's z enters through the output map; the value stays exactly m
+                z = acts[act_name("z", l)].detach()
+                new = z.clone().requires_grad_(True)  # alternative h: head h's z is new[:, h]
+                heads = list(range(z.shape[1]))
+                written = model.resid_mid_with_heads(l, acts[resid_entering(l, L)], z, heads, new)
+                m = m + (written - written.detach()).sum(1, keepdim=True).to(here)
+                zs.append(new)
             mid.append(m)
             pre.append(block.readout_mlp(m))
         reward = reward_from_final_resid(model, pre[-1][:, 0].to(device), direction, bias)

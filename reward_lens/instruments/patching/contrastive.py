@@ -41,7 +41,7 @@ import pandas as pd
 import torch
 from jaxtyping import Float
 
-from reward_lens.core.validation import safe_ratio
+from reward_lens.model.validation import safe_ratio
 from reward_lens.instruments.sites import Site, sites_for
 from reward_lens.plotting import diverging_heatmap, finish, panels
 from reward_lens.results import CleanPairRewards, to_numpy

@@ -4,9 +4,10 @@ readout (the KV-cache fast path): a readout-position patch at layer l changes th
 and under causal attention only positions after it besides; the reward reads the readout alone (a gated
 head also reads its gate position, which must precede the readout), so those later positions (a trailing
 EOS when pad = EOS, tokens after an inner pad id) are irrelevant and the readout need not be the last
-attended token. The target's post-RoPE keys and values are cached in its one clean run; every patch of a sweep is one row of a batch of single-token
-queries recomputed through layers l..L-1 by the blocks' own readout step (`TransformerBlock.readout_attn`,
-`readout_mlp`), so architecture quirks (post-norms, soft-caps, windows) live in the block only.
+attended token. The target's post-RoPE keys and values are cached in its one clean run; every patch of a
+sweep is one alternative residual the model recomputes alone from where the patch enters
+(`model.readout_sweep` over `model.readout_context`, `reward_lens.model.recompute`): this module says what
+is substituted where and how it is reduced, the model does every positional and attention step.
 layer: multi-position patches rerun the forward from the patched layer on the cached clean residual.
 naive: one full `run_with_hooks` forward per patch (the reference).
 
@@ -15,7 +16,6 @@ naive: one full `run_with_hooks` forward per patch (the reference).
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -28,19 +28,7 @@ from reward_lens.instruments.patching.positions import Positions, patch_position
 from reward_lens.instruments.patching.spec import SOURCE, TARGETS
 from reward_lens.instruments.sites import Site
 from reward_lens.model.hooks import act_name, resid_entering
-from reward_lens.model.placement import block_device
-
-PRE, MID = 0, 1  # where a readout patch enters its block: before attention, or between attention and MLP
-
-
-@dataclass
-class ReadoutEntry:
-    """Where a readout patch's recomputation resumes (block `layer`, at `stage` PRE or MID) and the
-    readout residual [batch, d_model] the patch leaves there."""
-
-    layer: int
-    stage: int
-    state: torch.Tensor
+from reward_lens.model.recompute import MID, PRE, ReadoutEntry
 
 
 @dataclass
@@ -79,7 +67,7 @@ def readout_capture_names(model, sites: Sequence[Site]) -> Tuple[List[str], List
     at_readout = [act_name("resid_pre", l) for l in range(L)] + [act_name("resid_mid", l) for l in range(L)]
     at_readout.append(resid_entering(L, L))
     at_readout += sorted({act_name("z", s.layer) for s in sites if s.kind == "head"})
-    return at_readout, [name for block in model.blocks for name in block.readout_kv_hooks]
+    return at_readout, model.readout_kv_names()
 
 
 def readout_entries(model, tcap: Capture, sites: Sequence[Site], values: Sequence[torch.Tensor]) -> List[ReadoutEntry]:
@@ -106,13 +94,9 @@ def readout_entries(model, tcap: Capture, sites: Sequence[Site], values: Sequenc
         else:
             heads_by_layer.setdefault(site.layer, []).append(i)
     for l, members in heads_by_layer.items():
-        block, device = model.blocks[l], block_device(model, l)  # a placed model: on the block's device
-        z = acts[act_name("z", l)].to(device)  # [B, n_heads, d_head]
+        new = torch.stack([values[i] for i in members], 1)  # [B, k, d_head]
         heads = [sites[i].head for i in members]
-        new = torch.stack([values[i] for i in members], 1).to(device)  # [B, k, d_head]
-        delta = torch.einsum("bkh,khm->bkm", new - z[:, heads], block.attn.W_O[heads])
-        state = resid_pre(l)[:, None].to(device) + block.attn_post(block.attn.project_z(z)[:, None] + delta)
-        state = state.to(model.cfg.device)
+        state = model.resid_mid_with_heads(l, resid_pre(l), acts[act_name("z", l)], heads, new)
         for j, i in enumerate(members):
             out[i] = ReadoutEntry(l, MID, state[:, j])
     return out
@@ -120,37 +104,7 @@ def readout_entries(model, tcap: Capture, sites: Sequence[Site], values: Sequenc
 
 def readout_sweep(model, tcap: Capture, entries: Sequence[ReadoutEntry]) -> torch.Tensor:
     """Final residuals [B, P, d] at the readout of every entry, recomputing only the readout token."""
-    L = model.cfg.n_layers
-    tok = tcap.tok
-    B, T = tok.input_ids.shape
-    device = tok.input_ids.device
-    keys = [(e.layer, e.stage) for e in entries]
-    order = sorted(range(len(entries)), key=keys.__getitem__)
-    sorted_keys = [keys[p] for p in order]
-    state = torch.stack([entries[p].state for p in order], 1).clone()  # [B, P, d]
-    readout = tok.readout.to(device)
-    mask = tok.attention_mask.to(device)
-    position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0)
-    cos, sin = model.rotary(position_ids[torch.arange(B, device=device), readout][:, None], state.dtype)
-    idx = torch.arange(T, device=device)
-    before = mask.bool() & (idx[None] < readout[:, None])  # what the readout sees (later positions: irrelevant)
-    shared = {device: (cos, sin, before, readout)}  # per device: a placed model's blocks span several
-    for l in range(sorted_keys[0][0], L):
-        n_pre = bisect_left(sorted_keys, (l, MID))
-        n_all = bisect_right(sorted_keys, (l, MID))
-        block, here = model.blocks[l], block_device(model, l)
-        if here not in shared:
-            shared[here] = tuple(t.to(here) for t in shared[device])
-        state = state.to(here)
-        if n_pre:
-            past_k, past_v = (tcap.full[name].to(here) for name in block.readout_kv_hooks)
-            state[:, :n_pre] = block.readout_attn(state[:, :n_pre], *shared[here][:2], past_k, past_v, *shared[here][2:])
-        if n_all:
-            state[:, :n_all] = block.readout_mlp(state[:, :n_all])
-    state = state.to(device)
-    final = torch.empty_like(state)
-    final[:, order] = state
-    return final
+    return model.readout_sweep(model.readout_context(tcap.tok, kv=tcap.full), entries)
 
 
 def start_layer(site: Site) -> int:

@@ -41,14 +41,17 @@ import pandas as pd
 import torch
 from jaxtyping import Float
 
-from reward_lens.core.readout import Capture, Tokenized, capture, pair_batches, readout_direction, reward_from_final_resid
+from reward_lens.core.readout import Capture, Tokenized, capture
+from reward_lens.core.batching import pair_batches
+from reward_lens.core.directions import readout_direction, reward_from_final_resid
 from reward_lens.data.pairs import as_pairs
 from reward_lens.data.pairs import pair_labels
 from reward_lens.plotting import pyplot
 from reward_lens.results import CleanPairRewards, to_numpy
 from reward_lens.instruments.patching.engines import readout_recompute_exact
-from reward_lens.model.placement import block_device
+from reward_lens.model.recompute import ReadoutContext
 from reward_lens.model.hooks import act_name, final_resid_name
+from reward_lens.model.validation import safe_ratio
 
 PATH_MODES = ("noising", "denoising")
 PATH_METHODS = ("fast", "naive")
@@ -145,7 +148,7 @@ class PathPatchResult(CleanPairRewards):
     def effect(self, normalized: bool = False) -> torch.Tensor:
         clean = self.clean_chosen if self.target == "chosen" else self.clean_rejected
         eff = self.patched - clean[:, None, None]
-        return eff / self.clean_gap[:, None, None] if normalized else eff
+        return safe_ratio(eff, self.clean_gap[:, None, None]) if normalized else eff  # ties: NaN
 
     def to_frame(self) -> pd.DataFrame:
         """One row per (pair, sender, receiver) path that exists: pair, sender, receiver, mode, target,
@@ -222,97 +225,36 @@ def sender_delta(model, sender: PathNode, tgt: Dict[str, torch.Tensor], src: Dic
 # Fast path: the readout token alone, from the receiver's layer on, over the target's cached keys/values
 
 
-@dataclass
-class _Context:
-    cap: Capture
-    cos: torch.Tensor  # [B, 1, rotary_dim] at the readout
-    sin: torch.Tensor
-    allowed: Dict[Optional[int], torch.Tensor]  # window -> [B, T]: the other positions the readout sees
-
-
-def _context(model, tok: Tokenized, extra: Sequence[str]) -> _Context:
-    cfg, L = model.cfg, model.cfg.n_layers
-    readout_names = [act_name(k, l) for l in range(L) for k in ("resid_pre", "resid_mid")]
-    full_names = [act_name(k, l) for l in range(L) for k in ("rot_k", "v")]
-    cap = capture(model, tok, readout_names + [final_resid_name(L)] + list(extra), full_names)
-    B, T = tok.input_ids.shape
-    device = tok.input_ids.device
-    readout, mask = tok.readout.to(device), tok.attention_mask.to(device)
-    idx = torch.arange(T, device=device)
+def _context(model, tok: Tokenized, extra: Sequence[str]) -> Tuple[Capture, ReadoutContext]:
+    """The target's clean capture (residuals at the readout, `extra`, cached keys/values) and the model's
+    readout context over it."""
+    L = model.cfg.n_layers
     if not readout_recompute_exact(model, tok):
         raise ValueError("the fast path recomputes the readout alone, but the head's gate reads a position at or after "
                          "it (ArmoRM's gating pattern); use method='naive' or select one objective")
-    position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0)
-    cos, sin = model.rotary(position_ids[torch.arange(B, device=device), readout][:, None], cfg.dtype)
-    before = mask.bool() & (idx[None] < readout[:, None])
-    allowed = {w: before if w is None else before & (idx[None] > readout[:, None] - w) for w in set(cfg.window_sizes)}
-    return _Context(cap, cos, sin, allowed)
+    readout_names = [act_name("resid_pre", l) for l in range(L)]
+    cap = capture(model, tok, readout_names + [final_resid_name(L)] + list(extra), model.readout_kv_names())
+    return cap, model.readout_context(tok, kv=cap.full)
 
 
-def one_token_attention(model, layer: int, xq, xk, xv, ctx: _Context) -> torch.Tensor:
-    """z [B, P, n_heads, d_head] of P alternative readout tokens, each query head h reading `xq[:, :, h]`
-    (normalised input), each key/value head g its key from `xk[:, :, g]` and value from `xv[:, :, g]`,
-    attending to the target's cached keys/values of the other positions plus its own fresh key/value."""
-    cfg, attn = model.cfg, model.blocks[layer].attn
-    group = cfg.n_heads // cfg.n_key_value_heads
-    B, P = xq.shape[:2]
-    home, dev = xq.device, block_device(model, layer)  # a placed model: computed on the block's device
-    xq, xk, xv = xq.to(dev), xk.to(dev), xv.to(dev)
-    q, k, v = attn.per_head_qkv(xq, xk, xv, ctx.cos.to(dev).expand(B, P, -1), ctx.sin.to(dev).expand(B, P, -1))
-    past_k = ctx.cap.full[act_name("rot_k", layer)].to(dev).repeat_interleave(group, dim=2)  # [B, T, H, d_head]
-    past_v = ctx.cap.full[act_name("v", layer)].to(dev).repeat_interleave(group, dim=2)
-    k, v = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)
-    scores = torch.cat([torch.einsum("bpnh,btnh->bpnt", q, past_k), (q * k).sum(-1, keepdim=True)], -1) / cfg.attn_scale
-    scores = attn.soft_cap(scores)
-    allowed = ctx.allowed[attn.window].to(dev)
-    allowed = torch.cat([allowed, allowed.new_ones(B, 1)], -1)[:, None, None]
-    pattern = torch.softmax(scores.masked_fill(~allowed, torch.finfo(scores.dtype).min).float(), -1).to(q.dtype)
-    return (torch.einsum("bpnt,btnh->bpnh", pattern[..., :-1], past_v) + pattern[..., -1:] * v).to(home)
-
-
-def _finish_block(model, layer: int, resid_pre, z, mlp_delta=None):
-    """resid_post of block `layer` from the readout's resid_pre and z [B, P, H, d_head]; `mlp_delta` is
-    added to the MLP's input only (an MLP receiver)."""
-    block = model.blocks[layer]
-    home, dev = resid_pre.device, block_device(model, layer)  # a placed model: computed on the block's device
-    resid_pre, z = resid_pre.to(dev), z.to(dev)
-    mlp_delta = None if mlp_delta is None else mlp_delta.to(dev)
-    mid = resid_pre + block.attn_out_from_z(z)
-    return (mid + block.mlp_post(block.mlp(block.ln2(mid if mlp_delta is None else mid + mlp_delta)))).to(home)
-
-
-def _fast_receiver(model, receiver: PathNode, deltas: torch.Tensor, ctx: _Context, direction, bias) -> torch.Tensor:
-    """Patched rewards [B, P] for P sender differences `deltas` [B, P, d] into one receiver."""
-    cfg, L = model.cfg, model.cfg.n_layers
-    acts = ctx.cap.at_readout
-    P = deltas.shape[1]
+def _fast_receiver(model, receiver: PathNode, deltas: torch.Tensor, cap: Capture, ctx: ReadoutContext,
+                   direction, bias) -> torch.Tensor:
+    """Patched rewards [B, P] for P sender differences `deltas` [B, P, d] into one receiver: the receiver's
+    input is the target's plus Δ, everything else the target's; the model recomputes the readout."""
+    cfg, acts = model.cfg, cap.at_readout
     if receiver.kind == "readout":
-        final = acts[final_resid_name(L)][:, None] + deltas
-        return reward_from_final_resid(model, final, direction[:, None], bias[:, None])
-    l = receiver.layer
-    pre = acts[act_name("resid_pre", l)][:, None].expand(-1, P, -1)
-    dev = block_device(model, l)  # norms with weights (fold_ln=False) run where the block is
-    if receiver.kind == "mlp":
-        mid = acts[act_name("resid_mid", l)][:, None]
-        block = model.blocks[l]
-        mlp_out = block.mlp_post(block.mlp(block.ln2((mid + deltas).to(dev))))
-        state = mid + mlp_out.to(mid.device)
+        final = acts[final_resid_name(cfg.n_layers)][:, None] + deltas
     else:
-        x_t, x_p = (model.blocks[l].ln1(x.to(dev)).to(pre.device) for x in (pre, pre + deltas))
-        inputs = {}
-        for kind, n in (("q", cfg.n_heads), ("k", cfg.n_key_value_heads), ("v", cfg.n_key_value_heads)):
-            x = x_t[:, :, None].expand(-1, -1, n, -1).clone()
-            if receiver.kind == kind:
-                x[:, :, receiver.index] = x_p
-            inputs[kind] = x
-        z = one_token_attention(model, l, inputs["q"], inputs["k"], inputs["v"], ctx)
-        state = _finish_block(model, l, pre, z)
-    for later in range(l + 1, L):
-        x = model.blocks[later].ln1(state.to(block_device(model, later))).to(state.device)[:, :, None]
-        x_kv = x.expand(-1, -1, cfg.n_key_value_heads, -1)
-        z = one_token_attention(model, later, x.expand(-1, -1, cfg.n_heads, -1), x_kv, x_kv, ctx)
-        state = _finish_block(model, later, state, z)
-    return reward_from_final_resid(model, state, direction[:, None], bias[:, None])
+        l = receiver.layer
+        pre = acts[act_name("resid_pre", l)][:, None].expand_as(deltas)
+        if receiver.kind == "mlp":
+            final = model.readout_with_inputs(ctx, l, pre, mlp_delta=deltas)
+        else:
+            n = cfg.n_heads if receiver.kind == "q" else cfg.n_key_value_heads
+            x = pre[:, :, None].expand(-1, -1, n, -1).clone()  # every head reads the target's residual ...
+            x[:, :, receiver.index] = pre + deltas  # ... but the receiver's, which reads Δ too
+            final = model.readout_with_inputs(ctx, l, pre, **{f"{receiver.kind}_input": x})
+    return reward_from_final_resid(model, final, direction[:, None], bias[:, None])
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -371,8 +313,8 @@ def _batch_paths(model, batch, senders, receivers, mode, method) -> Tuple[torch.
     src = capture(model, stok, readout_names=names)
     B = tok.input_ids.shape[0]
     if method == "fast":
-        ctx = _context(model, tok, names)
-        tgt, rewards = ctx.cap.at_readout, ctx.cap.rewards
+        cap, ctx = _context(model, tok, names)
+        tgt, rewards = cap.at_readout, cap.rewards
         direction, bias = readout_direction(model, tok)
     else:
         tcap = capture(model, tok, readout_names=names)
@@ -385,7 +327,7 @@ def _batch_paths(model, batch, senders, receivers, mode, method) -> Tuple[torch.
             continue
         if method == "fast":
             d = torch.stack([deltas[i] for i in valid], 1)
-            out[:, valid, j] = _fast_receiver(model, r, d, ctx, direction, bias).float().cpu()
+            out[:, valid, j] = _fast_receiver(model, r, d, cap, ctx, direction, bias).float().cpu()
         else:
             for i in valid:
                 out[:, i, j] = _naive_receiver(model, r, deltas[i], tok).cpu()

@@ -58,7 +58,7 @@ from transformer_lens.hook_points import HookPoint
 from reward_lens.model import hooks
 from reward_lens.model.base import RewardModelBase
 from reward_lens.model.tl_compat import check_forward_input
-from reward_lens.model.generic.discovery import (  # noqa: F401  (GenericLoadError, GenericRewardModelConfig: re-exported)
+from reward_lens.model.generic.discovery import (
     HEAD_LEVEL_BLOCK_ATTRS,
     HEAD_LEVEL_WEIGHTS,
     NATIVE_HINT,
@@ -69,10 +69,10 @@ from reward_lens.model.generic.discovery import (  # noqa: F401  (GenericLoadErr
     find_modules,
 )
 from reward_lens.model.generic.final_norm import GenericFinalNorm, identify_norm
-from reward_lens.model.generic.load import GENERIC_MARKER, load_sequence_classifier, save_generic, saved_module_map  # noqa: F401
 from reward_lens.model.generic.verify import sequential_layers, verify
 from reward_lens.model.heads.scalar import RewardHead
-from reward_lens.model.loading import load_hf_config, load_tokenizer, resolve_checkpoint_dir, resolve_device, resolve_dtype
+from reward_lens.model.devices import resolve_device, resolve_dtype
+from reward_lens.model.loaders import loader
 
 
 class GenericBlock(nn.Module):
@@ -337,8 +337,8 @@ class GenericHookedRewardModel(RewardModelBase):
     ) -> "GenericHookedRewardModel":
         """Wrap the checkpoint in `directory` (its transformers config given); a saved generic model's
         module map is reused unless `module_map` is given."""
-        hf = load_sequence_classifier(directory, hf_config, device=device, dtype=dtype)
-        module_map = module_map if module_map is not None else saved_module_map(directory)
+        hf = loader("load_sequence_classifier")(directory, hf_config, device=device, dtype=dtype)
+        module_map = module_map if module_map is not None else loader("saved_module_map")(directory)
         return cls(hf, tokenizer, module_map=module_map, fold_ln=fold_ln)
 
     @classmethod
@@ -355,16 +355,16 @@ class GenericHookedRewardModel(RewardModelBase):
     ) -> "GenericHookedRewardModel":
         """A transformers checkpoint (directory or hub id) on the generic path, as
         `HookedRewardModel.from_pretrained(..., generic=True)`."""
-        directory = resolve_checkpoint_dir(path_or_id)
-        tokenizer = tokenizer if tokenizer is not None else load_tokenizer(directory)
+        directory = loader("resolve_checkpoint_dir")(path_or_id)
+        tokenizer = tokenizer if tokenizer is not None else loader("load_tokenizer")(directory)
         return cls.from_checkpoint_dir(
-            directory, load_hf_config(directory, overrides), tokenizer=tokenizer, device=device, dtype=dtype,
+            directory, loader("load_hf_config")(directory, overrides), tokenizer=tokenizer, device=device, dtype=dtype,
             fold_ln=fold_ln, module_map=module_map,
         )
 
     def save_pretrained(self, path: Union[str, Path]) -> None:
         """Save the transformers checkpoint (+ tokenizer) and a marker so `from_pretrained` reloads it here."""
-        save_generic(self.hf_model, self.tokenizer, self.cfg.module_map, path)
+        loader("save_generic")(self.hf_model, self.tokenizer, self.cfg.module_map, path)
 
     # ------------------------------------------------------------------ forward
     def forward(
@@ -529,13 +529,7 @@ class GenericHookedRewardModel(RewardModelBase):
             raise
 
 
-def load_generic(directory: Path, hf_config: Any, **kwargs: Any) -> GenericHookedRewardModel:
-    """`GenericHookedRewardModel.from_checkpoint_dir` under its old name (the old deep path
-    `reward_lens.generic.load_generic`, kept for one release)."""
-    return GenericHookedRewardModel.from_checkpoint_dir(directory, hf_config, **kwargs)
-
-
 __all__ = [
     "GenericHookedRewardModel", "GenericRewardModelConfig", "GenericPathError", "GenericLoadError",
-    "GenericFinalNorm", "GenericBlock", "load_generic", "GENERIC_MARKER",
+    "GenericFinalNorm", "GenericBlock",
 ]

@@ -26,12 +26,11 @@ from jaxtyping import Float, Int
 from transformer_lens.hook_points import HookPoint
 
 from reward_lens.model.config import RewardModelConfig
-from reward_lens.model.heads.base import (  # noqa: F401  (read_objective: re-exported from its old home)
+from reward_lens.model.heads.base import (
     Objective,
     RewardHeadBase,
     gather_positions,
     last_position_without_pad,
-    read_objective,
     register_head,
 )
 

@@ -16,12 +16,9 @@ from jaxtyping import Float, Int
 from transformer_lens.hook_points import HookPoint
 
 from reward_lens.model.config import RewardModelConfig
-from reward_lens.model.heads.base import (  # noqa: F401  (re-exported: their old home)
-    HEAD_TYPES,
+from reward_lens.model.heads.base import (
     RewardHeadBase,
-    build_head,
     gather_positions,
-    last_position_without_pad,
     register_head,
 )
 

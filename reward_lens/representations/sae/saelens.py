@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Dict, Optional, Tuple, Union
 
 import torch
-from reward_lens.model.checks import check_finite_weights, load_safetensors, read_json
+from reward_lens.loading.checks import check_finite_weights, load_safetensors, read_json
 
 SAE_CFG_FILENAME = "cfg.json"
 SAE_WEIGHTS_FILENAME = "sae_weights.safetensors"

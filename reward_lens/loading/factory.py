@@ -14,12 +14,12 @@ from typing import Any, Dict, Optional, Union
 import torch
 import torch.nn as nn
 
-from reward_lens.model import inmemory
+from reward_lens.loading import inmemory
 from reward_lens.model.base import RewardModelBase
-from reward_lens.model.checks import check_finite_weights, check_hf_tensors, check_tokenizer_vocab
-from reward_lens.model.generic.load import GENERIC_MARKER
+from reward_lens.loading.checks import check_finite_weights, check_hf_tensors, check_tokenizer_vocab
+from reward_lens.loading.generic import GENERIC_MARKER
 from reward_lens.model.generic.wrapper import GenericHookedRewardModel
-from reward_lens.model.loading import (
+from reward_lens.loading.checkpoint import (
     HOOKED_CONFIG,
     convert_weights,
     has_native_weight_map,
@@ -28,8 +28,8 @@ from reward_lens.model.loading import (
     load_tokenizer,
     resolve_checkpoint_dir,
 )
-from reward_lens.model.peft_adapter import is_peft_adapter_dir
-from reward_lens.model.streaming import LazyStateDict, converted_source, hooked_source
+from reward_lens.loading.peft_adapter import is_peft_adapter_dir
+from reward_lens.loading.streaming import LazyStateDict, converted_source, hooked_source
 
 
 def load_pretrained(
@@ -49,9 +49,9 @@ def load_pretrained(
     """A saved hooked checkpoint or a transformers checkpoint directory (hub ids are downloaded) as a
     hooked model: native (`native_cls`) when a weight map handles it, else generic. `overrides` are set
     on the transformers config before conversion. Native checkpoints stream: read, converted, checked,
-    folded, cast and placed one block at a time (`reward_lens.model.streaming`)."""
+    folded, cast and placed one block at a time (`reward_lens.loading.streaming`)."""
     if overrides.get("gguf_file") is not None:  # a llama.cpp file: transformers dequantises it (model/gguf.py)
-        from reward_lens.model.gguf import load_gguf
+        from reward_lens.loading.gguf import load_gguf
 
         return load_gguf(native_cls, path_or_id, overrides.pop("gguf_file"), tokenizer=tokenizer, device=device,
                          dtype=dtype, fold_ln=fold_ln, generic=generic, module_map=module_map, **overrides)
@@ -64,7 +64,7 @@ def load_pretrained(
         src = hooked_source(directory, load_hooked_config(directory, overrides))
         return native_cls.from_source(src, source=str(directory), **build, **placed)
     if is_peft_adapter_dir(directory):  # a LoRA RM as trainer.save_model writes it: base + adapter, merged
-        from reward_lens.model.peft_adapter import load_peft_adapter
+        from reward_lens.loading.peft_adapter import load_peft_adapter
 
         refuse_placement("PEFT adapter directories", **placed)
         return load_peft_adapter(native_cls, directory, tokenizer=tokenizer, base_model=overrides.pop("base_model", None),
@@ -105,7 +105,7 @@ def from_hf_model(
     """A transformers model in memory converted (native) or a copy of it wrapped (generic); weights always
     copied. The weight map is chosen by the module's class (`config.architectures` may be stale after
     training); PEFT adapters are merged into a copy; autocast and accelerate's mixed-precision wrapper are
-    left out (see `reward_lens.model.inmemory`)."""
+    left out (see `reward_lens.loading.inmemory`)."""
     source, owned = inmemory.unwrap(hf_model), False
     if inmemory.is_peft_model(source):
         source, owned = inmemory.independent_copy(source), True

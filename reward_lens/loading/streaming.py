@@ -5,7 +5,7 @@ checkpoint twice: `LazyStateDict` reads tensors from the safetensors files on ac
 read into a fresh tensor (a memory map would count the file's pages as this process's memory for as long
 as any tensor viewing them lives: reading the embedding would hold it twice); `build_model` asks a
 `WeightSource` for the converted weights outside the blocks, then for each block's, and each part is
-checked (names, shapes, finite values: `reward_lens.model.checks`), folded (`converters.processing`),
+checked (names, shapes, finite values: `reward_lens.loading.checks`), folded (`converters.processing`),
 cast and assigned to its device before the next is read. The weight maps convert part by part
 (`WeightMap.convert_rest` / `convert_layer`), so every architecture's quirks stay in its one module.
 """
@@ -24,13 +24,13 @@ import torch
 from reward_lens.converters import StateDict, get_weight_map
 from reward_lens.converters.openrlhf import warn_if_relabelled
 from reward_lens.converters.processing import fold_final_norm, fold_layer_norms, folded_config
-from reward_lens.model.checks import (
+from reward_lens.loading.checks import (
     SAFETENSORS_DTYPES, CheckpointError, check_finite_weights, check_state_dict, check_tokenizer_vocab, read_json,
     read_safetensors_tensor, safetensors_header,
 )
 from reward_lens.model.config import RewardModelConfig
 from reward_lens.model.heads import head_class
-from reward_lens.model.loading import resolve_device, resolve_dtype
+from reward_lens.model.devices import resolve_device, resolve_dtype
 from reward_lens.model.placement import plan_blocks
 
 _BLOCK_KEY = re.compile(r"blocks\.(\d+)\.")
@@ -177,7 +177,7 @@ def converted_source(hf_config: Any, sd: Mapping, source: str) -> WeightSource:
 
 def hooked_source(directory: Path, cfg: RewardModelConfig) -> WeightSource:
     """A saved hooked checkpoint (`save_hooked`'s model.safetensors) read block by block."""
-    from reward_lens.model.loading import HOOKED_WEIGHTS
+    from reward_lens.loading.checkpoint import HOOKED_WEIGHTS
 
     def restore_layout(name: str, t: torch.Tensor) -> torch.Tensor:
         if name.endswith(("attn.W_Q", "attn.W_K", "attn.W_V")):  # the fast head-major storage (components)

@@ -1,5 +1,5 @@
 """Loading: checkpoint directories (local or hub ids), transformers configs and state dicts, converted into
-our config and weights; saved hooked checkpoints. Nothing here builds a model: `reward_lens.model.factory`
+our config and weights; saved hooked checkpoints. Nothing here builds a model: `reward_lens.loading.factory`
 chooses the native or the generic model and builds it from what these functions return."""
 
 from __future__ import annotations
@@ -13,45 +13,11 @@ import torch
 
 from reward_lens.converters import StateDict, get_weight_map, supported_architectures
 from reward_lens.converters.openrlhf import warn_if_relabelled
-from reward_lens.model.checks import CheckpointError, check_overrides, read_json
+from reward_lens.loading.checks import CheckpointError, check_overrides, read_json
 from reward_lens.model.config import RewardModelConfig
 
 HOOKED_CONFIG = "reward_lens_config.json"
 HOOKED_WEIGHTS = "model.safetensors"
-_DTYPES = {
-    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
-    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
-    "float64": torch.float64,
-}
-
-
-def resolve_dtype(dtype: Union[str, torch.dtype, None]) -> torch.dtype:
-    if dtype is None:
-        return torch.float32
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    try:
-        return _DTYPES[str(dtype).lower().replace("torch.", "")]
-    except KeyError:
-        raise ValueError(f"unknown dtype {dtype!r}; use one of {sorted(_DTYPES)}") from None
-
-
-def default_device() -> torch.device:
-    """CUDA when available (as TransformerLens), else CPU: the device of `device=None`."""
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-def resolve_device(device: Union[str, torch.device, None]) -> torch.device:
-    """`device` as a torch.device; None is `default_device()` (CUDA when available, else CPU)."""
-    if device is None:
-        return default_device()
-    device = torch.device(device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {device} requested but CUDA is not available here; use device='cpu'")
-    return device
-
-
 def resolve_checkpoint_dir(path_or_id: Union[str, Path]) -> Path:
     """A local directory as is; otherwise a hub id, downloaded (weights, config, tokenizer files only)."""
     path = Path(path_or_id).expanduser()
@@ -161,7 +127,7 @@ def save_hooked(model, path: Union[str, Path]) -> None:
 
 def load_hooked_config(directory: Path, overrides: Optional[Dict[str, Any]] = None) -> RewardModelConfig:
     """The config (with `overrides` of its fields) of a saved hooked checkpoint (as `save_hooked` wrote it);
-    its weights are read by `reward_lens.model.streaming.hooked_source`."""
+    its weights are read by `reward_lens.loading.streaming.hooked_source`."""
     raw = read_json(directory / HOOKED_CONFIG)
     check_overrides(None, overrides or {}, known=raw)
     raw.update(overrides or {})

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Any, Dict, Optional
-from reward_lens.model.loading import resolve_checkpoint_dir, load_tokenizer
+from reward_lens.loading.checkpoint import resolve_checkpoint_dir, load_tokenizer
 
 ADAPTER_CONFIG = "adapter_config.json"
 PREFIX = "base_model.model."

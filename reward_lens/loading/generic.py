@@ -13,9 +13,10 @@ import torch.nn as nn
 import transformers
 
 from reward_lens.converters import supported_architectures
-from reward_lens.model.checks import sequence_classification_class
+from reward_lens.loading.checks import sequence_classification_class
 from reward_lens.model.generic.discovery import GenericLoadError
-from reward_lens.model.loading import has_native_weight_map, resolve_device, resolve_dtype
+from reward_lens.loading.checkpoint import has_native_weight_map
+from reward_lens.model.devices import resolve_device, resolve_dtype
 
 GENERIC_MARKER = "reward_lens_generic.json"  # written by save_pretrained: reload on the generic path
 

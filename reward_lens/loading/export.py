@@ -29,7 +29,7 @@ import torch
 from reward_lens.converters.registry import StateDict
 from reward_lens.model.heads.scalar import RewardHead
 from reward_lens.converters.llama import rope_inverse_frequencies
-from reward_lens.model.loading import resolve_dtype
+from reward_lens.model.devices import resolve_dtype
 
 ARCHITECTURE = "LlamaForSequenceClassification"
 

@@ -1,0 +1,7 @@
+"""`python -m reward_lens ...` is `reward-lens ...`."""
+
+import sys
+
+from reward_lens.app.cli import main
+
+sys.exit(main())
