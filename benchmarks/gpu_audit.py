@@ -174,7 +174,8 @@ def main(argv=None) -> int:
     print(f"| stage | wall s | pairs/s | peak {'GPU' if name != 'CPU' else 'host RSS'} GiB |")
     print("|---|---:|---:|---:|")
     spent: dict = {}
-    out, took = timed(dev, lambda: run_pipeline(model, pairs, specs(), batch_size=batch, ranks=Ranks(), timings=spent))
+    out, took = timed(dev, lambda: run_pipeline(model, pairs, specs(), batch_size=batch, ranks=Ranks(),
+                                                timings=spent))
     peak = peak_memory_gib(dev)
     # Per stage: its own computation on the shared captures; the clean passes (one forward per side and
     # batch) are shared by all of them and get their own row.
@@ -185,8 +186,10 @@ def main(argv=None) -> int:
         print(f"| {stage} | {seconds:.4f} | {len(pairs) / max(seconds, 1e-9):.1f} | {peak:.2f} |", flush=True)
     results = {stage: out[key] for stage, key in SPECS}
     results["faithfulness"], faith_s = timed(dev, lambda: faithfulness(
-        results["exact attribution (components + heads)"], results["component patching, 4 modes"], mode="noising"))
-    print(f"| faithfulness | {faith_s:.4f} | {len(pairs) / faith_s:.1f} | {peak_memory_gib(dev):.2f} |", flush=True)
+        results["exact attribution (components + heads)"], results["component patching, 4 modes"],
+        mode="noising"))
+    print(f"| faithfulness | {faith_s:.4f} | {len(pairs) / faith_s:.1f} | {peak_memory_gib(dev):.2f} |",
+          flush=True)
     total = took + faith_s
     print(f"| **total** | {total:.2f} | {len(pairs) / total:.1f} | |")
     print(f"bare transformers forward over the same batches: {bare_s:.2f} s; pipeline / bare forward = "

@@ -59,7 +59,8 @@ def run(model, pairs, specs: Sequence[Spec], *, ranks: Optional[Ranks] = None, b
 
 def _one(model, pairs, spec: Spec, ranks, batch_size: Batch, options: Dict[str, Any]) -> Any:
     """One instrument's spec over ranks: its result on rank 0, None on the others."""
-    out = run(model, pairs, [spec], ranks=ranks, batch_size=batch_size, padding_side=options.get("padding_side"),
+    out = run(model, pairs, [spec], ranks=ranks, batch_size=batch_size,
+              padding_side=options.get("padding_side"),
               progress=options.get("progress", False))
     return None if out is None else out[spec.name]
 
@@ -97,7 +98,8 @@ def site_means(model, pairs, sites, positions: str = "readout", *, ranks: Option
 
 def patch(model, pairs, *, ranks: Optional[Ranks] = None, batch_size: Batch = 8, **options) -> Any:
     """`reward_lens.instruments.patch` over ranks; mean ablation uses the means over all pairs."""
-    return _one(model, pairs, contrastive.PatchSpec(**_pop(options), name="patch"), ranks, batch_size, options)
+    spec = contrastive.PatchSpec(**_pop(options), name="patch")
+    return _one(model, pairs, spec, ranks, batch_size, options)
 
 
 def attribution_patch(model, pairs, *, ranks: Optional[Ranks] = None, batch_size: Batch = 8, **options) -> Any:

@@ -157,7 +157,8 @@ def capture_bytes(caps: Dict[str, Capture]) -> int:
 
 
 def shared_batch(model, batch: PairBatch, reads: Reads, pair_ids: List[str]) -> Shared:
-    """The clean capture of both sides of `batch`: one forward each (and one backward where gradients are read)."""
+    """The clean capture of both sides of `batch`: one forward each (and one backward where gradients
+    are read)."""
     caps = {
         side: capture(
             model,

@@ -161,15 +161,19 @@ def capture(model, tok: Tokenized, readout_names: Sequence[str] = (), full_names
 
     fwd = []
     if grad_names:
-        fwd += [(h, leaf) for h in (hooks.act_name("embed"), hooks.act_name("pos_embed")) if h in model.hook_dict]
+        embeds = (hooks.act_name("embed"), hooks.act_name("pos_embed"))
+        fwd += [(h, leaf) for h in embeds if h in model.hook_dict]
         fwd += [(n, keep_graph) for n in grad_names]
     fwd += [(n, keep_readout) for n in dict.fromkeys(readout_names)]
     fwd += [(n, keep_full) for n in dict.fromkeys(full_names)]
     with torch.set_grad_enabled(bool(grad_names)):
-        rewards = model.run_with_hooks(tok.input_ids, tok.attention_mask, readout_positions=tok.readout, fwd_hooks=fwd)
+        rewards = model.run_with_hooks(
+            tok.input_ids, tok.attention_mask, readout_positions=tok.readout, fwd_hooks=fwd
+        )
         grads: Dict[str, torch.Tensor] = {}
         if grad_names:  # w.r.t. the activations only: no weight gradient is computed
-            found = torch.autograd.grad(rewards.float().sum(), [graph[n] for n in grad_names], allow_unused=True)
+            inputs = [graph[n] for n in grad_names]
+            found = torch.autograd.grad(rewards.float().sum(), inputs, allow_unused=True)
             grads = {n: (g if g is not None else torch.zeros_like(graph[n])).detach().to(home)
                      for n, g in zip(grad_names, found)}
             for n in grad_names:  # what was kept for the graph, detached, as every capture keeps it

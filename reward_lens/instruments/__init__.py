@@ -6,7 +6,9 @@ for `reward_lens.core.pipeline.run_pipeline`, which runs several instruments ove
 from reward_lens.instruments.sites import Site, component_sites, head_sites, resid_sites
 from reward_lens.instruments.attribution import AttributionResult, AttributionSpec, attribute
 from reward_lens.instruments.patching.atp import AtPComparison, AtPResult, AtPSpec, attribution_patch
-from reward_lens.instruments.divergence import DivergenceResult, DivergenceSpec, PCAMahalanobis, divergence_patch
+from reward_lens.instruments.divergence import (
+    DivergenceResult, DivergenceSpec, PCAMahalanobis, divergence_patch,
+)
 from reward_lens.instruments.faithfulness import FaithfulnessResult, faithfulness
 from reward_lens.instruments.lens import LensResult, LensSpec, lens
 from reward_lens.instruments.patching.contrastive import PatchResult, PatchSpec, patch, site_means

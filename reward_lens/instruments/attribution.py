@@ -167,7 +167,8 @@ def attribution_names(model, heads: bool, neurons: bool) -> List[str]:
 
 
 def embed_names(model) -> List[str]:
-    return [act_name("embed")] + ([act_name("pos_embed")] if model.cfg.positional_embedding_type == "standard" else [])
+    standard = model.cfg.positional_embedding_type == "standard"
+    return [act_name("embed")] + ([act_name("pos_embed")] if standard else [])
 
 
 @torch.no_grad()

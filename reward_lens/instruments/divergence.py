@@ -34,7 +34,9 @@ from reward_lens.core.batching import PairBatch, pair_batches
 from reward_lens.core.pipeline import Reads, Shared, Spec, run_pipeline
 from reward_lens.core.ranks import Ranks
 from reward_lens.core.readout import Capture, capture
-from reward_lens.instruments.patching.contrastive import PatchResult, add_sums, batch_sums, means_from_sums, means_reads
+from reward_lens.instruments.patching.contrastive import (
+    PatchResult, add_sums, batch_sums, means_from_sums, means_reads,
+)
 from reward_lens.instruments.patching.engines import clean_reads, patch_batch, readout_entries, readout_sweep
 from reward_lens.instruments.patching.positions import patch_positions, site_values
 from reward_lens.instruments.patching.spec import TARGETS, check_options
@@ -187,9 +189,11 @@ class DivergenceSpec(Spec):
 
     name = "divergence"
 
-    def __init__(self, mode: str = "noising", target: Optional[str] = None, level: Union[str, Sequence[str]] = "component",
+    def __init__(self, mode: str = "noising", target: Optional[str] = None,
+                 level: Union[str, Sequence[str]] = "component",
                  layers: Optional[Sequence[int]] = None, state: str = "site", method: str = "mahalanobis",
-                 n_components: Optional[int] = None, quantile: float = 0.95, max_reference: Optional[int] = None,
+                 n_components: Optional[int] = None, quantile: float = 0.95,
+                 max_reference: Optional[int] = None,
                  means: Optional[Dict[str, torch.Tensor]] = None,
                  reference: Optional[Dict[str, PCAMahalanobis]] = None):
         self.mode, self.target, self.level, self.layers, self.state = mode, target, level, layers, state
@@ -220,11 +224,13 @@ class DivergenceSpec(Spec):
 
     def pre_step(self, model, shared: Shared):
         batch = shared.batch
-        rows = [b for b in range(batch.index.stop - batch.index.start) if batch.index.start + b in self.ref_rows]
+        start = batch.index.start
+        rows = [b for b in range(batch.index.stop - start) if start + b in self.ref_rows]
         states = {h: [shared.caps[side].at_readout[h][rows].float().cpu() for side in ("chosen", "rejected")]
                   for h in sorted(set(self.hooks))} if self.fit_needed else {}
         swaps = {h: shared.caps[self.target].at_readout[h].cpu() for h in self.site_hooks}
-        sums = batch_sums(model, shared, self.sites, "readout") if self.mode == "mean" and self.means is None else None
+        needs_means = self.mode == "mean" and self.means is None
+        sums = batch_sums(model, shared, self.sites, "readout") if needs_means else None
         return {"states": states, "swaps": swaps, "sums": sums}
 
     def pre_finish(self, model, pieces) -> None:
@@ -242,7 +248,8 @@ class DivergenceSpec(Spec):
 
     def step(self, model, shared: Shared) -> DivergenceResult:
         mode, target, batch = self.mode, self.target, shared.batch
-        out = patch_batch(model, batch, self.sites, [mode], "readout", "fast", self.means, shared.pair_ids, 64,
+        out = patch_batch(model, batch, self.sites, [mode], "readout", "fast", self.means, shared.pair_ids,
+                          64,
                           caps=shared.caps, directions=shared.directions)
         if (mode, target) not in out.entries:  # (the generic path was refused above: a gate read late)
             raise ValueError(
@@ -258,10 +265,12 @@ class DivergenceSpec(Spec):
         calib = self.scorer(entry_c if self.state == "site" else final_c, clean_states)
         patching = PatchResult(
             pair_ids=shared.pair_ids, sites=self.sites, positions="readout", method="fast",
-            clean_chosen=out.clean_chosen, clean_rejected=out.clean_rejected, patched={(mode, target): out.patched[(mode, target)]},
+            clean_chosen=out.clean_chosen, clean_rejected=out.clean_rejected,
+            patched={(mode, target): out.patched[(mode, target)]},
         )
         return DivergenceResult(
-            patching=patching, mode=mode, target=target, scores=scores.float(), calibration_scores=calib.float(),
+            patching=patching, mode=mode, target=target, scores=scores.float(),
+            calibration_scores=calib.float(),
             threshold=torch.zeros(len(self.sites)),
             settings={"state": self.state, "method": self.method, "n_components": self.n_components,
                       "quantile": self.quantile},
@@ -276,7 +285,8 @@ class DivergenceSpec(Spec):
         pos = patch_positions(batch, "readout", tcap.tok, tcap.tok, None)
         values = [site_values(model, s, "noising", pos, other, None, "readout") for s in self.sites]
         entries = readout_entries(model, tcap, self.sites, values)
-        return _stack_states(entries), (readout_sweep(model, tcap, entries) if self.state == "final" else None)
+        final = readout_sweep(model, tcap, entries) if self.state == "final" else None
+        return _stack_states(entries), final
 
 
 def divergence_patch(

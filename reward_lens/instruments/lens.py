@@ -142,7 +142,8 @@ class LensSpec(Spec):
             direction, bias = shared.direction(model, side)
             resid = torch.stack([cap.at_readout[h] for h in self.hooks], 1).float()  # [B, S, d]
             scale = cap.at_readout["ln_final.hook_scale"].float()[:, None]  # [B, 1, 1]
-            values[("normed", side)] = reward_from_final_resid(model, resid, direction[:, None], bias[:, None])
+            normed = reward_from_final_resid(model, resid, direction[:, None], bias[:, None])
+            values[("normed", side)] = normed
             values[("frozen", side)] = (resid / scale * direction[:, None]).sum(-1) + bias[:, None]
             rewards[side] = cap.rewards.float()
         return LensResult(

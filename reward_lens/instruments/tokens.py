@@ -289,7 +289,8 @@ def token_terms(model, tok: Tokenized) -> Dict[str, torch.Tensor]:
 
 
 @torch.no_grad()
-def terms_from_capture(model, cap: Capture, direction: torch.Tensor, bias: torch.Tensor) -> Dict[str, torch.Tensor]:
+def terms_from_capture(model, cap: Capture, direction: torch.Tensor,
+                       bias: torch.Tensor) -> Dict[str, torch.Tensor]:
     """`token_terms` from a capture holding `token_reads`."""
     cfg, L = model.cfg, model.cfg.n_layers
     acts = {**cap.at_readout, **cap.full}
@@ -333,7 +334,8 @@ class TokenSpec(Spec):
         piece: Dict[str, object] = {"prompt_len": shared.batch.prompt_len.cpu()}
         for side in SIDES_PAIR:
             cap = shared.caps[side]
-            rows: Dict[str, list] = {k: [] for k in ("heads", "tokens", "readout", "embed", "mlp", "b_O", "bias", "reward")}
+            keys = ("heads", "tokens", "readout", "embed", "mlp", "b_O", "bias", "reward")
+            rows: Dict[str, list] = {k: [] for k in keys}
             _split_rows(model, cap.tok, terms_from_capture(model, cap, *shared.direction(model, side)), rows)
             piece[side] = rows
         return piece

@@ -3,7 +3,8 @@
     effect(site) ~= grad_site(reward of the target run) . (patched value - clean value)
 
 summed over the patched positions (at the readout on a native model: a backward through the readout
-token alone, `readout_gradients`; elsewhere the full backward of the target's clean run). Modes, levels and positions are those of `patch` (the same targets
+token alone, `readout_gradients`; elsewhere the full backward of the target's clean run). Modes, levels
+and positions are those of `patch` (the same targets
 and values are patched in), so the estimates line up with real patching one to one; `AtPResult.compare`
 reports the error against a `PatchResult`. Cost per target response: its forward, the source's forward
 and one backward, for all sites at once. Parameters stay frozen: the graph starts at the embedding,
@@ -254,16 +255,18 @@ class AtPSpec(MeansPrePass):
     for `readout_gradients`; else the whole sites with the capture's full backward, one per target side,
     shared by the modes and levels) and the sources' sites. Name: "atp" unless given."""
 
-    def __init__(self, mode: Union[str, Sequence[str]] = "noising", level: Union[str, Sequence[str], None] = None,
+    def __init__(self, mode: Union[str, Sequence[str]] = "noising",
+                 level: Union[str, Sequence[str], None] = None,
                  positions: str = "readout", layers: Optional[Sequence[int]] = None,
                  means: Optional[Dict[str, torch.Tensor]] = None, name: Optional[str] = None):
         self.modes = [mode] if isinstance(mode, str) else list(dict.fromkeys(mode))
         check_options(self.modes, positions, "fast")
-        self.level, self.positions, self.layers, self.means, self.given_means = level, positions, layers, means, means
+        self.level, self.positions, self.layers = level, positions, layers
+        self.means = self.given_means = means
         self.name = name or "atp"
 
     def setup(self, model, pairs) -> None:
-        if self.level is None:  # components, and heads where the model has per-head hooks (native architectures)
+        if self.level is None:  # components, and heads where the model has per-head hooks (native models)
             self.level = ("component", "head") if model.has_head_hooks else "component"
         self.sites = sites_for(model.cfg, self.level, self.layers)
         self.means = self.given_means  # a spec used again computes its pre-pass again
@@ -290,7 +293,8 @@ class AtPSpec(MeansPrePass):
     def step(self, model, shared: Shared) -> "AtPResult":
         return AtPResult(
             pair_ids=shared.pair_ids, sites=self.sites, positions=self.positions,
-            clean_chosen=shared.caps["chosen"].rewards.float(), clean_rejected=shared.caps["rejected"].rewards.float(),
+            clean_chosen=shared.caps["chosen"].rewards.float(),
+            clean_rejected=shared.caps["rejected"].rewards.float(),
             estimates=atp_estimates(model, shared, self.sites, self.modes, self.positions, self.means),
         )
 

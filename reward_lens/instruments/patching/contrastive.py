@@ -190,7 +190,8 @@ def means_reads(model, sites: Sequence[Site], positions: str) -> Reads:
     return Reads.both(readout=names) if positions == "readout" else Reads.both(full=names)
 
 
-def batch_sums(model, shared: Shared, sites: Sequence[Site], positions: str) -> Tuple[Dict[str, torch.Tensor], int]:
+def batch_sums(model, shared: Shared, sites: Sequence[Site],
+               positions: str) -> Tuple[Dict[str, torch.Tensor], int]:
     """(hook -> float64 sum, count) of one batch's both responses (chosen, then rejected)."""
     sums: Dict[str, torch.Tensor] = {}
     count = 0
@@ -201,7 +202,8 @@ def batch_sums(model, shared: Shared, sites: Sequence[Site], positions: str) -> 
             count += cap.tok.input_ids.shape[0]
         else:
             m = cap.tok.attention_mask.bool()
-            acts = {h: cap.full[h][m.to(cap.full[h].device)].double().sum(0) for h in site_hooks(model, sites)}
+            acts = {h: cap.full[h][m.to(cap.full[h].device)].double().sum(0)
+                    for h in site_hooks(model, sites)}
             count += int(m.sum())
         for h, v in acts.items():
             sums[h] = sums.get(h, 0) + v
@@ -265,9 +267,10 @@ class PatchSpec(MeansPrePass):
     """Contrastive patching as a pipeline instrument (the options of `patch`). Name: "patch" for the
     component level, else "patch:" + the levels joined by "+" (so two levels can be requested at once)."""
 
-    def __init__(self, mode: Union[str, Sequence[str]] = "noising", level: Union[str, Sequence[str]] = "component",
-                 positions: str = "readout", layers: Optional[Sequence[int]] = None, method: str = "fast",
-                 max_rows: int = 64, means: Optional[Dict[str, torch.Tensor]] = None, name: Optional[str] = None):
+    def __init__(self, mode: Union[str, Sequence[str]] = "noising",
+                 level: Union[str, Sequence[str]] = "component", positions: str = "readout",
+                 layers: Optional[Sequence[int]] = None, method: str = "fast", max_rows: int = 64,
+                 means: Optional[Dict[str, torch.Tensor]] = None, name: Optional[str] = None):
         self.modes = [mode] if isinstance(mode, str) else list(dict.fromkeys(mode))
         check_options(self.modes, positions, method)
         self.level, self.positions, self.layers, self.method = level, positions, layers, method
@@ -284,7 +287,8 @@ class PatchSpec(MeansPrePass):
         return Reads({s: r[0] for s, r in reads.items()}, {s: r[1] for s, r in reads.items()})
 
     def step(self, model, shared: Shared) -> PatchResult:
-        out = patch_batch(model, shared.batch, self.sites, self.modes, self.positions, self.method, self.means,
+        out = patch_batch(model, shared.batch, self.sites, self.modes, self.positions, self.method,
+                          self.means,
                           shared.pair_ids, self.max_rows, caps=shared.caps, directions=shared.directions)
         return PatchResult(
             pair_ids=shared.pair_ids, sites=self.sites, positions=self.positions, method=self.method,
@@ -293,7 +297,8 @@ class PatchSpec(MeansPrePass):
 
 
 def site_sums(model, pairs, sites: Sequence[Site], positions: str = "readout", *, batch_size: int = 8,
-              padding_side: Optional[str] = None, progress: Union[bool, str] = False) -> Tuple[Dict[str, torch.Tensor], int]:
+              padding_side: Optional[str] = None,
+              progress: Union[bool, str] = False) -> Tuple[Dict[str, torch.Tensor], int]:
     """(hook name -> float64 sum of its activation, count) over both responses of every pair: at the
     readout (positions="readout") or over every real token. Sums of disjoint pair sets add up (ranks)."""
     return run_pipeline(model, pairs, [SumsSpec(sites, positions)], batch_size=batch_size, ranks=Ranks(),
