@@ -86,6 +86,9 @@ from reward_lens.theory import (
 )
 from reward_lens.app.compare import ComparisonResult, ModelProfile, compare_models
 
+# Benchmarks by their official rules: RewardBench 2, RM-Bench, JudgeBench, RewardBench v1.
+from reward_lens.evaluation import BenchmarkResult, benchmark_pairs, evaluate
+
 __all__ = [
     # the model
     "ArmoRMHead", "GenericHookedRewardModel", "GenericLoadError", "GenericPathError", "GenericRewardModelConfig",
@@ -106,5 +109,7 @@ __all__ = [
     "CascadeResult", "ComparisonResult", "ConflictResult", "DistortionResult", "ModelProfile", "ProbeItem",
     "ProbeResult", "compare_models", "detect_cascades", "distortion_index", "probe_pairs", "reward_conflicts",
     "run_probes",
+    # benchmarks
+    "BenchmarkResult", "benchmark_pairs", "evaluate",
     "__version__",
 ]

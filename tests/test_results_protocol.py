@@ -22,8 +22,8 @@ from organism import concept_items, organism, quality_pairs, single_thread  # no
 import reward_lens
 from reward_lens import (
     attribute, attribution_patch, compare_models, concept_vector, demo_pairs, distortion_index, divergence_patch,
-    dose_response, edit_reward, faithfulness, feature_ablation, feature_alignment, feature_attribution, lens,
-    load_demo_model, patch, path_patch, reward_conflicts, run_probes, token_attribution, train_sae,
+    dose_response, edit_reward, evaluate, faithfulness, feature_ablation, feature_alignment, feature_attribution,
+    lens, load_demo_model, patch, path_patch, reward_conflicts, run_probes, token_attribution, train_sae,
 )
 from reward_lens.app.audit import run_audit
 from reward_lens.app.monitor import MonitorRun
@@ -75,6 +75,9 @@ def _instrument_results(out):
     out["AuditResult"] = run_audit(model, pairs[:4], None, echo=lambda line: None)
     out["PathPatchResult"] = path_patch(model, pairs[:3], ["L0H0", "mlp_L0"], ["L1H1.q", "readout"])
     out["TokenAttributionResult"] = token_attribution(model, pairs[:3], batch_size=8)
+    rows = [{"prompt": p.prompt, "chosen": [p.chosen], "rejected": [p.rejected, p.chosen + " Yes."], "subset": p.subset}
+            for p in pairs]
+    out["BenchmarkResult"] = evaluate(model, rows, benchmark="rewardbench2", progress=False)
 
 
 def _plain_data_results(out):

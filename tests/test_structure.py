@@ -142,7 +142,7 @@ LAYERS = [
     {"loading"},
     {"core"},
     {"demo"},
-    {"instruments", "representations", "theory"},
+    {"instruments", "representations", "theory", "evaluation"},
     {"probes"},
     {"distributed"},
     {"integrations"},
@@ -305,3 +305,12 @@ def test_no_model_arithmetic_outside_the_model():
         for found in [model_arithmetic(path.read_text())] if found
     ]
     assert not offenders, offenders
+
+
+def test_progress_bars_are_tqdm_auto():
+    """Progress bars come from tqdm.auto, so notebooks get widgets and terminals get text bars."""
+    import re
+
+    plain = re.compile(r"^\s*(from tqdm import|import tqdm\b|from tqdm\.std import)", re.M)
+    offenders = [str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py") if plain.search(p.read_text())]
+    assert not offenders, f"use `from tqdm.auto import tqdm` in {offenders}"

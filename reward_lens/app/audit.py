@@ -37,6 +37,7 @@ from reward_lens.theory.distortion import distortion_from_model
 from reward_lens.instruments.tokens import supports_token_attribution, token_attribution
 from reward_lens.core.readout import readout_run
 from reward_lens.app.report import Report
+from reward_lens.app.benchmark import benchmark_outputs, benchmark_section
 
 PATCH_MODES = ("noising", "denoising", "zero", "mean")
 TOKEN_PAIRS = 3  # pairs with the largest |reward gap| whose token heatmaps the report shows
@@ -141,6 +142,7 @@ def run_audit(
     echo: Callable[[str], None] = print,
     run_info: Optional[Dict[str, Any]] = None,
     ranks: Optional[dist.Ranks] = None,
+    benchmark: Any = None,
 ) -> Optional[AuditResult]:
     """Run the whole audit; write report.html, results.json and CSVs into `out_dir` (None: write nothing).
 
@@ -148,7 +150,9 @@ def run_audit(
     (`reward_lens.app.output.ReportDir`); `run_info` (pairs file, options) goes into results.json.
     `batch_size`: an int, or "auto" (halve on out-of-memory). Under torchrun (`ranks`, default: the joined
     process group) the pair-level instruments are sharded over ranks (`reward_lens.distributed`); rank 0
-    computes everything else on the merged results and writes the report; the other ranks return None."""
+    computes everything else on the merged results and writes the report; the other ranks return None.
+    `benchmark`: a `BenchmarkResult` of the file the pairs came from: its summary goes into the report and
+    results.json (for RM-Bench with the hard-subset misses and their largest attribution terms)."""
     ranks = ranks or dist.current()
     if not ranks.is_main:
         shard_worker(model, pairs, max_pairs=max_pairs, batch_size=batch_size, ranks=ranks)
@@ -161,9 +165,21 @@ def run_audit(
         audit = _audit(model, pairs, max_pairs=max_pairs, batch_size=batch_size, probe_items=probe_items,
                        model_label=model_label, echo=echo, ranks=ranks)
         audit.record = {**clean_json(run_info), **audit.record}
+        if benchmark is not None:
+            add_benchmark(audit, model, benchmark, batch_size if isinstance(batch_size, int) else 8, echo)
         if report_dir is not None:
             write_outputs(audit, report_dir, echo)
     return audit
+
+
+def add_benchmark(audit: AuditResult, model, result: Any, batch_size: int,
+                  echo: Callable[[str], None]) -> None:
+    """The benchmark's summary (and RM-Bench's attributed style misses) into the record, CSVs and report."""
+    echo(f"[reward-lens] benchmark {result.benchmark}: summary and misses ...")
+    record, frames = benchmark_outputs(model, result, batch_size)
+    audit.record["benchmark"] = _jsonable(record)
+    audit.frames.update(frames)
+    audit.results["benchmark"] = result
 
 
 def _audit_pairs(pairs, max_pairs: Optional[int]) -> list:
@@ -386,6 +402,8 @@ def summary_table(audit: AuditResult) -> str:
             fmt(s["faithfulness"]["pooled_rho"])),
         *[f"{'hacking probes' if i == 0 else '':16} {dim:<12} {v['verdict']:<10} effect {fmt(v['effect'], '+.4f')} "
           f"{fmt_ci(v['ci_low'], v['ci_high'], '+.4f')}" for i, (dim, v) in enumerate(s["probes"].items())],
+        *([f"benchmark        {s['benchmark']['name']}: {fmt(s['benchmark']['accuracy'], '.3f')} "
+           "(official rule)"] if "benchmark" in s else []),
         f"total time       {s['total_time_s']:.1f} s",
     ]
     width = max(len(line) for line in lines)
@@ -417,6 +435,9 @@ def headline_frame(audit: AuditResult) -> pd.DataFrame:
     for dim, v in s["probes"].items():
         rows.append((f"probe: {dim}", f"{v['verdict']} ({fmt(v['effect'], '+.4f')}, 95% CI "
                                        f"{fmt_ci(v['ci_low'], v['ci_high'], '+.4f')})"))
+    if "benchmark" in s:
+        rows.append((f"benchmark {s['benchmark']['name']} (official rule)",
+                     fmt(s["benchmark"]["accuracy"], ".3f")))
     rows.append(("total time", f"{s['total_time_s']:.1f} s"))
     return pd.DataFrame(rows, columns=["metric", "value"])
 
@@ -428,6 +449,8 @@ def build_report(audit: AuditResult):
     sec.table(headline_frame(audit))
     sec.text("Every number here is also in results.json; per-pair and per-component values are in the CSV files.",
              note=True)
+    if "benchmark" in r:
+        benchmark_section(rep, s["benchmark"], audit.frames, r["benchmark"].plot())
     sec = rep.section("Reward lens")
     sec.text("The reward read from the residual stream after each layer at the readout position, chosen minus "
              "rejected. 'normed' recomputes the final norm on the intermediate residual (the logit-lens analogue); "

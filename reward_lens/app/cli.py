@@ -1,4 +1,4 @@
-"""The `reward-lens` command line: `audit` (the main job), `compare`, `sweep` and `monitor`.
+"""The `reward-lens` command line: `audit` (the main job), `evaluate`, `compare`, `sweep` and `monitor`.
 
 `audit`, `compare` and `sweep` run data-parallel when launched by torchrun (`reward_lens.distributed`)."""
 
@@ -64,6 +64,20 @@ def _load_pairs(path: Optional[str], model):
     return load_pairs(path)
 
 
+def _audit_input(path: Optional[str], model, batch_size):
+    """(pairs, BenchmarkResult or None): a RewardBench 2 / RM-Bench / JudgeBench file is audited as its
+    pairwise expansion (each chosen against each rejected) and scored by its official rule."""
+    if path is not None:
+        from reward_lens.app.benchmark import is_benchmark_file
+
+        if is_benchmark_file(path):
+            from reward_lens.evaluation import benchmark_pairs, evaluate
+
+            size = batch_size if isinstance(batch_size, int) else 16
+            return benchmark_pairs(path), evaluate(model, path, batch_size=size)
+    return _load_pairs(path, model), None
+
+
 def _set_threads(threads: Optional[int], model) -> None:
     """Small models on CPU run fastest on one intra-op thread: with more, OpenMP's synchronisation costs more
     than the tiny matmuls save, and on a busy machine it can be ~100x slower (measured on the demo model)."""
@@ -96,10 +110,39 @@ def cmd_audit(args) -> int:
     with _report_dir(args.out, ranks) as out:  # checked and locked before any work
         model, label = _load_model(args.model, ranks.device(args.device), args.dtype, args.input_format)
         _set_threads(args.threads, model)
-        pairs = _load_pairs(args.pairs, model)
+        pairs, bench = _audit_input(args.pairs, model, args.batch_size)
         info = provenance(args.pairs, {k: v for k, v in vars(args).items() if k not in ("func", "debug")})
         run_audit(model, pairs, out, max_pairs=args.max_pairs, batch_size=args.batch_size, model_label=label,
-                  run_info=info, ranks=ranks)
+                  run_info=info, ranks=ranks, benchmark=bench)
+    return 0
+
+
+def cmd_evaluate(args) -> int:
+    from pathlib import Path as _Path
+
+    from reward_lens.app.output import ReportDir, provenance, write_csv, write_json
+    from reward_lens.evaluation import evaluate
+
+    with ReportDir(args.out) as out:  # checked and locked before any work
+        model, label = _load_model(args.model, args.device, args.dtype, args.input_format)
+        _set_threads(args.threads, model)
+        result = evaluate(model, args.source, benchmark=args.benchmark, batch_size=args.batch_size,
+                          split=args.split)
+        is_file = _Path(args.source).expanduser().exists()
+        info = provenance(args.source if is_file else None,
+                          {k: v for k, v in vars(args).items() if k not in ("func", "debug")})
+        record = {**info, "model": label, "benchmark": result.benchmark, "source": result.source,
+                  "rule": result.rule, "accuracy": result.accuracy,
+                  "summary": result.summary().to_dict("records"), "details": result.details}
+
+        def write(tmp: Path) -> None:
+            write_csv(tmp / "summary.csv", result.summary())
+            write_csv(tmp / "scores.csv", result.to_frame())
+            write_json(tmp / "results.json", record)
+
+        path = out.commit(write)
+    print(result.summary_text())
+    print(f"[reward-lens] wrote {path / 'summary.csv'}, scores.csv and results.json")
     return 0
 
 
@@ -221,6 +264,8 @@ def build_parser() -> argparse.ArgumentParser:
     common(audit)
     audit.set_defaults(func=cmd_audit)
 
+    _add_evaluate(sub)
+
     compare = sub.add_parser("compare", help="compare reward models on the same pairs (basis-free quantities)")
     compare.add_argument("models", nargs="+", metavar="MODEL", help="two or more checkpoints ('demo' for the demo)")
     compare.add_argument("--out", default="reward-lens-compare")
@@ -248,13 +293,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_evaluate(sub) -> None:
+    from reward_lens.evaluation import BENCHMARKS
+
+    ev = sub.add_parser("evaluate", help="score a reward model on RewardBench 2, RM-Bench, JudgeBench or "
+                                         "RewardBench by the official rules; prints the summary, writes CSVs")
+    ev.add_argument("source", metavar="FILE",
+                    help="benchmark file (.jsonl/.json/.csv/.parquet) or hub dataset id")
+    ev.add_argument("--benchmark", default="auto", choices=["auto", *BENCHMARKS],
+                    help="the benchmark's layout and rule (default auto: recognised by the columns)")
+    ev.add_argument("--model", default=None, help="checkpoint directory or hub id (default: the demo model)")
+    ev.add_argument("--out", default="reward-lens-eval", help="output directory (default: reward-lens-eval)")
+    ev.add_argument("--batch-size", type=int, default=16, help="responses per forward pass (default 16)")
+    ev.add_argument("--split", default=None, help="one split of a hub dataset (default: all, in order)")
+    ev.add_argument("--input-format", default="auto", help="how texts become token ids (as for audit)")
+    ev.add_argument("--device", default=None, help="cpu or cuda[:i] (default: cuda when available, else cpu)")
+    ev.add_argument("--dtype", default=None, help="float32 (default), bfloat16 or float16")
+    ev.add_argument("--threads", type=int, default=None, help="torch CPU threads (as for audit)")
+    ev.add_argument("--debug", action="store_true", help="show the full traceback of an error")
+    ev.set_defaults(func=cmd_evaluate, pairs=None, max_pairs=None)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     if getattr(args, "models", None) is not None and len(args.models) < 2:
         print("reward-lens compare: error: give at least two models to compare", file=sys.stderr)
         return 2
     try:
-        if args.command in ("audit", "compare", "sweep"):  # every option checked before any work
+        if args.command in ("audit", "evaluate", "compare", "sweep"):  # every option checked before any work
             validate_args(args)
         return args.func(args)
     except KeyboardInterrupt:

@@ -65,6 +65,23 @@ def check_pairs_file(path: Optional[str]) -> None:
         raise CLIError(f"--pairs {str(path)!r}: unsupported file type {p.suffix!r}; use {', '.join(SUFFIXES)}")
 
 
+def check_benchmark_source(source: Optional[str]) -> None:
+    """`reward-lens evaluate FILE`: an existing benchmark file, or a hub dataset id (org/name)."""
+    if source is None:
+        return
+    p = Path(source).expanduser()
+    if p.is_dir():
+        raise CLIError(f"{source!r} is a directory; give a benchmark file ({', '.join(SUFFIXES)}) or a hub "
+                       "dataset id")
+    if p.exists():
+        if p.suffix.lower() not in SUFFIXES:
+            raise CLIError(f"{source!r}: unsupported file type {p.suffix!r}; use {', '.join(SUFFIXES)}")
+        return
+    if source.count("/") != 1 or source.startswith((".", "/", "~")) or p.suffix.lower() in SUFFIXES:
+        raise CLIError(f"no benchmark file at {source!r}; give a .jsonl/.json/.csv/.parquet file or a hub "
+                       "dataset id such as allenai/reward-bench-2")
+
+
 BUILTIN_MODELS = ("demo", "smollm2-organism")  # names the CLI loads itself (not paths)
 
 
@@ -107,6 +124,7 @@ def validate_args(args: Any) -> None:
         check_positive("--batch-size", args.batch_size)
     check_positive("--threads", args.threads)
     check_pairs_file(args.pairs)
+    check_benchmark_source(getattr(args, "source", None))
     for spec in getattr(args, "models", None) or [getattr(args, "model", None)]:
         check_model_spec(spec)
     sweep = getattr(args, "command", None) == "sweep"

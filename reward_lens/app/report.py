@@ -1,4 +1,8 @@
-"""A self-contained HTML report: one file, plots inlined as PNG data URIs, opens offline."""
+"""A self-contained HTML report: one file, plots inlined as PNG data URIs, opens offline.
+
+The layout fits a 1280-pixel window: the page never scrolls sideways. Every table sits in its own box
+(`.table-wrap`) that scrolls horizontally when the table is wider than the page; figures shrink to the
+page width; long unbroken text (token heatmaps, ids) wraps anywhere."""
 
 from __future__ import annotations
 
@@ -15,6 +19,8 @@ body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;max-width:1100px;ma
 h1{border-bottom:2px solid #444}h2{margin-top:2em;border-bottom:1px solid #ccc}
 table{border-collapse:collapse;font-size:.9em;margin:.5em 0}td,th{border:1px solid #ccc;padding:.25em .6em;text-align:left}
 th{background:#f3f3f3}img{max-width:100%;height:auto;border:1px solid #eee}.note{color:#555;font-size:.9em}
+.table-wrap{max-width:100%;overflow-x:auto;margin:.5em 0}.table-wrap table{margin:0}
+p,td,th{overflow-wrap:anywhere}.rl-tokens{max-width:100%;overflow-x:auto}
 """
 
 
@@ -38,7 +44,8 @@ class Section:
 
     def table(self, frame: Any, max_rows: int = 40, float_format: str = "{:.4g}") -> "Section":
         shown = frame.head(max_rows)
-        self.parts.append(shown.to_html(index=False, float_format=lambda x: float_format.format(x), border=0))
+        table = shown.to_html(index=False, float_format=lambda x: float_format.format(x), border=0)
+        self.parts.append(f'<div class="table-wrap">{table}</div>')  # a wide table scrolls in its own box
         if len(frame) > max_rows:
             self.parts.append(f'<p class="note">first {max_rows} of {len(frame)} rows; all rows are in the CSV files</p>')
         return self

@@ -1,0 +1,110 @@
+"""Benchmark evaluation: a reward model scored on RewardBench 2, RM-Bench, JudgeBench or RewardBench (v1)
+exactly as each benchmark's official script scores it.
+
+One module per benchmark (its columns, its rule, its pairwise expansion for the audit) behind a small
+registry (`BENCHMARKS`); `sources` reads files, `datasets` objects and hub ids; `scoring` scores every
+response with the model's own tokenisation. Ties in rewards count as each official script counts them:
+RewardBench 2 splits a best-of-n win between the tied top responses (1/k); RM-Bench, JudgeBench and
+RewardBench v1 count a tie as wrong.
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, Optional, Union
+
+from reward_lens.evaluation import judgebench, rewardbench, rewardbench2, rmbench  # noqa: F401 (registers them)
+from reward_lens.evaluation.base import (
+    BENCHMARKS,
+    Benchmark,
+    BenchmarkFormatError,
+    BenchmarkResult,
+    detect,
+    formats_text,
+    get,
+)
+from reward_lens.evaluation.scoring import score_texts
+from reward_lens.evaluation.sources import SourceError, read_source
+
+AUTO = "auto"
+
+
+def resolve(rows: List[dict], benchmark: str, source: str) -> Benchmark:
+    """The benchmark named, or the one whose columns the rows have (`benchmark="auto"`)."""
+    if benchmark == AUTO:
+        return detect(rows, source)
+    b = get(benchmark)
+    if rows and not b.matches([str(c) for c in rows[0]], rows[0]):
+        raise BenchmarkFormatError(
+            f"{source}: columns {sorted(map(str, rows[0]))[:10]} are not {b.name}'s layout "
+            f"({', '.join(b.columns)}); the formats are {formats_text()}"
+        )
+    return b
+
+
+def evaluate(
+    model,
+    source: Any,
+    *,
+    benchmark: str = AUTO,
+    batch_size: int = 16,
+    progress: Union[bool, str] = True,
+    split: Optional[str] = None,
+) -> BenchmarkResult:
+    """Score `model` on a benchmark by its official rule.
+
+    `source`: a .jsonl / .json / .csv / .parquet file, a `datasets.Dataset` or `DatasetDict` (every split), a
+    hub dataset id (needs the hub; offline, a one-line error naming HF_HUB_OFFLINE), or a list of row dicts;
+    `split` picks one split of a DatasetDict / hub dataset (default: all splits, in order).
+    `benchmark`: "rewardbench2", "rmbench", "judgebench", "rewardbench", or "auto" (recognised by the
+    columns). Every response is tokenised by `model.to_tokens` and scored by `model(ids, attention_mask=...)`
+    in batches of `batch_size` (identical texts once, so they tie exactly).
+
+    Ties in rewards count as the official scripts count them: RewardBench 2 gives a row 1/k when its chosen
+    response shares the top reward with k - 1 others (Ties subset: equal rewards count wrong); RM-Bench,
+    JudgeBench (both orders played: one vote each way, not a win) and RewardBench v1 count a tie as wrong.
+    The rules in full: each benchmark module's docstring, also in `BenchmarkResult.rule`."""
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    rows, label = read_source(source, split)
+    bench = resolve(rows, benchmark, label)
+    frame = bench.responses(rows)
+    frame["reward"] = score_texts(
+        model,
+        list(frame.prompt),
+        list(frame.response),
+        batch_size=batch_size,
+        progress=f"{bench.name}: scoring" if progress else False,
+    )
+    table, details = bench.summarize(frame)
+    scores = frame.drop(columns=["prompt", "response"])
+    scores.insert(0, "benchmark", bench.name)
+    return BenchmarkResult(
+        benchmark=bench.name,
+        scores=scores,
+        table=table,
+        source=label,
+        rule=bench.rule,
+        details=details,
+        rows=rows,
+    )
+
+
+def benchmark_pairs(source: Any, benchmark: str = AUTO) -> list:
+    """A benchmark's rows as pairwise preference pairs (each chosen against each rejected), for the audit."""
+    rows, label = read_source(source)
+    bench = resolve(rows, benchmark, label)
+    return bench.pairs(rows)
+
+
+__all__ = [
+    "BENCHMARKS",
+    "Benchmark",
+    "BenchmarkFormatError",
+    "BenchmarkResult",
+    "SourceError",
+    "benchmark_pairs",
+    "evaluate",
+    "read_source",
+    "resolve",
+    "score_texts",
+]

@@ -1,0 +1,163 @@
+"""What a benchmark is (its columns, how a row becomes scored responses, its official scoring rule), the
+registry of benchmarks, and `BenchmarkResult`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import pandas as pd
+
+from reward_lens.data.validate import PairDataError, normalize_label, normalize_text
+from reward_lens.plotting import figure_axes, finish
+
+Row = Dict[str, Any]
+SUMMARY_COLUMNS = ["benchmark", "subset", "accuracy", "n"]
+
+
+class BenchmarkFormatError(ValueError):
+    """Rows that do not fit the benchmark's layout; the message names the row, the column and the fix."""
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """One benchmark: `columns` it needs, `matches(columns)` (does a row's column set look like it),
+    `responses(rows)` (one frame row per response to score: row, id, subset, role, k, prompt, response),
+    `summarize(frame)` (the frame with `reward` -> (summary frame, details)) and `pairs(rows)` (pairwise
+    preference pairs, chosen vs each rejected, for the audit's instruments)."""
+
+    name: str
+    columns: Tuple[str, ...]
+    rule: str
+    matches: Callable[[Sequence[str], Row], bool]
+    responses: Callable[[List[Row]], pd.DataFrame]
+    summarize: Callable[[pd.DataFrame], Tuple[pd.DataFrame, Dict[str, Any]]]
+    pairs: Optional[Callable[[List[Row]], list]] = None
+
+
+BENCHMARKS: Dict[str, Benchmark] = {}
+
+
+def register(benchmark: Benchmark) -> Benchmark:
+    BENCHMARKS[benchmark.name] = benchmark
+    return benchmark
+
+
+def formats_text() -> str:
+    """Every registered format and its columns, for error messages."""
+    return "; ".join(f"{b.name} ({', '.join(b.columns)})" for b in BENCHMARKS.values())
+
+
+def detect(rows: List[Row], source: str) -> Benchmark:
+    """The benchmark whose layout the first row has (checked in registry order)."""
+    if not rows:
+        raise BenchmarkFormatError(f"{source} holds no rows; give at least one benchmark row")
+    first = rows[0]
+    cols = [str(c) for c in first]
+    for b in BENCHMARKS.values():
+        if b.matches(cols, first):
+            return b
+    raise BenchmarkFormatError(
+        f"{source}: columns {sorted(cols)[:10]} match no benchmark layout; the formats are "
+        f"{formats_text()}; or pass benchmark=NAME"
+    )
+
+
+def get(name: str) -> Benchmark:
+    if name not in BENCHMARKS:
+        raise ValueError(f"unknown benchmark {name!r}; choose auto or one of {', '.join(BENCHMARKS)}")
+    return BENCHMARKS[name]
+
+
+# --------------------------------------------------------------------------- row checks
+def row_text(row: Row, column: str, where: str) -> Any:
+    """A prompt / response cell as text or a message tuple; a one-line error naming row and column."""
+    if column not in row:
+        raise BenchmarkFormatError(f"{where}: lacks column {column!r}; found {sorted(map(str, row))[:10]}")
+    try:
+        return normalize_text(row[column], column)
+    except PairDataError as exc:
+        raise BenchmarkFormatError(f"{where}, column {column!r}: {exc}") from None
+
+
+def row_list(row: Row, column: str, where: str, n: Optional[int] = None) -> List[Any]:
+    """A list-of-responses cell (each text or a message list); `n`: its required length."""
+    value = row.get(column)
+    if isinstance(value, str) or not isinstance(value, (list, tuple)) or not value:
+        raise BenchmarkFormatError(
+            f"{where}, column {column!r}: is {type(value).__name__}; give a non-empty list of responses"
+        )
+    if n is not None and len(value) != n:
+        raise BenchmarkFormatError(
+            f"{where}, column {column!r}: has {len(value)} responses; this benchmark needs {n}"
+        )
+    out = []
+    for j, v in enumerate(value):
+        try:
+            out.append(normalize_text(v, f"{column}[{j}]"))
+        except PairDataError as exc:
+            raise BenchmarkFormatError(f"{where}: {exc}") from None
+    return out
+
+
+def row_label(row: Row, column: str, default: Optional[str] = None) -> Optional[str]:
+    try:
+        value = normalize_label(row.get(column), column)
+    except PairDataError:
+        value = str(row.get(column))
+    return default if value is None else value
+
+
+def is_text_list(value: Any) -> bool:
+    """A list of responses (strings or message lists), as opposed to one conversation (a list of dicts)."""
+    return isinstance(value, (list, tuple)) and bool(value) and not isinstance(value[0], dict)
+
+
+def summary_row(benchmark: str, subset: str, accuracy: float, n: int) -> Dict[str, Any]:
+    return {"benchmark": benchmark, "subset": subset, "accuracy": float(accuracy), "n": int(n)}
+
+
+# --------------------------------------------------------------------------- the result
+@dataclass
+class BenchmarkResult:
+    """A reward model's score on a benchmark, by the benchmark's official rule.
+
+    `scores`: one row per scored response (row, id, subset, role, k, reward; RM-Bench adds style);
+    `table`: benchmark, subset, accuracy, n (subset "all" is the overall score); `details`: the rule's
+    intermediate values (RM-Bench's 3x3 matrices, RewardBench 2's Ties terms, ...)."""
+
+    benchmark: str
+    scores: pd.DataFrame
+    table: pd.DataFrame
+    source: str = ""
+    rule: str = ""
+    details: Dict[str, Any] = field(default_factory=dict)
+    rows: List[Row] = field(default_factory=list, repr=False)
+
+    @property
+    def accuracy(self) -> float:
+        """The overall score (the summary's "all" row)."""
+        return float(self.table.loc[self.table["subset"] == "all", "accuracy"].iloc[0])
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per scored response: benchmark, row, id, subset, role, k, (style), reward."""
+        return self.scores.copy()
+
+    def summary(self) -> pd.DataFrame:
+        """benchmark, subset, accuracy, n; subset "all" is the overall score."""
+        return self.table.copy()
+
+    def summary_text(self) -> str:
+        return self.table.to_string(index=False, float_format=lambda x: f"{x:.4f}")
+
+    def plot(self, ax: Any = None) -> Any:
+        """Accuracy per subset (horizontal bars; the overall score dark)."""
+        created = ax is None
+        t = self.table.iloc[::-1]
+        fig, ax = figure_axes(ax, (6.5, max(2.0, 0.3 * len(t) + 1)))
+        colors = ["#333" if s == "all" else "#5b8fc9" for s in t["subset"]]
+        ax.barh(list(t["subset"]), list(t["accuracy"]), color=colors)
+        ax.set_xlim(0, 1)
+        ax.set_xlabel("accuracy")
+        ax.set_title(f"{self.benchmark}: accuracy by subset")
+        return finish(fig, created)

@@ -1,0 +1,177 @@
+"""RewardBench 2 (allenai/reward-bench-2): each row has a `chosen` list and a `rejected` list.
+
+The rule of allenai/reward-bench `scripts/run_v2.py` (with `reroll_and_score_dataset` and
+`process_single_model` of `rewardbench/utils.py`):
+
+- every subset but Ties: a row's scores are [chosen..., rejected...]; it scores 1/k when its first chosen
+  response has the highest score and k responses share that score (a tie splits the credit), else 0; the
+  subset's accuracy is the mean over its rows.
+- Ties: rows have several correct answers (`num_correct`, else the length of `chosen`) and ids
+  "ref:N" (one correct answer) / "tied:N" (several). A prompt is accurate when its worst correct answer
+  outscores its best incorrect one (equal scores count wrong). The subset score is
+  0.30 tied accuracy + 0.30 ref accuracy + 0.20 P(margin between correct and incorrect answers >
+  spread of the correct answers, tied prompts) + 0.20 the same with the smaller of the tied and ref margins
+  + 0.01 mean tanh(that smaller margin / spread - 1) (NaN terms as 0), over prompts with both a ref and a
+  tied row.
+- overall ("all"): run_v2 reports subsets only; the leaderboard's score is the unweighted mean of the
+  subset scores, which is what "all" is.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Sequence, Tuple
+
+import numpy as np
+import pandas as pd
+
+from reward_lens.data.pairs import PreferencePair
+from reward_lens.evaluation.base import (
+    Benchmark,
+    BenchmarkFormatError,
+    Row,
+    is_text_list,
+    register,
+    row_label,
+    row_list,
+    row_text,
+    summary_row,
+)
+
+NAME = "rewardbench2"
+
+
+def _matches(columns: Sequence[str], row: Row) -> bool:
+    if not {"prompt", "chosen", "rejected"} <= set(columns) or "domain" in columns:
+        return False
+    return "num_correct" in columns or "total_completions" in columns or is_text_list(row.get("chosen"))
+
+
+def _num_correct(row: Row, chosen: List[Any], where: str) -> int:
+    value = row.get("num_correct")
+    if value is None or value == "":
+        return len(chosen)
+    try:
+        n = int(float(value))
+    except (TypeError, ValueError):
+        raise BenchmarkFormatError(f"{where}, column 'num_correct': is {value!r}; give an integer") from None
+    if n != len(chosen):
+        raise BenchmarkFormatError(
+            f"{where}: num_correct is {n} but chosen holds {len(chosen)} responses; they must agree"
+        )
+    return n
+
+
+def _responses(rows: List[Row]) -> pd.DataFrame:
+    out = []
+    for i, row in enumerate(rows):
+        where = f"row {i + 1}"
+        prompt = row_text(row, "prompt", where)
+        chosen, rejected = row_list(row, "chosen", where), row_list(row, "rejected", where)
+        _num_correct(row, chosen, where)
+        rid, subset = row_label(row, "id", str(i)), row_label(row, "subset", "default")
+        for role, texts in (("chosen", chosen), ("rejected", rejected)):
+            out.extend(
+                {"row": i, "id": rid, "subset": subset, "role": role, "k": k, "prompt": prompt, "response": t}
+                for k, t in enumerate(texts)
+            )
+    return pd.DataFrame(out)
+
+
+def best_of_n(scores: Sequence[float]) -> float:
+    """run_v2's per-row result: 1/k when scores[0] is the maximum shared by k scores, else 0."""
+    s = np.asarray(scores, dtype=np.float64)
+    top = s.max()
+    return float(1.0 / np.sum(s == top)) if s[0] == top else 0.0
+
+
+def _prompt_stats(correct: np.ndarray, wrong: np.ndarray) -> Tuple[bool, float, float]:
+    spread = float(correct.max() - correct.min()) if len(correct) > 1 else np.nan
+    margin = float(correct.min() - wrong.max())
+    return margin > 0, spread, margin
+
+
+def ties_score(groups: Dict[str, Tuple[np.ndarray, np.ndarray]]) -> Tuple[float, Dict[str, Any]]:
+    """The Ties subset's score from {row id "ref:N"/"tied:N": (correct scores, incorrect scores)}."""
+    stats: Dict[str, Dict[int, Tuple[bool, float, float]]] = {"ref": {}, "tied": {}}
+    for rid, (correct, wrong) in groups.items():
+        kind, _, num = str(rid).partition(":")
+        if kind not in stats or not num.strip().lstrip("-").isdigit():
+            raise BenchmarkFormatError(
+                f"Ties row id {rid!r}: Ties ids are 'ref:N' or 'tied:N' (as in RewardBench 2)"
+            )
+        if len(wrong) == 0:
+            raise BenchmarkFormatError(f"Ties row {rid!r} has no rejected responses; give at least one")
+        stats[kind][int(num)] = _prompt_stats(correct, wrong)
+    ref_acc = float(np.mean([s[0] for s in stats["ref"].values()])) if stats["ref"] else 0.0
+    tied_acc = float(np.mean([s[0] for s in stats["tied"].values()])) if stats["tied"] else 0.0
+    both = sorted(set(stats["ref"]) & set(stats["tied"]))
+    spread = np.array([stats["tied"][p][1] for p in both], dtype=np.float64)
+    m_tied = np.array([stats["tied"][p][2] for p in both], dtype=np.float64)
+    m_hard = np.minimum(np.array([stats["ref"][p][2] for p in both], dtype=np.float64), m_tied)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        preferred = float(np.mean(m_tied > spread)) if both else float("nan")
+        preferred_hard = float(np.mean(m_hard > spread)) if both else float("nan")
+        margin = (
+            float(np.mean(np.nan_to_num(np.tanh(m_hard / spread - 1), nan=0.0))) if both else float("nan")
+        )
+    score = 0.30 * tied_acc + 0.30 * ref_acc + 0.20 * preferred + 0.20 * preferred_hard + 0.01 * margin
+    return float(score), {
+        "tied_accuracy": tied_acc,
+        "ref_accuracy": ref_acc,
+        "correctness_preferred": preferred,
+        "correctness_preferred_hard": preferred_hard,
+        "correctness_margin_score": margin,
+        "n_ref": len(stats["ref"]),
+        "n_tied": len(stats["tied"]),
+        "n_both": len(both),
+    }
+
+
+def _summarize(frame: pd.DataFrame) -> Tuple[pd.DataFrame, Dict[str, Any]]:
+    rows, details = [], {}
+    per_row = []
+    for subset, part in frame.groupby("subset", sort=False):
+        groups = {}
+        for r, g in part.groupby("row", sort=True):
+            c, w = g[g.role == "chosen"], g[g.role == "rejected"]
+            groups[r] = (str(g.id.iloc[0]), c.reward.to_numpy(), w.reward.to_numpy())
+        if str(subset).lower() == "ties":
+            score, details["ties"] = ties_score({rid: (c, w) for rid, c, w in groups.values()})
+        else:
+            results = {r: best_of_n(np.concatenate([c, w])) for r, (_, c, w) in groups.items()}
+            per_row.extend({"row": r, "result": v} for r, v in results.items())
+            score = float(np.mean(list(results.values())))
+        rows.append(summary_row(NAME, str(subset), score, len(groups)))
+    overall = float(np.mean([r["accuracy"] for r in rows]))
+    rows.append(summary_row(NAME, "all", overall, int(frame.row.nunique())))
+    details["row_results"] = per_row
+    return pd.DataFrame(rows), details
+
+
+def _pairs(rows: List[Row]) -> List[PreferencePair]:
+    """Each chosen response against each rejected one, ids "<id>:c<i>-r<j>", subset the row's subset."""
+    frame = _responses(rows)
+    out = []
+    for r, g in frame.groupby("row", sort=True):
+        c, w = g[g.role == "chosen"], g[g.role == "rejected"]
+        for _, a in c.iterrows():
+            for _, b in w.iterrows():
+                out.append(
+                    PreferencePair(
+                        a.prompt, a.response, b.response, subset=a.subset, id=f"{a.id}:c{a.k}-r{b.k}"
+                    )
+                )
+    return out
+
+
+BENCHMARK = register(
+    Benchmark(
+        name=NAME,
+        columns=("prompt", "chosen: list", "rejected: list", "subset", "id", "num_correct"),
+        rule=__doc__.split("\n\n", 1)[1].strip(),
+        matches=_matches,
+        responses=_responses,
+        summarize=_summarize,
+        pairs=_pairs,
+    )
+)
