@@ -4,7 +4,8 @@ Builds `LlamaForSequenceClassification` (num_labels=1) from a `LlamaConfig` dire
 target dtype (random init, no download), converts it in memory (`HookedRewardModel.from_hf_model`), makes
 `--pairs` synthetic token pairs with RewardBench-like lengths (log-normal prompt and response lengths, shared
 prompt), and runs the audit's instruments: reward lens, exact attribution (components + heads), component
-and head patching in all four modes (fast path), AtP (components + heads, all modes), faithfulness. Prints
+and head patching in all four modes (fast path), AtP (components + heads, all modes), all requested from one
+pipeline call (`reward_lens.core.pipeline.run_pipeline`: the clean passes shared), then faithfulness. Prints
 per-stage wall time, pairs/s, peak device memory, and the ratio of the total to transformers' bare forward
 over the same batches (both responses of every pair, the same padding).
 
@@ -34,7 +35,13 @@ from reward_lens import HookedRewardModel  # noqa: E402
 from reward_lens.core.autobatch import BatchSize  # noqa: E402
 from reward_lens.core.batching import pair_batches  # noqa: E402
 from reward_lens.data.pairs import TokenPair  # noqa: E402
-from reward_lens.instruments import attribute, attribution_patch, faithfulness, lens, patch  # noqa: E402
+from reward_lens.core.pipeline import CLEAN, run_pipeline  # noqa: E402
+from reward_lens.core.ranks import Ranks  # noqa: E402
+from reward_lens.instruments import faithfulness  # noqa: E402
+from reward_lens.instruments.attribution import AttributionSpec  # noqa: E402
+from reward_lens.instruments.lens import LensSpec  # noqa: E402
+from reward_lens.instruments.patching.atp import AtPSpec  # noqa: E402
+from reward_lens.instruments.patching.contrastive import PatchSpec  # noqa: E402
 from reward_lens.instruments.patching.spec import MODES  # noqa: E402
 
 
@@ -119,23 +126,29 @@ def bare_forward(hf, model, pairs, batch_size: int, device: str) -> float:
     return time.perf_counter() - start
 
 
-def stages(model, pairs, batch: BatchSize):
-    """(name, fn) of the pipeline; each fn takes the results so far and returns its own."""
-    run = batch.run
+SPECS = (
+    ("reward lens", "lens"), ("exact attribution (components + heads)", "attribution"),
+    ("component patching, 4 modes", "patch"), ("head patching, 4 modes", "patch:head"),
+    ("AtP (components + heads), 4 modes", "atp"),
+)
+
+
+def specs():
+    """The audit's instruments, requested together from one pipeline (their clean passes shared)."""
     return [
-        ("reward lens", lambda r: run(lambda bs: lens(model, pairs, batch_size=bs, progress=False))),
-        ("exact attribution (components + heads)",
-         lambda r: run(lambda bs: attribute(model, pairs, heads=True, batch_size=bs, progress=False))),
-        ("component patching, 4 modes",
-         lambda r: run(lambda bs: patch(model, pairs, mode=list(MODES), level="component", batch_size=bs, progress=False))),
-        ("head patching, 4 modes",
-         lambda r: run(lambda bs: patch(model, pairs, mode=list(MODES), level="head", batch_size=bs, progress=False))),
-        ("AtP (components + heads), 4 modes",
-         lambda r: run(lambda bs: attribution_patch(model, pairs, mode=list(MODES), level=["component", "head"],
-                                                     batch_size=bs, progress=False))),
-        ("faithfulness", lambda r: faithfulness(r["exact attribution (components + heads)"],
-                                                r["component patching, 4 modes"], mode="noising")),
+        LensSpec(), AttributionSpec(heads=True),
+        PatchSpec(mode=list(MODES), level="component"), PatchSpec(mode=list(MODES), level="head"),
+        AtPSpec(mode=list(MODES), level=["component", "head"]),
     ]
+
+
+def timed(dev: str, fn):
+    reset_peak(dev)
+    sync(dev)
+    start = time.perf_counter()
+    out = fn()
+    sync(dev)
+    return out, time.perf_counter() - start
 
 
 def main(argv=None) -> int:
@@ -160,16 +173,24 @@ def main(argv=None) -> int:
           f"{n_tokens} tokens (mean {n_tokens / (2 * len(pairs)):.0f} per response); model built in {build_s:.1f} s")
     print(f"| stage | wall s | pairs/s | peak {'GPU' if name != 'CPU' else 'host RSS'} GiB |")
     print("|---|---:|---:|---:|")
-    results, total = {}, 0.0
-    for stage, fn in stages(model, pairs, batch):
-        reset_peak(dev)
-        sync(dev)
-        start = time.perf_counter()
-        results[stage] = fn(results)
-        sync(dev)
-        took = time.perf_counter() - start
-        total += took
-        print(f"| {stage} | {took:.2f} | {len(pairs) / took:.1f} | {peak_memory_gib(dev):.2f} |", flush=True)
+    spent: dict = {}
+    out, took = timed(dev, lambda: run_pipeline(model, pairs, specs(), batch_size=batch, ranks=Ranks(),
+                                                timings=spent))
+    peak = peak_memory_gib(dev)
+    # Per stage: its own computation on the shared captures; the clean passes (one forward per side and
+    # batch) are shared by all of them and get their own row.
+    rows = [(stage, spent.get(key, 0.0)) for stage, key in SPECS] + [
+        ("shared clean passes (one forward per side and batch)", spent.get(CLEAN, 0.0)),
+        ("pipeline total", took)]
+    for stage, seconds in rows:
+        print(f"| {stage} | {seconds:.4f} | {len(pairs) / max(seconds, 1e-9):.1f} | {peak:.2f} |", flush=True)
+    results = {stage: out[key] for stage, key in SPECS}
+    results["faithfulness"], faith_s = timed(dev, lambda: faithfulness(
+        results["exact attribution (components + heads)"], results["component patching, 4 modes"],
+        mode="noising"))
+    print(f"| faithfulness | {faith_s:.4f} | {len(pairs) / faith_s:.1f} | {peak_memory_gib(dev):.2f} |",
+          flush=True)
+    total = took + faith_s
     print(f"| **total** | {total:.2f} | {len(pairs) / total:.1f} | |")
     print(f"bare transformers forward over the same batches: {bare_s:.2f} s; pipeline / bare forward = "
           f"{total / bare_s:.2f}; batch size {batch.size} (started at {batch.initial})")

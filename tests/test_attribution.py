@@ -117,7 +117,7 @@ def test_multi_output_head_is_a_clear_error(llama_hf):
 
 
 def test_a_head_the_decomposition_cannot_reproduce_is_reported(llama_model, monkeypatch):
-    import reward_lens.instruments.attribution as module
+    import reward_lens.core.pipeline as module  # where the instruments take the readout direction from
 
     real = module.readout_direction
     monkeypatch.setattr(module, "readout_direction", lambda model, tok: (2 * real(model, tok)[0], real(model, tok)[1]))

@@ -201,16 +201,17 @@ def shard_worker(model, pairs, *, max_pairs: Optional[int], batch_size, ranks: d
 def sharded_steps(model, pairs, batch: BatchSize, ranks: dist.Ranks, step: "_Steps") -> Dict[str, Any]:
     """The pair-level instruments, called in this one order on every rank (a collective each under
     torchrun): rank 0 gets the results over all pairs, the other ranks None."""
-    kw = {"ranks": ranks, "batch_size": batch}
-    out = {
-        "lens": step("reward lens", lambda: dist.lens(model, pairs, **kw)),
-        "attribution": step("exact attribution", lambda: dist.attribute(model, pairs, **kw)),
-        "patching": step("contrastive patching (noising, denoising, zero, mean; fast path)",
-                         lambda: dist.patch(model, pairs, mode=list(PATCH_MODES), level="component", **kw)),
-    }
+    specs = [ins.LensSpec(), ins.AttributionSpec(), ins.PatchSpec(mode=list(PATCH_MODES), level="component")]
     if len(pairs) >= 2:
-        out["divergence"] = step("divergence-aware patching", lambda: dist.divergence_patch(model, pairs, **kw))
-    return out
+        specs.append(ins.DivergenceSpec())
+    label = "reward lens, exact attribution, contrastive patching (noising, denoising, zero, mean; fast path)"
+    label += ", divergence-aware patching" if len(pairs) >= 2 else ""
+    # one pipeline: the clean passes of every batch shared by the instruments
+    got = step(label, lambda: dist.run(model, pairs, specs, ranks=ranks, batch_size=batch))
+    if got is None:
+        return {}
+    names = {"lens": "lens", "attribution": "attribution", "patching": "patch", "divergence": "divergence"}
+    return {key: got[name] for key, name in names.items() if name in got}
 
 
 def _audit(model, pairs, *, max_pairs, batch_size, probe_items, model_label, echo, ranks) -> AuditResult:

@@ -34,9 +34,11 @@ from reward_lens import distributed as dist
 from reward_lens.app.output import SWEEP_MANIFEST, ReportDir, clean_json, write_csv
 from reward_lens.core.autobatch import BatchSize
 from reward_lens.data.pairs import TokenPair, as_pairs, pair_labels
-from reward_lens.instruments.attribution import attribute
-from reward_lens.instruments.patching.atp import attribution_patch
-from reward_lens.instruments.patching.contrastive import patch
+from reward_lens.core.pipeline import run_pipeline
+from reward_lens.core.ranks import Ranks
+from reward_lens.instruments.attribution import AttributionSpec
+from reward_lens.instruments.patching.atp import AtPSpec
+from reward_lens.instruments.patching.contrastive import PatchSpec
 from reward_lens.instruments.patching.spec import METHODS, MODES, POSITIONS
 from reward_lens.instruments.sites import sites_for
 
@@ -106,17 +108,20 @@ def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
 def chunk_frame(model, pairs: Sequence[Any], ids: List[str], sl: slice, spec: SweepSpec,
                 means: Optional[Dict[str, torch.Tensor]], batch: BatchSize) -> pd.DataFrame:
     """The sweep table of pairs[sl]: each instrument's tidy frame with an `instrument` column."""
-    chunk, frames = pairs[sl], []
-    common = dict(progress=False)
-    for name in spec.instruments:
+    specs, levels = {}, [lv for lv in spec.levels if lv in ATTRIBUTION_LEVELS]
+    for name in spec.instruments:  # one pipeline: the instruments share the chunk's clean passes
         if name == "attribute":
-            levels = [lv for lv in spec.levels if lv in ATTRIBUTION_LEVELS]
-            res = batch.run(lambda bs: attribute(model, chunk, heads="head" in levels, batch_size=bs, **common))
+            specs[name] = AttributionSpec(heads="head" in levels)
+        elif name == "patch":
+            specs[name] = PatchSpec(mode=list(spec.modes), level=list(spec.levels), positions=spec.positions,
+                                    method=spec.method, means=means, name="patch")
         else:
-            fn = patch if name == "patch" else attribution_patch
-            extra = {"method": spec.method} if name == "patch" else {}
-            res = batch.run(lambda bs: fn(model, chunk, mode=list(spec.modes), level=list(spec.levels),
-                                          positions=spec.positions, means=means, batch_size=bs, **extra, **common))
+            specs[name] = AtPSpec(mode=list(spec.modes), level=list(spec.levels), positions=spec.positions,
+                                  means=means, name="atp")
+    got = run_pipeline(model, pairs[sl], list(specs.values()), batch_size=batch, ranks=Ranks())
+    frames = []
+    for name in spec.instruments:
+        res = got[specs[name].name]
         res.pair_ids = ids[sl]
         frame = pd.concat([res.to_frame(lv) for lv in levels], ignore_index=True) if name == "attribute" else res.to_frame()
         frame.insert(0, "instrument", name)

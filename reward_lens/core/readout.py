@@ -5,7 +5,7 @@ write hook plumbing of their own. Batching lives in `core.batching`, per-sequenc
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Union
 
 import torch
@@ -118,35 +118,66 @@ def stream_activations(
 @dataclass
 class Capture:
     """One forward of a tokenised batch: its rewards, named activations at each readout position
-    (`at_readout[name]`: [batch, ...]) and named full activations (`full[name]`: [batch, pos, ...])."""
+    (`at_readout[name]`: [batch, ...]; a pattern's readout query row [batch, heads, key_pos]), named full
+    activations (`full[name]`: [batch, pos, ...]) and, when asked, d(sum of rewards) / d activation of
+    named hooks (`grads[name]`, whole, like `full`)."""
 
     tok: Tokenized
     rewards: torch.Tensor
     at_readout: Dict[str, torch.Tensor]
     full: Dict[str, torch.Tensor]
+    grads: Dict[str, torch.Tensor] = field(default_factory=dict)
 
 
-@torch.no_grad()
-def capture(model, tok: Tokenized, readout_names: Sequence[str] = (), full_names: Sequence[str] = ()) -> Capture:
-    """Run `tok` once, keeping `readout_names` at the readout and `full_names` whole (one forward)."""
+def capture(model, tok: Tokenized, readout_names: Sequence[str] = (), full_names: Sequence[str] = (),
+            grad_names: Sequence[str] = ()) -> Capture:
+    """Run `tok` once, keeping `readout_names` at the readout and `full_names` whole (one forward). With
+    `grad_names`, the same forward builds a graph from the embedding (parameters stay frozen: a hook
+    makes the embedding's output the leaf) and one backward gives d reward / d activation of each."""
     at_readout: Dict[str, torch.Tensor] = {}
     full: Dict[str, torch.Tensor] = {}
     rows = torch.arange(tok.input_ids.shape[0], device=tok.input_ids.device)
     readout = tok.readout.to(tok.input_ids.device)
-
+    grad_names = list(dict.fromkeys(grad_names))
     home = tok.input_ids.device  # a placed model's activations are kept on its home device
+    graph: Dict[str, torch.Tensor] = {}
 
     def keep_readout(tensor: torch.Tensor, hook) -> None:
-        here = tensor.device
-        at_readout[hook.name] = (tensor[rows.to(here), readout.to(here)] if tensor.dim() >= 3 else tensor).to(home)
+        here, tensor = tensor.device, tensor.detach()
+        if tensor.dim() >= 3 and hooks.query_axis(hook.name) == 2:  # [B, H, q, k]: the readout query's row
+            value = tensor[rows.to(here), :, readout.to(here)]
+        else:
+            value = tensor[rows.to(here), readout.to(here)] if tensor.dim() >= 3 else tensor
+        at_readout[hook.name] = value.to(home)
 
     def keep_full(tensor: torch.Tensor, hook) -> None:
-        full[hook.name] = tensor.to(home)
+        full[hook.name] = tensor.detach().to(home)
 
-    hooks = [(n, keep_readout) for n in dict.fromkeys(readout_names)]
-    hooks += [(n, keep_full) for n in dict.fromkeys(full_names)]
-    rewards = model.run_with_hooks(
-        tok.input_ids, tok.attention_mask, readout_positions=tok.readout, fwd_hooks=hooks
-    )
+    def leaf(tensor: torch.Tensor, hook) -> torch.Tensor:
+        return tensor.detach().requires_grad_(True)
+
+    def keep_graph(tensor: torch.Tensor, hook) -> None:
+        graph[hook.name] = tensor
+
+    fwd = []
+    if grad_names:
+        embeds = (hooks.act_name("embed"), hooks.act_name("pos_embed"))
+        fwd += [(h, leaf) for h in embeds if h in model.hook_dict]
+        fwd += [(n, keep_graph) for n in grad_names]
+    fwd += [(n, keep_readout) for n in dict.fromkeys(readout_names)]
+    fwd += [(n, keep_full) for n in dict.fromkeys(full_names)]
+    with torch.set_grad_enabled(bool(grad_names)):
+        rewards = model.run_with_hooks(
+            tok.input_ids, tok.attention_mask, readout_positions=tok.readout, fwd_hooks=fwd
+        )
+        grads: Dict[str, torch.Tensor] = {}
+        if grad_names:  # w.r.t. the activations only: no weight gradient is computed
+            inputs = [graph[n] for n in grad_names]
+            found = torch.autograd.grad(rewards.float().sum(), inputs, allow_unused=True)
+            grads = {n: (g if g is not None else torch.zeros_like(graph[n])).detach().to(home)
+                     for n, g in zip(grad_names, found)}
+            for n in grad_names:  # what was kept for the graph, detached, as every capture keeps it
+                full.setdefault(n, graph[n].detach().to(home))
+    rewards = rewards.detach()
     check_finite_rewards(rewards, tok.labels)
-    return Capture(tok, rewards, at_readout, full)
+    return Capture(tok, rewards, at_readout, full, grads)

@@ -24,13 +24,11 @@ import pandas as pd
 import torch
 from jaxtyping import Float
 
-from reward_lens.data.pairs import as_pairs, pair_labels
 from reward_lens.instruments.sites import component_sites
 from reward_lens.plotting import figure_axes, finish
 from reward_lens.results import PairRewards, to_numpy
-from reward_lens.core.batching import pair_batches
-from reward_lens.core.directions import readout_direction
-from reward_lens.core.readout import capture
+from reward_lens.core.pipeline import Reads, Shared, Spec, run_pipeline
+from reward_lens.core.ranks import Ranks
 from reward_lens.model.hooks import act_name
 
 # Relative error above which the decomposition is reported as not reproducing the model's reward: the
@@ -152,33 +150,41 @@ class AttributionResult(PairRewards):
         return finish(fig, created)
 
 
-@torch.no_grad()
-def _attribute_batch(model, tok, heads: bool, neurons: bool):
+def attribution_names(model, heads: bool, neurons: bool) -> List[str]:
+    """The hooks the attribution reads at the readout."""
     cfg = model.cfg
     L = cfg.n_layers
-    embeds = [act_name("embed")] + ([act_name("pos_embed")] if cfg.positional_embedding_type == "standard" else [])
-    names = embeds + [act_name("final_scale")]
+    names = embed_names(model) + [act_name("final_scale")]
     names += [act_name(k, l) for l in range(L) for k in ("attn_out", "mlp_out")]
     if heads:
         names += [act_name("z", l) for l in range(L)]
     if neurons:
         names += [act_name("post", l) for l in range(L)]
     if (heads or neurons) and model.has_head_hooks:  # what the blocks' output steps need to be linear
-        # (Gemma-2's post-norm scales); without head hooks the capture below refuses hook_z / hook_post
+        # (Gemma-2's post-norm scales); without head hooks the capture refuses hook_z / hook_post
         names += [h for block in model.blocks for h in block.output_gain_hooks()]
-    cap = capture(model, tok, readout_names=names)
-    acts = cap.at_readout
-    direction, bias = readout_direction(model, tok)  # [B, d], [B]
+    return names
+
+
+def embed_names(model) -> List[str]:
+    standard = model.cfg.positional_embedding_type == "standard"
+    return [act_name("embed")] + ([act_name("pos_embed")] if standard else [])
+
+
+@torch.no_grad()
+def attribution_terms(model, acts, rewards, direction, bias, heads: bool, neurons: bool):
+    """The terms of one side of a batch from its readout activations (`attribution_names`)."""
+    L = model.cfg.n_layers
     scale = acts[act_name("final_scale")].float()  # [B, 1]
     w = direction / scale  # the linear map each residual term goes through
 
     def term(x: torch.Tensor) -> torch.Tensor:
         return (x.float() * w).sum(-1)
 
-    comps = [term(acts[name]) for name in embeds]  # the order of component_sites
+    comps = [term(acts[name]) for name in embed_names(model)]  # the order of component_sites
     for l in range(L):
         comps += [term(acts[act_name("attn_out", l)]), term(acts[act_name("mlp_out", l)])]
-    out = {"terms": torch.stack(comps, -1), "bias": bias, "reward": cap.rewards.float()}
+    out = {"terms": torch.stack(comps, -1), "bias": bias, "reward": rewards.float()}
 
     def output_read(l: int, which: str) -> torch.Tensor:
         # The direction a block's raw output is read along: the block's output step (e.g. Gemma-2's
@@ -206,6 +212,60 @@ def _attribute_batch(model, tok, heads: bool, neurons: bool):
     return out
 
 
+class AttributionSpec(Spec):
+    """Exact direct attribution as a pipeline instrument: reads the components' outputs (and heads' z,
+    neurons' post) at the readout; checks the identity over all pairs when finished."""
+
+    name = "attribution"
+
+    def __init__(self, heads: Optional[bool] = None, neurons: bool = False):
+        self.heads, self.neurons = heads, neurons
+
+    def setup(self, model, pairs) -> None:
+        if self.heads is None:
+            self.heads = model.has_head_hooks
+        self.names = attribution_names(model, self.heads, self.neurons)
+        self.sites = component_sites(model.cfg)
+
+    def reads(self, model, batch) -> Reads:
+        return Reads.both(readout=self.names)
+
+    def step(self, model, shared: Shared) -> AttributionResult:
+        parts = {}
+        for side in ("chosen", "rejected"):
+            cap = shared.caps[side]
+            direction, bias = shared.direction(model, side)
+            parts[side] = attribution_terms(model, cap.at_readout, cap.rewards, direction, bias, self.heads,
+                                            self.neurons)
+        c, r = parts["chosen"], parts["rejected"]
+        return AttributionResult(
+            pair_ids=shared.pair_ids, components=[s.name for s in self.sites], layers=[s.layer for s in self.sites],
+            chosen=c["terms"], rejected=r["terms"], bias_chosen=c["bias"], bias_rejected=r["bias"],
+            reward_chosen=c["reward"], reward_rejected=r["reward"],
+            heads_chosen=c.get("heads"), heads_rejected=r.get("heads"),
+            head_bias_chosen=c.get("head_bias"), head_bias_rejected=r.get("head_bias"),
+            neurons_chosen=c.get("neurons"), neurons_rejected=r.get("neurons"),
+            neuron_bias_chosen=c.get("neuron_bias"), neuron_bias_rejected=r.get("neuron_bias"),
+        )
+
+    def finish(self, model, pieces, pair_ids) -> AttributionResult:
+        result = super().finish(model, pieces, pair_ids)
+        check_identity(model, result)
+        return result
+
+
+def check_identity(model, result: AttributionResult) -> None:
+    """Warn when the terms miss the model's reward by more than the dtype's rounding allowance."""
+    err = result.max_relative_error()
+    tol = CHECK_RTOL.get(model.cfg.dtype, 5e-2)
+    if err > tol:
+        warnings.warn(
+            f"the attribution terms miss the model's reward by up to {err:.2e} relative (more than {tol:g}, the "
+            f"rounding allowance of {model.cfg.dtype}); this reward head is not linear in the final residual along "
+            "model.reward_direction(_for), so the terms are not exact"
+        )
+
+
 def attribute(
     model,
     pairs,
@@ -223,35 +283,5 @@ def attribute(
     identity is checked on every call; a head that is not linear in the final residual gets a warning.
     heads=None: per-head terms when the model has per-head hooks (native architectures).
     """
-    pairs = as_pairs(pairs)
-    if heads is None:
-        heads = model.has_head_hooks
-    parts = {"chosen": [], "rejected": []}
-    for batch in pair_batches(model, pairs, batch_size, progress and "attribute", padding_side):
-        parts["chosen"].append(_attribute_batch(model, batch.chosen, heads, neurons))
-        parts["rejected"].append(_attribute_batch(model, batch.rejected, heads, neurons))
-
-    def cat(side: str, key: str) -> Optional[torch.Tensor]:
-        chunks = [p[key] for p in parts[side] if key in p]
-        return torch.cat(chunks).cpu() if chunks else None
-
-    sites = component_sites(model.cfg)
-    result = AttributionResult(
-        pair_ids=pair_labels(pairs), components=[s.name for s in sites], layers=[s.layer for s in sites],
-        chosen=cat("chosen", "terms"), rejected=cat("rejected", "terms"),
-        bias_chosen=cat("chosen", "bias"), bias_rejected=cat("rejected", "bias"),
-        reward_chosen=cat("chosen", "reward"), reward_rejected=cat("rejected", "reward"),
-        heads_chosen=cat("chosen", "heads"), heads_rejected=cat("rejected", "heads"),
-        head_bias_chosen=cat("chosen", "head_bias"), head_bias_rejected=cat("rejected", "head_bias"),
-        neurons_chosen=cat("chosen", "neurons"), neurons_rejected=cat("rejected", "neurons"),
-        neuron_bias_chosen=cat("chosen", "neuron_bias"), neuron_bias_rejected=cat("rejected", "neuron_bias"),
-    )
-    err = result.max_relative_error()
-    tol = CHECK_RTOL.get(model.cfg.dtype, 5e-2)
-    if err > tol:
-        warnings.warn(
-            f"the attribution terms miss the model's reward by up to {err:.2e} relative (more than {tol:g}, the "
-            f"rounding allowance of {model.cfg.dtype}); this reward head is not linear in the final residual along "
-            "model.reward_direction(_for), so the terms are not exact"
-        )
-    return result
+    return run_pipeline(model, pairs, [AttributionSpec(heads, neurons)], batch_size=batch_size, ranks=Ranks(),
+                        padding_side=padding_side, progress=progress and "attribute")["attribution"]

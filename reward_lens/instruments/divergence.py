@@ -27,14 +27,17 @@ import numpy as np
 import pandas as pd
 import torch
 
-from reward_lens.data.pairs import as_pairs, pair_labels
 from reward_lens.instruments.sites import Site, sites_for
 from reward_lens.plotting import finish, panels
 from reward_lens.results import PairRewards, to_numpy
-from reward_lens.core.batching import PairBatch, pair_batches, tokenize_pair_batch
+from reward_lens.core.batching import PairBatch, pair_batches
+from reward_lens.core.pipeline import Reads, Shared, Spec, run_pipeline
+from reward_lens.core.ranks import Ranks
 from reward_lens.core.readout import Capture, capture
-from reward_lens.instruments.patching.contrastive import PatchResult, site_means
-from reward_lens.instruments.patching.engines import patch_batch, readout_entries, readout_sweep
+from reward_lens.instruments.patching.contrastive import (
+    PatchResult, add_sums, batch_sums, means_from_sums, means_reads,
+)
+from reward_lens.instruments.patching.engines import clean_reads, patch_batch, readout_entries, readout_sweep
 from reward_lens.instruments.patching.positions import patch_positions, site_values
 from reward_lens.instruments.patching.spec import TARGETS, check_options
 from reward_lens.model.hooks import act_name, final_resid_name, layer_of, resid_entering
@@ -98,6 +101,11 @@ class DivergenceResult(PairRewards):
     @property
     def pair_ids(self) -> List[str]:
         return self.patching.pair_ids
+
+    def after_merge(self) -> "DivergenceResult":
+        """The threshold over every pair's clean swaps (parts of the pairs merged: recomputed)."""
+        self.threshold = calibrated_threshold(self.calibration_scores, self.settings["quantile"])
+        return self
 
     @property
     def reward_chosen(self) -> torch.Tensor:
@@ -171,6 +179,116 @@ class DivergenceResult(PairRewards):
         return finish(fig, created)
 
 
+class DivergenceSpec(Spec):
+    """Divergence-aware patching as a pipeline instrument (the options of `divergence_patch`).
+
+    Pre-pass (always): the reference pairs' clean states at the state hooks (the Mahalanobis fit, unless
+    `reference` is given), every pair's target-role site values at the readout (the clean swaps take pair
+    i + 1's from there: no forward of their own) and, for mean ablation without `means`, the means. Its
+    clean captures are kept for the patching pass within the pipeline's budget."""
+
+    name = "divergence"
+
+    def __init__(self, mode: str = "noising", target: Optional[str] = None,
+                 level: Union[str, Sequence[str]] = "component",
+                 layers: Optional[Sequence[int]] = None, state: str = "site", method: str = "mahalanobis",
+                 n_components: Optional[int] = None, quantile: float = 0.95,
+                 max_reference: Optional[int] = None,
+                 means: Optional[Dict[str, torch.Tensor]] = None,
+                 reference: Optional[Dict[str, PCAMahalanobis]] = None):
+        self.mode, self.target, self.level, self.layers, self.state = mode, target, level, layers, state
+        self.method, self.n_components, self.quantile = method, n_components, quantile
+        self.max_reference, self.given_means, self.given_reference = max_reference, means, reference
+
+    def setup(self, model, pairs) -> None:
+        self.target = _check_divergence_options(model, pairs, self.mode, self.target, self.method, self.state,
+                                                self.quantile)
+        L = model.cfg.n_layers
+        self.means, self.reference = self.given_means, self.given_reference  # pre-pass state: per call
+        self.sites = sites_for(model.cfg, self.level, self.layers)
+        self.hooks = [state_hook(s, L, self.state) for s in self.sites]
+        self.site_hooks = sorted({s.hook_name(L) for s in self.sites})
+        self.n_pairs = len(pairs)
+        self.fit_needed = self.reference is None and self.method == "mahalanobis"
+        self.ref_rows = set(reference_indices(len(pairs), self.max_reference))
+
+    def needs_pre_pass(self) -> bool:
+        return True
+
+    def pre_reads(self, model, batch) -> Reads:
+        reads = Reads.both(readout=sorted(set(self.hooks)) if self.fit_needed else [])
+        reads = reads.union(Reads({self.target: self.site_hooks}))
+        if self.mode == "mean" and self.means is None:
+            reads = reads.union(means_reads(model, self.sites, "readout"))
+        return reads
+
+    def pre_step(self, model, shared: Shared):
+        batch = shared.batch
+        start = batch.index.start
+        rows = [b for b in range(batch.index.stop - start) if start + b in self.ref_rows]
+        states = {h: [shared.caps[side].at_readout[h][rows].float().cpu() for side in ("chosen", "rejected")]
+                  for h in sorted(set(self.hooks))} if self.fit_needed else {}
+        swaps = {h: shared.caps[self.target].at_readout[h].cpu() for h in self.site_hooks}
+        needs_means = self.mode == "mean" and self.means is None
+        sums = batch_sums(model, shared, self.sites, "readout") if needs_means else None
+        return {"states": states, "swaps": swaps, "sums": sums}
+
+    def pre_finish(self, model, pieces) -> None:
+        if self.mode == "mean" and self.means is None:
+            self.means = means_from_sums(model, self.sites, *add_sums([p["sums"] for p in pieces]))
+        if self.fit_needed:
+            states = {h: torch.cat([t for p in pieces for t in p["states"][h]]) for h in pieces[0]["states"]}
+            self.reference = fit_reference(states, self.n_components)
+        self.swaps = {h: torch.cat([p["swaps"][h] for p in pieces]) for h in self.site_hooks}
+        self.scorer = _Scorer(self.hooks, self.method, self.reference or {})
+
+    def reads(self, model, batch) -> Reads:
+        reads, _ = clean_reads(model, batch, self.sites, [self.mode], "readout", "fast")
+        return Reads({s: r[0] for s, r in reads.items()}, {s: r[1] for s, r in reads.items()})
+
+    def step(self, model, shared: Shared) -> DivergenceResult:
+        mode, target, batch = self.mode, self.target, shared.batch
+        out = patch_batch(model, batch, self.sites, [mode], "readout", "fast", self.means, shared.pair_ids,
+                          64,
+                          caps=shared.caps, directions=shared.directions)
+        if (mode, target) not in out.entries:  # (the generic path was refused above: a gate read late)
+            raise ValueError(
+                "divergence_patch scores readout-only recomputations, exact only when the head's gate position "
+                "precedes the readout; here it does not (ArmoRM's gating pattern at or after the readout). Select "
+                "one objective (model.reward_head.set_objective) or fix the gating pattern"
+            )
+        tcap = out.captures[target]
+        clean_states = {h: _clean_state(tcap, h) for h in set(self.hooks)}
+        entry = _stack_states(out.entries[(mode, target)])
+        scores = self.scorer(entry if self.state == "site" else out.final[(mode, target)], clean_states)
+        entry_c, final_c = self.clean_swaps(model, batch, tcap)
+        calib = self.scorer(entry_c if self.state == "site" else final_c, clean_states)
+        patching = PatchResult(
+            pair_ids=shared.pair_ids, sites=self.sites, positions="readout", method="fast",
+            clean_chosen=out.clean_chosen, clean_rejected=out.clean_rejected,
+            patched={(mode, target): out.patched[(mode, target)]},
+        )
+        return DivergenceResult(
+            patching=patching, mode=mode, target=target, scores=scores.float(),
+            calibration_scores=calib.float(),
+            threshold=torch.zeros(len(self.sites)),
+            settings={"state": self.state, "method": self.method, "n_components": self.n_components,
+                      "quantile": self.quantile},
+        )
+
+    def clean_swaps(self, model, batch: PairBatch, tcap: Capture):
+        """The same patches with the value from the next pair's response of the same role (pair i <- pair
+        i+1), from the pre-pass: (entry states [B, S, d], final residuals or None)."""
+        idx = torch.tensor([(i + 1) % self.n_pairs for i in range(batch.index.start, batch.index.stop)])
+        device = tcap.tok.input_ids.device
+        other = Capture(tcap.tok, tcap.rewards, {h: v[idx].to(device) for h, v in self.swaps.items()}, {})
+        pos = patch_positions(batch, "readout", tcap.tok, tcap.tok, None)
+        values = [site_values(model, s, "noising", pos, other, None, "readout") for s in self.sites]
+        entries = readout_entries(model, tcap, self.sites, values)
+        final = readout_sweep(model, tcap, entries) if self.state == "final" else None
+        return _stack_states(entries), final
+
+
 def divergence_patch(
     model,
     pairs,
@@ -197,48 +315,10 @@ def divergence_patch(
     `reference`: state hook -> a fit (`fit_reference`) to score against instead of fitting on `pairs`.
     `shard`: patch and score only `pairs[shard]` (the swaps still take the next pair of all `pairs`; the
     threshold is then this shard's, so `reward_lens.distributed` recomputes it over the merged shards)."""
-    pairs = as_pairs(pairs)
-    target = _check_divergence_options(model, pairs, mode, target, method, state, quantile)
-    cfg = model.cfg
-    sites = sites_for(cfg, level, layers)
-    hooks = [state_hook(s, cfg.n_layers, state) for s in sites]
-    if mode == "mean" and means is None:
-        means = site_means(model, pairs, sites, "readout", batch_size=batch_size, padding_side=padding_side)
-    ids = pair_labels(pairs)
-    if reference is None and method == "mahalanobis":
-        ref = reference_states(model, reference_pairs(pairs, max_reference), hooks, batch_size, padding_side, progress)
-        reference = fit_reference(ref, n_components)
-    scorer = _Scorer(hooks, method, reference or {})
-    shard = shard or slice(0, len(pairs))
-    patched, clean_c, clean_r, scores, calib = [], [], [], [], []
-    for batch in pair_batches(model, pairs, batch_size, progress and "divergence: patching", padding_side, shard):
-        out = patch_batch(model, batch, sites, [mode], "readout", "fast", means, ids[batch.index], 64)
-        if (mode, target) not in out.entries:  # (the generic path was refused above: a gate read late)
-            raise ValueError(
-                "divergence_patch scores readout-only recomputations, exact only when the head's gate position "
-                "precedes the readout; here it does not (ArmoRM's gating pattern at or after the readout). Select "
-                "one objective (model.reward_head.set_objective) or fix the gating pattern"
-            )
-        patched.append(out.patched[(mode, target)])
-        clean_c.append(out.clean_chosen)
-        clean_r.append(out.clean_rejected)
-        tcap = out.captures[target]
-        clean_states = {h: _clean_state(tcap, h) for h in set(hooks)}
-        entry = _stack_states(out.entries[(mode, target)])
-        scores.append(scorer(entry if state == "site" else out.final[(mode, target)], clean_states))
-        entry_c, final_c = _clean_swaps(model, pairs, batch, tcap, sites, target, state, ids, padding_side)
-        calib.append(scorer(entry_c if state == "site" else final_c, clean_states))
-    scores_t, calib_t = torch.cat(scores).float(), torch.cat(calib).float()
-    result = PatchResult(
-        pair_ids=ids[shard], sites=sites, positions="readout", method="fast",
-        clean_chosen=torch.cat(clean_c).cpu(), clean_rejected=torch.cat(clean_r).cpu(),
-        patched={(mode, target): torch.cat(patched).cpu()},
-    )
-    return DivergenceResult(
-        patching=result, mode=mode, target=target, scores=scores_t, calibration_scores=calib_t,
-        threshold=calibrated_threshold(calib_t, quantile),
-        settings={"state": state, "method": method, "n_components": n_components, "quantile": quantile},
-    )
+    spec = DivergenceSpec(mode, target, level, layers, state, method, n_components, quantile, max_reference, means,
+                          reference)
+    return run_pipeline(model, pairs, [spec], batch_size=batch_size, ranks=Ranks(), padding_side=padding_side,
+                        progress=progress and "divergence", within=shard)["divergence"]
 
 
 def _check_divergence_options(model, pairs, mode, target, method, state, quantile) -> str:
@@ -268,12 +348,16 @@ def calibrated_threshold(calibration_scores: torch.Tensor, quantile: float) -> t
     return torch.quantile(calibration_scores.double(), quantile, dim=0).float()
 
 
+def reference_indices(n: int, max_reference: Optional[int]) -> List[int]:
+    """Which of n pairs the Mahalanobis fit uses: all, or `max_reference` evenly spaced."""
+    if max_reference is None or max_reference >= n:
+        return list(range(n))
+    return [int(i) for i in np.linspace(0, n - 1, max_reference).round().astype(int)]
+
+
 def reference_pairs(pairs: Sequence, max_reference: Optional[int]) -> List:
     """The pairs whose clean states the Mahalanobis fit uses: all, or `max_reference` evenly spaced."""
-    n = len(pairs)
-    if max_reference is None or max_reference >= n:
-        return list(pairs)
-    return [pairs[i] for i in np.linspace(0, n - 1, max_reference).round().astype(int)]
+    return [pairs[i] for i in reference_indices(len(pairs), max_reference)]
 
 
 def reference_states(model, ref_pairs, hooks, batch_size: int = 8, padding_side=None, progress=False,
@@ -315,20 +399,6 @@ class _Scorer:
 
 def _stack_states(entries) -> torch.Tensor:
     return torch.stack([e.state for e in entries], 1)
-
-
-def _clean_swaps(model, pairs, batch: PairBatch, tcap: Capture, sites, target, state, ids, padding_side):
-    """The same patches with the value from the next pair's response of the same role (pair i <- pair
-    i+1): (entry states [B, S, d], final residuals or None)."""
-    n = len(pairs)
-    idx = [(i + 1) % n for i in range(batch.index.start, batch.index.stop)]
-    other = tokenize_pair_batch(model, [pairs[i] for i in idx], slice(0, len(idx)), padding_side)
-    other_tok = other.chosen if target == "chosen" else other.rejected
-    ocap = capture(model, other_tok, readout_names=sorted({s.hook_name(model.cfg.n_layers) for s in sites}))
-    pos = patch_positions(batch, "readout", tcap.tok, other_tok, ids[batch.index])
-    values = [site_values(model, s, "noising", pos, ocap, None, "readout") for s in sites]
-    entries = readout_entries(model, tcap, sites, values)
-    return _stack_states(entries), (readout_sweep(model, tcap, entries) if state == "final" else None)
 
 
 def _clean_state(tcap: Capture, hook: str) -> torch.Tensor:

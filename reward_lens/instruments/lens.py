@@ -22,13 +22,12 @@ import pandas as pd
 import torch
 from jaxtyping import Float
 
-from reward_lens.data.pairs import as_pairs, pair_labels
 from reward_lens.plotting import figure_axes, finish
 from reward_lens.results import PairRewards, to_numpy
 from reward_lens.stats import crystallization_depth
-from reward_lens.core.readout import capture
-from reward_lens.core.batching import pair_batches
-from reward_lens.core.directions import readout_direction, reward_from_final_resid
+from reward_lens.core.directions import reward_from_final_resid
+from reward_lens.core.pipeline import Reads, Shared, Spec, run_pipeline
+from reward_lens.core.ranks import Ranks
 from reward_lens.model.hooks import act_name
 
 VARIANTS = ("normed", "frozen")
@@ -110,6 +109,50 @@ class LensResult(PairRewards):
         return finish(fig, created)
 
 
+class LensSpec(Spec):
+    """The reward lens as a pipeline instrument (`reward_lens.core.pipeline`): reads the residual at the
+    readout after every block (and mid-block with `include_mid`) and the final norm's scale."""
+
+    name = "lens"
+
+    def __init__(self, include_mid: bool = False):
+        self.include_mid = include_mid
+
+    def setup(self, model, pairs) -> None:
+        L = model.cfg.n_layers
+        self.hooks, self.sites, self.layers, self.depths = [act_name("resid_pre", 0)], ["embed"], [-1], [0.0]
+        for l in range(L):
+            if self.include_mid:
+                self.hooks.append(act_name("resid_mid", l))
+                self.sites.append(f"L{l}.mid")
+                self.layers.append(l)
+                self.depths.append((l + 0.5) / L)
+            self.hooks.append(act_name("resid_post", l))
+            self.sites.append(f"L{l}")
+            self.layers.append(l)
+            self.depths.append((l + 1) / L)
+
+    def reads(self, model, batch) -> Reads:
+        return Reads.both(readout=self.hooks + ["ln_final.hook_scale"])
+
+    def step(self, model, shared: Shared) -> LensResult:
+        values, rewards = {}, {}
+        for side in ("chosen", "rejected"):
+            cap = shared.caps[side]
+            direction, bias = shared.direction(model, side)
+            resid = torch.stack([cap.at_readout[h] for h in self.hooks], 1).float()  # [B, S, d]
+            scale = cap.at_readout["ln_final.hook_scale"].float()[:, None]  # [B, 1, 1]
+            normed = reward_from_final_resid(model, resid, direction[:, None], bias[:, None])
+            values[("normed", side)] = normed
+            values[("frozen", side)] = (resid / scale * direction[:, None]).sum(-1) + bias[:, None]
+            rewards[side] = cap.rewards.float()
+        return LensResult(
+            pair_ids=shared.pair_ids, sites=self.sites, layers=self.layers, depths=self.depths,
+            values={(v, s): values[(v, s)] for v in VARIANTS for s in ("chosen", "rejected")},
+            reward_chosen=rewards["chosen"], reward_rejected=rewards["rejected"],
+        )
+
+
 def lens(
     model,
     pairs,
@@ -120,32 +163,5 @@ def lens(
     progress: Union[bool, str] = True,
 ) -> LensResult:
     """The reward lens of each pair's chosen and rejected response in both variants (module docstring)."""
-    pairs = as_pairs(pairs)
-    L = model.cfg.n_layers
-    hooks, sites, layers, depths = [act_name("resid_pre", 0)], ["embed"], [-1], [0.0]
-    for l in range(L):
-        if include_mid:
-            hooks.append(act_name("resid_mid", l))
-            sites.append(f"L{l}.mid")
-            layers.append(l)
-            depths.append((l + 0.5) / L)
-        hooks.append(act_name("resid_post", l))
-        sites.append(f"L{l}")
-        layers.append(l)
-        depths.append((l + 1) / L)
-    chunks = {(v, s): [] for v in VARIANTS for s in ("chosen", "rejected")}
-    rewards = {"chosen": [], "rejected": []}
-    for batch in pair_batches(model, pairs, batch_size, progress and "lens", padding_side):
-        for side, tok in (("chosen", batch.chosen), ("rejected", batch.rejected)):
-            cap = capture(model, tok, readout_names=hooks + ["ln_final.hook_scale"])
-            direction, bias = readout_direction(model, tok)
-            resid = torch.stack([cap.at_readout[h] for h in hooks], 1).float()  # [B, S, d]
-            scale = cap.at_readout["ln_final.hook_scale"].float()[:, None]  # [B, 1, 1]
-            chunks[("normed", side)].append(reward_from_final_resid(model, resid, direction[:, None], bias[:, None]))
-            chunks[("frozen", side)].append((resid / scale * direction[:, None]).sum(-1) + bias[:, None])
-            rewards[side].append(cap.rewards.float())
-    return LensResult(
-        pair_ids=pair_labels(pairs), sites=sites, layers=layers, depths=depths,
-        values={k: torch.cat(v).cpu() for k, v in chunks.items()},
-        reward_chosen=torch.cat(rewards["chosen"]).cpu(), reward_rejected=torch.cat(rewards["rejected"]).cpu(),
-    )
+    return run_pipeline(model, pairs, [LensSpec(include_mid)], batch_size=batch_size, ranks=Ranks(),
+                        padding_side=padding_side, progress=progress and "lens")["lens"]

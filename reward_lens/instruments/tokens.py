@@ -36,8 +36,9 @@ import pandas as pd
 import torch
 from jaxtyping import Float
 
-from reward_lens.core.readout import Tokenized, batches, tokenize
-from reward_lens.core.batching import pair_batches
+from reward_lens.core.pipeline import Reads, Shared, Spec, run_pipeline
+from reward_lens.core.ranks import Ranks
+from reward_lens.core.readout import Capture, Tokenized, batches, capture, tokenize
 from reward_lens.core.directions import readout_direction
 from reward_lens.data.pairs import PreferencePair, TokenPair, as_pairs
 from reward_lens.data.pairs import pair_labels
@@ -271,39 +272,29 @@ def check_token_level(model) -> None:
         )
 
 
-@torch.no_grad()
-def _capture_for_tokens(model, tok: Tokenized) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
-    """One forward: patterns at the readout query [B, H, T], full values, readout-position activations."""
+def token_reads(model) -> Tuple[List[str], List[str]]:
+    """(hooks read at the readout, hooks read whole): patterns at the readout query, values whole."""
     L = model.cfg.n_layers
-    B = tok.input_ids.shape[0]
-    rows = torch.arange(B, device=tok.input_ids.device)
-    readout = tok.readout.to(tok.input_ids.device)
-    acts: Dict[str, torch.Tensor] = {}
-
-    def at_query(t, hook):  # [B, H, q, k] -> the readout's row
-        acts[hook.name] = t[rows, :, readout].detach()
-
-    def full(t, hook):
-        acts[hook.name] = t.detach()
-
-    def at_readout(t, hook):
-        acts[hook.name] = t[rows, readout].detach()
-
     readout_names = [act_name("embed"), act_name("final_scale")] + [act_name("mlp_out", l) for l in range(L)]
     readout_names += [name for block in model.blocks for name in block.output_gain_hooks()]  # post-norm scales
-    hooks = [(act_name("pattern", l), at_query) for l in range(L)] + [(act_name("v", l), full) for l in range(L)]
-    hooks += [(n, at_readout) for n in readout_names]
-    rewards = model.run_with_hooks(tok.input_ids, tok.attention_mask, readout_positions=tok.readout, fwd_hooks=hooks)
-    return rewards, acts
+    readout_names += [act_name("pattern", l) for l in range(L)]
+    return readout_names, [act_name("v", l) for l in range(L)]
 
 
-@torch.no_grad()
 def token_terms(model, tok: Tokenized) -> Dict[str, torch.Tensor]:
     """The exact terms of one tokenised batch: heads [B, L, H, T] (padded positions hold 0), embed [B],
     mlp [B, L], b_O [B, L], bias [B], reward [B] (float32)."""
+    cap = capture(model, tok, *token_reads(model))
+    return terms_from_capture(model, cap, *readout_direction(model, tok))
+
+
+@torch.no_grad()
+def terms_from_capture(model, cap: Capture, direction: torch.Tensor,
+                       bias: torch.Tensor) -> Dict[str, torch.Tensor]:
+    """`token_terms` from a capture holding `token_reads`."""
     cfg, L = model.cfg, model.cfg.n_layers
-    rewards, acts = _capture_for_tokens(model, tok)
-    direction, bias = readout_direction(model, tok)
+    acts = {**cap.at_readout, **cap.full}
+    rewards = cap.rewards
     # float64 for the products, so the terms' own rounding stays far below the model's fp32 rounding
     w = direction.double() / acts[act_name("final_scale")].double()  # [B, d]: the map every readout term goes through
     group = cfg.n_heads // cfg.n_key_value_heads
@@ -326,6 +317,31 @@ def token_terms(model, tok: Tokenized) -> Dict[str, torch.Tensor]:
         "mlp": torch.stack([term(acts[act_name("mlp_out", l)]) for l in range(L)], 1),
         "bias": bias, "reward": rewards.float(),
     }
+
+
+class TokenSpec(Spec):
+    """Token attribution of both responses as a pipeline instrument: reads the attention patterns at
+    the readout query and the values whole. Its result: the per-batch pieces (rows with pads removed),
+    in pair order, which `token_attribution` assembles."""
+
+    name = "tokens"
+
+    def reads(self, model, batch) -> Reads:
+        readout_names, full_names = token_reads(model)
+        return Reads.both(readout=readout_names, full=full_names)
+
+    def step(self, model, shared: Shared) -> Dict[str, object]:
+        piece: Dict[str, object] = {"prompt_len": shared.batch.prompt_len.cpu()}
+        for side in SIDES_PAIR:
+            cap = shared.caps[side]
+            keys = ("heads", "tokens", "readout", "embed", "mlp", "b_O", "bias", "reward")
+            rows: Dict[str, list] = {k: [] for k in keys}
+            _split_rows(model, cap.tok, terms_from_capture(model, cap, *shared.direction(model, side)), rows)
+            piece[side] = rows
+        return piece
+
+    def finish(self, model, pieces, pair_ids):
+        return pieces
 
 
 def _split_rows(model, tok: Tokenized, terms: Dict[str, torch.Tensor], out: Dict[str, list]) -> None:
@@ -372,11 +388,13 @@ def token_attribution(
     parts = {s: {k: [] for k in ("heads", "tokens", "readout", "embed", "mlp", "b_O", "bias", "reward")} for s in sides}
     prompt_len: List[torch.Tensor] = []
     if pairs is not None:
-        for batch in pair_batches(model, pairs, batch_size, progress and "token attribution", padding_side):
+        pieces = run_pipeline(model, pairs, [TokenSpec()], batch_size=batch_size, ranks=Ranks(),
+                              padding_side=padding_side, progress=progress and "token attribution")["tokens"]
+        for piece in pieces:
             for side in sides:
-                tok = getattr(batch, side)
-                _split_rows(model, tok, token_terms(model, tok), parts[side])
-            prompt_len.append(batch.prompt_len.cpu())
+                for k, v in piece[side].items():
+                    parts[side][k] += v
+            prompt_len.append(piece["prompt_len"])
         labels = pair_labels(pairs)
     else:
         for sl in batches(len(texts), batch_size, progress and "token attribution"):

@@ -2,7 +2,9 @@
 
     effect(site) ~= grad_site(reward of the target run) . (patched value - clean value)
 
-summed over the patched positions. Modes, levels and positions are those of `patch` (the same targets
+summed over the patched positions (at the readout on a native model: a backward through the readout
+token alone, `readout_gradients`; elsewhere the full backward of the target's clean run). Modes, levels
+and positions are those of `patch` (the same targets
 and values are patched in), so the estimates line up with real patching one to one; `AtPResult.compare`
 reports the error against a `PatchResult`. Cost per target response: its forward, the source's forward
 and one backward, for all sites at once. Parameters stay frozen: the graph starts at the embedding,
@@ -19,17 +21,20 @@ import pandas as pd
 import torch
 
 from reward_lens.model.validation import safe_ratio
-from reward_lens.data.pairs import as_pairs, pair_labels
 from reward_lens.instruments.sites import Site, sites_for
 from reward_lens.plotting import panels, finish
 from reward_lens.results import CleanPairRewards, to_numpy
 from reward_lens.stats import spearman, spearman_rows
-from reward_lens.core.batching import Tokenized, pair_batches
-from reward_lens.core.readout import capture
-from reward_lens.instruments.patching.contrastive import PatchResult, site_means
+from reward_lens.model.hooks import act_name, resid_entering
+from reward_lens.model.placement import block_device
+from reward_lens.core.directions import reward_from_final_resid
+from reward_lens.core.pipeline import Reads, Shared, run_pipeline
+from reward_lens.core.readout import Capture
+from reward_lens.core.ranks import Ranks
+from reward_lens.instruments.patching.contrastive import MeansPrePass, PatchResult
+from reward_lens.instruments.patching.engines import readout_capture_names, readout_recompute_exact
 from reward_lens.instruments.patching.positions import patch_positions, select, site_values
 from reward_lens.instruments.patching.spec import SOURCE, TARGETS, check_options
-from reward_lens.model.hooks import act_name
 
 
 @dataclass
@@ -163,26 +168,135 @@ class AtPResult(CleanPairRewards):
         return AtPComparison(pd.concat(rows, ignore_index=True), pd.DataFrame(metrics))
 
 
-def _gradients(model, tok: Tokenized, hooks: Sequence[str]):
-    """Activations (detached) and d reward / d activation of `hooks`, for one forward + one backward."""
-    stored: Dict[str, torch.Tensor] = {}
-
-    def leaf(x: torch.Tensor, hook) -> torch.Tensor:
-        x = x.detach().requires_grad_(True)
-        stored[hook.name] = x
-        return x
-
-    def keep(x: torch.Tensor, hook) -> None:
-        stored[hook.name] = x
-
-    leaves = [h for h in (act_name("embed"), act_name("pos_embed")) if h in model.hook_dict]
-    fwd = [(h, leaf) for h in leaves] + [(h, keep) for h in hooks if h not in leaves]
+def readout_gradients(model, cap: Capture, sites: Sequence[Site], direction: torch.Tensor,
+                      bias: torch.Tensor) -> Dict[str, torch.Tensor]:
+    """Site name -> d reward / d its activation at the readout [batch, ...site shape], by a backward
+    through the readout token alone. Exact where the readout engine is (`readout_recompute_exact`): an
+    activation at the readout reaches the reward through the readout's own later states only (its key
+    and value included; earlier positions' keys and values are constants), so one single-token chain
+    through the blocks' readout steps, on the cached keys and values of `cap`, has every gradient."""
+    L = model.cfg.n_layers
+    tok, acts = cap.tok, cap.at_readout
+    device = tok.input_ids.device
+    ctx = model.readout_context(tok, kv=cap.full)
+    head_layers = sorted({s.layer for s in sites if s.kind == "head"})
     with torch.enable_grad():
-        rewards = model.run_with_hooks(tok.input_ids, tok.attention_mask, readout_positions=tok.readout, fwd_hooks=fwd)
-        grads = torch.autograd.grad(rewards.float().sum(), [stored[h] for h in hooks], allow_unused=True)
-    return rewards.detach(), {h: stored[h].detach() for h in hooks}, {
-        h: (g if g is not None else torch.zeros_like(stored[h])) for h, g in zip(hooks, grads)
-    }
+        x = acts[resid_entering(0, L)].detach()[:, None].requires_grad_(True)  # [B, 1, d]
+        pre, mid, zs = [x], [], []
+        for l in range(L):
+            block, here = model.blocks[l], block_device(model, l)
+            cos, sin, sees = ctx.on(here)
+            m = block.readout_attn(pre[-1].to(here), cos, sin, *ctx.layer_kv(l, here), sees)
+            if l in head_layers:  # each head's z enters through the output map; the value stays exactly m
+                z = acts[act_name("z", l)].detach()
+                new = z.clone().requires_grad_(True)  # alternative h: head h's z is new[:, h]
+                heads = list(range(z.shape[1]))
+                written = model.resid_mid_with_heads(l, acts[resid_entering(l, L)], z, heads, new)
+                m = m + (written - written.detach()).sum(1, keepdim=True).to(here)
+                zs.append(new)
+            mid.append(m)
+            pre.append(block.readout_mlp(m))
+        reward = reward_from_final_resid(model, pre[-1][:, 0].to(device), direction, bias)
+        grads = torch.autograd.grad(reward.float().sum(), pre + mid + zs)  # one backward for every site
+    g_pre, g_mid = [g[:, 0] for g in grads[:L + 1]], [g[:, 0] for g in grads[L + 1:2 * L + 1]]
+    g_z = {l: g.to(device) for l, g in zip(head_layers, grads[2 * L + 1:])}
+    out: Dict[str, torch.Tensor] = {}
+    for site in sites:
+        if site.kind in ("embed", "resid"):
+            out[site.name] = g_pre[site.layer if site.kind == "resid" else 0].to(device)
+        elif site.kind == "attn":
+            out[site.name] = g_mid[site.layer].to(device)
+        elif site.kind == "mlp":
+            out[site.name] = g_pre[site.layer + 1].to(device)
+        else:
+            out[site.name] = g_z[site.layer][:, site.head]
+    return out
+
+
+@torch.no_grad()
+def atp_estimates(model, shared: Shared, sites: Sequence[Site], modes: Sequence[str], positions: str,
+                  means: Optional[Dict[str, torch.Tensor]]) -> Dict[Tuple[str, str], torch.Tensor]:
+    """(mode, target) -> [batch, n_sites] estimates of one batch from its clean captures: the targets'
+    gradients from the full backward of their capture, or (readout positions, no gradients captured)
+    from `readout_gradients`."""
+    L = model.cfg.n_layers
+    batch, caps = shared.batch, shared.caps
+    out: Dict[Tuple[str, str], torch.Tensor] = {}
+    at_readout: Dict[str, Dict[str, torch.Tensor]] = {}
+    for m in modes:
+        src = caps[SOURCE[m]] if m in SOURCE else None
+        for target in TARGETS[m]:
+            cap = caps[target]
+            tok = cap.tok
+            pos = patch_positions(batch, positions, tok, src.tok if src else None, shared.pair_ids)
+            rows, t_pos = pos.t_rows.to(tok.input_ids.device), pos.t_pos.to(tok.input_ids.device)
+            B = tok.input_ids.shape[0]
+            chain = not cap.grads
+            if chain and target not in at_readout:
+                at_readout[target] = readout_gradients(model, cap, sites, *shared.direction(model, target))
+            est = []
+            for site in sites:
+                h = site.hook_name(L)
+                new = site_values(model, site, m, pos, src, means, positions).float()
+                if chain:  # readout positions: one row per target row
+                    old, g = select(site, cap.at_readout[h]).float(), at_readout[target][site.name].float()
+                else:
+                    old = select(site, cap.full[h])[rows, t_pos].float()
+                    g = select(site, cap.grads[h])[rows, t_pos].float()
+                per_position = (g * (new - old)).sum(-1)
+                est.append(torch.zeros(B, device=per_position.device).index_add_(0, rows, per_position))
+            out[(m, target)] = torch.stack(est, -1)
+    return out
+
+
+class AtPSpec(MeansPrePass):
+    """Attribution patching as a pipeline instrument (the options of `attribution_patch`): reads each
+    target's sites with their gradients (at the readout of a native model: the readout engine's states,
+    for `readout_gradients`; else the whole sites with the capture's full backward, one per target side,
+    shared by the modes and levels) and the sources' sites. Name: "atp" unless given."""
+
+    def __init__(self, mode: Union[str, Sequence[str]] = "noising",
+                 level: Union[str, Sequence[str], None] = None,
+                 positions: str = "readout", layers: Optional[Sequence[int]] = None,
+                 means: Optional[Dict[str, torch.Tensor]] = None, name: Optional[str] = None):
+        self.modes = [mode] if isinstance(mode, str) else list(dict.fromkeys(mode))
+        check_options(self.modes, positions, "fast")
+        self.level, self.positions, self.layers = level, positions, layers
+        self.means = self.given_means = means
+        self.name = name or "atp"
+
+    def setup(self, model, pairs) -> None:
+        if self.level is None:  # components, and heads where the model has per-head hooks (native models)
+            self.level = ("component", "head") if model.has_head_hooks else "component"
+        self.sites = sites_for(model.cfg, self.level, self.layers)
+        self.means = self.given_means  # a spec used again computes its pre-pass again
+        self.hooks = sorted({s.hook_name(model.cfg.n_layers) for s in self.sites})
+
+    def reads(self, model, batch) -> Reads:
+        out = Reads()
+        for side in ("chosen", "rejected"):
+            source = any(SOURCE.get(m) == side for m in self.modes)
+            out.readout[side] = list(self.hooks) if source and self.positions == "readout" else []
+            out.full[side] = list(self.hooks) if source and self.positions != "readout" else []
+            out.grads[side] = []
+            if not any(side in TARGETS[m] for m in self.modes):
+                continue
+            if self.positions == "readout" and readout_recompute_exact(model, getattr(batch, side)):
+                # gradients by a backward through the readout token alone (`readout_gradients`)
+                chain_names, kv = readout_capture_names(model, self.sites)
+                out.readout[side] = list(dict.fromkeys(out.readout[side] + self.hooks + chain_names))
+                out.full[side] = list(dict.fromkeys(out.full[side] + kv))
+            else:
+                out.grads[side] = list(self.hooks)
+        return out
+
+    def step(self, model, shared: Shared) -> "AtPResult":
+        return AtPResult(
+            pair_ids=shared.pair_ids, sites=self.sites, positions=self.positions,
+            clean_chosen=shared.caps["chosen"].rewards.float(),
+            clean_rejected=shared.caps["rejected"].rewards.float(),
+            estimates=atp_estimates(model, shared, self.sites, self.modes, self.positions, self.means),
+        )
 
 
 def attribution_patch(
@@ -199,54 +313,6 @@ def attribution_patch(
     progress: Union[bool, str] = True,
 ) -> AtPResult:
     """AtP estimates of `patch(model, pairs, mode=..., level=..., positions=...)` for every site."""
-    pairs = as_pairs(pairs)
-    modes = [mode] if isinstance(mode, str) else list(dict.fromkeys(mode))
-    check_options(modes, positions, "fast")
-    cfg = model.cfg
-    if level is None:  # components, and heads where the model has per-head hooks (native architectures)
-        level = ("component", "head") if model.has_head_hooks else "component"
-    sites = sites_for(cfg, level, layers)
-    if "mean" in modes and means is None:
-        means = site_means(model, pairs, sites, positions, batch_size=batch_size, padding_side=padding_side)
-    hooks = sorted({s.hook_name(cfg.n_layers) for s in sites})
-    ids = pair_labels(pairs)
-    chunks: Dict[Tuple[str, str], List[torch.Tensor]] = {}
-    clean_c, clean_r = [], []
-    for batch in pair_batches(model, pairs, batch_size, progress and "attribution patching", padding_side):
-        sides = {"chosen": batch.chosen, "rejected": batch.rejected}
-        targets = {t for m in modes for t in TARGETS[m]}
-        runs, srcs = {}, {}
-        for side, tok in sides.items():
-            if side in targets:
-                runs[side] = _gradients(model, tok, hooks)
-        for side, tok in sides.items():
-            if any(SOURCE.get(m) == side for m in modes):
-                srcs[side] = capture(model, tok, hooks if positions == "readout" else (),
-                                     () if positions == "readout" else hooks)
-            elif side not in runs:  # its clean reward is still needed
-                srcs[side] = capture(model, tok)
-        clean = {s: (runs[s][0] if s in runs else srcs[s].rewards).float() for s in sides}
-        clean_c.append(clean["chosen"])
-        clean_r.append(clean["rejected"])
-        for m in modes:
-            src = srcs.get(SOURCE.get(m)) if m in SOURCE else None
-            for target in TARGETS[m]:
-                tok = sides[target]
-                _, acts, grads = runs[target]
-                pos = patch_positions(batch, positions, tok, src.tok if src else None, ids[batch.index])
-                rows, t_pos = pos.t_rows.to(tok.input_ids.device), pos.t_pos.to(tok.input_ids.device)
-                B = tok.input_ids.shape[0]
-                est = []
-                for site in sites:
-                    h = site.hook_name(cfg.n_layers)
-                    new = site_values(model, site, m, pos, src, means, positions).float()
-                    old = select(site, acts[h])[rows, t_pos].float()
-                    g = select(site, grads[h])[rows, t_pos].float()
-                    per_position = (g * (new - old)).sum(-1)
-                    est.append(torch.zeros(B, device=per_position.device).index_add_(0, rows, per_position))
-                chunks.setdefault((m, target), []).append(torch.stack(est, -1))
-    return AtPResult(
-        pair_ids=ids, sites=sites, positions=positions,
-        clean_chosen=torch.cat(clean_c).cpu(), clean_rejected=torch.cat(clean_r).cpu(),
-        estimates={k: torch.cat(v).cpu() for k, v in chunks.items()},
-    )
+    spec = AtPSpec(mode, level, positions, layers, means, name="atp")
+    return run_pipeline(model, pairs, [spec], batch_size=batch_size, ranks=Ranks(), padding_side=padding_side,
+                        progress=progress and "attribution patching")["atp"]

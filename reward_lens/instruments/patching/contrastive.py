@@ -42,13 +42,12 @@ import torch
 from jaxtyping import Float
 
 from reward_lens.model.validation import safe_ratio
-from reward_lens.data.pairs import as_pairs, pair_labels
 from reward_lens.instruments.sites import Site, sites_for
 from reward_lens.plotting import diverging_heatmap, finish, panels
 from reward_lens.results import CleanPairRewards, to_numpy
-from reward_lens.core.batching import pair_batches
-from reward_lens.core.readout import capture
-from reward_lens.instruments.patching.engines import has_readout_fast_path, patch_batch  # noqa: F401
+from reward_lens.core.pipeline import Reads, Shared, Spec, run_pipeline
+from reward_lens.core.ranks import Ranks
+from reward_lens.instruments.patching.engines import clean_reads, has_readout_fast_path, patch_batch  # noqa: F401
 from reward_lens.instruments.patching.positions import select
 from reward_lens.instruments.patching.spec import METHODS, MODES, POSITIONS, TARGETS, check_options  # noqa: F401
 
@@ -180,29 +179,130 @@ class PatchResult(CleanPairRewards):
 # The instrument.
 
 
-@torch.no_grad()
-def site_sums(model, pairs, sites: Sequence[Site], positions: str = "readout", *, batch_size: int = 8,
-              padding_side: Optional[str] = None, progress: Union[bool, str] = False) -> Tuple[Dict[str, torch.Tensor], int]:
-    """(hook name -> float64 sum of its activation, count) over both responses of every pair: at the
-    readout (positions="readout") or over every real token. Sums of disjoint pair sets add up (ranks)."""
+def site_hooks(model, sites: Sequence[Site]) -> List[str]:
     L = model.cfg.n_layers
-    hooks = sorted({s.hook_name(L) for s in sites})
+    return sorted({s.hook_name(L) for s in sites})
+
+
+def means_reads(model, sites: Sequence[Site], positions: str) -> Reads:
+    """What the mean-ablation sums read: the sites' hooks at the readout, or whole (other positions)."""
+    names = site_hooks(model, sites)
+    return Reads.both(readout=names) if positions == "readout" else Reads.both(full=names)
+
+
+def batch_sums(model, shared: Shared, sites: Sequence[Site],
+               positions: str) -> Tuple[Dict[str, torch.Tensor], int]:
+    """(hook -> float64 sum, count) of one batch's both responses (chosen, then rejected)."""
     sums: Dict[str, torch.Tensor] = {}
     count = 0
-    for batch in pair_batches(model, as_pairs(pairs), batch_size, progress and "means", padding_side):
-        for tok in (batch.chosen, batch.rejected):
-            if positions == "readout":
-                cap = capture(model, tok, readout_names=hooks)
-                acts = {h: cap.at_readout[h].double().sum(0) for h in hooks}
-                count += tok.input_ids.shape[0]
-            else:
-                cap = capture(model, tok, full_names=hooks)
-                m = tok.attention_mask.bool()
-                acts = {h: cap.full[h][m].double().sum(0) for h in hooks}
-                count += int(m.sum())
-            for h, v in acts.items():
-                sums[h] = sums.get(h, 0) + v
+    for side in ("chosen", "rejected"):
+        cap = shared.caps[side]
+        if positions == "readout":
+            acts = {h: cap.at_readout[h].double().sum(0) for h in site_hooks(model, sites)}
+            count += cap.tok.input_ids.shape[0]
+        else:
+            m = cap.tok.attention_mask.bool()
+            acts = {h: cap.full[h][m.to(cap.full[h].device)].double().sum(0)
+                    for h in site_hooks(model, sites)}
+            count += int(m.sum())
+        for h, v in acts.items():
+            sums[h] = sums.get(h, 0) + v
     return sums, count
+
+
+def add_sums(pieces) -> Tuple[Dict[str, torch.Tensor], int]:
+    sums: Dict[str, torch.Tensor] = {}
+    count = 0
+    for part_sums, part_count in pieces:
+        for h, v in part_sums.items():
+            sums[h] = sums[h] + v.to(sums[h].device) if h in sums else v
+        count += part_count
+    return sums, count
+
+
+class SumsSpec(Spec):
+    """Float64 sums and counts of the sites' activations over both responses of every pair (`site_sums`)."""
+
+    name = "site_sums"
+
+    def __init__(self, sites: Sequence[Site], positions: str = "readout"):
+        self.sites, self.positions = list(sites), positions
+
+    def reads(self, model, batch) -> Reads:
+        return means_reads(model, self.sites, self.positions)
+
+    def step(self, model, shared: Shared):
+        return batch_sums(model, shared, self.sites, self.positions)
+
+    def finish(self, model, pieces, pair_ids):
+        return add_sums(pieces)
+
+
+class MeansPrePass(Spec):
+    """A spec whose mean-ablation values (when a mode is "mean" and none are given) are computed over all
+    pairs in a pre-pass: `self.means` set by `pre_finish`."""
+
+    modes: List[str]
+    means: Optional[Dict[str, torch.Tensor]]
+    sites: List[Site]
+    positions: str
+
+    given_means: Optional[Dict[str, torch.Tensor]] = None
+
+    def needs_pre_pass(self) -> bool:
+        return "mean" in self.modes and self.given_means is None
+
+    def pre_reads(self, model, batch) -> Reads:
+        return means_reads(model, self.sites, self.positions)
+
+    def pre_step(self, model, shared: Shared):
+        return batch_sums(model, shared, self.sites, self.positions)
+
+    def pre_finish(self, model, pieces) -> None:
+        sums, count = add_sums(pieces)
+        self.means = means_from_sums(model, self.sites, sums, count)
+
+
+class PatchSpec(MeansPrePass):
+    """Contrastive patching as a pipeline instrument (the options of `patch`). Name: "patch" for the
+    component level, else "patch:" + the levels joined by "+" (so two levels can be requested at once)."""
+
+    def __init__(self, mode: Union[str, Sequence[str]] = "noising",
+                 level: Union[str, Sequence[str]] = "component", positions: str = "readout",
+                 layers: Optional[Sequence[int]] = None, method: str = "fast", max_rows: int = 64,
+                 means: Optional[Dict[str, torch.Tensor]] = None, name: Optional[str] = None):
+        self.modes = [mode] if isinstance(mode, str) else list(dict.fromkeys(mode))
+        check_options(self.modes, positions, method)
+        self.level, self.positions, self.layers, self.method = level, positions, layers, method
+        self.max_rows, self.means, self.given_means = max_rows, means, means
+        levels = [level] if isinstance(level, str) else list(level)
+        self.name = name or ("patch" if levels == ["component"] else "patch:" + "+".join(levels))
+
+    def setup(self, model, pairs) -> None:
+        self.sites = sites_for(model.cfg, self.level, self.layers)
+        self.means = self.given_means  # a spec used again computes its pre-pass again
+
+    def reads(self, model, batch) -> Reads:
+        reads, _ = clean_reads(model, batch, self.sites, self.modes, self.positions, self.method)
+        return Reads({s: r[0] for s, r in reads.items()}, {s: r[1] for s, r in reads.items()})
+
+    def step(self, model, shared: Shared) -> PatchResult:
+        out = patch_batch(model, shared.batch, self.sites, self.modes, self.positions, self.method,
+                          self.means,
+                          shared.pair_ids, self.max_rows, caps=shared.caps, directions=shared.directions)
+        return PatchResult(
+            pair_ids=shared.pair_ids, sites=self.sites, positions=self.positions, method=self.method,
+            clean_chosen=out.clean_chosen, clean_rejected=out.clean_rejected, patched=out.patched,
+        )
+
+
+def site_sums(model, pairs, sites: Sequence[Site], positions: str = "readout", *, batch_size: int = 8,
+              padding_side: Optional[str] = None,
+              progress: Union[bool, str] = False) -> Tuple[Dict[str, torch.Tensor], int]:
+    """(hook name -> float64 sum of its activation, count) over both responses of every pair: at the
+    readout (positions="readout") or over every real token. Sums of disjoint pair sets add up (ranks)."""
+    return run_pipeline(model, pairs, [SumsSpec(sites, positions)], batch_size=batch_size, ranks=Ranks(),
+                        padding_side=padding_side, progress=progress and "means")["site_sums"]
 
 
 def means_from_sums(model, sites: Sequence[Site], sums: Dict[str, torch.Tensor], count: int) -> Dict[str, torch.Tensor]:
@@ -241,23 +341,6 @@ def patch(
     the final residual are then left out). Mean ablation uses `site_means` over `pairs` unless `means`
     (site name -> vector) is given. `max_rows` bounds the batch of a multi-position forward.
     """
-    pairs = as_pairs(pairs)
-    modes = [mode] if isinstance(mode, str) else list(dict.fromkeys(mode))
-    check_options(modes, positions, method)
-    sites = sites_for(model.cfg, level, layers)
-    if "mean" in modes and means is None:
-        means = site_means(model, pairs, sites, positions, batch_size=batch_size, padding_side=padding_side)
-    ids = pair_labels(pairs)
-    chunks: Dict[Tuple[str, str], List[torch.Tensor]] = {}
-    clean_c, clean_r = [], []
-    for batch in pair_batches(model, pairs, batch_size, progress and "patch", padding_side):
-        out = patch_batch(model, batch, sites, modes, positions, method, means, ids[batch.index], max_rows)
-        clean_c.append(out.clean_chosen)
-        clean_r.append(out.clean_rejected)
-        for k, v in out.patched.items():
-            chunks.setdefault(k, []).append(v)
-    return PatchResult(
-        pair_ids=ids, sites=sites, positions=positions, method=method,
-        clean_chosen=torch.cat(clean_c).cpu(), clean_rejected=torch.cat(clean_r).cpu(),
-        patched={k: torch.cat(v).cpu() for k, v in chunks.items()},
-    )
+    spec = PatchSpec(mode, level, positions, layers, method, max_rows, means, name="patch")
+    return run_pipeline(model, pairs, [spec], batch_size=batch_size, ranks=Ranks(), padding_side=padding_side,
+                        progress=progress and "patch")["patch"]

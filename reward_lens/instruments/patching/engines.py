@@ -181,13 +181,15 @@ def naive_sweep(model, tok: Tokenized, sites, pos: Positions, values) -> torch.T
     return torch.stack(out, -1)
 
 
-def clean_captures(model, batch: PairBatch, sites, modes, positions: str, method: str) -> Tuple[Dict[str, Capture], Dict[str, str]]:
-    """One clean run per side keeping what the engines and the sources need; the engine of each target."""
+def clean_reads(model, batch: PairBatch, sites, modes, positions: str, method: str
+                ) -> Tuple[Dict[str, Tuple[List[str], List[str]]], Dict[str, str]]:
+    """(side -> (names kept at the readout, names kept whole)) the engines and the sources need from the
+    clean runs, and the engine of each target."""
     L = model.cfg.n_layers
     targets = {t for m in modes for t in TARGETS[m]}
     sources = {SOURCE[m] for m in modes if m in SOURCE}
     site_hooks = sorted({s.hook_name(L) for s in sites})
-    caps: Dict[str, Capture] = {}
+    reads: Dict[str, Tuple[List[str], List[str]]] = {}
     engine_for: Dict[str, str] = {}
     for side, tok in (("chosen", batch.chosen), ("rejected", batch.rejected)):
         readout_names, full_names = [], []
@@ -202,15 +204,29 @@ def clean_captures(model, batch: PairBatch, sites, modes, positions: str, method
                 full_names += full_resid_names(model, sites)
         if side in sources:
             (readout_names if positions == "readout" else full_names).extend(site_hooks)
-        caps[side] = capture(model, tok, readout_names, full_names)
+        reads[side] = (readout_names, full_names)
+    return reads, engine_for
+
+
+def clean_captures(model, batch: PairBatch, sites, modes, positions: str, method: str) -> Tuple[Dict[str, Capture], Dict[str, str]]:
+    """One clean run per side keeping what the engines and the sources need; the engine of each target."""
+    reads, engine_for = clean_reads(model, batch, sites, modes, positions, method)
+    caps = {side: capture(model, getattr(batch, side), *reads[side]) for side in ("chosen", "rejected")}
     return caps, engine_for
 
 
-def patch_batch(model, batch: PairBatch, sites, modes, positions, method, means, pair_ids, max_rows) -> BatchPatches:
-    """Every mode's patches of one batch of pairs, each target on its engine."""
-    caps, engine_for = clean_captures(model, batch, sites, modes, positions, method)
+def patch_batch(model, batch: PairBatch, sites, modes, positions, method, means, pair_ids, max_rows,
+                caps: Optional[Dict[str, Capture]] = None,
+                directions: Optional[Dict[str, Tuple[torch.Tensor, torch.Tensor]]] = None) -> BatchPatches:
+    """Every mode's patches of one batch of pairs, each target on its engine. `caps`: clean captures of
+    both sides already holding what `clean_reads` names (a shared pipeline pass); else they are run here.
+    `directions`: side -> readout direction, filled and reused (ArmoRM's gate costs a forward)."""
+    if caps is None:
+        caps, engine_for = clean_captures(model, batch, sites, modes, positions, method)
+    else:
+        engine_for = clean_reads(model, batch, sites, modes, positions, method)[1]
     out = BatchPatches({}, caps["chosen"].rewards.float(), caps["rejected"].rewards.float(), caps)
-    directions: Dict[str, Tuple[torch.Tensor, torch.Tensor]] = {}
+    directions = {} if directions is None else directions
     for mode in modes:
         src = caps[SOURCE[mode]] if mode in SOURCE else None
         for target in TARGETS[mode]:
