@@ -14,11 +14,18 @@ tokens and metric swapped.
 
 from __future__ import annotations
 
+import functools
+import warnings
+import weakref
 from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 import torch
 from jaxtyping import Float, Int
+import transformer_lens.utilities as tl_utils
 from transformer_lens import FactoredMatrix
+from transformer_lens.ActivationCache import ActivationCache
+
+from reward_lens.model import hooks
 
 RETURN_TYPES = ("reward", "logits", None)
 
@@ -37,11 +44,37 @@ def check_forward_input(input: Any, return_type: Optional[str]) -> None:
         raise ValueError(f"return_type must be 'reward', 'logits' (the same: the reward) or None, got {return_type!r}{hint}")
 
 
-def leading_pad_mask(input_ids: Int[torch.Tensor, "batch pos"], pad_token_id: Optional[int]) -> torch.Tensor:
-    """1 from each row's first non-pad token on, 0 on the leading run of pad tokens (left padding)."""
+def leading_pad_mask(
+    input_ids: Int[torch.Tensor, "batch pos"], pad_token_id: Optional[int], keep_last: bool = False
+) -> torch.Tensor:
+    """1 from each row's first non-pad token on, 0 on the leading run of pad tokens (left padding).
+    `keep_last`: the run's last id stays attended (the row's own BOS when pad id == BOS id)."""
     if pad_token_id is None:
         return torch.ones_like(input_ids, dtype=torch.long)
-    return ((input_ids != pad_token_id).long().cumsum(-1) > 0).long()
+    mask = ((input_ids != pad_token_id).long().cumsum(-1) > 0).long()
+    if keep_last:
+        first = mask.argmax(-1)  # the first non-pad position (0 for a row with no leading pad)
+        rows = (first > 0).nonzero().flatten()
+        mask[rows, first[rows] - 1] = 1
+    return mask
+
+
+def warn_pad_is_bos(input_ids: Int[torch.Tensor, "batch pos"], pad: int, renders_bos: Optional[bool]) -> None:
+    """Warn where a pad id == BOS id leaves the mask of ids passed without one undecidable: the rendering is
+    unknown and some row starts with the id, or no row is free of it (each may carry its own BOS)."""
+    starts = input_ids[:, 0] == pad
+    if renders_bos is None and bool(starts.any()):
+        why = "this model has no tokenizer to tell whether rows start with their own BOS, so every leading one is masked"
+    elif renders_bos is False and bool(starts.all()):
+        why = ("every row starts with it, but to_tokens renders no BOS: a BOS prepended by hand is masked with "
+               "the padding")
+    else:
+        return
+    warnings.warn(
+        f"the pad id {pad} is also the BOS id: {why}. Pass attention_mask= (model.to_tokens returns it) to say "
+        "which positions are padding",
+        stacklevel=4,
+    )
 
 
 class TransformerLensConveniences:
@@ -206,3 +239,129 @@ class TransformerLensConveniences:
     def OV(self) -> FactoredMatrix:
         """W_V W_O per layer and head, [layer, head, d_model, d_model]."""
         return FactoredMatrix(self.W_V, self.W_O)
+
+
+# ---------------------------------------------------------------------------------------------- hook aliases
+def tl_act_key(key: Any, n_layers: int) -> Optional[str]:
+    """The full hook name TransformerLens's `ActivationCache.__getitem__` makes of `key` (a name, a shorthand
+    such as "resid_pre3", or a (name, layer, layer_type) tuple with negative layers counted from the end)."""
+    if isinstance(key, str):
+        return tl_utils.get_act_name(key)
+    if isinstance(key, tuple) and key and isinstance(key[0], str):
+        key = list(key)
+        if len(key) > 1 and isinstance(key[1], int) and key[1] < 0:
+            key[1] += n_layers
+        return tl_utils.get_act_name(*key)
+    return None
+
+
+class AliasedActivationCache(ActivationCache):
+    """`transformer_lens.ActivationCache` that also answers TransformerLens names with an exact analogue here
+    (`model.hook_aliases`: e.g. `cache["in", 0]`, `cache["blocks.0.attn.hook_q_input"]`)."""
+
+    def __getitem__(self, key: Any) -> torch.Tensor:
+        try:
+            return super().__getitem__(key)
+        except KeyError:
+            name = tl_act_key(key, self.model.cfg.n_layers)
+            target = getattr(self.model, "hook_aliases", {}).get(name)
+            if target is None or target not in self.cache_dict:
+                raise
+            return self.cache_dict[target]
+
+
+def resolve_names_filter(names_filter: Any, aliases: Dict[str, str]) -> Any:
+    """A TransformerLens `names_filter` with alias names replaced by the hook names they stand for."""
+    if isinstance(names_filter, str):
+        return aliases.get(names_filter, names_filter)
+    if isinstance(names_filter, (list, tuple)):
+        return [aliases.get(n, n) if isinstance(n, str) else n for n in names_filter]
+    return names_filter
+
+
+# ---------------------------------------------------------------------------------------------- patching check
+# id(cached tensor or cache) -> (weak reference, attention mask of the run it was cached from).
+_CACHE_MASKS: Dict[int, Tuple[weakref.ref, torch.Tensor]] = {}
+
+
+def record_cache_mask(cache: ActivationCache, mask: torch.Tensor) -> None:
+    """Remember which padded batch (its mask) the activations of `cache` came from."""
+    for key in [k for k, (ref, _) in _CACHE_MASKS.items() if ref() is None]:
+        del _CACHE_MASKS[key]
+    mask = mask.detach()
+    for obj in [cache, *cache.cache_dict.values()]:
+        _CACHE_MASKS[id(obj)] = (weakref.ref(obj), mask)
+
+
+def cached_mask_of(obj: Any) -> Optional[torch.Tensor]:
+    entry = _CACHE_MASKS.get(id(obj))
+    return entry[1] if entry is not None and entry[0]() is obj else None
+
+
+def hook_source_masks(fn: Any) -> List[torch.Tensor]:
+    """The masks of cached activations a hook carries: in a `functools.partial`'s arguments (as
+    `transformer_lens.patching` binds `clean_activation=`) or in the function's closure."""
+    found: List[Any] = []
+    while isinstance(fn, functools.partial):
+        found += list(fn.args) + list(fn.keywords.values())
+        fn = fn.func
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            found.append(cell.cell_contents)
+        except ValueError:  # an empty cell
+            continue
+    masks = [cached_mask_of(obj) for obj in found if isinstance(obj, (torch.Tensor, ActivationCache))]
+    return [m for m in masks if m is not None]
+
+
+def misaligned_rows(source: torch.Tensor, target: torch.Tensor) -> Optional[torch.Tensor]:
+    """[batch, pos] bool: where one batch has a pad and the other a real token (None when shapes differ)."""
+    if source.shape != target.shape:
+        return None
+    return source.to(target.device).bool() != target.bool()
+
+
+def check_patch_alignment(model: Any, fwd_hooks: Any, run_mask: Optional[torch.Tensor], run_key: Any) -> list:
+    """`fwd_hooks` with each hook that writes cached activations of a differently padded batch wrapped so
+    that it warns (once per run of calls with the same batches) when it changes a position where one batch
+    has a pad and the other a real token."""
+    if run_mask is None:
+        return list(fwd_hooks)
+    out = []
+    for name, fn in fwd_hooks:
+        sources = [m for m in hook_source_masks(fn) if not torch.equal(m.to(run_mask.device), run_mask)]
+        out.append((name, fn if not sources else _aligned_patch_hook(model, fn, sources[0], run_mask, run_key)))
+    return out
+
+
+def _aligned_patch_hook(model: Any, fn: Any, source: torch.Tensor, target: torch.Tensor, run_key: Any):
+    bad_positions = misaligned_rows(source, target)
+    key = (id(source), run_key)
+
+    def checked(activation: torch.Tensor, hook: Any):
+        before = activation.detach().clone()
+        result = fn(activation, hook=hook)
+        after = activation if result is None else result
+        if bad_positions is None:
+            where = "the clean and corrupted batches differ in length"
+        else:
+            axis = hooks.query_axis(hook.name)
+            changed = (after.detach() != before).movedim(axis, 1).reshape(*after.shape[:1], after.shape[axis], -1)
+            hit = changed.any(-1) & bad_positions.to(changed.device)
+            if not bool(hit.any()):
+                return result
+            cols = (bad_positions.any(0).nonzero().flatten() - bad_positions.shape[1]).tolist()
+            where = (f"{len(cols)} of {bad_positions.shape[1]} positions (e.g. {cols[:4]}, counted from the end) are "
+                     "padding in one batch and real tokens in the other")
+        if model.__dict__.get("_misaligned_warned") != key:
+            model.__dict__["_misaligned_warned"] = key
+            warnings.warn(
+                f"{hook.name}: the patch writes activations cached from a differently padded batch, and {where}; "
+                "pad activations are patched into real tokens (or the reverse). The readout column (-1) is aligned; "
+                "for other positions use reward_lens.patch(model, pairs, positions='prompt' or 'all'), which "
+                "patches token k onto token k",
+                stacklevel=2,
+            )
+        return result
+
+    return checked
