@@ -86,16 +86,32 @@ class TransformerLensConveniences:
             raise ValueError("this model has no tokenizer; set model.tokenizer = AutoTokenizer.from_pretrained(...)")
         return self.tokenizer
 
-    def _text_ids(self, text: str, prepend_bos: Optional[bool]) -> torch.Tensor:
+    @property
+    def tl_bos_token_id(self) -> Optional[int]:
+        """The id TransformerLens prepends: the tokenizer's BOS, else its EOS (TL's fallback), else None."""
         tok = self._tokenizer_or_error()
-        special = True if prepend_bos is None else bool(prepend_bos)
-        return torch.tensor(tok(text, add_special_tokens=special)["input_ids"], dtype=torch.long)
+        bos = getattr(tok, "bos_token_id", None)
+        return bos if bos is not None else getattr(tok, "eos_token_id", None)
+
+    def _text_ids(self, text: str, prepend_bos: Optional[bool]) -> torch.Tensor:
+        """A text's ids as TransformerLens's `to_tokens(text, prepend_bos)` makes them: the text without the
+        tokenizer's own special tokens, then exactly one BOS in front when `prepend_bos` (default
+        `cfg.default_prepend_bos`, True as in TransformerLens)."""
+        tok = self._tokenizer_or_error()
+        ids = list(tok(text, add_special_tokens=False)["input_ids"])
+        if prepend_bos is None:
+            prepend_bos = getattr(self.cfg, "default_prepend_bos", True)
+        bos = self.tl_bos_token_id
+        if prepend_bos and bos is not None:
+            ids = [bos] + ids
+        return torch.tensor(ids, dtype=torch.long)
 
     def to_str_tokens(
         self, input: Union[str, torch.Tensor, List], prepend_bos: Optional[bool] = None, padding_side: Optional[str] = None
     ) -> Union[List[str], List[List[str]]]:
-        """Each token as a string. A str is tokenised as a whole text (the tokenizer's special tokens
-        unless `prepend_bos=False`); a 2-D tensor gives one list per row (pads included); a list maps."""
+        """Each token as a string. A str is tokenised as TransformerLens does (one BOS in front unless
+        `prepend_bos=False`, `tl_bos_token_id`); ids are decoded as they are (a 2-D tensor: one list per row,
+        pads included); a list maps."""
         tok = self._tokenizer_or_error()
         if isinstance(input, list) and not all(isinstance(x, int) for x in input):
             return [self.to_str_tokens(item, prepend_bos, padding_side) for item in input]
@@ -109,8 +125,11 @@ class TransformerLensConveniences:
         return tok.batch_decode([[int(t)] for t in ids.tolist()], clean_up_tokenization_spaces=False)
 
     def to_string(self, tokens: Union[List[int], torch.Tensor]) -> Union[str, List[str]]:
-        """Decode ids: one string for a 1-D input, a list for a 2-D batch (pads are decoded too)."""
+        """Decode ids as TransformerLens does (special tokens such as BOS kept): one string for a 0-/1-D input
+        (a list of ints, a tensor or an array), a list for a 2-D batch or a list of 1-D tensors (pads too)."""
         tok = self._tokenizer_or_error()
+        if isinstance(tokens, list) and tokens and isinstance(tokens[0], torch.Tensor) and tokens[0].dim() == 1:
+            return [self.to_string(t) for t in tokens]
         tokens = torch.as_tensor(tokens)
         if tokens.dim() == 2:
             return tok.batch_decode(tokens.tolist(), clean_up_tokenization_spaces=False)
@@ -133,7 +152,9 @@ class TransformerLensConveniences:
         prepend_bos: Optional[bool] = None,
         padding_side: Optional[str] = None,
     ) -> int:
-        """Position of `single_token` in `input` (a text, [pos] or [1, pos] ids); mode "first" or "last"."""
+        """Position of `single_token` in `input` (a text, tokenised as `to_str_tokens` does, so with one BOS in
+        front unless `prepend_bos=False`, as in TransformerLens; or [pos] / [1, pos] ids); mode "first" or
+        "last"."""
         tokens = self._text_ids(input, prepend_bos) if isinstance(input, str) else torch.as_tensor(input)
         if tokens.dim() == 2:
             if tokens.shape[0] != 1:
