@@ -69,7 +69,7 @@ class RewardModelBase(HookedRootModule):
         pad id == BOS id (GPT-2 / Pythia-style, one id for BOS, EOS and pad): when `to_tokens` renders a BOS
         (`renders_bos`), the last id of each leading run is the row's own BOS and stays attended; when it
         renders none, the whole run is padding, but if every row starts with that id (a BOS prepended by
-        hand?) or the rendering is unknown (no tokenizer), a warning asks for `attention_mask`."""
+        hand?) or the rendering is unknown (`to_tokens` fails), a warning asks for `attention_mask`."""
         pad = self.cfg.pad_token_id
         bos = getattr(self.tokenizer, "bos_token_id", None)
         own_bos = pad is not None and pad == bos and self.renders_bos()
@@ -90,7 +90,7 @@ class RewardModelBase(HookedRootModule):
         return mask
 
     def renders_bos(self) -> Optional[bool]:
-        """Whether `to_tokens` starts a row with the tokenizer's BOS id (None: no tokenizer, or it fails)."""
+        """Whether `to_tokens` starts a row with the tokenizer's BOS id (None: no BOS id, or it fails)."""
         key = (id(self.tokenizer), str(self.input_format))
         known = self.__dict__.get("_renders_bos")
         if known is None or known[0] != key:
@@ -147,16 +147,18 @@ class RewardModelBase(HookedRootModule):
 
     # ------------------------------------------------------------------ hooks and caches
     def setup(self) -> None:
-        """`HookedRootModule.setup`, plus TransformerLens's alias names (`hooks.tl_hook_aliases`) in `mod_dict`,
-        so hooks added by an alias name (`run_with_hooks`, `add_hook`, `names_filter`) land on the hook it
-        stands for; `hook_dict` (and so every cache key) keeps one name per hook."""
+        """`HookedRootModule.setup`, plus TransformerLens's alias names (`hooks.tl_hook_aliases`) in
+        `mod_dict`, so hooks added by an alias name (`run_with_hooks`, `add_hook`, `names_filter`) land on
+        the hook it stands for; `hook_dict` (and so every cache key) keeps one name per hook."""
         super().setup()
         ln1 = getattr(self.blocks[0], "ln1", None) if len(getattr(self, "blocks", ())) else None
         aliases = hooks.tl_hook_aliases(
             self.cfg.n_layers, post_norms=bool(getattr(self.cfg, "post_norms", False)),
             norms_folded=ln1 is not None and getattr(ln1, "w", 0) is None,
         )
-        self.hook_aliases = {a: t for a, t in aliases.items() if t in self.hook_dict and a not in self.mod_dict}
+        self.hook_aliases = {
+            a: t for a, t in aliases.items() if t in self.hook_dict and a not in self.mod_dict
+        }
         self.mod_dict.update({a: self.hook_dict[t] for a, t in self.hook_aliases.items()})
 
     def batch_mask(self, model_args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Optional[torch.Tensor]:
@@ -183,8 +185,8 @@ class RewardModelBase(HookedRootModule):
         return super().run_with_hooks(*model_args, fwd_hooks=list(fwd_hooks), **kwargs)
 
     def run_with_cache(self, *model_args: Any, readout_only: bool = False, **kwargs: Any):
-        """`HookedRootModule.run_with_cache`, returning a `transformer_lens.ActivationCache` (that also answers
-        TransformerLens alias names, `model.hook_aliases`).
+        """`HookedRootModule.run_with_cache`, returning a `transformer_lens.ActivationCache` (that also
+        answers TransformerLens alias names, `model.hook_aliases`).
 
         `readout_only=True` keeps only each sequence's readout position (position axis of length 1),
         so a long input's cache costs O(layers x d_model) per sequence.
@@ -192,13 +194,15 @@ class RewardModelBase(HookedRootModule):
         if self.placed_devices:  # a placed model's activations, gathered on its home device
             kwargs.setdefault("device", self.cfg.device)
         if "names_filter" in kwargs:
-            kwargs["names_filter"] = resolve_names_filter(kwargs["names_filter"], getattr(self, "hook_aliases", {}))
+            aliases = getattr(self, "hook_aliases", {})
+            kwargs["names_filter"] = resolve_names_filter(kwargs["names_filter"], aliases)
         if readout_only:
             return self.run_with_readout_cache(*model_args, **kwargs)
         out, cache_dict = super().run_with_cache(*model_args, **kwargs)
-        cache = AliasedActivationCache(cache_dict, self, has_batch_dim=not kwargs.get("remove_batch_dim", False))
+        batched = not kwargs.get("remove_batch_dim", False)
+        cache = AliasedActivationCache(cache_dict, self, has_batch_dim=batched)
         mask = self.batch_mask(model_args, kwargs)
-        if mask is not None and not kwargs.get("remove_batch_dim", False):
+        if mask is not None and batched:
             record_cache_mask(cache, mask)
         return out, cache
 

@@ -189,8 +189,8 @@ class Attention(nn.Module):
         return scores if cap is None else torch.tanh(scores / cap) * cap
 
     def _split_rotated_qkv(self, xq, xk, xv, cos, sin):
-        """q, k (after q/k norms and RoPE) and v when each head reads its own normalised input (`xq` [batch, pos,
-        n_heads, d_model], `xk` / `xv` per kv head), the hooks firing as in `_rotated_qkv`."""
+        """q, k (after q/k norms and RoPE) and v when each head reads its own normalised input (`xq`
+        [batch, pos, n_heads, d_model], `xk` / `xv` per kv head), the hooks firing as in `_rotated_qkv`."""
         q = self.hook_q(torch.einsum("bpnd,ndh->bpnh", xq, self.W_Q) + self.b_Q)
         k = self.hook_k(torch.einsum("bpnd,ndh->bpnh", xk, self.W_K) + self.b_K)
         v = self.hook_v(torch.einsum("bpnd,ndh->bpnh", xv, self.W_V) + self.b_V)
@@ -209,7 +209,10 @@ class Attention(nn.Module):
         """The attention output of the normalised input `x`, or of per-head inputs `per_head` = (q, k, v
         inputs, [batch, pos, heads, d_model]: the block's split inputs) when given."""
         cfg = self.cfg
-        q, k, v = self._rotated_qkv(x, cos, sin) if per_head is None else self._split_rotated_qkv(*per_head, cos, sin)
+        if per_head is None:
+            q, k, v = self._rotated_qkv(x, cos, sin)
+        else:
+            q, k, v = self._split_rotated_qkv(*per_head, cos, sin)
         explicit = (
             cfg.attn_scores_soft_cap is not None
             or self.hook_attn_scores.has_hooks()
@@ -375,7 +378,8 @@ class TransformerBlock(nn.Module):
             return resid_pre[:, :, None, :].expand(-1, -1, heads, -1).clone()
 
         if cfg.use_split_qkv_input:
-            return self.hook_q_input(copies(n)), self.hook_k_input(copies(nkv)), self.hook_v_input(copies(nkv))
+            q_input, k_input = self.hook_q_input(copies(n)), self.hook_k_input(copies(nkv))
+            return q_input, k_input, self.hook_v_input(copies(nkv))
         attn_in = self.hook_attn_in(copies(n))
         return attn_in, attn_in[:, :, :nkv], attn_in[:, :, :nkv]
 

@@ -29,13 +29,16 @@ _MODEL_KINDS = {
     "pooled": "reward_head.hook_pooled",
 }
 # TransformerLens's short aliases (`transformer_lens.utils.get_act_name`'s and the 4.x bridge's "in"/"out").
-_ALIASES = {"attn": "pattern", "scores": "attn_scores", "attn_pattern": "pattern", "attn_logits": "attn_scores",
-            "key": "k", "query": "q", "value": "v", "mlp_pre": "pre", "mlp_post": "post",
+_ALIASES = {"attn": "pattern", "scores": "attn_scores", "attn_pattern": "pattern",
+            "attn_logits": "attn_scores", "key": "k", "query": "q", "value": "v", "mlp_pre": "pre",
+            "mlp_post": "post",
             "in": "resid_pre", "out": "resid_post"}
 
 QUERY_AXIS_2_KINDS = ("attn_scores", "pattern")  # [batch, head, query_pos, key_pos]
 PER_HEAD_KINDS = _ATTN_KINDS  # every attention-internal hook carries a head axis
-D_MODEL_KINDS = ("embed", "pos_embed", "final_normalized") + tuple(k for k in _BLOCK_KINDS if k not in _PER_HEAD_INPUT_KINDS)
+D_MODEL_KINDS = ("embed", "pos_embed", "final_normalized") + tuple(
+    k for k in _BLOCK_KINDS if k not in _PER_HEAD_INPUT_KINDS
+)
 D_MLP_KINDS = _MLP_KINDS
 
 _NAME = re.compile(r"^blocks\.(\d+)\.(?:(attn|mlp|ln1|ln2|ln1_post|ln2_post)\.)?hook_(\w+)$")
@@ -163,15 +166,16 @@ def tl_hook_aliases(n_layers: int, post_norms: bool = False, norms_folded: bool 
     `mlp.hook_out` (without post-norms, which act after them), and `attn.hook_in` / `mlp.hook_in` (the
     normalised inputs; only with the norms' weights folded, when `ln1/ln2.hook_normalized` is that input)."""
     aliases: Dict[str, str] = {}
-    for l in range(n_layers):
-        aliases[f"blocks.{l}.hook_in"] = act_name("resid_pre", l)
-        aliases[f"blocks.{l}.hook_out"] = act_name("resid_post", l)
+    for layer in range(n_layers):
+        block = f"blocks.{layer}"
+        aliases[f"{block}.hook_in"] = act_name("resid_pre", layer)
+        aliases[f"{block}.hook_out"] = act_name("resid_post", layer)
         for kind in _PER_HEAD_INPUT_KINDS:
-            aliases[f"blocks.{l}.attn.hook_{kind}"] = act_name(kind, l)
+            aliases[f"{block}.attn.hook_{kind}"] = act_name(kind, layer)
         if not post_norms:
-            aliases[f"blocks.{l}.attn.hook_out"] = act_name("attn_out", l)
-            aliases[f"blocks.{l}.mlp.hook_out"] = act_name("mlp_out", l)
+            aliases[f"{block}.attn.hook_out"] = act_name("attn_out", layer)
+            aliases[f"{block}.mlp.hook_out"] = act_name("mlp_out", layer)
         if norms_folded:
-            aliases[f"blocks.{l}.attn.hook_in"] = act_name("normalized", l, norm="ln1")
-            aliases[f"blocks.{l}.mlp.hook_in"] = act_name("normalized", l, norm="ln2")
+            aliases[f"{block}.attn.hook_in"] = act_name("normalized", layer, norm="ln1")
+            aliases[f"{block}.mlp.hook_in"] = act_name("normalized", layer, norm="ln2")
     return aliases

@@ -189,7 +189,7 @@ class HookedRewardModel(TransformerLensConveniences, RewardModelBase):
         if stop_at_layer is not None:
             return residual.to(self.cfg.device)
         device = head_device(self)
-        normalized = self.ln_final(residual.to(device))  # runs for return_type=None too, as in TransformerLens
+        normalized = self.ln_final(residual.to(device))  # for return_type=None too, as in TransformerLens
         if return_type is None:
             return None
         if readout_positions is None:
@@ -218,25 +218,26 @@ class HookedRewardModel(TransformerLensConveniences, RewardModelBase):
     def set_use_split_qkv_input(self, use_split_qkv_input: bool) -> None:
         """TransformerLens's split inputs: each head reads its own copy of resid_pre, hooked before `ln1` as
         `blocks.{l}.hook_q_input` [batch, pos, n_heads, d_model] and `hook_k_input` / `hook_v_input`
-        [batch, pos, n_key_value_heads, d_model] (per kv head under grouped-query attention, as TransformerLens's
-        grouped-query attention and its 4.x bridge). Rewards are unchanged; patching one head's slot changes that
-        head's query (or that kv head's keys / values) only."""
+        [batch, pos, n_key_value_heads, d_model] (per kv head under grouped-query attention, as
+        TransformerLens's grouped-query attention and its 4.x bridge). Rewards are unchanged; patching one
+        head's slot changes that head's query (or that kv head's keys / values) only."""
         if use_split_qkv_input and self.cfg.use_attn_in:
             raise ValueError("use_split_qkv_input and use_attn_in are exclusive (as in TransformerLens): "
                              "call model.set_use_attn_in(False) first")
         self.cfg.use_split_qkv_input = use_split_qkv_input
 
     def set_use_attn_in(self, use_attn_in: bool) -> None:
-        """`blocks.{l}.hook_attn_in` [batch, pos, n_heads, d_model]: resid_pre copied per query head, before `ln1`
-        (TransformerLens). Under grouped-query attention kv head j reads slot j (TransformerLens 4.x's bridge)."""
+        """`blocks.{l}.hook_attn_in` [batch, pos, n_heads, d_model]: resid_pre copied per query head, before
+        `ln1` (TransformerLens). Under grouped-query attention kv head j reads slot j (as TransformerLens
+        4.x's bridge)."""
         if use_attn_in and self.cfg.use_split_qkv_input:
             raise ValueError("use_attn_in and use_split_qkv_input are exclusive (as in TransformerLens): "
                              "call model.set_use_split_qkv_input(False) first")
         self.cfg.use_attn_in = use_attn_in
 
     def set_use_hook_mlp_in(self, use_hook_mlp_in: bool) -> None:
-        """`blocks.{l}.hook_mlp_in` [batch, pos, d_model]: the MLP branch's input before `ln2` (resid_mid), as in
-        TransformerLens."""
+        """`blocks.{l}.hook_mlp_in` [batch, pos, d_model]: the MLP branch's input before `ln2` (resid_mid),
+        as in TransformerLens."""
         self.cfg.use_hook_mlp_in = use_hook_mlp_in
 
     def _stack(self, getter: Callable[[TransformerBlock], torch.Tensor]) -> torch.Tensor:

@@ -64,15 +64,16 @@ def warn_pad_is_bos(input_ids: Int[torch.Tensor, "batch pos"], pad: int, renders
     unknown and some row starts with the id, or no row is free of it (each may carry its own BOS)."""
     starts = input_ids[:, 0] == pad
     if renders_bos is None and bool(starts.any()):
-        why = "this model has no tokenizer to tell whether rows start with their own BOS, so every leading one is masked"
+        why = ("to_tokens cannot render a pair here to tell whether rows start with their own BOS, so every "
+               "leading one is masked")
     elif renders_bos is False and bool(starts.all()):
-        why = ("every row starts with it, but to_tokens renders no BOS: a BOS prepended by hand is masked with "
-               "the padding")
+        why = ("every row starts with it, but to_tokens renders no BOS: a BOS prepended by hand is masked "
+               "with the padding")
     else:
         return
     warnings.warn(
-        f"the pad id {pad} is also the BOS id: {why}. Pass attention_mask= (model.to_tokens returns it) to say "
-        "which positions are padding",
+        f"the pad id {pad} is also the BOS id: {why}. Pass attention_mask= (model.to_tokens returns it) to "
+        "say which positions are padding",
         stacklevel=4,
     )
 
@@ -128,7 +129,8 @@ class TransformerLensConveniences:
         """Decode ids as TransformerLens does (special tokens such as BOS kept): one string for a 0-/1-D input
         (a list of ints, a tensor or an array), a list for a 2-D batch or a list of 1-D tensors (pads too)."""
         tok = self._tokenizer_or_error()
-        if isinstance(tokens, list) and tokens and isinstance(tokens[0], torch.Tensor) and tokens[0].dim() == 1:
+        if isinstance(tokens, list) and tokens and all(isinstance(t, torch.Tensor) and t.dim() == 1
+                                                       for t in tokens):
             return [self.to_string(t) for t in tokens]
         tokens = torch.as_tensor(tokens)
         if tokens.dim() == 2:
@@ -152,9 +154,9 @@ class TransformerLensConveniences:
         prepend_bos: Optional[bool] = None,
         padding_side: Optional[str] = None,
     ) -> int:
-        """Position of `single_token` in `input` (a text, tokenised as `to_str_tokens` does, so with one BOS in
-        front unless `prepend_bos=False`, as in TransformerLens; or [pos] / [1, pos] ids); mode "first" or
-        "last"."""
+        """Position of `single_token` in `input` (a text, tokenised as `to_str_tokens` does, so with one BOS
+        in front unless `prepend_bos=False`, as in TransformerLens; or [pos] / [1, pos] ids); mode "first"
+        or "last"."""
         tokens = self._text_ids(input, prepend_bos) if isinstance(input, str) else torch.as_tensor(input)
         if tokens.dim() == 2:
             if tokens.shape[0] != 1:
@@ -262,7 +264,7 @@ class TransformerLensConveniences:
         return FactoredMatrix(self.W_V, self.W_O)
 
 
-# ---------------------------------------------------------------------------------------------- hook aliases
+# ------------------------------------------------------------------------------------------ hook aliases
 def tl_act_key(key: Any, n_layers: int) -> Optional[str]:
     """The full hook name TransformerLens's `ActivationCache.__getitem__` makes of `key` (a name, a shorthand
     such as "resid_pre3", or a (name, layer, layer_type) tuple with negative layers counted from the end)."""
@@ -300,7 +302,7 @@ def resolve_names_filter(names_filter: Any, aliases: Dict[str, str]) -> Any:
     return names_filter
 
 
-# ---------------------------------------------------------------------------------------------- patching check
+# ------------------------------------------------------------------------------------------ patching check
 # id(cached tensor or cache) -> (weak reference, attention mask of the run it was cached from).
 _CACHE_MASKS: Dict[int, Tuple[weakref.ref, torch.Tensor]] = {}
 
@@ -351,7 +353,9 @@ def check_patch_alignment(model: Any, fwd_hooks: Any, run_mask: Optional[torch.T
     out = []
     for name, fn in fwd_hooks:
         sources = [m for m in hook_source_masks(fn) if not torch.equal(m.to(run_mask.device), run_mask)]
-        out.append((name, fn if not sources else _aligned_patch_hook(model, fn, sources[0], run_mask, run_key)))
+        if sources:
+            fn = _aligned_patch_hook(model, fn, sources[0], run_mask, run_key)
+        out.append((name, fn))
     return out
 
 
@@ -367,18 +371,20 @@ def _aligned_patch_hook(model: Any, fn: Any, source: torch.Tensor, target: torch
             where = "the clean and corrupted batches differ in length"
         else:
             axis = hooks.query_axis(hook.name)
-            changed = (after.detach() != before).movedim(axis, 1).reshape(*after.shape[:1], after.shape[axis], -1)
+            changed = (after.detach() != before).movedim(axis, 1)
+            changed = changed.reshape(changed.shape[0], changed.shape[1], -1)
             hit = changed.any(-1) & bad_positions.to(changed.device)
             if not bool(hit.any()):
                 return result
             cols = (bad_positions.any(0).nonzero().flatten() - bad_positions.shape[1]).tolist()
-            where = (f"{len(cols)} of {bad_positions.shape[1]} positions (e.g. {cols[:4]}, counted from the end) are "
-                     "padding in one batch and real tokens in the other")
+            where = (f"{len(cols)} of {bad_positions.shape[1]} positions (e.g. {cols[:4]}, counted from the "
+                     "end) are padding in one batch and real tokens in the other")
         if model.__dict__.get("_misaligned_warned") != key:
             model.__dict__["_misaligned_warned"] = key
             warnings.warn(
-                f"{hook.name}: the patch writes activations cached from a differently padded batch, and {where}; "
-                "pad activations are patched into real tokens (or the reverse). The readout column (-1) is aligned; "
+                f"{hook.name}: the patch writes activations cached from a differently padded batch, and "
+                f"{where}; pad activations are patched into real tokens (or the reverse). The readout column "
+                "(-1) is aligned; "
                 "for other positions use reward_lens.patch(model, pairs, positions='prompt' or 'all'), which "
                 "patches token k onto token k",
                 stacklevel=2,
