@@ -8,6 +8,7 @@ own forward, or the einsum of the cached inputs and the weights. fp32 throughout
 
 from __future__ import annotations
 
+import functools
 import warnings
 
 import pytest
@@ -194,6 +195,35 @@ def test_readout_only_and_aligned_patches_do_not_warn(model, batches):
         model.run_with_hooks(clean_ids, fwd_hooks=[(name, every_position)])  # same padding
     with pytest.warns(UserWarning, match="differently padded"):  # a user's closure over the cache
         model.run_with_hooks(corrupt_ids[[1, 0, 2, 3]], fwd_hooks=[(name, every_position)])
+
+
+clean_cache = None  # the Main Demo's global
+
+
+def residual_stream_patching_hook(resid_pre, hook, position):
+    """The Main Demo's hook: the clean cache is a global it names."""
+    clean_resid_pre = clean_cache[hook.name]
+    resid_pre[:, position, :] = clean_resid_pre[:, position, :]
+    return resid_pre
+
+
+def test_main_demo_patching_loop_warns_once_and_reads_right_at_minus_one(model, batches):
+    global clean_cache
+    clean_ids, corrupt_ids = batches
+    _, clean_cache = model.run_with_cache(clean_ids)
+    T = clean_ids.shape[1]
+    result = torch.zeros(model.cfg.n_layers, T)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for layer in range(model.cfg.n_layers):
+            for position in range(T):
+                hook = functools.partial(residual_stream_patching_hook, position=position)
+                name = tl_utils.get_act_name("in", layer)  # the 4.x bridge's name for resid_pre
+                result[layer, position] = model.run_with_hooks(corrupt_ids, fwd_hooks=[(name, hook)]).mean()
+    assert sum("differently padded" in str(w.message) for w in caught) == 1
+    expected = patching.get_act_patch_resid_pre(model, corrupt_ids, clean_cache, lambda r: r.mean())
+    assert torch.allclose(result, expected, atol=TOL)
+    assert torch.allclose(result[0, -1], alone(model, corrupt_ids).mean(), atol=TOL)
 
 
 # --------------------------------------------------------------------------- 5. split inputs

@@ -180,7 +180,7 @@ class RewardModelBase(HookedRootModule):
         batch (as `transformer_lens.patching` writes `clean_cache` into the corrupted run) warns where it
         patches a pad into a real token or the reverse (`tl_compat.check_patch_alignment`)."""
         if fwd_hooks:
-            run_key = id(model_args[0]) if model_args else None
+            run_key = model_args[0] if model_args else None
             fwd_hooks = check_patch_alignment(self, fwd_hooks, self.batch_mask(model_args, kwargs), run_key)
         return super().run_with_hooks(*model_args, fwd_hooks=list(fwd_hooks), **kwargs)
 

@@ -323,7 +323,8 @@ def cached_mask_of(obj: Any) -> Optional[torch.Tensor]:
 
 def hook_source_masks(fn: Any) -> List[torch.Tensor]:
     """The masks of cached activations a hook carries: in a `functools.partial`'s arguments (as
-    `transformer_lens.patching` binds `clean_activation=`) or in the function's closure."""
+    `transformer_lens.patching` binds `clean_activation=`), in the function's closure, or in the globals its
+    code names (a tutorial's `clean_cache`)."""
     found: List[Any] = []
     while isinstance(fn, functools.partial):
         found += list(fn.args) + list(fn.keywords.values())
@@ -333,6 +334,8 @@ def hook_source_masks(fn: Any) -> List[torch.Tensor]:
             found.append(cell.cell_contents)
         except ValueError:  # an empty cell
             continue
+    code, names = getattr(fn, "__code__", None), getattr(fn, "__globals__", {})
+    found += [names[n] for n in (code.co_names if code is not None else ()) if n in names]
     masks = [cached_mask_of(obj) for obj in found if isinstance(obj, (torch.Tensor, ActivationCache))]
     return [m for m in masks if m is not None]
 
@@ -361,7 +364,7 @@ def check_patch_alignment(model: Any, fwd_hooks: Any, run_mask: Optional[torch.T
 
 def _aligned_patch_hook(model: Any, fn: Any, source: torch.Tensor, target: torch.Tensor, run_key: Any):
     bad_positions = misaligned_rows(source, target)
-    key = (id(source), run_key)
+    key = (source, run_key)  # the objects themselves, so that no id is reused while the key is kept
 
     def checked(activation: torch.Tensor, hook: Any):
         before = activation.detach().clone()
@@ -379,7 +382,8 @@ def _aligned_patch_hook(model: Any, fn: Any, source: torch.Tensor, target: torch
             cols = (bad_positions.any(0).nonzero().flatten() - bad_positions.shape[1]).tolist()
             where = (f"{len(cols)} of {bad_positions.shape[1]} positions (e.g. {cols[:4]}, counted from the "
                      "end) are padding in one batch and real tokens in the other")
-        if model.__dict__.get("_misaligned_warned") != key:
+        last = model.__dict__.get("_misaligned_warned")
+        if last is None or last[0] is not key[0] or last[1] is not key[1]:
             model.__dict__["_misaligned_warned"] = key
             warnings.warn(
                 f"{hook.name}: the patch writes activations cached from a differently padded batch, and "
