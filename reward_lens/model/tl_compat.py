@@ -188,6 +188,30 @@ class TransformerLensConveniences:
         directions = self.reward_direction_for(ids.to(self.cfg.device))
         return directions if tokens.dim() == 2 else directions[0]
 
+    # ------------------------------------------------------------------ TransformerLens 4.x's bridge
+    def enable_compatibility_mode(
+        self, disable_warnings: bool = False, no_processing: bool = False, fold_ln: bool = True,
+        center_writing_weights: bool = True, center_unembed: bool = True, fold_value_biases: bool = True,
+        refactor_factored_attn_matrices: bool = False,
+    ) -> None:
+        """TransformerLens 4.x's `TransformerBridge.enable_compatibility_mode`, so a tutorial's first cell runs:
+        a hooked reward model already has TL's hook names, aliases and split inputs, and its weights stay as
+        loaded (norms folded at load: `from_pretrained(fold_ln=True)`). RMSNorm does not centre, there is no
+        unembed, value biases stay in `b_V` and RoPE leaves no QK refactoring, so those requests change
+        nothing; a warning (unless `disable_warnings`) names the ones that would have changed numbers."""
+        if no_processing or disable_warnings:
+            return
+        unapplied = []
+        if fold_ln and any(getattr(b.ln1, "w", None) is not None for b in self.blocks):
+            unapplied.append("fold_ln (this model was loaded with fold_ln=False; reload with fold_ln=True)")
+        if fold_value_biases and any(bool(b.attn.b_V.detach().abs().max() > 0) for b in self.blocks):
+            unapplied.append("fold_value_biases (value biases stay in b_V)")
+        if refactor_factored_attn_matrices:
+            unapplied.append("refactor_factored_attn_matrices (rotary attention has no such refactoring)")
+        if unapplied:
+            warnings.warn("enable_compatibility_mode leaves the weights as loaded: not applied: " + "; ".join(unapplied),
+                          stacklevel=2)
+
     # ------------------------------------------------------------------ parameters, TL style
     def tl_parameters(self) -> Dict[str, torch.Tensor]:
         """Parameters under TransformerLens names ('blocks.0.attn.W_Q', ...); kv weights as stored (kv heads)."""
