@@ -31,7 +31,7 @@ def model():
 
 @pytest.fixture(scope="module")
 def ioi(model):
-    """The Activation Patching Demo's batch: clean rows, corrupted = adjacent rows swapped (lengths differ)."""
+    """The Activation Patching batch: clean rows, corrupted = adjacent rows swapped (lengths differ)."""
     pairs = [p for p in demo_pairs() if p.subset == "arithmetic"][:4]
     clean_tokens = model.to_tokens([p.prompt for p in pairs], [p.chosen for p in pairs])["input_ids"]
     corrupted_tokens = clean_tokens[[(i + 1 if i % 2 == 0 else i - 1) for i in range(len(clean_tokens))]]
@@ -82,7 +82,8 @@ def test_main_demo_hook_listing_with_return_type_none(model, ioi):
     def print_name_shape_hook_function(activation, hook):
         printed.append((hook.name, tuple(activation.shape)))
 
-    not_in_late_block_filter = lambda name: name.startswith("blocks.0.") or not name.startswith("blocks")  # noqa
+    not_in_late_block_filter = lambda name: (  # noqa: E731
+        name.startswith("blocks.0.") or not name.startswith("blocks"))
     model.run_with_hooks(clean_tokens, return_type=None,
                          fwd_hooks=[(not_in_late_block_filter, print_name_shape_hook_function)])
     names = [n for n, _ in printed]
@@ -109,7 +110,8 @@ def test_main_demo_head_ablation_on_v(model, ioi):
         z[:, :, served] = 0.0
         return z
 
-    expected = model.run_with_hooks(clean_tokens, fwd_hooks=[(utils.get_act_name("z", layer_to_ablate), zero_z)])
+    z_name = utils.get_act_name("z", layer_to_ablate)
+    expected = model.run_with_hooks(clean_tokens, fwd_hooks=[(z_name, zero_z)])
     assert torch.allclose(ablated, expected, atol=TOL)
     assert not torch.allclose(ablated, model(clean_tokens), atol=1e-3)
 
@@ -150,8 +152,9 @@ def test_exploratory_demo_direct_path_to_queries(model, ioi):
             W_B = model.blocks[B_layer].attn.W_Q[B]
             corrupted_ln1_scale = corrupted_cache[utils.get_act_name("scale", B_layer, "ln1")]
             patched = corrupted_attn_act.clone()
-            patched[:, :, B, :] = corrupted_attn_act[:, :, B, :] + (clean_A_output - corrupted_A_output) @ W_B / \
-                corrupted_ln1_scale
+            patched_B_act = corrupted_attn_act[:, :, B, :] + (clean_A_output - corrupted_A_output) @ W_B \
+                / corrupted_ln1_scale
+            patched[:, :, B, :] = patched_B_act
             return patched
 
         with warnings.catch_warnings(record=True) as caught:
@@ -172,8 +175,8 @@ def test_exploratory_demo_direct_path_to_queries(model, ioi):
         act[:, :, B] = q
         return act
 
-    assert torch.allclose(patched, model.run_with_hooks(corrupted_tokens, fwd_hooks=[("blocks.1.attn.hook_q", set_q)]),
-                          atol=TOL)
+    by_hand = model.run_with_hooks(corrupted_tokens, fwd_hooks=[("blocks.1.attn.hook_q", set_q)])
+    assert torch.allclose(patched, by_hand, atol=TOL)
 
 
 # --------------------------------------------------------------------------- Activation Patching Demo
@@ -185,7 +188,8 @@ def test_activation_patching_demo_swapped_rows(model, ioi):
     def get_logit_diff(logits):  # the metric swapped: even rows' rewards minus odd rows' (swapping flips it)
         return (logits[0::2] - logits[1::2]).mean()
 
-    CLEAN_BASELINE, CORRUPTED_BASELINE = get_logit_diff(clean_logits).item(), get_logit_diff(corrupted_logits).item()
+    CLEAN_BASELINE = get_logit_diff(clean_logits).item()
+    CORRUPTED_BASELINE = get_logit_diff(corrupted_logits).item()
 
     def ioi_metric(logits):
         return (get_logit_diff(logits) - CORRUPTED_BASELINE) / (CLEAN_BASELINE - CORRUPTED_BASELINE)
@@ -205,11 +209,12 @@ def test_activation_patching_demo_swapped_rows(model, ioi):
         resid[:, -1] = clean_readout
         return resid
 
-    expected = ioi_metric(model.run_with_hooks(corrupted_tokens, fwd_hooks=[(utils.get_act_name("resid_pre", last),
-                                                                             readout_only)]))
+    name = utils.get_act_name("resid_pre", last)
+    expected = ioi_metric(model.run_with_hooks(corrupted_tokens, fwd_hooks=[(name, readout_only)]))
     assert abs(float(resid_pre_act_patch_results[last, -1]) - float(expected)) < TOL
     assert torch.allclose(alone(model, corrupted_tokens), corrupted_logits, atol=TOL)
     every = patching.get_act_patch_attn_head_all_pos_every(model, corrupted_tokens, clean_cache, ioi_metric)
     assert every.shape == (5, model.cfg.n_layers, model.cfg.n_heads)
-    assert torch.equal(every[2, :, model.cfg.n_key_value_heads:], torch.zeros_like(every[2, :, 2:]))  # k: kv heads
+    nkv = model.cfg.n_key_value_heads  # k and v are patched per kv head; TL leaves the other slots zero
+    assert torch.equal(every[2, :, nkv:], torch.zeros_like(every[2, :, nkv:]))
 

@@ -84,7 +84,7 @@ def test_return_type_none_runs_the_final_norm(model, batches):
     assert "ln_final.hook_scale" in fired and "ln_final.hook_normalized" in fired
 
 
-# --------------------------------------------------------------------------- 2. start_at_layer infers the mask
+# ----------------------------------------------------------------------- 2. start_at_layer infers the mask
 def test_start_at_layer_infers_the_mask(model, batches):
     ids, _ = batches
     assert bool((ids == model.cfg.pad_token_id).any())
@@ -99,12 +99,14 @@ def test_start_at_layer_infers_the_mask(model, batches):
 
 
 # --------------------------------------------------------------------------- 3. pad == BOS
-WORDS = ["<|endoftext|>", "<unk>", "the", "cat", "sat", "on", "a", "mat", "dog", "ran", "far", "away", "?", "."]
+WORDS = ["<|endoftext|>", "<unk>", "the", "cat", "sat", "on", "a", "mat", "dog", "ran", "far", "away", "?",
+         "."]
 
 
 def pad_is_bos_model(add_bos: bool, seed: int = 0):
     """A GPT-2-style tiny checkpoint: one id (0) is BOS, EOS and pad."""
-    tok = word_tokenizer(WORDS, bos="<|endoftext|>", eos="<|endoftext|>", pad="<|endoftext|>", add_bos=add_bos)
+    one = "<|endoftext|>"
+    tok = word_tokenizer(WORDS, bos=one, eos=one, pad=one, add_bos=add_bos)
     hf = tiny_hf_model("llama", seed=seed, pad_token_id=0, bos_token_id=0, eos_token_id=0)
     model = HookedRewardModel.from_hf_model(hf, tok, device="cpu")
     model.input_format = "{prompt} {response}"
@@ -143,10 +145,11 @@ def test_pad_is_bos_mask_is_inferred(add_bos):
 def test_pad_is_bos_warns_where_undecidable():
     model, _ = pad_is_bos_model(add_bos=False)
     batch = model.to_tokens([p for p, _ in PAD_BOS_PAIRS], [r for _, r in PAD_BOS_PAIRS])
-    by_hand = torch.cat([torch.zeros_like(batch["input_ids"][:, :1]), batch["input_ids"]], dim=1)  # BOS prepended
+    ids = batch["input_ids"]
+    by_hand = torch.cat([torch.zeros_like(ids[:, :1]), ids], dim=1)  # a BOS prepended by hand to every row
     with pytest.warns(UserWarning, match="attention_mask="):
         model(by_hand)
-    model.input_format = "chat"  # this tokenizer has no chat template: to_tokens fails, the rendering is unknown
+    model.input_format = "chat"  # no chat template: to_tokens fails, the rendering is unknown
     assert model.renders_bos() is None
     with pytest.warns(UserWarning, match="cannot render"):
         model(batch["input_ids"])
@@ -239,8 +242,12 @@ def test_split_inputs_leave_rewards_unchanged(model, batches, flag):
     assert torch.allclose(out, before, atol=TOL) and torch.allclose(out, alone(model, ids), atol=TOL)
     B, T = ids.shape
     n, nkv, d = model.cfg.n_heads, model.cfg.n_key_value_heads, model.cfg.d_model
-    shapes = {"set_use_split_qkv_input": {"q_input": (B, T, n, d), "k_input": (B, T, nkv, d), "v_input": (B, T, nkv, d)},
-              "set_use_attn_in": {"attn_in": (B, T, n, d)}, "set_use_hook_mlp_in": {"mlp_in": (B, T, d)}}[flag]
+    shapes = {
+        "set_use_split_qkv_input": {"q_input": (B, T, n, d), "k_input": (B, T, nkv, d),
+                                    "v_input": (B, T, nkv, d)},
+        "set_use_attn_in": {"attn_in": (B, T, n, d)},
+        "set_use_hook_mlp_in": {"mlp_in": (B, T, d)},
+    }[flag]
     for kind, shape in shapes.items():
         for layer in range(model.cfg.n_layers):
             act = cache[act_name(kind, layer)]
@@ -264,7 +271,8 @@ def test_patching_one_head_input_changes_only_that_head(model, batches, kind, he
     layer = 1
     flag = "set_use_attn_in" if kind == "attn_in" else "set_use_split_qkv_input"
     _, base = model.run_with_cache(corrupt_ids)
-    other = model.run_with_cache(clean_ids, names_filter=act_name("resid_pre", layer))[1][act_name("resid_pre", layer)]
+    resid_name = act_name("resid_pre", layer)
+    other = model.run_with_cache(clean_ids, names_filter=resid_name)[1][resid_name]
 
     def swap(act, hook):
         act[:, :, head] = other
@@ -299,8 +307,8 @@ def test_direct_path_patching_runs_and_is_right(model, batches):
     _, corrupt_cache = model.run_with_cache(corrupt_ids)
     metric = lambda rewards: rewards.mean()  # noqa: E731
     src_layer, src_head = 0, 1
-    result = patching.get_act_patch_direct_path(model, corrupt_ids, clean_cache, corrupt_cache, metric, src_layer,
-                                                src_head, verbose=False)
+    result = patching.get_act_patch_direct_path(model, corrupt_ids, clean_cache, corrupt_cache, metric,
+                                                src_layer, src_head, verbose=False)
     assert not model.cfg.use_split_qkv_input  # flags restored
     z = act_name("z", src_layer)
     W_O = model.blocks[src_layer].attn.W_O[src_head]

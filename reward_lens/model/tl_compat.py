@@ -194,11 +194,12 @@ class TransformerLensConveniences:
         center_writing_weights: bool = True, center_unembed: bool = True, fold_value_biases: bool = True,
         refactor_factored_attn_matrices: bool = False,
     ) -> None:
-        """TransformerLens 4.x's `TransformerBridge.enable_compatibility_mode`, so a tutorial's first cell runs:
-        a hooked reward model already has TL's hook names, aliases and split inputs, and its weights stay as
-        loaded (norms folded at load: `from_pretrained(fold_ln=True)`). RMSNorm does not centre, there is no
-        unembed, value biases stay in `b_V` and RoPE leaves no QK refactoring, so those requests change
-        nothing; a warning (unless `disable_warnings`) names the ones that would have changed numbers."""
+        """TransformerLens 4.x's `TransformerBridge.enable_compatibility_mode`, so a tutorial's first cell
+        runs: a hooked reward model already has TL's hook names, aliases and split inputs, and its weights
+        stay as loaded (norms folded at load: `from_pretrained(fold_ln=True)`). RMSNorm does not centre,
+        there is no unembed, value biases stay in `b_V` and RoPE leaves no QK refactoring, so those requests
+        change nothing; a warning (unless `disable_warnings`) names the ones that would have changed
+        numbers."""
         if no_processing or disable_warnings:
             return
         unapplied = []
@@ -209,8 +210,8 @@ class TransformerLensConveniences:
         if refactor_factored_attn_matrices:
             unapplied.append("refactor_factored_attn_matrices (rotary attention has no such refactoring)")
         if unapplied:
-            warnings.warn("enable_compatibility_mode leaves the weights as loaded: not applied: " + "; ".join(unapplied),
-                          stacklevel=2)
+            warnings.warn("enable_compatibility_mode leaves the weights as loaded: not applied: "
+                          + "; ".join(unapplied), stacklevel=2)
 
     # ------------------------------------------------------------------ parameters, TL style
     def tl_parameters(self) -> Dict[str, torch.Tensor]:
