@@ -328,6 +328,19 @@ def test_direct_path_patching_runs_and_is_right(model, batches):
     assert torch.equal(result[: src_layer + 1], torch.zeros_like(result[: src_layer + 1]))
 
 
+def test_direct_path_patching_refuses_post_norms():
+    """Gemma-2's post-norm acts on the attention output before the residual: no silent wrong number."""
+    from test_gemma2 import tiny_gemma2
+
+    model = HookedRewardModel.from_hf_model(tiny_gemma2(), device="cpu")
+    ids = torch.randint(3, 60, (2, 7))
+    _, cache = model.run_with_cache(ids)
+    with pytest.raises(ValueError, match="normalized or scaled"):
+        patching.get_act_patch_direct_path(model, ids, cache, cache, lambda r: r.mean(), 0, 0, verbose=False)
+    demo = load_demo_model(device="cpu")
+    assert demo.blocks[0].hook_aliases == {} and "ln1_post" not in demo.blocks[0].submodules
+
+
 # --------------------------------------------------------------------------- 6. text helpers' BOS
 def test_text_helpers_prepend_bos_as_transformer_lens(model):
     tok = model.tokenizer

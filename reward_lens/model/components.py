@@ -338,6 +338,18 @@ class TransformerBlock(nn.Module):
         self.hook_mlp_out = HookPoint()
         self.hook_resid_post = HookPoint()
 
+    @property
+    def submodules(self) -> Dict[str, nn.Module]:
+        """The block's parts as TransformerLens's analysis tools ask for them: with post-norms, `ln1_post`
+        owns `hook_attn_out` (`hook_aliases`), so `transformer_lens.patching.get_act_patch_direct_path`
+        refuses the block (a head's write is not z @ W_O there) instead of giving a wrong number."""
+        parts: Dict[str, nn.Module] = {"attn": self.attn, "mlp": self.mlp}
+        return {**parts, "ln1_post": self.ln1_post} if self.cfg.post_norms else parts
+
+    @property
+    def hook_aliases(self) -> Dict[str, str]:
+        return {"hook_attn_out": "ln1_post.hook_normalized"} if self.cfg.post_norms else {}
+
     def _post_norm(self, which: str) -> Optional[RMSNorm]:
         return getattr(self, f"ln{1 if which == 'attn' else 2}_post") if self.cfg.post_norms else None
 
