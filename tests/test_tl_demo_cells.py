@@ -10,6 +10,7 @@ README's "No analogue" list.
 from __future__ import annotations
 
 import warnings
+from functools import partial
 
 import einops
 import pytest
@@ -177,6 +178,67 @@ def test_exploratory_demo_direct_path_to_queries(model, ioi):
 
     by_hand = model.run_with_hooks(corrupted_tokens, fwd_hooks=[("blocks.1.attn.hook_q", set_q)])
     assert torch.allclose(patched, by_hand, atol=TOL)
+
+
+def patch_residual_component(corrupted_residual_component, hook, pos, clean_cache):  # cell 20, as written
+    clean_value = clean_cache[hook.name][:, pos, :].clone()
+    corrupted_residual_component = corrupted_residual_component.clone()
+    corrupted_residual_component[:, pos : pos + 1, :] = clean_value.unsqueeze(1)
+    return corrupted_residual_component
+
+
+def patch_head_vector(corrupted_head_vector, hook, head_index, clean_cache):  # cell 25
+    clean_value = clean_cache[hook.name][:, :, head_index, :].clone()
+    corrupted_head_vector = corrupted_head_vector.clone()
+    corrupted_head_vector[:, :, head_index : head_index + 1, :] = clean_value.unsqueeze(2)
+    return corrupted_head_vector
+
+
+def patch_head_pattern(corrupted_head_pattern, hook, head_index, clean_cache):  # cell 30
+    clean_value = clean_cache[hook.name][:, head_index, :, :].clone()
+    corrupted_head_pattern = corrupted_head_pattern.clone()
+    corrupted_head_pattern[:, head_index : head_index + 1, :, :] = clean_value.unsqueeze(1)
+    return corrupted_head_pattern
+
+
+def test_exploratory_demo_patching_cells(model):
+    """Cells 18-31: chosen (clean) vs rejected (corrupted) of the same prompts, one left-padded batch; each
+    sweep checked against transformer_lens.patching's helper and warned about once (rows differ in length)."""
+    pairs = [p for p in demo_pairs() if p.subset == "arithmetic"][:3]
+    batch = model.to_tokens([p.prompt for p in pairs] * 2,
+                            [p.chosen for p in pairs] + [p.rejected for p in pairs])
+    tokens, corrupted_tokens = batch["input_ids"][:3], batch["input_ids"][3:]
+    original_logits, cache = model.run_with_cache(tokens)
+    corrupted_logits = model(corrupted_tokens)
+
+    def normalize_patched_logit_diff(patched_logits):  # the metric swapped: the mean reward, normalised
+        clean, corrupted = original_logits.mean(), corrupted_logits.mean()
+        return (patched_logits.mean() - corrupted) / (clean - corrupted)
+
+    L, H, T = model.cfg.n_layers, model.cfg.n_heads, tokens.shape[1]
+    sweeps = [
+        ("resid_pre", [(lay, pos) for lay in range(L) for pos in range(T)], patch_residual_component, "pos",
+         patching.get_act_patch_resid_pre),
+        ("z", [(lay, h) for lay in range(L) for h in range(H)], patch_head_vector, "head_index",
+         patching.get_act_patch_attn_head_out_all_pos),
+        ("attn", [(lay, h) for lay in range(L) for h in range(H)], patch_head_pattern, "head_index",
+         patching.get_act_patch_attn_head_pattern_all_pos),
+    ]
+    for kind, index, fn, arg, helper in sweeps:
+        result = torch.zeros(L, T if arg == "pos" else H)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for layer, i in index:
+                hook_fn = partial(fn, clean_cache=cache, **{arg: i})
+                name = utils.get_act_name(kind, layer, None if kind == "resid_pre" else "attn")
+                patched_logits = model.run_with_hooks(corrupted_tokens, fwd_hooks=[(name, hook_fn)],
+                                                      return_type="logits")
+                result[layer, i] = normalize_patched_logit_diff(patched_logits)
+        assert sum("differently padded" in str(w.message) for w in caught) == 1, kind
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            expected = helper(model, corrupted_tokens, cache, normalize_patched_logit_diff)
+        assert torch.allclose(result, expected, atol=TOL), kind
 
 
 # --------------------------------------------------------------------------- Activation Patching Demo

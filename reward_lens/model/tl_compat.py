@@ -374,8 +374,8 @@ def misaligned_rows(source: torch.Tensor, target: torch.Tensor) -> Optional[torc
 
 def check_patch_alignment(model: Any, fwd_hooks: Any, run_mask: Optional[torch.Tensor], run_key: Any) -> list:
     """`fwd_hooks` with each hook that writes cached activations of a differently padded batch wrapped so
-    that it warns (once per run of calls with the same batches) when it changes a position where one batch
-    has a pad and the other a real token."""
+    that it warns (once per sweep: consecutive patches of one activation kind between the same two batches)
+    when it changes a position where one batch has a pad and the other a real token."""
     if run_mask is None:
         return list(fwd_hooks)
     out = []
@@ -389,7 +389,9 @@ def check_patch_alignment(model: Any, fwd_hooks: Any, run_mask: Optional[torch.T
 
 def _aligned_patch_hook(model: Any, fn: Any, source: torch.Tensor, target: torch.Tensor, run_key: Any):
     bad_positions = misaligned_rows(source, target)
-    key = (source, run_key)  # the objects themselves, so that no id is reused while the key is kept
+    # one warning per sweep: consecutive patches of one activation kind between the same two batches (the
+    # objects themselves are kept, so that no id is reused while the key is)
+    key = (source, run_key)
 
     def checked(activation: torch.Tensor, hook: Any):
         before = activation.detach().clone()
@@ -407,9 +409,9 @@ def _aligned_patch_hook(model: Any, fn: Any, source: torch.Tensor, target: torch
             cols = (bad_positions.any(0).nonzero().flatten() - bad_positions.shape[1]).tolist()
             where = (f"{len(cols)} of {bad_positions.shape[1]} positions (e.g. {cols[:4]}, counted from the "
                      "end) are padding in one batch and real tokens in the other")
-        last = model.__dict__.get("_misaligned_warned")
-        if last is None or last[0] is not key[0] or last[1] is not key[1]:
-            model.__dict__["_misaligned_warned"] = key
+        last, kind = model.__dict__.get("_misaligned_warned"), hooks.kind_of(hook.name)
+        if last is None or last[0] is not key[0] or last[1] is not key[1] or last[2] != kind:
+            model.__dict__["_misaligned_warned"] = (*key, kind)
             warnings.warn(
                 f"{hook.name}: the patch writes activations cached from a differently padded batch, and "
                 f"{where}; pad activations are patched into real tokens (or the reverse). The readout column "
