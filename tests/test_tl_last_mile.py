@@ -307,8 +307,12 @@ def test_direct_path_patching_runs_and_is_right(model, batches):
     _, corrupt_cache = model.run_with_cache(corrupt_ids)
     metric = lambda rewards: rewards.mean()  # noqa: E731
     src_layer, src_head = 0, 1
-    result = patching.get_act_patch_direct_path(model, corrupt_ids, clean_cache, corrupt_cache, metric,
-                                                src_layer, src_head, verbose=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = patching.get_act_patch_direct_path(model, corrupt_ids, clean_cache, corrupt_cache, metric,
+                                                    src_layer, src_head, verbose=False)
+    # the write is added at every position, and these rows differ in length: warned once
+    assert sum("differently padded" in str(w.message) for w in caught) == 1
     assert not model.cfg.use_split_qkv_input  # flags restored
     z = act_name("z", src_layer)
     W_O = model.blocks[src_layer].attn.W_O[src_head]

@@ -15,6 +15,7 @@ tokens and metric swapped.
 from __future__ import annotations
 
 import functools
+import sys
 import warnings
 import weakref
 from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
@@ -365,6 +366,20 @@ def hook_source_masks(fn: Any) -> List[torch.Tensor]:
     return [m for m in masks if m is not None]
 
 
+def patching_caller_masks(depth: int = 8) -> List[torch.Tensor]:
+    """The masks of cached activations held by a calling `transformer_lens.patching` function (e.g.
+    `get_act_patch_direct_path`'s `clean_cache`, whose derived write its hook adds)."""
+    frame, masks = sys._getframe(1), []
+    for _ in range(depth):
+        frame = frame.f_back
+        if frame is None:
+            break
+        if frame.f_globals.get("__name__") == "transformer_lens.patching":
+            masks += [m for v in frame.f_locals.values() if isinstance(v, ActivationCache)
+                      for m in [cached_mask_of(v)] if m is not None]
+    return masks
+
+
 def misaligned_rows(source: torch.Tensor, target: torch.Tensor) -> Optional[torch.Tensor]:
     """[batch, pos] bool: where one batch has a pad and the other a real token (None when shapes differ)."""
     if source.shape != target.shape:
@@ -378,9 +393,10 @@ def check_patch_alignment(model: Any, fwd_hooks: Any, run_mask: Optional[torch.T
     when it changes a position where one batch has a pad and the other a real token."""
     if run_mask is None:
         return list(fwd_hooks)
-    out = []
+    out, callers = [], patching_caller_masks()
     for name, fn in fwd_hooks:
-        sources = [m for m in hook_source_masks(fn) if not torch.equal(m.to(run_mask.device), run_mask)]
+        masks = hook_source_masks(fn) + callers
+        sources = [m for m in masks if not torch.equal(m.to(run_mask.device), run_mask)]
         if sources:
             fn = _aligned_patch_hook(model, fn, sources[0], run_mask, run_key)
         out.append((name, fn))
