@@ -16,14 +16,16 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from jaxtyping import Float, Int
-from transformer_lens.ActivationCache import ActivationCache
 from transformer_lens.hook_points import HookPoint
 from transformer_lens.HookedRootModule import HookedRootModule
 
 from reward_lens.model.validation import check_model_inputs
 from reward_lens.model import hooks
 from reward_lens.model.readout import readout_positions as readout_by_rule
-from reward_lens.model.tl_compat import INPUT_FORMAT_DEFAULT, leading_pad_mask
+from reward_lens.model.tl_compat import (
+    INPUT_FORMAT_DEFAULT, AliasedActivationCache, check_patch_alignment, leading_pad_mask, record_cache_mask,
+    resolve_names_filter, warn_pad_is_bos,
+)
 from reward_lens.model.tokenization import tokenize_pairs
 from reward_lens.model.tokenization import check_input_format
 
@@ -62,11 +64,18 @@ class RewardModelBase(HookedRootModule):
     ) -> Int[torch.Tensor, "batch pos"]:
         """The mask of ids passed without one: the leading pad run of each row masked (left padding, as
         `to_tokens` pads). With `warn`, a row whose readout is not its last position gets a warning:
-        position -1 is then not where the reward is read."""
+        position -1 is then not where the reward is read.
+
+        pad id == BOS id (GPT-2 / Pythia-style, one id for BOS, EOS and pad): when `to_tokens` renders a BOS
+        (`renders_bos`), the last id of each leading run is the row's own BOS and stays attended; when it
+        renders none, the whole run is padding, but if every row starts with that id (a BOS prepended by
+        hand?) or the rendering is unknown (`to_tokens` fails), a warning asks for `attention_mask`."""
         pad = self.cfg.pad_token_id
         bos = getattr(self.tokenizer, "bos_token_id", None)
-        # pad == BOS: a leading pad cannot be told from the sequence's own BOS, so nothing is masked.
-        mask = leading_pad_mask(input_ids, None if pad == bos else pad).to(input_ids.device)
+        own_bos = pad is not None and pad == bos and self.renders_bos()
+        mask = leading_pad_mask(input_ids, pad, keep_last=bool(own_bos)).to(input_ids.device)
+        if pad is not None and pad == bos and own_bos is not True:
+            warn_pad_is_bos(input_ids, pad, own_bos)
         if warn:
             readout = self.readout_positions(input_ids, mask)
             late = (readout != input_ids.shape[1] - 1).nonzero().flatten().tolist()
@@ -79,6 +88,20 @@ class RewardModelBase(HookedRootModule):
                     stacklevel=3,
                 )
         return mask
+
+    def renders_bos(self) -> Optional[bool]:
+        """Whether `to_tokens` starts a row with the tokenizer's BOS id (None: no BOS id, or it fails)."""
+        key = (id(self.tokenizer), str(self.input_format))
+        known = self.__dict__.get("_renders_bos")
+        if known is None or known[0] != key:
+            bos = getattr(self.tokenizer, "bos_token_id", None)
+            try:
+                ids = self.to_tokens("a", "b")["input_ids"][0] if bos is not None else None
+            except Exception:  # any tokenizer failure means: unknown
+                ids = None
+            known = (key, None if ids is None else bool(ids.numel() and int(ids[0]) == bos))
+            self.__dict__["_renders_bos"] = known
+        return known[1]
 
     def prepare_inputs(
         self,
@@ -122,19 +145,66 @@ class RewardModelBase(HookedRootModule):
             self, prompts, responses, padding_side=padding_side, max_length=max_length, input_format=input_format
         )
 
-    # ------------------------------------------------------------------ caches
+    # ------------------------------------------------------------------ hooks and caches
+    def setup(self) -> None:
+        """`HookedRootModule.setup`, plus TransformerLens's alias names (`hooks.tl_hook_aliases`) in
+        `mod_dict`, so hooks added by an alias name (`run_with_hooks`, `add_hook`, `names_filter`) land on
+        the hook it stands for; `hook_dict` (and so every cache key) keeps one name per hook."""
+        super().setup()
+        ln1 = getattr(self.blocks[0], "ln1", None) if len(getattr(self, "blocks", ())) else None
+        aliases = hooks.tl_hook_aliases(
+            self.cfg.n_layers, post_norms=bool(getattr(self.cfg, "post_norms", False)),
+            norms_folded=ln1 is not None and getattr(ln1, "w", 0) is None,
+        )
+        self.hook_aliases = {
+            a: t for a, t in aliases.items() if t in self.hook_dict and a not in self.mod_dict
+        }
+        self.mod_dict.update({a: self.hook_dict[t] for a, t in self.hook_aliases.items()})
+
+    def batch_mask(self, model_args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Optional[torch.Tensor]:
+        """The attention mask a forward on these arguments uses (None: it starts from a residual)."""
+        ids = model_args[0] if model_args else kwargs.get("input")
+        if kwargs.get("start_at_layer") is not None:
+            ids = kwargs.get("input_ids")
+        if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.is_floating_point():
+            return None
+        mask = kwargs.get("attention_mask", model_args[1] if len(model_args) > 1 else None)
+        if mask is not None:
+            return torch.as_tensor(mask)
+        with warnings.catch_warnings():  # the forward itself warns
+            warnings.simplefilter("ignore")
+            return self.infer_attention_mask(ids, warn=False)
+
+    def run_with_hooks(self, *model_args: Any, fwd_hooks: Any = (), **kwargs: Any):
+        """`HookedRootModule.run_with_hooks`. A hook that writes activations cached from a differently padded
+        batch (as `transformer_lens.patching` writes `clean_cache` into the corrupted run) warns where it
+        patches a pad into a real token or the reverse (`tl_compat.check_patch_alignment`)."""
+        if fwd_hooks:
+            run_key = model_args[0] if model_args else None
+            fwd_hooks = check_patch_alignment(self, fwd_hooks, self.batch_mask(model_args, kwargs), run_key)
+        return super().run_with_hooks(*model_args, fwd_hooks=list(fwd_hooks), **kwargs)
+
     def run_with_cache(self, *model_args: Any, readout_only: bool = False, **kwargs: Any):
-        """`HookedRootModule.run_with_cache`, returning a `transformer_lens.ActivationCache`.
+        """`HookedRootModule.run_with_cache`, returning a `transformer_lens.ActivationCache` (that also
+        answers TransformerLens alias names, `model.hook_aliases`).
 
         `readout_only=True` keeps only each sequence's readout position (position axis of length 1),
         so a long input's cache costs O(layers x d_model) per sequence.
         """
         if self.placed_devices:  # a placed model's activations, gathered on its home device
             kwargs.setdefault("device", self.cfg.device)
+        if "names_filter" in kwargs:
+            aliases = getattr(self, "hook_aliases", {})
+            kwargs["names_filter"] = resolve_names_filter(kwargs["names_filter"], aliases)
         if readout_only:
             return self.run_with_readout_cache(*model_args, **kwargs)
         out, cache_dict = super().run_with_cache(*model_args, **kwargs)
-        return out, ActivationCache(cache_dict, self, has_batch_dim=not kwargs.get("remove_batch_dim", False))
+        batched = not kwargs.get("remove_batch_dim", False)
+        cache = AliasedActivationCache(cache_dict, self, has_batch_dim=batched)
+        mask = self.batch_mask(model_args, kwargs)
+        if mask is not None and batched:
+            record_cache_mask(cache, mask)
+        return out, cache
 
     def run_with_readout_cache(self, input, attention_mask=None, *, names_filter=None, device=None, **kwargs):
         """`run_with_cache(..., readout_only=True)`."""
@@ -160,7 +230,7 @@ class RewardModelBase(HookedRootModule):
             input, attention_mask, readout_positions=readout,
             fwd_hooks=[(n, keep) for n in self.hook_names(names_filter)], **kwargs,
         )
-        return out, ActivationCache(cache, self)
+        return out, AliasedActivationCache(cache, self)
 
     def hook_names(self, names_filter=None) -> List[str]:
         """The hook names a TransformerLens `names_filter` (None, a name, a list or a predicate) selects."""
@@ -168,7 +238,8 @@ class RewardModelBase(HookedRootModule):
             return list(self.hook_dict)
         if callable(names_filter):
             return [n for n in self.hook_dict if names_filter(n)]
-        names = [names_filter] if isinstance(names_filter, str) else list(names_filter)
+        names = resolve_names_filter([names_filter] if isinstance(names_filter, str) else list(names_filter),
+                                     getattr(self, "hook_aliases", {}))
         unknown = [n for n in names if n not in self.hook_dict]
         if unknown:
             raise ValueError(f"unknown hook name(s) {unknown[:3]}; see model.hook_dict (e.g. 'blocks.0.hook_resid_post')")

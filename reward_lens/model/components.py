@@ -192,15 +192,31 @@ class Attention(nn.Module):
         cap = self.cfg.attn_scores_soft_cap
         return scores if cap is None else torch.tanh(scores / cap) * cap
 
+    def _split_rotated_qkv(self, xq, xk, xv, cos, sin):
+        """q, k (after q/k norms and RoPE) and v when each head reads its own normalised input (`xq`
+        [batch, pos, n_heads, d_model], `xk` / `xv` per kv head), the hooks firing as in `_rotated_qkv`."""
+        q = self.hook_q(torch.einsum("bpnd,ndh->bpnh", xq, self.W_Q) + self.b_Q)
+        k = self.hook_k(torch.einsum("bpnd,ndh->bpnh", xk, self.W_K) + self.b_K)
+        v = self.hook_v(torch.einsum("bpnd,ndh->bpnh", xv, self.W_V) + self.b_V)
+        if self.cfg.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        return self.hook_rot_q(apply_rotary(q, cos, sin)), self.hook_rot_k(apply_rotary(k, cos, sin)), v
+
     def forward(
         self,
-        x: Float[torch.Tensor, "batch pos d_model"],
+        x: Optional[Float[torch.Tensor, "batch pos d_model"]],
         cos: torch.Tensor,
         sin: torch.Tensor,
         allowed: Bool[torch.Tensor, "batch query_pos key_pos"],
+        per_head: Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None,
     ) -> Float[torch.Tensor, "batch pos d_model"]:
+        """The attention output of the normalised input `x`, or of per-head inputs `per_head` = (q, k, v
+        inputs, [batch, pos, heads, d_model]: the block's split inputs) when given."""
         cfg = self.cfg
-        q, k, v = self._rotated_qkv(x, cos, sin)
+        if per_head is None:
+            q, k, v = self._rotated_qkv(x, cos, sin)
+        else:
+            q, k, v = self._split_rotated_qkv(*per_head, cos, sin)
         explicit = (
             cfg.attn_scores_soft_cap is not None
             or self.hook_attn_scores.has_hooks()
@@ -317,12 +333,27 @@ class TransformerBlock(nn.Module):
             self.ln1_post = RMSNorm(cfg)
             self.ln2_post = RMSNorm(cfg)
         self.hook_resid_pre = HookPoint()
-        self.hook_attn_in = HookPoint()  # only with cfg.use_attn_in
+        self.hook_attn_in = HookPoint()  # [batch, pos, n_heads, d_model], only with cfg.use_attn_in
+        self.hook_q_input = HookPoint()  # [batch, pos, n_heads, d_model], only with cfg.use_split_qkv_input
+        self.hook_k_input = HookPoint()  # [batch, pos, n_key_value_heads, d_model], likewise
+        self.hook_v_input = HookPoint()
         self.hook_attn_out = HookPoint()
         self.hook_resid_mid = HookPoint()
-        self.hook_mlp_in = HookPoint()  # only with cfg.use_hook_mlp_in
+        self.hook_mlp_in = HookPoint()  # [batch, pos, d_model] before ln2, only with cfg.use_hook_mlp_in
         self.hook_mlp_out = HookPoint()
         self.hook_resid_post = HookPoint()
+
+    @property
+    def submodules(self) -> Dict[str, nn.Module]:
+        """The block's parts as TransformerLens's analysis tools ask for them: with post-norms, `ln1_post`
+        owns `hook_attn_out` (`hook_aliases`), so `transformer_lens.patching.get_act_patch_direct_path`
+        refuses the block (a head's write is not z @ W_O there) instead of giving a wrong number."""
+        parts: Dict[str, nn.Module] = {"attn": self.attn, "mlp": self.mlp}
+        return {**parts, "ln1_post": self.ln1_post} if self.cfg.post_norms else parts
+
+    @property
+    def hook_aliases(self) -> Dict[str, str]:
+        return {"hook_attn_out": "ln1_post.hook_normalized"} if self.cfg.post_norms else {}
 
     def _post_norm(self, which: str) -> Optional[RMSNorm]:
         return getattr(self, f"ln{1 if which == 'attn' else 2}_post") if self.cfg.post_norms else None
@@ -340,16 +371,34 @@ class TransformerBlock(nn.Module):
 
     def forward(self, resid_pre, cos, sin, allowed):
         resid_pre = self.hook_resid_pre(resid_pre)
-        attn_in = self.ln1(resid_pre)
-        if self.cfg.use_attn_in:
-            attn_in = self.hook_attn_in(attn_in)
-        attn_out = self.attn_post(self.attn(attn_in, cos, sin, allowed))
-        resid_mid = self.hook_resid_mid(resid_pre + self.hook_attn_out(attn_out))
-        mlp_in = self.ln2(resid_mid)
-        if self.cfg.use_hook_mlp_in:
-            mlp_in = self.hook_mlp_in(mlp_in)
-        mlp_out = self.mlp_post(self.mlp(mlp_in))
+        per_head = self.per_head_inputs(resid_pre)
+        if per_head is None:
+            raw = self.attn(self.ln1(resid_pre), cos, sin, allowed)
+        else:
+            raw = self.attn(None, cos, sin, allowed, per_head=tuple(self.ln1(x) for x in per_head))
+        resid_mid = self.hook_resid_mid(resid_pre + self.hook_attn_out(self.attn_post(raw)))
+        mlp_in = self.hook_mlp_in(resid_mid.clone()) if self.cfg.use_hook_mlp_in else resid_mid
+        mlp_out = self.mlp_post(self.mlp(self.ln2(mlp_in)))
         return self.hook_resid_post(resid_mid + self.hook_mlp_out(mlp_out))
+
+    def per_head_inputs(self, resid_pre: Float[torch.Tensor, "batch pos d_model"]):
+        """TransformerLens's per-head copies of resid_pre, before `ln1`: (q, k, v) inputs [batch, pos, heads,
+        d_model] with `use_split_qkv_input` (hook_q_input per query head, hook_k_input / hook_v_input per kv
+        head) or `use_attn_in` (hook_attn_in per query head; kv head j reads slot j, as TransformerLens 4.x's
+        bridge); None when neither is on."""
+        cfg = self.cfg
+        if not (cfg.use_split_qkv_input or cfg.use_attn_in):
+            return None
+        n, nkv = cfg.n_heads, cfg.n_key_value_heads
+
+        def copies(heads: int) -> torch.Tensor:
+            return resid_pre[:, :, None, :].expand(-1, -1, heads, -1).clone()
+
+        if cfg.use_split_qkv_input:
+            q_input, k_input = self.hook_q_input(copies(n)), self.hook_k_input(copies(nkv))
+            return q_input, k_input, self.hook_v_input(copies(nkv))
+        attn_in = self.hook_attn_in(copies(n))
+        return attn_in, attn_in[:, :, :nkv], attn_in[:, :, :nkv]
 
     # ------------------------------------------------------------------ the one-token readout step
     @property

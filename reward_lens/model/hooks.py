@@ -10,10 +10,13 @@ and the width of its last axis.
 from __future__ import annotations
 
 import re
-from typing import Optional
+from typing import Dict, Optional
 
 # kind -> (where the hook lives relative to a block, None for model-level hooks)
-_BLOCK_KINDS = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "attn_in", "mlp_in")
+_BLOCK_KINDS = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "attn_in", "mlp_in",
+                "q_input", "k_input", "v_input")
+# Block inputs with a head axis, [batch, pos, heads, d_model] (TransformerLens's split inputs).
+_PER_HEAD_INPUT_KINDS = ("attn_in", "q_input", "k_input", "v_input")
 _ATTN_KINDS = ("q", "k", "v", "rot_q", "rot_k", "z", "result", "attn_scores", "pattern")
 _MLP_KINDS = ("pre", "pre_linear", "post")
 _NORMS = ("ln1", "ln2", "ln1_post", "ln2_post")
@@ -25,12 +28,17 @@ _MODEL_KINDS = {
     "rewards": "reward_head.hook_rewards",
     "pooled": "reward_head.hook_pooled",
 }
-# TransformerLens's short aliases.
-_ALIASES = {"attn": "pattern", "scores": "attn_scores", "attn_pattern": "pattern"}
+# TransformerLens's short aliases (`transformer_lens.utils.get_act_name`'s and the 4.x bridge's "in"/"out").
+_ALIASES = {"attn": "pattern", "scores": "attn_scores", "attn_pattern": "pattern",
+            "attn_logits": "attn_scores", "key": "k", "query": "q", "value": "v", "mlp_pre": "pre",
+            "mlp_post": "post",
+            "in": "resid_pre", "out": "resid_post"}
 
 QUERY_AXIS_2_KINDS = ("attn_scores", "pattern")  # [batch, head, query_pos, key_pos]
 PER_HEAD_KINDS = _ATTN_KINDS  # every attention-internal hook carries a head axis
-D_MODEL_KINDS = ("embed", "pos_embed", "final_normalized") + _BLOCK_KINDS
+D_MODEL_KINDS = ("embed", "pos_embed", "final_normalized") + tuple(
+    k for k in _BLOCK_KINDS if k not in _PER_HEAD_INPUT_KINDS
+)
 D_MLP_KINDS = _MLP_KINDS
 
 _NAME = re.compile(r"^blocks\.(\d+)\.(?:(attn|mlp|ln1|ln2|ln1_post|ln2_post)\.)?hook_(\w+)$")
@@ -39,7 +47,8 @@ _NAME = re.compile(r"^blocks\.(\d+)\.(?:(attn|mlp|ln1|ln2|ln1_post|ln2_post)\.)?
 def act_name(kind: str, layer: Optional[int] = None, norm: Optional[str] = None) -> str:
     """The hook name of activation `kind` at block `layer`.
 
-    Block kinds: resid_pre, resid_mid, resid_post, attn_out, mlp_out, attn_in, mlp_in; attention kinds
+    Block kinds: resid_pre, resid_mid, resid_post, attn_out, mlp_out, attn_in, mlp_in, q_input, k_input,
+    v_input (the last four [batch, pos, heads, d_model], TransformerLens's split inputs); attention kinds
     (per head): q, k, v, rot_q, rot_k, z, result, attn_scores, pattern; MLP kinds: pre, pre_linear, post;
     norm kinds: scale / normalized with `norm` in ln1, ln2, ln1_post, ln2_post (layer given) or the final
     norm (no layer). Model-level kinds (no layer): embed, pos_embed, final_scale, final_normalized,
@@ -134,7 +143,7 @@ def hook_width(cfg, name: str) -> Optional[int]:
         sub, kind = m.group(2), m.group(3)
         if sub == "mlp" and kind in D_MLP_KINDS:
             return cfg.d_mlp
-        if sub is None and kind in _BLOCK_KINDS:
+        if sub is None and kind in D_MODEL_KINDS:
             return cfg.d_model
         if sub in _NORMS and kind == "normalized":
             return cfg.d_model
@@ -148,3 +157,25 @@ def stop_layer(name: str) -> Optional[int]:
         return 0
     layer = layer_of(name)
     return None if layer is None else layer + 1
+
+
+def tl_hook_aliases(n_layers: int, post_norms: bool = False, norms_folded: bool = True) -> Dict[str, str]:
+    """TransformerLens names with an exact analogue here -> our hook name: the 4.x bridge's
+    `blocks.{l}.hook_in` / `hook_out` (resid_pre / resid_post), `attn.hook_q_input` / `k_input` / `v_input` /
+    `attn.hook_attn_in` (what `transformer_lens.patching.get_act_patch_direct_path` hooks), `attn.hook_out` /
+    `mlp.hook_out` (without post-norms, which act after them), and `attn.hook_in` / `mlp.hook_in` (the
+    normalised inputs; only with the norms' weights folded, when `ln1/ln2.hook_normalized` is that input)."""
+    aliases: Dict[str, str] = {}
+    for layer in range(n_layers):
+        block = f"blocks.{layer}"
+        aliases[f"{block}.hook_in"] = act_name("resid_pre", layer)
+        aliases[f"{block}.hook_out"] = act_name("resid_post", layer)
+        for kind in _PER_HEAD_INPUT_KINDS:
+            aliases[f"{block}.attn.hook_{kind}"] = act_name(kind, layer)
+        if not post_norms:
+            aliases[f"{block}.attn.hook_out"] = act_name("attn_out", layer)
+            aliases[f"{block}.mlp.hook_out"] = act_name("mlp_out", layer)
+        if norms_folded:
+            aliases[f"{block}.attn.hook_in"] = act_name("normalized", layer, norm="ln1")
+            aliases[f"{block}.mlp.hook_in"] = act_name("normalized", layer, norm="ln2")
+    return aliases

@@ -194,11 +194,12 @@ class HookedRewardModel(TransformerLensConveniences, RewardModelBase):
         """Rewards [batch] (or [batch, n_outputs]); the residual before block `stop_at_layer` if given.
 
         With `start_at_layer=l`, `input` is the residual entering block l; pass `input_ids` too (or
-        `readout_positions`) so the readout is found as in a full run.
+        `readout_positions`) so the readout is found, and the mask inferred, as in a full run.
         Position ids default to the count of attended tokens before each position, so a left-padded
         sequence gets the same reward as the unpadded one. Ids without `attention_mask`: the leading pad
         run of each row is masked (`infer_attention_mask`). `return_type` is TL's keyword: "reward" or
-        "logits" (both the reward), None (the head is skipped, nothing returned).
+        "logits" (both the reward), None (the final norm runs, its hooks fire, the head is skipped,
+        nothing is returned).
         """
         check_forward_input(input, return_type)
         if start_at_layer is None:
@@ -209,6 +210,8 @@ class HookedRewardModel(TransformerLensConveniences, RewardModelBase):
             residual = input
             if attention_mask is not None:  # shape only: a mid-model restart reuses a checked mask (no device sync)
                 attention_mask = check_attention_mask(attention_mask, tuple(residual.shape[:2]), values=False)
+            elif input_ids is not None:  # the mask a full forward would infer from the same ids
+                input_ids, attention_mask = self.checked_ids(input_ids, None, warn=readout_positions is None)
         batch, T = residual.shape[:2]
         attention_mask, position_ids = self.prepare_inputs(batch, T, attention_mask, position_ids, residual.device)
         cos, sin = self.rotary(position_ids, residual.dtype)
@@ -223,13 +226,14 @@ class HookedRewardModel(TransformerLensConveniences, RewardModelBase):
             residual = block(residual.to(device), cos_d, sin_d, masks_d[block.attn.window])
         if stop_at_layer is not None:
             return residual.to(self.cfg.device)
+        device = head_device(self)
+        normalized = self.ln_final(residual.to(device))  # for return_type=None too, as in TransformerLens
         if return_type is None:
             return None
         if readout_positions is None:
             readout_positions = self.readout_positions(input_ids, attention_mask)
-        device = head_device(self)
         ids = input_ids.to(device) if input_ids is not None else None
-        rewards = self.reward_head(self.ln_final(residual.to(device)), readout_positions.to(device), input_ids=ids)
+        rewards = self.reward_head(normalized, readout_positions.to(device), input_ids=ids)
         return rewards.to(self.cfg.device)
 
     # ------------------------------------------------------------------ the readout token alone
@@ -289,13 +293,28 @@ class HookedRewardModel(TransformerLensConveniences, RewardModelBase):
         self.cfg.use_attn_result = use_attn_result
 
     def set_use_split_qkv_input(self, use_split_qkv_input: bool) -> None:
-        if use_split_qkv_input:
-            raise NotImplementedError("per-head split q/k/v inputs are not implemented in reward-lens")
+        """TransformerLens's split inputs: each head reads its own copy of resid_pre, hooked before `ln1` as
+        `blocks.{l}.hook_q_input` [batch, pos, n_heads, d_model] and `hook_k_input` / `hook_v_input`
+        [batch, pos, n_key_value_heads, d_model] (per kv head under grouped-query attention, as
+        TransformerLens's grouped-query attention and its 4.x bridge). Rewards are unchanged; patching one
+        head's slot changes that head's query (or that kv head's keys / values) only."""
+        if use_split_qkv_input and self.cfg.use_attn_in:
+            raise ValueError("use_split_qkv_input and use_attn_in are exclusive (as in TransformerLens): "
+                             "call model.set_use_attn_in(False) first")
+        self.cfg.use_split_qkv_input = use_split_qkv_input
 
     def set_use_attn_in(self, use_attn_in: bool) -> None:
+        """`blocks.{l}.hook_attn_in` [batch, pos, n_heads, d_model]: resid_pre copied per query head, before
+        `ln1` (TransformerLens). Under grouped-query attention kv head j reads slot j (as TransformerLens
+        4.x's bridge)."""
+        if use_attn_in and self.cfg.use_split_qkv_input:
+            raise ValueError("use_attn_in and use_split_qkv_input are exclusive (as in TransformerLens): "
+                             "call model.set_use_split_qkv_input(False) first")
         self.cfg.use_attn_in = use_attn_in
 
     def set_use_hook_mlp_in(self, use_hook_mlp_in: bool) -> None:
+        """`blocks.{l}.hook_mlp_in` [batch, pos, d_model]: the MLP branch's input before `ln2` (resid_mid),
+        as in TransformerLens."""
         self.cfg.use_hook_mlp_in = use_hook_mlp_in
 
     def _stack(self, getter: Callable[[TransformerBlock], torch.Tensor]) -> torch.Tensor:
