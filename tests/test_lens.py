@@ -24,7 +24,7 @@ def test_both_variants_end_at_the_reward(llama_model, side):
         assert torch.allclose(res.get(variant, "rejected")[:, -1], res.reward_rejected, atol=1e-5)
         assert torch.allclose(res.get(variant, "gap")[:, -1], res.reward_chosen - res.reward_rejected, atol=1e-5)
     L = llama_model.cfg.n_layers
-    assert res.sites == ["embed"] + [s for l in range(L) for s in (f"L{l}.mid", f"L{l}")]
+    assert res.sites == ["resid_L0"] + [s for l in range(L) for s in (f"resid_mid_L{l}", f"resid_L{l + 1}")]
     assert res.depths[0] == 0 and res.depths[-1] == 1 and res.depths == sorted(res.depths)
 
 
@@ -43,7 +43,7 @@ def test_frozen_steps_are_the_direct_attributions(llama_model):
     res = lens(llama_model, PAIRS, include_mid=True, progress=False)
     att = attribute(llama_model, PAIRS, heads=False, progress=False)
     frozen = res.get("frozen", "gap")
-    steps = frozen[:, 1:] - frozen[:, :-1]  # embed -> L0.mid is attn_L0, L0.mid -> L0 is mlp_L0, ...
+    steps = frozen[:, 1:] - frozen[:, :-1]  # resid_L0 -> resid_mid_L0 is attn_L0, resid_mid_L0 -> resid_L1 is mlp_L0, ...
     assert torch.allclose(steps, att.gap[:, 1:], atol=1e-6)
     assert torch.allclose(frozen[:, 0] - (att.bias_chosen - att.bias_rejected), att.gap[:, 0], atol=1e-6)
 

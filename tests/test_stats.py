@@ -94,7 +94,7 @@ def test_lens_and_compare_use_the_one_rule():
     rng = np.random.default_rng(5)
     gap = torch.from_numpy(np.cumsum(rng.standard_normal((12, 5)), axis=1)).float()
     depths = [0.0, 0.25, 0.5, 0.75, 1.0]
-    res = LensResult(pair_ids=[str(i) for i in range(12)], sites=["embed", "L0", "L1", "L2", "L3"],
+    res = LensResult(pair_ids=[str(i) for i in range(12)], sites=["resid_L0", "resid_L1", "resid_L2", "resid_L3", "resid_L4"],
                      layers=[-1, 0, 1, 2, 3], depths=depths,
                      values={(v, s): gap if s == "chosen" else torch.zeros_like(gap)
                              for v in ("normed", "frozen") for s in ("chosen", "rejected")},

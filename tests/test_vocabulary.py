@@ -1,5 +1,6 @@
-"""One vocabulary and one tie rule across instruments: a pair whose chosen and rejected responses tie
-(reward gap exactly 0) gives NaN, never ±inf, in every normalised quantity of every instrument."""
+"""One vocabulary and one tie rule across instruments: residuals have one name everywhere, and a pair whose
+chosen and rejected responses tie (reward gap exactly 0) gives NaN, never ±inf, in every normalised quantity
+of every instrument."""
 
 import numpy as np
 import pandas as pd
@@ -9,6 +10,7 @@ from reward_lens import (
     PreferencePair, attribute, attribution_patch, demo_pairs, divergence_patch, faithfulness, lens,
     load_demo_model, patch, path_patch, token_attribution,
 )
+from reward_lens.instruments.sites import resid_sites
 
 
 @pytest.fixture(scope="module")
@@ -59,3 +61,14 @@ def test_path_patching_normalised_effect_is_nan_not_inf(tie_run):
     eff = tie_run[1]["path"].effect(normalized=True)
     assert not eff.isinf().any() and eff[2].isnan().all()
 
+
+def test_residual_sites_have_one_name(tie_run):
+    """The lens names each residual as patching's residual sites do (resid_L{l}: entering block l)."""
+    model = load_demo_model(device="cpu")
+    lens_sites = [s for s in tie_run[1]["lens"].sites if "mid" not in s]
+    assert lens_sites == [s.name for s in resid_sites(model.cfg)]
+    pairs = tie_run[0][:2]
+    residual = patch(model, pairs, mode="noising", level="residual", batch_size=2, progress=False)
+    assert residual.components == lens_sites  # the same residual, the same name, in both instruments
+    frame = tie_run[1]["lens"].to_frame()
+    assert isinstance(frame, pd.DataFrame) and set(lens_sites) <= set(frame["site"])

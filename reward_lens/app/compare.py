@@ -137,7 +137,7 @@ def profile_from_results(name: str, lens_result: Any, attribution_result: Any, *
         raise ValueError(f"{name!r}: the lens and attribution results cover different pairs")
     n_layers = max(attribution_result.layers) + 1
     gaps = arr(lens_result.reward_chosen) - arr(lens_result.reward_rejected)
-    keep = [j for j, site in enumerate(lens_result.sites) if not str(site).endswith(".mid")]  # block outputs only
+    keep = [j for j, site in enumerate(lens_result.sites) if not str(site).startswith("resid_mid")]  # block outputs only
     return ModelProfile(
         name=name, gaps=gaps, lens_gap=arr(lens_result.get(variant, "gap"))[:, keep],
         lens_depths=np.asarray(lens_result.depths, dtype=np.float64)[keep],

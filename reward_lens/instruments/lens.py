@@ -8,8 +8,10 @@ Two variants, both reading along the reward direction w (and adding the head's b
                                        (consecutive differences are exactly the direct attributions of the
                                        components in between) and ends exactly at the reward
 
-Sites: "embed" (the residual entering block 0), "L{l}" (after block l) and, with `include_mid=True`,
-"L{l}.mid" (after block l's attention). Depth: embed 0, L{l}.mid (l + 0.5)/n_layers, L{l} (l + 1)/n_layers.
+Sites, named as every instrument names residuals (`reward_lens.instruments.sites`): "resid_L{l}" the
+residual entering block l (resid_L0: the embedding; resid_L{n_layers}: the final residual) and, with
+`include_mid=True`, "resid_mid_L{l}" (after block l's attention). Depth: resid_L{l} l/n_layers,
+resid_mid_L{l} (l + 0.5)/n_layers.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from reward_lens.stats import crystallization_depth
 from reward_lens.core.directions import reward_from_final_resid
 from reward_lens.core.pipeline import Reads, Shared, Spec, run_pipeline
 from reward_lens.core.ranks import Ranks
+from reward_lens.instruments.sites import resid_mid_name, resid_name
 from reward_lens.model.hooks import act_name
 
 VARIANTS = ("normed", "frozen")
@@ -36,7 +39,7 @@ VARIANTS = ("normed", "frozen")
 @dataclass
 class LensResult(PairRewards):
     """`values[(variant, side)]` is [n_pairs, n_sites] (side "chosen" or "rejected"); `sites`, `layers`
-    (-1 for embed) and `depths` describe the columns; `reward_*` [n_pairs] the model's rewards."""
+    (-1 for resid_L0, the embedding) and `depths` describe the columns; `reward_*` [n_pairs] the model's rewards."""
 
     pair_ids: List[str]
     sites: List[str]
@@ -120,15 +123,15 @@ class LensSpec(Spec):
 
     def setup(self, model, pairs) -> None:
         L = model.cfg.n_layers
-        self.hooks, self.sites, self.layers, self.depths = [act_name("resid_pre", 0)], ["embed"], [-1], [0.0]
+        self.hooks, self.sites, self.layers, self.depths = [act_name("resid_pre", 0)], [resid_name(0)], [-1], [0.0]
         for l in range(L):
             if self.include_mid:
                 self.hooks.append(act_name("resid_mid", l))
-                self.sites.append(f"L{l}.mid")
+                self.sites.append(resid_mid_name(l))
                 self.layers.append(l)
                 self.depths.append((l + 0.5) / L)
             self.hooks.append(act_name("resid_post", l))
-            self.sites.append(f"L{l}")
+            self.sites.append(resid_name(l + 1))
             self.layers.append(l)
             self.depths.append((l + 1) / L)
 

@@ -66,10 +66,21 @@ def head_sites(cfg, layers: Optional[Sequence[int]] = None) -> List[Site]:
     return [Site(f"L{l}H{h}", "head", l, h) for l in _check_layers(layers, cfg.n_layers) for h in range(cfg.n_heads)]
 
 
+def resid_name(layer: int) -> str:
+    """The one name of the residual entering block `layer` (`layer` = n_layers: the final residual), in
+    every instrument: patching's residual sites, the lens, path patching."""
+    return f"resid_L{layer}"
+
+
+def resid_mid_name(layer: int) -> str:
+    """The one name of block `layer`'s residual between its attention and its MLP."""
+    return f"resid_mid_L{layer}"
+
+
 def resid_sites(cfg, layers: Optional[Sequence[int]] = None) -> List[Site]:
     """resid_L{l}: the residual entering block l; resid_L{n_layers}: the final residual."""
     chosen = _check_layers(layers, cfg.n_layers) + ([cfg.n_layers] if layers is None else [])
-    return [Site(f"resid_L{l}", "resid", l) for l in chosen]
+    return [Site(resid_name(l), "resid", l) for l in chosen]
 
 
 def sites_for(cfg, level: Union[str, Sequence[str]], layers: Optional[Sequence[int]] = None) -> List[Site]:
