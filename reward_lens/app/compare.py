@@ -41,7 +41,8 @@ from reward_lens.core.autobatch import BatchSize
 from reward_lens.plotting import figure_axes, finish, panels, pyplot
 from reward_lens.stats import bootstrap_indices, check_level, crystallization_depth, percentile_ci
 from reward_lens.data.pairs import as_pairs
-from reward_lens.instruments import attribute, lens
+from reward_lens import distributed as dist
+from reward_lens.instruments import AttributionSpec, LensSpec
 from reward_lens.probes.suite import run_probes
 
 
@@ -162,13 +163,9 @@ def model_profile(
     and keep the basis-free parts: gaps, the lens of the gap by depth, the attribution of the gap.
     Under torchrun (`ranks`, `reward_lens.distributed`) the pairs are sharded; rank 0 gets the profile,
     the other ranks None."""
-    from reward_lens import distributed as dist
-    from reward_lens.data.pairs import as_pairs
-
-    pairs = as_pairs(pairs)
-    lr = dist.lens(model, pairs, ranks=ranks, batch_size=batch_size, progress=progress)
-    ar = dist.attribute(model, pairs, ranks=ranks, heads=False, batch_size=batch_size, progress=progress)
-    return None if lr is None else profile_from_results(name, lr, ar, variant=variant)
+    out = dist.run(model, as_pairs(pairs), [LensSpec(), AttributionSpec(heads=False)], ranks=ranks,
+                   batch_size=batch_size, progress=progress)  # one clean pass per side serves both
+    return None if out is None else profile_from_results(name, out["lens"], out["attribution"], variant=variant)
 
 
 def crystallization_depths(lens_gap: np.ndarray, depths: np.ndarray, tol: float = 0.1) -> np.ndarray:
@@ -542,9 +539,6 @@ def compare_models(
     Under torchrun (`ranks`) the lens and attribution are sharded over ranks and rank 0 compares (the
     other ranks get None).
     """
-    from reward_lens import distributed as dist
-    from reward_lens.data.pairs import as_pairs
-
     if not isinstance(models, Mapping) or len(models) < 2:
         raise ValueError("compare_models needs a dict of at least two models, e.g. {'a': model_a, 'b': model_b}")
     pairs = as_pairs(pairs)
