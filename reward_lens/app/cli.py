@@ -175,7 +175,7 @@ def cmd_sweep(args) -> int:
 def cmd_monitor(args) -> int:
     from reward_lens.app.monitor import render_monitor
 
-    print(f"[reward-lens] wrote {render_monitor(args.log, args.out)}")
+    print(f"[reward-lens] wrote {render_monitor(args.log, args.out, check=True)}")
     return 0
 
 

@@ -168,7 +168,7 @@ class RewardLensCallback(TrainerCallback):
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             self.log_path.write_text("")
             model = self.reward_fn.model
-            self._write({"kind": "run", "model": getattr(model.cfg, "model_name", None), "every": self.every,
+            self._write({"kind": "run", "format": 1, "model": getattr(model.cfg, "model_name", None), "every": self.every,
                          "sample_size": self.sample_size, "probes": self.probes,
                          "concepts": list(self.concept_spec), "concept_layer": self.concept_layer % model.cfg.n_layers,
                          "time": time.time()})
