@@ -11,7 +11,7 @@ Resuming: the pairs are cut into chunks of `chunk_size`; each finished chunk is 
 fingerprint and the model. Rerunning the same command into the same `--out` skips the chunks already
 written (a different sweep there is refused) and merges all parts in pair order at the end, so an
 interrupted sweep ends with the same table as an uninterrupted one. Mean-ablation values are computed
-once over all pairs and kept in `means.pt`.
+once over all pairs and kept in `means.safetensors`.
 
 Under torchrun, rank r takes chunks r, r + world, ... (disjoint; each writes its own parts), and rank 0
 merges. Results equal the one-process sweep: a chunk is computed the same way whichever rank runs it.
@@ -44,6 +44,7 @@ INSTRUMENTS = ("patch", "atp", "attribute")
 LEVELS = ("component", "head", "residual")
 ATTRIBUTION_LEVELS = ("component", "head")
 PARTS = "parts"
+MEANS = "means.safetensors"  # never a pickle: a crafted file cannot run code on resume
 
 
 @dataclass(frozen=True)
@@ -139,16 +140,21 @@ def _prepare(out: Path, manifest: Dict[str, Any]) -> int:
 
 
 def _means(model, pairs, spec: SweepSpec, out: Path, ranks, batch: BatchSize) -> Optional[Dict[str, torch.Tensor]]:
-    """Mean-ablation values over all pairs (kept in means.pt, so a resumed sweep patches in the same)."""
+    """Mean-ablation values over all pairs (kept in means.safetensors, so a resumed sweep patches in the same)."""
     if "mean" not in spec.modes or set(spec.instruments) <= {"attribute"}:
         return None
-    path = out / "means.pt"
+    from safetensors.torch import load_file, save_file
+
+    path = out / MEANS
     if path.exists():
-        return {k: v.to(model.cfg.device) for k, v in torch.load(path).items()}
+        try:
+            return {k: v.to(model.cfg.device) for k, v in load_file(str(path)).items()}
+        except Exception as exc:  # safetensors' SafetensorError: truncated or garbage
+            raise ValueError(f"{path} is damaged ({type(exc).__name__}); delete it (it is recomputed) and rerun") from None
     means = dist.site_means(model, pairs, sites_for(model.cfg, list(spec.levels)), spec.positions, ranks=ranks,
                             batch_size=batch)
     if ranks.is_main:
-        write_atomic(path, lambda tmp: torch.save({k: v.cpu() for k, v in means.items()}, tmp))
+        write_atomic(path, lambda tmp: save_file({k: v.detach().cpu().contiguous() for k, v in means.items()}, str(tmp)))
     return means
 
 
