@@ -151,7 +151,64 @@ def _read_table(path: Path) -> List[Record]:
         frame = pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[])
     else:
         frame = pd.read_parquet(path)
-    return [(f"row {i + 1}", r) for i, r in enumerate(frame.to_dict("records"))]
+    records = []
+    for i, r in enumerate(frame.to_dict("records")):
+        where = f"row {i + 1}"
+        records.append((where, {k: _json_messages(v, f"{where}, column {k!r}") if k in TEXT_FIELDS else v
+                                for k, v in r.items()}))
+    return records
+
+
+def _json_messages(cell: Any, where: str) -> Any:
+    """A table cell holding a JSON list of chat messages (how CSV and many parquet exports store
+    conversations) as that list, so it is rendered by the chat template, not scored as JSON text."""
+    if not isinstance(cell, str) or not cell.lstrip().startswith("[") or '"role"' not in cell:
+        return cell
+    try:
+        value = json.loads(cell)
+    except json.JSONDecodeError as exc:
+        raise PairDataError(f"{where}: holds a JSON message list that is not valid JSON ({exc.msg}, column "
+                            f"{exc.colno}); fix the cell") from None
+    if isinstance(value, list) and value and all(isinstance(m, dict) and "role" in m for m in value):
+        return value
+    return cell
+
+
+HUMAN, ASSISTANT = "\n\nHuman:", "\n\nAssistant:"
+
+
+def dialogue_messages(text: str) -> Optional[List[Dict[str, str]]]:
+    """A whole dialogue in the Anthropic HH format ("\\n\\nHuman: ...\\n\\nAssistant: ...") as chat
+    messages; None for text that is not one."""
+    body = "\n\n" + text.lstrip("\n") if text.lstrip("\n").startswith(HUMAN.strip()) else text
+    if not body.startswith(HUMAN) or ASSISTANT not in body:
+        return None
+    messages, rest = [], body
+    while rest:
+        role = "user" if rest.startswith(HUMAN) else "assistant"
+        rest = rest[len(HUMAN if role == "user" else ASSISTANT):]
+        cut = min((i for i in (rest.find(HUMAN), rest.find(ASSISTANT)) if i >= 0), default=len(rest))
+        messages.append({"role": role, "content": rest[:cut].strip()})
+        rest = rest[cut:]
+    return messages
+
+
+def implicit_prompt_record(r: Dict[str, Any], where: str) -> Dict[str, Any]:
+    """A record without a prompt: chosen and rejected must be whole conversations (message lists, or dialogue
+    text in the HH format, converted to messages); plain text would be scored as one assistant turn of an
+    empty conversation, which is refused."""
+    out = {**r, "prompt": ""}
+    for column in ("chosen", "rejected"):
+        value = r[column]
+        if isinstance(value, str):
+            messages = dialogue_messages(value)
+            if messages is None:
+                raise PairDataError(
+                    f"{where}: has no 'prompt' column and column {column!r} is plain text, which would be scored as "
+                    "a reply to an empty prompt; add a prompt column, or give chosen/rejected as whole "
+                    "conversations (lists of role/content messages, or 'Human: ... Assistant: ...' dialogues)")
+            out[column] = messages
+    return out
 
 
 def read_records(path: Path) -> List[Record]:
@@ -189,7 +246,7 @@ def validate_records(records: Sequence[Record], source: str, pair_cls: Any) -> L
             raise PairDataError(f"{source}, {where}: is {_describe(r)}; each pair is an object with prompt, chosen, rejected")
         missing = [c for c in TEXT_FIELDS if c not in r]
         if missing == ["prompt"]:
-            r = {**r, "prompt": ""}  # implicit prompt: chosen / rejected are whole conversations
+            r = implicit_prompt_record(r, f"{source}, {where}")  # chosen / rejected are whole conversations
         elif missing:
             raise PairDataError(
                 f"{source}, {where}: lacks column(s) {missing}; preference files need columns prompt, chosen, rejected "
