@@ -296,6 +296,25 @@ class ReportDir:
         self._moved = []
 
 
+def check_finite_columns(frame: Any, columns: Any, what: str, dtype: Any = None) -> None:
+    """A ValueError (one line: how many, the first row's pair and site, what to do) when any of `columns` of
+    `frame` holds NaN or ±inf: a computed reward is never written as an empty cell."""
+    cols = [c for c in columns if c in getattr(frame, "columns", ())]
+    if not cols or not len(frame):
+        return
+    values = frame[cols].to_numpy(dtype=np.float64)
+    bad = ~np.isfinite(values)
+    if not bad.any():
+        return
+    row = frame.iloc[int(np.argmax(bad.any(axis=1)))]
+    where = ", ".join(f"{k} {row[k]}" for k in ("pair", "site", "component", "mode", "target") if k in frame.columns)
+    fp16 = "float16" in str(dtype)
+    hint = ("float16's range (±65504) overflowed: rerun with --dtype bfloat16 or float32" if fp16 else
+            "the model's activations overflow or its weights are damaged: rerun with --dtype float32 or check them")
+    raise ValueError(f"{what}: {int(bad.sum())} value(s) of {'/'.join(cols)} are NaN or infinite (first at {where}); "
+                     f"{hint}")
+
+
 def clean_json(x: Any) -> Any:
     """Plain JSON values; NaN and ±inf become null (strict JSON has neither)."""
     if isinstance(x, dict):

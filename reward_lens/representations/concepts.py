@@ -23,6 +23,7 @@ also reported per objective (objective rewards read at `reward_head.hook_pooled`
 from __future__ import annotations
 
 import json
+import math
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -347,7 +348,8 @@ def _fit(alphas: torch.Tensor, y: torch.Tensor) -> Tuple[float, float, float]:
     intercept = ym - slope * am
     ss_res = ((y - intercept - slope * a) ** 2).sum()
     ss_tot = ((y - ym) ** 2).sum()
-    r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else torch.tensor(1.0 if ss_res == 0 else 0.0)
+    # R² needs a varying response and more points than the line's two parameters; otherwise it is undefined.
+    r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 and a.unique().numel() > 2 else torch.tensor(float("nan"))
     return float(slope), float(intercept), float(r2)
 
 
@@ -508,6 +510,9 @@ def dose_response(
         if scale is None:
             clean = readout_run(model, prompts, responses, [hook_name], batch_size=batch_size)
             scale = float(clean.acts[hook_name].float().norm(dim=-1).median())
+        if not (math.isfinite(scale) and scale != 0) or not bool(torch.isfinite(v_hat).all()) or not v_hat.any():
+            raise ValueError(f"scale={scale} and a direction of norm {float(v_hat.norm()):.3g} add no finite "
+                             "intervention; give a non-zero, finite scale and direction")
         n_alpha = alphas_t.numel()
         v = v_hat.to(device=model.cfg.device, dtype=model.cfg.dtype)
         track_objectives = bool(model.reward_head.n_objectives) and "reward_head.hook_pooled" in model.hook_dict
