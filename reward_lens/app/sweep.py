@@ -144,7 +144,8 @@ def read_manifest(path: Path) -> Dict[str, Any]:
     try:
         earlier = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{path} is damaged (not JSON: {getattr(exc, 'msg', exc.reason)}); {start_over}") from None
+        why = exc.msg if isinstance(exc, json.JSONDecodeError) else exc.reason
+        raise ValueError(f"{path} is damaged (not JSON: {why}); {start_over}") from None
     if not isinstance(earlier, dict) or not all(k in earlier for k in RESUME_KEYS[:4]):
         raise ValueError(f"{path} is not a reward-lens sweep manifest (it lacks spec, pairs_sha256, n_pairs or "
                          f"model); {start_over}")
