@@ -39,6 +39,14 @@ def is_missing(value: Any) -> bool:
         return False
 
 
+def _check_encodable(text: str, field: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise PairDataError(f"{field} holds a lone surrogate {text[exc.start]!r} at character {exc.start} (half of "
+                            "an emoji or other character, e.g. a cut JSON escape); fix or remove it") from None
+
+
 def _as_messages(value: Sequence[Any], field: str) -> Messages:
     if len(value) == 0:
         raise PairDataError(f"{field} is an empty message list; give text or at least one {{'role', 'content'}} message")
@@ -48,6 +56,7 @@ def _as_messages(value: Sequence[Any], field: str) -> Messages:
             raise PairDataError(
                 f"{field} message {j + 1} is {_describe(m)}; chat messages are dicts with string 'role' and 'content'"
             )
+        _check_encodable(m["content"], f"{field} message {j + 1}")
         out.append(dict(m))
     return tuple(out)
 
@@ -62,6 +71,7 @@ def normalize_text(value: Any, field: str, *, allow_empty: bool = True) -> Text:
     if isinstance(value, str):
         if not allow_empty and not value.strip():
             raise PairDataError(f"{field} is empty; every pair needs a non-empty chosen and rejected response")
+        _check_encodable(value, field)
         return value
     if is_missing(value):
         raise PairDataError(f"{field} is missing (None/null/NaN); give text or a list of chat messages")
@@ -100,7 +110,10 @@ def _json_values(text: str) -> Iterator[Tuple[int, Any]]:
         try:
             value, pos = decoder.raw_decode(text, pos)
         except json.JSONDecodeError as exc:
-            raise PairDataError(f"line {exc.lineno} column {exc.colno}: invalid JSON ({exc.msg}); fix or remove it") from None
+            noticed = "" if exc.lineno == line else f", noticed at line {exc.lineno} column {exc.colno}"
+            col = f" column {exc.colno}" if exc.lineno == line else ""
+            raise PairDataError(f"line {line}{col}: invalid JSON ({exc.msg}{noticed}; the value starting on line "
+                                f"{line} is broken); fix or remove it") from None
         yield line, value
 
 
@@ -148,7 +161,7 @@ def _read_table(path: Path) -> List[Record]:
 
     if path.suffix.lower() == ".csv":
         # Every cell as text: "NA", "null" or "42" are texts, an empty cell is empty (refused below).
-        frame = pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[])
+        frame = pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[], encoding="utf-8-sig")
     else:
         frame = pd.read_parquet(path)
     records = []
@@ -223,7 +236,7 @@ def read_records(path: Path) -> List[Record]:
     try:
         if suffix in (".csv", ".parquet"):
             return _read_table(path)
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # a byte-order mark (Windows editors) is not data
         return _read_jsonl(text) if suffix == ".jsonl" else _read_json(text)
     except PairDataError as exc:
         raise PairDataError(f"{path}: {exc}") from None

@@ -32,6 +32,7 @@ from reward_lens.core.batching import pair_batches
 from reward_lens.core.directions import readout_direction
 from reward_lens.core.readout import capture
 from reward_lens.model.hooks import act_name
+from reward_lens.model.validation import check_model
 
 # Relative error above which the decomposition is reported as not reproducing the model's reward: the
 # terms are exact up to rounding, which in bf16/fp16 (8/11-bit mantissas) is far above fp32's.
@@ -223,6 +224,7 @@ def attribute(
     identity is checked on every call; a head that is not linear in the final residual gets a warning.
     heads=None: per-head terms when the model has per-head hooks (native architectures).
     """
+    check_model(model, "attribute")
     pairs = as_pairs(pairs)
     if heads is None:
         heads = model.has_head_hooks

@@ -30,6 +30,7 @@ from reward_lens.core.readout import capture
 from reward_lens.core.batching import pair_batches
 from reward_lens.core.directions import readout_direction, reward_from_final_resid
 from reward_lens.model.hooks import act_name
+from reward_lens.model.validation import check_model
 
 VARIANTS = ("normed", "frozen")
 
@@ -120,6 +121,7 @@ def lens(
     progress: Union[bool, str] = True,
 ) -> LensResult:
     """The reward lens of each pair's chosen and rejected response in both variants (module docstring)."""
+    check_model(model, "lens")
     pairs = as_pairs(pairs)
     L = model.cfg.n_layers
     hooks, sites, layers, depths = [act_name("resid_pre", 0)], ["embed"], [-1], [0.0]

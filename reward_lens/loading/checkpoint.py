@@ -39,7 +39,8 @@ def resolve_checkpoint_dir(path_or_id: Union[str, Path]) -> Path:
         )
     except Exception as exc:  # offline, unknown repo, gated repo, ...
         raise FileNotFoundError(
-            f"could not fetch {str(path_or_id)!r} from the HuggingFace hub ({type(exc).__name__}: {exc}); "
+            f"could not fetch {str(path_or_id)!r} from the HuggingFace hub ({type(exc).__name__}: "
+            f"{(str(exc).strip().splitlines() or [''])[0][:160]}); "
             "download it where the hub is reachable and pass the local directory"
         ) from None
 

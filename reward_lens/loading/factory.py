@@ -121,6 +121,13 @@ def from_hf_model(
     training); PEFT adapters are merged into a copy; autocast and accelerate's mixed-precision wrapper are
     left out (see `reward_lens.loading.inmemory`)."""
     source, owned = inmemory.unwrap(hf_model), False
+    if not isinstance(source, nn.Module):
+        raise TypeError(f"from_hf_model needs a transformers model (an nn.Module), got {type(hf_model).__name__}")
+    meta = next((n for n, p in source.named_parameters() if p.device.type == "meta"), None)
+    if meta is not None:
+        raise ValueError(f"the model's weights are on the meta device ({meta}, ...): it was built without its weights "
+                         "(init_empty_weights, device='meta', or an offloaded device_map); load it with real weights "
+                         "(e.g. from_pretrained without device_map) or pass its checkpoint to from_pretrained")
     if inmemory.is_peft_model(source):
         source, owned = inmemory.independent_copy(source), True
     config = copy.deepcopy(source.config)

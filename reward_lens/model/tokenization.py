@@ -174,6 +174,20 @@ def render_pair(tokenizer, prompt: Text, response: Text, input_format: str = "au
     return (PLAIN_FORMAT if fmt == "plain" else fmt).replace("{prompt}", str(prompt)).replace("{response}", str(response))
 
 
+def check_unicode(x: Any, where: str) -> None:
+    """Text (or every message's content) encodable as UTF-8: a lone surrogate (e.g. from a JSON escape
+    "\\ud83d" without its pair) is a ValueError naming where it is, not a tokenizer error."""
+    texts = [x] if isinstance(x, str) else [m.get("content") for m in x if isinstance(m, Mapping)]
+    for t in texts:
+        if not isinstance(t, str):
+            continue
+        try:
+            t.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ValueError(f"{where} holds a lone surrogate {t[exc.start]!r} at character {exc.start} (half of an "
+                             "emoji or other character, e.g. from a cut JSON escape); fix or remove it") from None
+
+
 def _as_list(x: Any, what: str) -> List[Text]:
     if isinstance(x, str) or is_messages(x):
         return [x]
@@ -239,6 +253,8 @@ def tokenize_pairs(
         raise TypeError(f"prompts and responses must be text or chat-message lists; got {type(bad[0]).__name__}")
     if len(prompts) != len(responses):
         raise ValueError(f"got {len(prompts)} prompts but {len(responses)} responses; pass one response per prompt")
+    for i, x in enumerate(prompts + responses):
+        check_unicode(x, f"{'prompt' if i < len(prompts) else 'response'} {i % len(prompts) + 1}")
     if padding_side not in (None, "left", "right"):
         raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
     fmt = model_input_format(model, input_format)

@@ -36,6 +36,7 @@ from reward_lens.core.readout import batches, readout_run, tokenize
 from reward_lens.plotting import figure_axes, finish
 from reward_lens.model.heads.base import read_objective
 from reward_lens.model.hooks import act_name
+from reward_lens.model.validation import check_model
 
 CONTRAST_SETS_DIR = Path(__file__).resolve().parents[1] / "data" / "contrast_sets"
 CONTRAST_SET_ALIASES = {"sycophancy": "agreement", "length": "verbosity", "hedging": "confidence"}
@@ -91,6 +92,9 @@ def _as_contrast(contrast: Any) -> Tuple[str, List[ContrastPair]]:
     if isinstance(contrast, (str, Path)):
         items = load_contrast_set(contrast)
         return items[0].concept or Path(str(contrast)).stem, items
+    if not hasattr(contrast, "__iter__") or isinstance(contrast, (bytes, dict)):
+        raise TypeError(f"the contrast set is {type(contrast).__name__} {contrast!r:.40}; give a bundled set name (e.g. "
+                        "'verbosity'), a .jsonl path, or a list of ContrastPair(prompt, positive, negative)")
     items = list(contrast)
     if not items:
         raise ValueError("the contrast set is empty; pass ContrastPairs or a bundled set name")
@@ -283,6 +287,7 @@ def concept_vector(
     A `test_fraction` of the pairs (shuffled with `seed`) is held out for `accuracy` and kept as
     `test_items` (the default probes of `dose_response` / `edit_reward`).
     """
+    check_model(model, "concept_vector")
     if method not in ("mean_diff", "probe"):
         raise ValueError(f"method must be 'mean_diff' or 'probe', got {method!r}")
     if hook not in RESID_HOOKS:
@@ -484,6 +489,7 @@ def dose_response(
     `objective` (ArmoRM) makes one objective the reward; otherwise ArmoRM's gated score is the reward and
     every objective's response is recorded too.
     """
+    check_model(model, "dose_response")
     if positions not in ("all", "readout"):
         raise ValueError(f"positions must be 'all' or 'readout', got {positions!r}")
     if isinstance(concept, ConceptVector):

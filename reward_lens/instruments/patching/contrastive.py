@@ -51,6 +51,7 @@ from reward_lens.core.readout import capture
 from reward_lens.instruments.patching.engines import has_readout_fast_path, patch_batch  # noqa: F401
 from reward_lens.instruments.patching.positions import select
 from reward_lens.instruments.patching.spec import METHODS, MODES, POSITIONS, TARGETS, check_options  # noqa: F401
+from reward_lens.model.validation import check_model
 
 
 @dataclass
@@ -241,6 +242,7 @@ def patch(
     the final residual are then left out). Mean ablation uses `site_means` over `pairs` unless `means`
     (site name -> vector) is given. `max_rows` bounds the batch of a multi-position forward.
     """
+    check_model(model, "patch")
     pairs = as_pairs(pairs)
     modes = [mode] if isinstance(mode, str) else list(dict.fromkeys(mode))
     check_options(modes, positions, method)
