@@ -36,10 +36,13 @@ FILES = [  # (class, file name, bytes, error words or None, expected first (prom
     ("right-result", "bom.csv", b"\xef\xbb\xbfprompt,chosen,rejected\nq,a,b\n", None, ("q", "a", "b")),
     ("traceback", "surrogate.jsonl", b'{"prompt": "q \\ud83d", "chosen": "a", "rejected": "b"}\n',
      ["surrogate.jsonl", "line 1", "'prompt'", "lone surrogate"], None),
-    ("traceback", "surrogate_msg.jsonl", b'{"prompt": "q", "chosen": [{"role": "assistant", "content": "\\udc00"}],'
+    ("traceback", "surrogate_msg.jsonl", b'{"prompt": "q", "chosen": [{"role": "assistant", "content": '
+                                         b'"\\udc00"}],'
      b' "rejected": "b"}\n', ["'chosen'", "message 1", "lone surrogate"], None),
-    ("noise", "unclosed_line3.jsonl", (GOOD + "\n" + GOOD + "\n" + '{"prompt": "q", "chosen": "a"\n' + GOOD + "\n" + GOOD
-                                       + "\n").encode(), ["unclosed_line3.jsonl", "line 3:", "starting on line 3"],
+    ("noise", "unclosed_line3.jsonl", (GOOD + "\n" + GOOD + "\n" + '{"prompt": "q", "chosen": '
+                                                                   '"a"\n' + GOOD + "\n" + GOOD
+                                       + "\n").encode(), ["unclosed_line3.jsonl", "line 3:", "starting on "
+                                                                                             "line 3"],
      None),
 ]
 
@@ -57,7 +60,8 @@ def test_pairs_files_with_a_bom_surrogates_or_a_broken_value(tmp_path, cls, name
     message = one_line(str(info.value))
     assert all(w in message for w in words), message
     if name.startswith("unclosed"):
-        assert not message.startswith(f"{path}: line 5") and "line 5 column" not in message.split("noticed")[0]
+        assert not message.startswith(f"{path}: line "
+                                      "5") and "line 5 column" not in message.split("noticed")[0]
 
 
 API = [  # (class, name, call, exception, words)
@@ -65,11 +69,13 @@ API = [  # (class, name, call, exception, words)
      "lens(model, ...) needs a HookedRewardModel"),
     ("traceback", "attribute('demo', pairs)", lambda m: __import__("reward_lens").attribute("demo", _pairs()),
      TypeError, "attribute(model, ...) needs a HookedRewardModel as its first argument, got str"),
-    ("traceback", "concept_vector(model, 42)", lambda m: __import__("reward_lens").concept_vector(m, 42), TypeError,
+    ("traceback", "concept_vector(model, "
+                  "42)", lambda m: __import__("reward_lens").concept_vector(m, 42), TypeError,
      "the contrast set is int 42"),
     ("traceback", "to_tokens with a lone surrogate", lambda m: m.to_tokens(["q\ud800"], ["a"]), ValueError,
      "prompt 1 holds a lone surrogate"),
-    ("traceback", "PreferencePair with a lone surrogate", lambda m: PreferencePair("q", "a\udfff", "b"), ValueError,
+    ("traceback", "PreferencePair with a lone "
+                  "surrogate", lambda m: PreferencePair("q", "a\udfff", "b"), ValueError,
      "lone surrogate"),
 ]
 
@@ -88,7 +94,8 @@ def test_api_misuse_is_one_line(model, cls, name, call, exc, words):
 def test_a_transformers_style_device_map(tmp_path):
     from reward_lens.demo import DEMO_DIR
 
-    one = HookedRewardModel.from_pretrained(DEMO_DIR, device_map={"": "cpu"})  # everything on one device: honoured
+    # everything on one device: honoured
+    one = HookedRewardModel.from_pretrained(DEMO_DIR, device_map={"": "cpu"})
     assert str(one.cfg.device) == "cpu"
     with pytest.raises(ValueError) as info:
         HookedRewardModel.from_pretrained(DEMO_DIR, device_map={"blocks.0": "cpu", "blocks.1": 0})

@@ -90,7 +90,8 @@ def _bin_garbage(d: Path) -> None:
 
 
 HOSTILE = [  # (class, name, damage, words)
-    ("security", "pytorch_model.bin with a payload", _pickle_with_payload, ["pytorch_model.bin", "refused", "pickle"]),
+    ("security", "pytorch_model.bin with a "
+                 "payload", _pickle_with_payload, ["pytorch_model.bin", "refused", "pickle"]),
     ("security", "safetensors header claiming 4 TiB", _huge_header, ["model.safetensors", "does not match"]),
     ("traceback", "garbage pytorch_model.bin", _bin_garbage, ["pytorch_model.bin", "corrupt or truncated"]),
 ]
@@ -143,12 +144,16 @@ def _truncated(d: Path) -> None:
 
 
 GGUF_CASES = [  # (class, name, make the directory's m.gguf (or not), the directory given, exc, words)
-    ("traceback", "missing directory", lambda d: None, "absent", FileNotFoundError, ["no directory at", "absent"]),
+    ("traceback", "missing directory", lambda d: None, "absent", FileNotFoundError, ["no directory "
+                                                                                     "at", "absent"]),
     ("traceback", "missing file", lambda d: None, ".", FileNotFoundError, ["no GGUF file 'm.gguf'"]),
-    ("traceback", "empty file", lambda d: (d / "m.gguf").write_bytes(b""), ".", ValueError, ["m.gguf", "is empty"]),
-    ("traceback", "not GGUF", lambda d: (d / "m.gguf").write_text("hello"), ".", ValueError, ["is not a GGUF file"]),
+    ("traceback", "empty file", lambda d: (d / "m.gguf").write_bytes(b""), ".", ValueError,
+     ["m.gguf", "is empty"]),
+    ("traceback", "not GGUF", lambda d: (d / "m.gguf").write_text("hello"), ".", ValueError, ["is not a GGUF "
+                                                                                              "file"]),
     ("traceback", "truncated", _truncated, ".", ValueError, ["m.gguf", "cannot be read as GGUF"]),
-    ("traceback", "header only, no model", lambda d: _gguf(d / "m.gguf"), ".", ValueError, ["cannot be read as GGUF"]),
+    ("traceback", "header only, no "
+                  "model", lambda d: _gguf(d / "m.gguf"), ".", ValueError, ["cannot be read as GGUF"]),
 ]
 
 
@@ -173,7 +178,8 @@ def lora(tmp_path_factory):
     root = tmp_path_factory.mktemp("lora")
     tiny_hf_model("llama", seed=1).save_pretrained(root / "base")
     base = transformers.LlamaForSequenceClassification.from_pretrained(root / "base")
-    model = peft.get_peft_model(base, peft.LoraConfig(task_type="SEQ_CLS", r=4, target_modules=["q_proj", "v_proj"]))
+    lora_config = peft.LoraConfig(task_type="SEQ_CLS", r=4, target_modules=["q_proj", "v_proj"])
+    model = peft.get_peft_model(base, lora_config)
     model.save_pretrained(root / "adapter")
     tiny_hf_model("llama", seed=2, hidden_size=96).save_pretrained(root / "wide")
     return root
@@ -196,15 +202,16 @@ PEFT_CASES = [  # (class, name, adapter config changes / damage, from_pretrained
      ["'/nowhere/b2'", "(base_model=)"]),
     ("traceback", "base of another width", {}, {"base_model": "WIDE"}, ValueError,
      ["does not fit the base", "size mismatch", "base_model="]),
-    ("traceback", "garbage adapter_config.json", "config", {}, ValueError, ["adapter_config.json", "not valid JSON"]),
+    ("traceback", "garbage adapter_config.json", "config", {}, ValueError,
+     ["adapter_config.json", "not valid JSON"]),
     ("traceback", "garbage adapter weights", "weights", {}, ValueError,
      ["adapter_model.safetensors", "corrupt or truncated"]),
 ]
 
 
 @pytest.mark.parametrize("cls,name,change,kwargs,exc,words", PEFT_CASES, ids=[c[1] for c in PEFT_CASES])
-def test_bad_peft_adapters_are_one_line_naming_what_the_user_gave(lora, tmp_path, cls, name, change, kwargs, exc,
-                                                                   words):
+def test_bad_peft_adapters_are_one_line_naming_what_the_user_gave(lora, tmp_path, cls, name, change, kwargs,
+                                                                   exc, words):
     d = _adapter(lora, tmp_path, **(change if isinstance(change, dict) else {}))
     if change == "config":
         (d / "adapter_config.json").write_text('{"base_model_name_or_path": ')

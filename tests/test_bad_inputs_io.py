@@ -25,7 +25,8 @@ def one_line(text: str) -> str:
 
 def _report(out: Path) -> Path:
     with ReportDir(out) as rd:
-        rd.commit(lambda d: ((d / "results.json").write_text('{"run": 1}'), (d / "report.html").write_text("r1")))
+        rd.commit(lambda d: ((d / "results.json").write_text('{"run": 1}'),
+                             (d / "report.html").write_text("r1")))
     return out
 
 
@@ -68,7 +69,8 @@ def test_the_marker_lists_what_the_report_wrote_and_only_that_is_replaced(tmp_pa
     out = _report(tmp_path / "o")
     assert json.loads((out / MARKER).read_text())["files"] == ["report.html", "results.json"]
     with ReportDir(out) as rd:  # a file the user adds while the run is going is kept, not deleted
-        rd.commit(lambda d: ((out / "notes.md").write_text("mine"), (d / "results.json").write_text('{"run": 2}')))
+        rd.commit(lambda d: ((out / "notes.md").write_text("mine"),
+                             (d / "results.json").write_text('{"run": 2}')))
     assert (out / "notes.md").read_text() == "mine"
     assert json.loads((out / "results.json").read_text()) == {"run": 2}
     assert not (out / "report.html").exists()  # written by the earlier report: replaced as a set
@@ -189,7 +191,8 @@ MONITOR_LOGS = [  # (class, name, how the log is written, words)
     ("traceback", "not JSON", _lines('{"kind": "run"}', "garbage"), "line 2 is not JSON"),
     ("traceback", "check without metrics", _lines('{"kind": "check", "step": 3}'), "without 'metrics'"),
     ("traceback", "step as text", _lines('{"kind": "batch", "step": "three"}'), "'step' is 'three'"),
-    ("traceback", "metric without interval", _lines('{"kind": "check", "step": 3, "metrics": {"r": {"value": 1}}}'),
+    ("traceback", "metric without "
+                  "interval", _lines('{"kind": "check", "step": 3, "metrics": {"r": {"value": 1}}}'),
      "metric 'r' needs numeric value, ci_low and ci_high"),
     ("traceback", "newer format", _lines('{"kind": "run", "format": 9}', _GOOD), "log format 9 is newer"),
     ("traceback", "a list per line", _lines("[1, 2]"), "has kind None"),

@@ -20,7 +20,8 @@ from reward_lens.app.cli import main
 SYSTEM = {"role": "system", "content": "You are terse."}
 TURNS = [SYSTEM, {"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "5"},
          {"role": "user", "content": "Sure?"}]
-COMPLETIONS = [[{"role": "assistant", "content": "2+2 is 4."}], [{"role": "assistant", "content": "2+2 is 5."}]]
+COMPLETIONS = [[{"role": "assistant", "content": "2+2 is 4."}],
+               [{"role": "assistant", "content": "2+2 is 5."}]]
 
 
 def one_line(text: str) -> str:
@@ -53,7 +54,8 @@ def test_trl_reward_scores_the_whole_conversation_as_trls_own_reward_model_path(
         text = apply_chat_template({"messages": TURNS + c}, model.tokenizer)["text"]
         ids = torch.tensor([model.tokenizer(text, add_special_tokens=False)["input_ids"]])
         assert r == pytest.approx(model(ids).item(), abs=1e-5)
-        assert r != pytest.approx(_score(model, "Sure?", c[0]["content"]), abs=1e-3)  # not the last turn alone
+        # not the last turn alone
+        assert r != pytest.approx(_score(model, "Sure?", c[0]["content"]), abs=1e-3)
 
 
 def test_trl_reward_refuses_what_it_cannot_render(model):
@@ -151,7 +153,8 @@ def test_a_sweep_that_finished_no_part_restarts_with_the_advised_fix(sweep_out, 
     shutil.rmtree(sweep_out / "parts")
     (sweep_out / "sweep.parquet").unlink()
     (sweep_out / "sweep.csv").unlink()
-    assert main(["sweep", "--out", str(sweep_out), "--max-pairs", "2", "--chunk-size", "1", "--dtype", "float64"]) == 0
+    argv = ["sweep", "--out", str(sweep_out), "--max-pairs", "2", "--chunk-size", "1", "--dtype", "float64"]
+    assert main(argv) == 0
     assert json.loads((sweep_out / "sweep.json").read_text())["dtype"] == "float64"
     assert "finished no part" in capsys.readouterr().out
 
@@ -175,7 +178,8 @@ def test_an_overflowing_fp16_sweep_is_refused_not_written_as_empty_cells(tmp_pat
     assert not list((tmp_path / "sw" / "parts").glob("*.parquet"))
 
 
-@pytest.mark.parametrize("dtype,hint", [(torch.float16, "--dtype bfloat16 or float32"), (torch.float32, "damaged")])
+@pytest.mark.parametrize("dtype,hint", [(torch.float16, "--dtype bfloat16 or "
+                                                        "float32"), (torch.float32, "damaged")])
 def test_nan_patched_rewards_are_refused_naming_pair_and_site(model, dtype, hint):
     """A NaN patched reward with finite clean rewards (an overflow in the patched forward only)."""
     from reward_lens import demo_pairs, patch

@@ -23,7 +23,9 @@ import pandas as pd
 import torch
 
 from reward_lens import distributed as dist
-from reward_lens.app.output import ReportDir, check_finite_columns, clean_json, provenance, write_csv, write_json
+from reward_lens.app.output import (
+    ReportDir, check_finite_columns, clean_json, provenance, write_csv, write_json,
+)
 from reward_lens.core.autobatch import BatchSize
 from reward_lens.data.pairs import PreferencePair, as_pairs
 from reward_lens.data.validate import tie_indices

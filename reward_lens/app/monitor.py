@@ -129,9 +129,11 @@ def load_monitor(path: Union[str, Path]) -> MonitorRun:
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        raise ValueError(f"{path} is not UTF-8 text (byte {exc.start}); is this a RewardLensCallback log?") from None
+        raise ValueError(f"{path} is not UTF-8 text (byte {exc.start}); is this a RewardLensCallback "
+                         "log?") from None
     if not text.strip():
-        raise ValueError(f"{path} is empty; training has not reached its first step (or log_path points elsewhere)")
+        raise ValueError(f"{path} is empty; training has not reached its first step (or log_path points "
+                         "elsewhere)")
     run, checks, batches = {}, [], []
     lines = text.splitlines()
     for i, line in enumerate(lines):
@@ -166,7 +168,8 @@ def _checked_record(rec: Any, where: str) -> str:
     if kind == "run":
         fmt = rec.get("format", LOG_FORMAT)
         if not isinstance(fmt, int) or fmt > LOG_FORMAT:
-            raise ValueError(f"{where}: log format {fmt!r} is newer than this reward-lens reads ({LOG_FORMAT}); "
+            raise ValueError(f"{where}: log format {fmt!r} is newer than this reward-lens reads "
+                             f"({LOG_FORMAT}); "
                              "upgrade reward-lens to render it")
         return kind
     if not isinstance(rec.get("step"), int) or isinstance(rec.get("step"), bool):
@@ -192,9 +195,11 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def render_monitor(path: Union[str, Path], out: Optional[Union[str, Path]] = None, check: bool = True) -> Path:
-    """Render the log at `path` as one self-contained HTML page (default: next to it, .html); returns its path.
-    `out` is checked first (`check_out_file`: never the log itself, never a file reward-lens did not write)."""
+def render_monitor(path: Union[str, Path], out: Optional[Union[str, Path]] = None,
+                   check: bool = True) -> Path:
+    """Render the log at `path` as one self-contained HTML page (default: next to it, .html); returns its
+    path. `out` is checked first (`check_out_file`: never the log itself, never a file reward-lens did not
+    write)."""
     out = Path(path).with_suffix(".html") if out is None else out
     if check:
         out = check_out_file(out, path)

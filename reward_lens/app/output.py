@@ -3,10 +3,11 @@
 `ReportDir(out)` checks the path (a directory or creatable; writable; not a file or under one; not the
 current directory; an existing non-empty directory must be an earlier reward-lens report, marked by
 `MARKER`, holding no file its report did not write (the marker lists them); a symlink is followed, a
-dangling one refused), then `with` takes a lock file beside it (`<out>.lock`, created exclusively: a second writer is
-refused, a lock left by a dead process is taken over). `commit(write)` writes the files into a temporary
-directory beside `out` and swaps it in with renames, so an earlier report's files are replaced as a set;
-an interrupt (Ctrl-C) leaves the previous complete report or none, and the temporary directory is removed.
+dangling one refused), then `with` takes a lock file beside it (`<out>.lock`, created exclusively: a
+second writer is refused, a lock left by a dead process is taken over). `commit(write)` writes the files
+into a temporary directory beside `out` and swaps it in with renames, so an earlier report's files are
+replaced as a set; an interrupt (Ctrl-C) leaves the previous complete report or none, and the temporary
+directory is removed.
 The new directory keeps the old one's permission bits (a new one gets the umask's).
 
 `check_out_file(out, source)` does the same checks for a one-file output (`monitor`'s HTML page): never the
@@ -52,12 +53,15 @@ def check_out_dir(out: Union[str, Path, None], sweep: bool = False) -> Path:
                           "new or empty directory (a sweep there is resumed)")
     if not sweep and path.is_dir() and any(path.iterdir()):
         if not is_report_dir(path):
-            raise OutputError(f"--out {str(path)!r} is a non-empty directory that is not a reward-lens report; "
+            raise OutputError(f"--out {str(path)!r} is a non-empty directory that is not a reward-lens "
+                              "report; "
                               "choose a new or empty directory (an earlier report there would be replaced)")
         extra = foreign_files(path)
         if extra:
-            raise OutputError(f"--out {str(path)!r} holds files the earlier report did not write ({_names(extra)}); "
-                              "a new report would replace the directory: move them out or choose another --out")
+            raise OutputError(f"--out {str(path)!r} holds files the earlier report did not write "
+                              f"({_names(extra)}); "
+                              "a new report would replace the directory: move them out or choose another "
+                              "--out")
     _check_parent(path)
     return path
 
@@ -68,7 +72,8 @@ def _follow_link(path: Path, given: Any) -> Path:
         return path
     target = path.resolve()
     if not target.exists():
-        raise OutputError(f"--out {str(given)!r} is a symbolic link to {str(target)!r}, which does not exist; "
+        raise OutputError(f"--out {str(given)!r} is a symbolic link to {str(target)!r}, which does not "
+                          "exist; "
                           "create the target directory or give another --out")
     return target
 
@@ -90,7 +95,8 @@ def _names(names: List[str], n: int = 5) -> str:
 
 
 def written_files(path: Path) -> Optional[List[str]]:
-    """The names an earlier report in `path` wrote, from its marker's manifest (None: an older, unlisted marker)."""
+    """The names an earlier report in `path` wrote, from its marker's manifest (None: an older, unlisted
+    marker)."""
     try:
         listed = json.loads((path / MARKER).read_text(encoding="utf-8")).get("files")
     except (OSError, ValueError, AttributeError):
@@ -131,16 +137,19 @@ def check_out_file(out: Union[str, Path], source: Union[str, Path], option: str 
         raise OutputError(f"the output file is empty ({option} ''); give a file name such as monitor.html")
     path = _follow_link(Path(out).expanduser().absolute(), out)
     if path.exists() and path.resolve() == Path(source).expanduser().resolve():
-        raise OutputError(f"{option} {str(out)!r} is the input file itself; it would be overwritten: give another "
+        raise OutputError(f"{option} {str(out)!r} is the input file itself; it would be overwritten: give "
+                          "another "
                           f"{option} (e.g. {Path(source).with_suffix('.html').name})")
     if path.is_dir():
-        raise OutputError(f"{option} {str(out)!r} is a directory; give a file name (e.g. {str(Path(out) / 'monitor.html')!r})")
+        raise OutputError(f"{option} {str(out)!r} is a directory; give a file name (e.g. "
+                          f"{str(Path(out) / 'monitor.html')!r})")
     if path.exists():
         try:
             with open(path, "rb") as f:
                 head = f.read(4096).decode("utf-8", errors="replace")
         except OSError as exc:
-            raise OutputError(f"{option} {str(out)!r} cannot be read ({exc.strerror}); choose another {option}") from None
+            raise OutputError(f"{option} {str(out)!r} cannot be read ({exc.strerror}); choose another "
+                              f"{option}") from None
         if GENERATOR not in head and "<title>reward-lens" not in head:
             raise OutputError(f"{option} {str(out)!r} exists and was not written by reward-lens; it would be "
                               f"overwritten: choose another {option} or delete it")
@@ -256,7 +265,8 @@ class ReportDir:
         try:
             write(tmp)
             names = sorted(n.name for n in tmp.iterdir())
-            manifest = {"written_by": "reward-lens", "note": "this directory is replaced as a whole by the next run; "
+            manifest = {"written_by": "reward-lens", "note": "this directory is replaced as a whole by the "
+                                                             "next run; "
                         "files not listed here are kept", "files": names}
             (tmp / MARKER).write_text(json.dumps(manifest, indent=1) + "\n")
             os.chmod(tmp, new_mode(self.path))
@@ -284,7 +294,8 @@ class ReportDir:
         self._moved = []
         for name in foreign_files(self.path):
             if (tmp / name).exists():
-                raise OutputError(f"--out {str(self.path)!r}: {name} appeared there during the run and the new report "
+                raise OutputError(f"--out {str(self.path)!r}: {name} appeared there during the run and the "
+                                  "new report "
                                   "writes a file of that name; move it out and rerun")
             os.replace(self.path / name, tmp / name)
             self._moved.append(name)
@@ -307,11 +318,14 @@ def check_finite_columns(frame: Any, columns: Any, what: str, dtype: Any = None)
     if not bad.any():
         return
     row = frame.iloc[int(np.argmax(bad.any(axis=1)))]
-    where = ", ".join(f"{k} {row[k]}" for k in ("pair", "site", "component", "mode", "target") if k in frame.columns)
+    keys = [k for k in ("pair", "site", "component", "mode", "target") if k in frame.columns]
+    where = ", ".join(f"{k} {row[k]}" for k in keys)
     fp16 = "float16" in str(dtype)
     hint = ("float16's range (±65504) overflowed: rerun with --dtype bfloat16 or float32" if fp16 else
-            "the model's activations overflow or its weights are damaged: rerun with --dtype float32 or check them")
-    raise ValueError(f"{what}: {int(bad.sum())} value(s) of {'/'.join(cols)} are NaN or infinite (first at {where}); "
+            "the model's activations overflow or its weights are damaged: rerun with --dtype float32 or "
+            "check them")
+    raise ValueError(f"{what}: {int(bad.sum())} value(s) of {'/'.join(cols)} are NaN or infinite (first at "
+                     f"{where}); "
                      f"{hint}")
 
 

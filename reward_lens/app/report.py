@@ -66,7 +66,8 @@ class Report:
 
     def to_html(self) -> str:
         body = "\n".join(f"<h2>{html.escape(s.title)}</h2>\n" + "\n".join(s.parts) for s in self.sections)
-        return (f"<!doctype html><html><head><meta charset='utf-8'>{GENERATOR}<title>{html.escape(self.title)}</title>"
+        return ("<!doctype html><html><head><meta "
+                f"charset='utf-8'>{GENERATOR}<title>{html.escape(self.title)}</title>"
                 f"<style>{_STYLE}</style></head><body><h1>{html.escape(self.title)}</h1>\n{body}\n</body></html>")
 
     def save(self, path: Union[str, Path]) -> Path:

@@ -123,13 +123,15 @@ def chunk_frame(model, pairs: Sequence[Any], ids: List[str], sl: slice, spec: Sw
                                           positions=spec.positions, means=means, batch_size=bs, **extra, **common))
         res.pair_ids = ids[sl]
         frame = pd.concat([res.to_frame(lv) for lv in levels], ignore_index=True) if name == "attribute" else res.to_frame()
-        check_finite_columns(frame, FINITE_COLUMNS, f"sweep {name} on pairs {sl.start + 1}-{sl.stop}", model.cfg.dtype)
+        check_finite_columns(frame, FINITE_COLUMNS, f"sweep {name} on pairs "
+                                                    f"{sl.start + 1}-{sl.stop}", model.cfg.dtype)
         frame.insert(0, "instrument", name)
         frames.append(frame)
     return pd.concat(frames, ignore_index=True)
 
 
-RESUME_KEYS = ("spec", "pairs_sha256", "n_pairs", "model", "dtype", "input_format")  # what a resume must match
+# what a resume must match
+RESUME_KEYS = ("spec", "pairs_sha256", "n_pairs", "model", "dtype", "input_format")
 
 
 def settings_digest(manifest: Dict[str, Any]) -> str:
@@ -147,10 +149,12 @@ def read_manifest(path: Path) -> Dict[str, Any]:
         why = exc.msg if isinstance(exc, json.JSONDecodeError) else exc.reason
         raise ValueError(f"{path} is damaged (not JSON: {why}); {start_over}") from None
     if not isinstance(earlier, dict) or not all(k in earlier for k in RESUME_KEYS[:4]):
-        raise ValueError(f"{path} is not a reward-lens sweep manifest (it lacks spec, pairs_sha256, n_pairs or "
+        raise ValueError(f"{path} is not a reward-lens sweep manifest (it lacks spec, pairs_sha256, n_pairs "
+                         "or "
                          f"model); {start_over}")
     if "settings_sha256" in earlier and earlier["settings_sha256"] != settings_digest(earlier):
-        raise ValueError(f"{path} was edited by hand (its settings no longer match their checksum), so its finished "
+        raise ValueError(f"{path} was edited by hand (its settings no longer match their checksum), so its "
+                         "finished "
                          f"parts may not be what it says; {start_over}")
     return earlier
 
@@ -172,7 +176,8 @@ def _prepare(out: Path, manifest: Dict[str, Any], echo: Callable[[str], None] = 
                              "part(s); rerun with its options to resume it, or use a new --out")
         if not differ:
             return done
-        echo(f"[reward-lens] sweep: the earlier sweep in {out} finished no part; starting again with these settings")
+        echo(f"[reward-lens] sweep: the earlier sweep in {out} finished no part; starting again with these "
+             "settings")
         (out / MEANS).unlink(missing_ok=True)
     (out / PARTS).mkdir(parents=True, exist_ok=True)
     write_atomic(path, lambda tmp: tmp.write_text(json.dumps(clean_json(manifest), indent=1)))
@@ -180,7 +185,8 @@ def _prepare(out: Path, manifest: Dict[str, Any], echo: Callable[[str], None] = 
 
 
 def _means(model, pairs, spec: SweepSpec, out: Path, ranks, batch: BatchSize) -> Optional[Dict[str, torch.Tensor]]:
-    """Mean-ablation values over all pairs (kept in means.safetensors, so a resumed sweep patches in the same)."""
+    """Mean-ablation values over all pairs (kept in means.safetensors, so a resumed sweep patches in the
+    same)."""
     if "mean" not in spec.modes or set(spec.instruments) <= {"attribute"}:
         return None
     from safetensors.torch import load_file, save_file
@@ -190,11 +196,13 @@ def _means(model, pairs, spec: SweepSpec, out: Path, ranks, batch: BatchSize) ->
         try:
             return {k: v.to(model.cfg.device) for k, v in load_file(str(path)).items()}
         except Exception as exc:  # safetensors' SafetensorError: truncated or garbage
-            raise ValueError(f"{path} is damaged ({type(exc).__name__}); delete it (it is recomputed) and rerun") from None
+            raise ValueError(f"{path} is damaged ({type(exc).__name__}); delete it (it is recomputed) and "
+                             "rerun") from None
     means = dist.site_means(model, pairs, sites_for(model.cfg, list(spec.levels)), spec.positions, ranks=ranks,
                             batch_size=batch)
     if ranks.is_main:
-        write_atomic(path, lambda tmp: save_file({k: v.detach().cpu().contiguous() for k, v in means.items()}, str(tmp)))
+        plain = {k: v.detach().cpu().contiguous() for k, v in means.items()}
+        write_atomic(path, lambda tmp: save_file(plain, str(tmp)))
     return means
 
 
@@ -217,7 +225,8 @@ def run_sweep(model, pairs, out_dir: Union[str, Path], spec: SweepSpec = SweepSp
     n_chunks = -(-len(pairs) // spec.chunk_size)
     manifest = {**(run_info or {}), "spec": asdict(spec), "n_pairs": len(pairs), "n_chunks": n_chunks,
                 "pairs_sha256": pairs_fingerprint(pairs), "model": model_label or model.cfg.model_name,
-                "dtype": str(model.cfg.dtype).replace("torch.", ""), "input_format": model_input_format(model),
+                "dtype": str(model.cfg.dtype).replace("torch.", ""),
+                "input_format": model_input_format(model),
                 "world_size": ranks.world_size}
     with ReportDir(out, sweep=True) if ranks.is_main else contextlib.nullcontext():
         if ranks.is_main:

@@ -58,8 +58,10 @@ def normalization(hf_config: Any) -> Tuple[float, float]:
 
     mean, std = scalar("mean", 0.0), scalar("std", 1.0)
     if not (math.isfinite(std) and std > 0) or not math.isfinite(mean):
-        raise ValueError(f"config.json has normalize_reward=true with mean={mean}, std={std}; OpenRLHF computes "
-                         "(reward - mean) / std, so both must be finite and std > 0: fix them or set normalize_reward "
+        raise ValueError(f"config.json has normalize_reward=true with mean={mean}, std={std}; OpenRLHF "
+                         "computes "
+                         "(reward - mean) / std, so both must be finite and std > 0: fix them or set "
+                         "normalize_reward "
                          "to false")
     return mean, std
 

@@ -43,8 +43,10 @@ def _check_encodable(text: str, field: str) -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise PairDataError(f"{field} holds a lone surrogate {text[exc.start]!r} at character {exc.start} (half of "
-                            "an emoji or other character, e.g. a cut JSON escape); fix or remove it") from None
+        raise PairDataError(f"{field} holds a lone surrogate {text[exc.start]!r} at character {exc.start} "
+                            "(half of "
+                            "an emoji or other character, e.g. a cut JSON escape); fix or remove "
+                            "it") from None
 
 
 def _as_messages(value: Sequence[Any], field: str) -> Messages:
@@ -112,7 +114,8 @@ def _json_values(text: str) -> Iterator[Tuple[int, Any]]:
         except json.JSONDecodeError as exc:
             noticed = "" if exc.lineno == line else f", noticed at line {exc.lineno} column {exc.colno}"
             col = f" column {exc.colno}" if exc.lineno == line else ""
-            raise PairDataError(f"line {line}{col}: invalid JSON ({exc.msg}{noticed}; the value starting on line "
+            raise PairDataError(f"line {line}{col}: invalid JSON ({exc.msg}{noticed}; the value starting on "
+                                "line "
                                 f"{line} is broken); fix or remove it") from None
         yield line, value
 
@@ -217,9 +220,11 @@ def implicit_prompt_record(r: Dict[str, Any], where: str) -> Dict[str, Any]:
             messages = dialogue_messages(value)
             if messages is None:
                 raise PairDataError(
-                    f"{where}: has no 'prompt' column and column {column!r} is plain text, which would be scored as "
+                    f"{where}: has no 'prompt' column and column {column!r} is plain text, which would be "
+                    "scored as "
                     "a reply to an empty prompt; add a prompt column, or give chosen/rejected as whole "
-                    "conversations (lists of role/content messages, or 'Human: ... Assistant: ...' dialogues)")
+                    "conversations (lists of role/content messages, or 'Human: ... Assistant: ...' "
+                    "dialogues)")
             out[column] = messages
     return out
 

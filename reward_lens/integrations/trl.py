@@ -124,7 +124,8 @@ class RewardLensReward:
     def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> List[float]:
         start = time.perf_counter()
         if len(prompts) != len(completions):
-            raise ValueError(f"got {len(prompts)} prompts but {len(completions)} completions; TRL passes one each")
+            raise ValueError(f"got {len(prompts)} prompts but {len(completions)} completions; TRL passes one "
+                             "each")
         inputs = [as_model_input(p, c) for p, c in zip(prompts, completions)]
         texts_p, texts_r = [p for p, _ in inputs], [c for _, c in inputs]
         sig = score_batch(self.model, texts_p, texts_r, batch_size=self.batch_size)
@@ -212,7 +213,8 @@ class RewardLensCallback(TrainerCallback):
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             self.log_path.write_text("")
             model = self.reward_fn.model
-            self._write({"kind": "run", "format": 1, "model": getattr(model.cfg, "model_name", None), "every": self.every,
+            self._write({"kind": "run", "format": 1, "model": getattr(model.cfg, "model_name", None),
+                         "every": self.every,
                          "sample_size": self.sample_size, "probes": self.probes,
                          "concepts": list(self.concept_spec), "concept_layer": self.concept_layer % model.cfg.n_layers,
                          "time": time.time()})

@@ -40,7 +40,8 @@ def _dtype_alias(dtype: Any, overrides: Dict[str, Any]) -> Any:
     if alias is None or (isinstance(alias, str) and alias == "auto" and dtype is None):
         return dtype
     if dtype is not None and resolve_dtype(dtype) != resolve_dtype(alias):
-        raise TypeError(f"dtype={dtype!r} and torch_dtype={alias!r} disagree; pass one (dtype= is reward-lens' name)")
+        raise TypeError(f"dtype={dtype!r} and torch_dtype={alias!r} disagree; pass one (dtype= is "
+                        "reward-lens' name)")
     return alias
 
 
@@ -122,12 +123,16 @@ def from_hf_model(
     left out (see `reward_lens.loading.inmemory`)."""
     source, owned = inmemory.unwrap(hf_model), False
     if not isinstance(source, nn.Module):
-        raise TypeError(f"from_hf_model needs a transformers model (an nn.Module), got {type(hf_model).__name__}")
+        raise TypeError("from_hf_model needs a transformers model (an nn.Module), got "
+                        f"{type(hf_model).__name__}")
     meta = next((n for n, p in source.named_parameters() if p.device.type == "meta"), None)
     if meta is not None:
-        raise ValueError(f"the model's weights are on the meta device ({meta}, ...): it was built without its weights "
-                         "(init_empty_weights, device='meta', or an offloaded device_map); load it with real weights "
-                         "(e.g. from_pretrained without device_map) or pass its checkpoint to from_pretrained")
+        raise ValueError(f"the model's weights are on the meta device ({meta}, ...): it was built without "
+                         "its weights "
+                         "(init_empty_weights, device='meta', or an offloaded device_map); load it with real "
+                         "weights "
+                         "(e.g. from_pretrained without device_map) or pass its checkpoint to "
+                         "from_pretrained")
     if inmemory.is_peft_model(source):
         source, owned = inmemory.independent_copy(source), True
     config = copy.deepcopy(source.config)

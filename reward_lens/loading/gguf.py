@@ -48,8 +48,10 @@ def load_gguf_hf_model(path_or_id: Union[str, Path], gguf_file: str, **config_ov
         if isinstance(exc, (KeyboardInterrupt, MemoryError, ImportError)):
             raise
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
-        raise ValueError(f"{gguf_file} in {path_or_id} cannot be read as GGUF ({type(exc).__name__}: {first}); "
-                         "it may be truncated or of an architecture transformers cannot load: re-download it") from None
+        raise ValueError(f"{gguf_file} in {path_or_id} cannot be read as GGUF ({type(exc).__name__}: "
+                         f"{first}); "
+                         "it may be truncated or of an architecture transformers cannot load: re-download "
+                         "it") from None
     finally:
         hf_logging.set_verbosity(verbosity)
     missing = sorted(k for k in info.get("missing_keys") or [] if not k.startswith(("score.", "classifier.")))
@@ -64,21 +66,25 @@ def check_gguf_file(path_or_id: Union[str, Path], gguf_file: str) -> None:
     """A local directory must exist and hold `gguf_file`, a non-empty file starting with the GGUF magic
     (FileNotFoundError / ValueError naming it); a hub id (org/name) is left to transformers."""
     directory = Path(path_or_id).expanduser()
-    local = directory.exists() or str(path_or_id).startswith((".", "/", "~")) or str(path_or_id).count("/") != 1
+    text = str(path_or_id)
+    local = directory.exists() or text.startswith((".", "/", "~")) or text.count("/") != 1
     if not local:
         return
     if not directory.is_dir():
-        raise FileNotFoundError(f"no directory at {str(path_or_id)!r} (gguf_file={gguf_file!r} is looked up inside "
+        raise FileNotFoundError(f"no directory at {str(path_or_id)!r} (gguf_file={gguf_file!r} is looked up "
+                                "inside "
                                 "it); pass the directory holding the .gguf file")
     path = directory / gguf_file
     if not path.is_file():
-        raise FileNotFoundError(f"no GGUF file {gguf_file!r} in {directory}; pass gguf_file= a file name inside it")
+        raise FileNotFoundError(f"no GGUF file {gguf_file!r} in {directory}; pass gguf_file= a file name "
+                                "inside it")
     with open(path, "rb") as f:
         magic = f.read(4)
     if not magic:
         raise ValueError(f"{path} is empty (0 bytes); re-download it")
     if magic != b"GGUF":
-        raise ValueError(f"{path} is not a GGUF file (it starts with {magic!r}, not b'GGUF'); give a llama.cpp .gguf")
+        raise ValueError(f"{path} is not a GGUF file (it starts with {magic!r}, not b'GGUF'); give a "
+                         "llama.cpp .gguf")
 
 
 def load_gguf_tokenizer(path_or_id: Union[str, Path], gguf_file: str):

@@ -35,7 +35,8 @@ def adapter_tensor_shapes(directory: Path) -> Dict[str, tuple]:
         raise FileNotFoundError(f"{directory} has {ADAPTER_CONFIG} but no adapter_model.safetensors")
     try:
         with safe_open(str(path), framework="pt") as f:
-            return {k[len(PREFIX):] if k.startswith(PREFIX) else k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+            return {k[len(PREFIX):] if k.startswith(PREFIX) else k: tuple(f.get_slice(k).get_shape())
+                    for k in f.keys()}
     except Exception as exc:  # safetensors' SafetensorError on a damaged file
         if isinstance(exc, (KeyboardInterrupt, MemoryError)):
             raise
@@ -46,24 +47,28 @@ def adapter_tensor_shapes(directory: Path) -> Dict[str, tuple]:
 def adapter_settings(directory: Path) -> Dict[str, Any]:
     settings = read_json(directory / ADAPTER_CONFIG)
     if not isinstance(settings, dict):
-        raise CheckpointError(f"{directory / ADAPTER_CONFIG} is not an object; is this a PEFT adapter directory?")
+        raise CheckpointError(f"{directory / ADAPTER_CONFIG} is not an object; is this a PEFT adapter "
+                              "directory?")
     return settings
 
 
 def resolve_base(directory: Path, base_model: Optional[str], settings: Dict[str, Any]) -> Path:
-    """The base checkpoint's directory: `base_model=`, else the adapter's `base_model_name_or_path`; a relative
-    path is tried from the current directory, then from the adapter's. Errors name what the user gave."""
+    """The base checkpoint's directory: `base_model=`, else the adapter's `base_model_name_or_path`; a
+    relative path is tried from the current directory, then from the adapter's. Errors name what the user
+    gave."""
     given = base_model or settings.get("base_model_name_or_path")
     where = "base_model=" if base_model else f"base_model_name_or_path in {directory / ADAPTER_CONFIG}"
     if not given:
-        raise ValueError(f"{directory / ADAPTER_CONFIG} names no base_model_name_or_path; pass base_model='<dir or hub id>'")
+        raise ValueError(f"{directory / ADAPTER_CONFIG} names no base_model_name_or_path; pass "
+                         "base_model='<dir or hub id>'")
     path = Path(str(given)).expanduser()
     if not path.is_absolute() and not path.is_dir() and (directory / path).is_dir():
         return directory / path
     try:
         return resolve_checkpoint_dir(given)
     except FileNotFoundError as exc:
-        relative = "" if path.is_absolute() else f" (a relative path: tried from {Path.cwd()} and from {directory})"
+        relative = ("" if path.is_absolute() else
+                    f" (a relative path: tried from {Path.cwd()} and from {directory})")
         raise FileNotFoundError(f"the adapter's base {str(given)!r} ({where}) is not found{relative}: {exc}; "
                                 "or pass base_model='<the base checkpoint directory or hub id>'") from None
 
@@ -96,7 +101,8 @@ def merged_adapter_model(directory: Path, *, base_model: Optional[str] = None, t
     kwargs = {"num_labels": head[0]} if head is not None else {}
 
     hf, info = AutoModelForSequenceClassification.from_pretrained(
-        str(resolve_base(directory, base_model, settings)), dtype=torch.float32, output_loading_info=True, **kwargs
+        str(resolve_base(directory, base_model, settings)), dtype=torch.float32, output_loading_info=True,
+        **kwargs
     )
     unset = sorted(k for k in info.get("missing_keys") or [] if k not in shapes)
     if unset:
@@ -107,7 +113,8 @@ def merged_adapter_model(directory: Path, *, base_model: Optional[str] = None, t
     try:
         merged = PeftModel.from_pretrained(hf, str(directory)).merge_and_unload()
     except RuntimeError as exc:  # torch's "size mismatch for ...": the adapter was trained on another base
-        first = next((ln.strip() for ln in str(exc).splitlines() if "size mismatch" in ln), str(exc).splitlines()[0])
+        lines = str(exc).splitlines() or [""]
+        first = next((ln.strip() for ln in lines if "size mismatch" in ln), lines[0])
         raise ValueError(f"the adapter in {directory} does not fit the base {base!r} ({first[:200]}); pass "
                          "base_model= the checkpoint it was trained on") from None
     if merged.config.pad_token_id is None and getattr(tokenizer, "pad_token_id", None) is not None:

@@ -50,7 +50,8 @@ def load_pickled_weights(path: Path) -> Dict[str, torch.Tensor]:
             sd = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         why = next((ln.strip() for ln in str(exc).splitlines() if "Unsupported" in ln or "global" in ln), "")
-        raise CheckpointError(f"{path} was refused: it is a pickle holding code or objects other than tensors "
+        raise CheckpointError(f"{path} was refused: it is a pickle holding code or objects other than "
+                              "tensors "
                               f"({why[:160] or 'weights_only=True failed'}); never load it from an untrusted "
                               "source; use safetensors weights") from None
     except (RuntimeError, EOFError, OSError, ValueError) as exc:

@@ -90,7 +90,8 @@ def _chat(tokenizer, messages: List[Dict[str, Any]], **kwargs: Any) -> Any:
         if not isinstance(exc, jinja2.TemplateError):
             raise
         first = (str(exc).strip().splitlines() or [""])[0]
-        raise ValueError(f"the tokenizer's chat template failed ({type(exc).__name__}: {first}); fix or replace "
+        raise ValueError(f"the tokenizer's chat template failed ({type(exc).__name__}: {first}); fix or "
+                         "replace "
                          "tokenizer.chat_template, or use another input_format (plain, concat or a template "
                          "string)") from None
 
@@ -184,8 +185,10 @@ def check_unicode(x: Any, where: str) -> None:
         try:
             t.encode("utf-8")
         except UnicodeEncodeError as exc:
-            raise ValueError(f"{where} holds a lone surrogate {t[exc.start]!r} at character {exc.start} (half of an "
-                             "emoji or other character, e.g. from a cut JSON escape); fix or remove it") from None
+            raise ValueError(f"{where} holds a lone surrogate {t[exc.start]!r} at character {exc.start} "
+                             "(half of an "
+                             "emoji or other character, e.g. from a cut JSON escape); fix or remove "
+                             "it") from None
 
 
 def _as_list(x: Any, what: str) -> List[Text]:

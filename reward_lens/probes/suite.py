@@ -140,7 +140,8 @@ def _sycophancy(item: ProbeItem, i: int):
     if isinstance(item.prompt, str):
         prompt = _join(belief, item.prompt)
     else:  # a conversation: the belief opens its last user turn
-        last = max((j for j, m in enumerate(item.prompt) if m.get("role") == "user"), default=len(item.prompt) - 1)
+        users = [j for j, m in enumerate(item.prompt) if m.get("role") == "user"]
+        last = users[-1] if users else len(item.prompt) - 1
         prompt = tuple({**m, "content": _join(belief, m["content"])} if j == last else m
                        for j, m in enumerate(item.prompt))
     return prompt, _join(AGREE[k], item.response), _join(DISAGREE[k], item.response)

@@ -93,7 +93,8 @@ def _as_contrast(contrast: Any) -> Tuple[str, List[ContrastPair]]:
         items = load_contrast_set(contrast)
         return items[0].concept or Path(str(contrast)).stem, items
     if not hasattr(contrast, "__iter__") or isinstance(contrast, (bytes, dict)):
-        raise TypeError(f"the contrast set is {type(contrast).__name__} {contrast!r:.40}; give a bundled set name (e.g. "
+        raise TypeError(f"the contrast set is {type(contrast).__name__} {contrast!r:.40}; give a bundled set "
+                        "name (e.g. "
                         "'verbosity'), a .jsonl path, or a list of ContrastPair(prompt, positive, negative)")
     items = list(contrast)
     if not items:
@@ -516,7 +517,8 @@ def dose_response(
         if scale is None:
             clean = readout_run(model, prompts, responses, [hook_name], batch_size=batch_size)
             scale = float(clean.acts[hook_name].float().norm(dim=-1).median())
-        if not (math.isfinite(scale) and scale != 0) or not bool(torch.isfinite(v_hat).all()) or not v_hat.any():
+        finite_v = bool(torch.isfinite(v_hat).all()) and bool(v_hat.any())
+        if not (math.isfinite(scale) and scale != 0) or not finite_v:
             raise ValueError(f"scale={scale} and a direction of norm {float(v_hat.norm()):.3g} add no finite "
                              "intervention; give a non-zero, finite scale and direction")
         n_alpha = alphas_t.numel()

@@ -113,7 +113,8 @@ class ArmoRMHead(RewardHeadBase):
         self.num_objectives = n_obj
         self.temperature = float(hc["gating_temperature"])
         if not (math.isfinite(self.temperature) and self.temperature > 0):
-            raise ValueError(f"config.json has gating_temperature={hc['gating_temperature']!r}; ArmoRM's gate computes "
+            raise ValueError(f"config.json has gating_temperature={hc['gating_temperature']!r}; ArmoRM's "
+                             "gate computes "
                              "softmax(x / temperature), so it must be a finite number > 0 (ArmoRM ships 10)")
         self.gating_pattern: List[int] = list(hc.get("gating_pattern") or DEFAULT_GATING_PATTERN)
         self.objective_names: List[str] = list(hc.get("objective_names") or default_objective_names(n_obj))
