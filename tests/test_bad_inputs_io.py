@@ -216,3 +216,25 @@ def test_a_log_cut_short_by_a_running_or_killed_job_renders_what_is_whole(tmp_pa
     with pytest.warns(UserWarning, match="line 4 is cut short"):
         assert main(["monitor", str(log)]) == 0
     assert (tmp_path / "rm.html").exists()
+
+
+def test_a_log_with_only_batch_records_renders(tmp_path, capsys):
+    log = tmp_path / "rm.jsonl"
+    log.write_text('{"kind": "run", "format": 1}\n{"kind": "batch", "step": 1, "reward/mean": 0.1}\n')
+    assert main(["monitor", str(log)]) == 0
+    assert "0 flag(s)" in (tmp_path / "rm.html").read_text()
+
+
+def test_a_damaged_sweep_part_is_one_line_and_recomputed_once_deleted(tmp_path, capsys):
+    out = tmp_path / "sw"
+    argv = ["sweep", "--out", str(out), "--max-pairs", "2", "--chunk-size", "1"]
+    assert main(argv) == 0
+    table = (out / "sweep.csv").read_text()
+    part = out / "parts" / "chunk-00000.parquet"
+    part.write_bytes(b"garbage")
+    capsys.readouterr()
+    assert main(argv) == 2
+    assert "chunk-00000.parquet is damaged" in one_line(capsys.readouterr().err)
+    part.unlink()
+    assert main(argv) == 0
+    assert (out / "sweep.csv").read_text() == table

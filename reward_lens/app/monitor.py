@@ -65,7 +65,8 @@ class MonitorRun:
     def summary(self) -> pd.DataFrame:
         """Every flag: step, quantity, value and interval, and the baseline's interval it left."""
         frame = self.to_frame()
-        return frame[frame.flagged].drop(columns=["kind", "group", "flagged"]).reset_index(drop=True)
+        flagged = frame.flagged.astype(bool)  # an empty object column would select columns, not rows
+        return frame[flagged].drop(columns=["kind", "group", "flagged"]).reset_index(drop=True)
 
     def plot(self, group: str = "reward", ax=None):
         """Time series of one group's quantities (95% intervals as bands), the baseline interval of each as a

@@ -206,9 +206,21 @@ def _means(model, pairs, spec: SweepSpec, out: Path, ranks, batch: BatchSize) ->
     return means
 
 
+def read_part(out: Path, k: int) -> pd.DataFrame:
+    """One finished part; a damaged one is a one-line ValueError saying to delete it (it is recomputed)."""
+    path = part_path(out, k)
+    try:
+        return pd.read_parquet(path)
+    except Exception as exc:  # pyarrow's ArrowInvalid / OSError on a damaged file
+        if isinstance(exc, (KeyboardInterrupt, MemoryError)):
+            raise
+        raise ValueError(f"{path} is damaged ({type(exc).__name__}); delete it (that chunk is recomputed) "
+                         "and rerun the same command") from None
+
+
 def merge_parts(out: Path, n_chunks: int) -> pd.DataFrame:
     """All parts in pair order as one table; sweep.parquet and sweep.csv written (each atomically)."""
-    table = pd.concat([pd.read_parquet(part_path(out, k)) for k in range(n_chunks)], ignore_index=True)
+    table = pd.concat([read_part(out, k) for k in range(n_chunks)], ignore_index=True)
     write_atomic(out / "sweep.parquet", lambda tmp: table.to_parquet(tmp, index=False))
     write_atomic(out / "sweep.csv", lambda tmp: write_csv(tmp, table))
     return table
