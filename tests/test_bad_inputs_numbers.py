@@ -88,6 +88,12 @@ HH = "\n\nHuman: What is 2+2?\n\nAssistant: 4"
 PAIR_FILES = [  # (class, name, writer, expected (prompt, chosen) as the model must see them)
     ("model-text", "HH dialogue without prompt", lambda p: p.with_suffix(".jsonl").write_text(
         json.dumps({"chosen": HH, "rejected": HH[:-1] + "5"}) + "\n"), ("What is 2+2?", "4")),
+    ("model-text", "HH dialogue with an empty prompt", lambda p: p.with_suffix(".jsonl").write_text(
+        json.dumps({"prompt": "", "chosen": HH, "rejected": HH[:-1] + "5"}) + "\n"), ("What is 2+2?", "4")),
+    ("model-text", "JSON text of messages in a JSONL value", lambda p: p.with_suffix(".jsonl").write_text(
+        json.dumps({"prompt": json.dumps([SYSTEM, {"role": "user", "content": "What is 2+2?"}]),
+                    "chosen": "4", "rejected": "5"}) + "\n"),
+     ([SYSTEM, {"role": "user", "content": "What is 2+2?"}], "4")),
     ("model-text", "CSV cell with JSON messages", lambda p: pd.DataFrame({
         "prompt": [json.dumps([SYSTEM, {"role": "user", "content": "What is 2+2?"}])], "chosen": ["4"],
         "rejected": ["5"]}).to_csv(p.with_suffix(".csv"), index=False), ([SYSTEM, {"role": "user", "content":
@@ -202,11 +208,12 @@ def test_openrlhf_infinite_std_is_refused(tmp_path):
 
     d = save_openrlhf(tmp_path / "orl", *base_decoder())
     cfg = json.loads((d / "config.json").read_text())
-    for std in ("Infinity", "NaN"):
+    for std in ("Infinity", "NaN", "[1.0, 2.0]", '"big"'):
         (d / "config.json").write_text(json.dumps({**cfg, "std": "STD"}).replace('"STD"', std))
         with pytest.raises(ValueError) as info:
             HookedRewardModel.from_pretrained(d)
-        assert "must be finite and std > 0" in one_line(str(info.value))
+        message = one_line(str(info.value))
+        assert "must be finite and std > 0" in message or "stores one number" in message
 
 
 @pytest.mark.parametrize("temperature", [0, -1.0, float("inf")])

@@ -18,6 +18,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 Messages = Tuple[Dict[str, str], ...]
 Text = Union[str, Messages]
 TEXT_FIELDS = ("prompt", "chosen", "rejected")
+SIDES = ("chosen", "rejected")
 SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
 
 
@@ -167,23 +168,18 @@ def _read_table(path: Path) -> List[Record]:
         frame = pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[], encoding="utf-8-sig")
     else:
         frame = pd.read_parquet(path)
-    records = []
-    for i, r in enumerate(frame.to_dict("records")):
-        where = f"row {i + 1}"
-        records.append((where, {k: _json_messages(v, f"{where}, column {k!r}") if k in TEXT_FIELDS else v
-                                for k, v in r.items()}))
-    return records
+    return [(f"row {i + 1}", r) for i, r in enumerate(frame.to_dict("records"))]
 
 
-def _json_messages(cell: Any, where: str) -> Any:
-    """A table cell holding a JSON list of chat messages (how CSV and many parquet exports store
+def _json_messages(cell: Any) -> Any:
+    """Text holding a JSON list of chat messages (how CSV, parquet and some JSON exports store
     conversations) as that list, so it is rendered by the chat template, not scored as JSON text."""
     if not isinstance(cell, str) or not cell.lstrip().startswith("[") or '"role"' not in cell:
         return cell
     try:
         value = json.loads(cell)
     except json.JSONDecodeError as exc:
-        raise PairDataError(f"{where}: holds a JSON message list that is not valid JSON ({exc.msg}, column "
+        raise PairDataError(f"holds a JSON message list that is not valid JSON ({exc.msg}, column "
                             f"{exc.colno}); fix the cell") from None
     if isinstance(value, list) and value and all(isinstance(m, dict) and "role" in m for m in value):
         return value
@@ -265,6 +261,8 @@ def validate_records(records: Sequence[Record], source: str, pair_cls: Any) -> L
         missing = [c for c in TEXT_FIELDS if c not in r]
         if missing == ["prompt"]:
             r = implicit_prompt_record(r, f"{source}, {where}")  # chosen / rejected are whole conversations
+        elif r["prompt"] == "" and all(isinstance(r[c], str) and dialogue_messages(r[c]) for c in SIDES):
+            r = {**r, **{c: dialogue_messages(r[c]) for c in SIDES}}  # HH dialogues, empty prompt
         elif missing:
             raise PairDataError(
                 f"{source}, {where}: lacks column(s) {missing}; preference files need columns prompt, chosen, rejected "
@@ -274,7 +272,8 @@ def validate_records(records: Sequence[Record], source: str, pair_cls: Any) -> L
         try:
             values = {}
             for column in TEXT_FIELDS:
-                values[column] = normalize_text(r[column], column, allow_empty=column == "prompt")
+                value = _json_messages(r[column])
+                values[column] = normalize_text(value, column, allow_empty=column == "prompt")
             for column in ("subset", "id"):
                 values[column] = normalize_label(r.get(column), column)
         except PairDataError as exc:
