@@ -314,3 +314,31 @@ def test_progress_bars_are_tqdm_auto():
     plain = re.compile(r"^\s*(from tqdm import|import tqdm\b|from tqdm\.std import)", re.M)
     offenders = [str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py") if plain.search(p.read_text())]
     assert not offenders, f"use `from tqdm.auto import tqdm` in {offenders}"
+
+
+def unsafe_loads(source: str) -> List[int]:
+    """Lines of `torch.load(...)` / `pickle.load(s)` calls: a torch.load must pass weights_only=True (torch
+    >= 2.5 is allowed, where the default differs by version), a pickle is never loaded."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            continue
+        owner = node.func.value.id if isinstance(node.func.value, ast.Name) else ""
+        if owner == "pickle" and node.func.attr in ("load", "loads"):
+            lines.append(node.lineno)
+        if owner == "torch" and node.func.attr == "load" and not any(
+                k.arg == "weights_only" and isinstance(k.value, ast.Constant) and k.value.value is True
+                for k in node.keywords):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_no_pickle_is_loaded_that_could_run_code():
+    bad = [f"{path.relative_to(PACKAGE.parent)}:{line}" for path in module_files().values()
+           for line in unsafe_loads(path.read_text())]
+    assert not bad, f"torch.load without weights_only=True, or pickle.load: {bad}"
+
+
+def test_the_unsafe_load_check_finds_a_bare_torch_load():
+    assert unsafe_loads("import torch\ntorch.load('x')\ntorch.load('y', weights_only=True)\n") == [2]
+    assert unsafe_loads("import pickle\npickle.loads(b'')\n") == [2]

@@ -23,7 +23,9 @@ import pandas as pd
 import torch
 
 from reward_lens import distributed as dist
-from reward_lens.app.output import ReportDir, clean_json, provenance, write_csv, write_json
+from reward_lens.app.output import (
+    ReportDir, check_finite_columns, clean_json, provenance, write_csv, write_json,
+)
 from reward_lens.core.autobatch import BatchSize
 from reward_lens.data.pairs import PreferencePair, as_pairs
 from reward_lens.data.validate import tie_indices
@@ -228,6 +230,9 @@ def _audit(model, pairs, *, max_pairs, batch_size, probe_items, model_label, ech
         "input_format": input_format_name(model), "world_size": ranks.world_size,
     }
     results: Dict[str, Any] = sharded_steps(model, pairs, batch, ranks, step)
+    if results.get("patching") is not None:
+        check_finite_columns(results["patching"].to_frame(), ("clean_reward", "patched_reward", "effect"),
+                             "contrastive patching", model.cfg.dtype)
     _instrument_steps(model, pairs, batch, step, record, results)
     _probe_steps(model, pairs, batch, probe_items, step, record, results)
     if is_armorm(model):

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import argparse
+import pickle
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -14,7 +15,7 @@ from reward_lens.app.options import CLIError, validate_args
 
 # What a user can cause (bad paths, values, files, checkpoints): one line, exit 2. Anything else is a bug
 # and keeps its traceback; --debug shows the traceback of user errors too.
-USER_ERRORS = (ValueError, OSError, CLIError)
+USER_ERRORS = (ValueError, OSError, CLIError, pickle.UnpicklingError)
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -218,7 +219,7 @@ def cmd_sweep(args) -> int:
 def cmd_monitor(args) -> int:
     from reward_lens.app.monitor import render_monitor
 
-    print(f"[reward-lens] wrote {render_monitor(args.log, args.out)}")
+    print(f"[reward-lens] wrote {render_monitor(args.log, args.out, check=True)}")
     return 0
 
 

@@ -11,11 +11,13 @@ recorded by the reward function, and a table of every flag.
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Union
 
 import pandas as pd
+from reward_lens.app.output import check_out_file
 from reward_lens.app.report import Report
 
 GROUPS: Dict[str, str] = {
@@ -63,7 +65,8 @@ class MonitorRun:
     def summary(self) -> pd.DataFrame:
         """Every flag: step, quantity, value and interval, and the baseline's interval it left."""
         frame = self.to_frame()
-        return frame[frame.flagged].drop(columns=["kind", "group", "flagged"]).reset_index(drop=True)
+        flagged = frame.flagged.astype(bool)  # an empty object column would select columns, not rows
+        return frame[flagged].drop(columns=["kind", "group", "flagged"]).reset_index(drop=True)
 
     def plot(self, group: str = "reward", ax=None):
         """Time series of one group's quantities (95% intervals as bands), the baseline interval of each as a
@@ -111,37 +114,97 @@ class MonitorRun:
         return fig
 
 
+LOG_FORMAT = 1  # the "format" of the run record RewardLensCallback writes
+
+
 def load_monitor(path: Union[str, Path]) -> MonitorRun:
-    """Read a `RewardLensCallback` JSONL log (the last run in the file, if several were appended)."""
+    """Read a `RewardLensCallback` JSONL log (the last run in the file, if several were appended). A last line
+    cut short (the run still writing, or killed) is skipped with a warning; any other damage is a one-line
+    ValueError naming the line."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"no monitor log at {str(path)!r}; RewardLensCallback writes it (log_path=)")
+    if path.is_dir():
+        raise ValueError(f"{path} is a directory; give the JSONL file RewardLensCallback wrote (log_path=)")
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path} is not UTF-8 text (byte {exc.start}); is this a RewardLensCallback "
+                         "log?") from None
+    if not text.strip():
+        raise ValueError(f"{path} is empty; training has not reached its first step (or log_path points "
+                         "elsewhere)")
     run, checks, batches = {}, [], []
-    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines()):
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
         if not line.strip():
             continue
         try:
             rec = json.loads(line)
         except json.JSONDecodeError as exc:
+            if i == len(lines) - 1 and not text.endswith("\n") and checks + batches:
+                warnings.warn(f"{path} line {i + 1} is cut short (the run is still writing, or was killed); "
+                              "it is skipped", UserWarning, stacklevel=2)
+                continue
             raise ValueError(f"{path} line {i + 1} is not JSON ({exc.msg}); is this a RewardLensCallback log?") from None
-        kind = rec.get("kind") if isinstance(rec, dict) else None
+        kind = _checked_record(rec, f"{path} line {i + 1}")
         if kind == "run":
             run, checks, batches = rec, [], []
         elif kind in ("baseline", "check"):
             checks.append(rec)
-        elif kind == "batch":
-            batches.append(rec)
         else:
-            raise ValueError(f"{path} line {i + 1} has kind {kind!r}; expected run, baseline, check or batch records")
+            batches.append(rec)
     if not checks and not batches:
         raise ValueError(f"{path} holds no baseline, check or batch records; did training reach its first step?")
     return MonitorRun(run, checks, batches)
 
 
-def render_monitor(path: Union[str, Path], out: Optional[Union[str, Path]] = None) -> Path:
-    """Render the log at `path` as one self-contained HTML page (default: next to it, .html); returns its path."""
+def _checked_record(rec: Any, where: str) -> str:
+    """The kind of one log record, after checking the fields the page reads (ValueError naming the field)."""
+    kind = rec.get("kind") if isinstance(rec, dict) else None
+    if kind not in ("run", "baseline", "check", "batch"):
+        raise ValueError(f"{where} has kind {kind!r}; expected run, baseline, check or batch records")
+    hint = "(hand-edited, or written by another reward-lens version?)"
+    if kind == "run":
+        fmt = rec.get("format", LOG_FORMAT)
+        if not isinstance(fmt, int) or fmt > LOG_FORMAT:
+            raise ValueError(f"{where}: log format {fmt!r} is newer than this reward-lens reads "
+                             f"({LOG_FORMAT}); "
+                             "upgrade reward-lens to render it")
+        return kind
+    if not isinstance(rec.get("step"), int) or isinstance(rec.get("step"), bool):
+        raise ValueError(f"{where}: 'step' is {rec.get('step')!r}, not an integer {hint}")
+    if kind == "batch":
+        for k, v in rec.items():
+            if k not in ("kind", "step", "n") and v is not None and not _is_number(v):
+                raise ValueError(f"{where}: {k!r} is {v!r}, not a number {hint}")
+        return kind
+    metrics = rec.get("metrics")
+    if not isinstance(metrics, dict):
+        raise ValueError(f"{where}: a {kind} record without 'metrics' {hint}")
+    for q, est in metrics.items():
+        if not isinstance(est, dict) or any(k not in est or not (est[k] is None or _is_number(est[k]))
+                                            for k in ("value", "ci_low", "ci_high")):
+            raise ValueError(f"{where}: metric {q!r} needs numeric value, ci_low and ci_high {hint}")
+    if not isinstance(rec.get("flags", []), list) or not _is_number(rec.get("cost_s", 0.0)):
+        raise ValueError(f"{where}: 'flags' must be a list and 'cost_s' a number {hint}")
+    return kind
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def render_monitor(path: Union[str, Path], out: Optional[Union[str, Path]] = None,
+                   check: bool = True) -> Path:
+    """Render the log at `path` as one self-contained HTML page (default: next to it, .html); returns its
+    path. `out` is checked first (`check_out_file`: never the log itself, never a file reward-lens did not
+    write)."""
+    out = Path(path).with_suffix(".html") if out is None else out
+    if check:
+        out = check_out_file(out, path)
     mon = load_monitor(path)
-    out = Path(out) if out is not None else Path(path).with_suffix(".html")
     report = Report(f"reward-lens training monitor: {mon.run.get('model') or Path(path).name}")
     sec = report.section("Summary")
     flags = mon.summary()
@@ -150,7 +213,7 @@ def render_monitor(path: Union[str, Path], out: Optional[Union[str, Path]] = Non
              f"completions; {len(flags)} flag(s) at step(s) {sorted(set(flags.step)) or 'none'}.")
     sec.text("A quantity is flagged when its 95% interval and the baseline's are disjoint (the reward-length "
              "correlation only when it rises).", note=True)
-    costs = [(c["cost_s"], c.get("overhead")) for c in mon.checks]
+    costs = [(c.get("cost_s") or 0.0, c.get("overhead")) for c in mon.checks]
     if costs:
         over = [o for _, o in costs if o is not None]
         sec.text(f"Measurement cost: {sum(c for c, _ in costs) / len(costs):.3g} s per check"

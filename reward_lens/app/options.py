@@ -131,6 +131,9 @@ def validate_args(args: Any) -> None:
     if sweep:
         sweep_spec(args)
     try:
-        check_out_dir(args.out, sweep=sweep)
+        out = check_out_dir(args.out, sweep=sweep)
     except ValueError as exc:
         raise CLIError(str(exc)) from None
+    if args.pairs is not None and not sweep and out in Path(args.pairs).expanduser().resolve().parents:
+        raise CLIError(f"--pairs {args.pairs!r} lies inside --out {args.out!r}, which the report replaces; "
+                       "move the pairs file out of the report directory")

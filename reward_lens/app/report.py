@@ -12,6 +12,7 @@ import io
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, List, Union
+from reward_lens.app.output import GENERATOR, write_text_atomic
 from reward_lens.plotting import pyplot
 
 _STYLE = """
@@ -72,11 +73,11 @@ class Report:
 
     def to_html(self) -> str:
         body = "\n".join(f"<h2>{html.escape(s.title)}</h2>\n" + "\n".join(s.parts) for s in self.sections)
-        return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(self.title)}</title>"
+        return ("<!doctype html><html><head><meta "
+                f"charset='utf-8'>{GENERATOR}<title>{html.escape(self.title)}</title>"
                 f"<style>{_STYLE}</style></head><body><h1>{html.escape(self.title)}</h1>\n{body}\n</body></html>")
 
     def save(self, path: Union[str, Path]) -> Path:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(self.to_html(), encoding="utf-8")
-        return path
+        return write_text_atomic(path, self.to_html())

@@ -11,7 +11,7 @@ Resuming: the pairs are cut into chunks of `chunk_size`; each finished chunk is 
 fingerprint and the model. Rerunning the same command into the same `--out` skips the chunks already
 written (a different sweep there is refused) and merges all parts in pair order at the end, so an
 interrupted sweep ends with the same table as an uninterrupted one. Mean-ablation values are computed
-once over all pairs and kept in `means.pt`.
+once over all pairs and kept in `means.safetensors`.
 
 Under torchrun, rank r takes chunks r, r + world, ... (disjoint; each writes its own parts), and rank 0
 merges. Results equal the one-process sweep: a chunk is computed the same way whichever rank runs it.
@@ -31,7 +31,7 @@ import pandas as pd
 import torch
 
 from reward_lens import distributed as dist
-from reward_lens.app.output import SWEEP_MANIFEST, ReportDir, clean_json, write_csv
+from reward_lens.app.output import SWEEP_MANIFEST, ReportDir, check_finite_columns, clean_json, write_csv
 from reward_lens.core.autobatch import BatchSize
 from reward_lens.data.pairs import TokenPair, as_pairs, pair_labels
 from reward_lens.core.pipeline import run_pipeline
@@ -41,11 +41,15 @@ from reward_lens.instruments.patching.atp import AtPSpec
 from reward_lens.instruments.patching.contrastive import PatchSpec
 from reward_lens.instruments.patching.spec import METHODS, MODES, POSITIONS
 from reward_lens.instruments.sites import sites_for
+from reward_lens.model.tokenization import model_input_format
 
 INSTRUMENTS = ("patch", "atp", "attribute")
 LEVELS = ("component", "head", "residual")
 ATTRIBUTION_LEVELS = ("component", "head")
 PARTS = "parts"
+# computed values that are never NaN (normalised effects of tied pairs may be)
+FINITE_COLUMNS = ("clean_reward", "patched_reward", "effect", "estimate", "chosen", "rejected", "gap")
+MEANS = "means.safetensors"  # never a pickle: a crafted file cannot run code on resume
 
 
 @dataclass(frozen=True)
@@ -124,42 +128,104 @@ def chunk_frame(model, pairs: Sequence[Any], ids: List[str], sl: slice, spec: Sw
         res = got[specs[name].name]
         res.pair_ids = ids[sl]
         frame = pd.concat([res.to_frame(lv) for lv in levels], ignore_index=True) if name == "attribute" else res.to_frame()
+        check_finite_columns(frame, FINITE_COLUMNS, f"sweep {name} on pairs "
+                                                    f"{sl.start + 1}-{sl.stop}", model.cfg.dtype)
         frame.insert(0, "instrument", name)
         frames.append(frame)
     return pd.concat(frames, ignore_index=True)
 
 
-def _prepare(out: Path, manifest: Dict[str, Any]) -> int:
-    """Check an earlier sweep in `out` is this one (or start one); the number of parts already written."""
+# what a resume must match
+RESUME_KEYS = ("spec", "pairs_sha256", "n_pairs", "model", "dtype", "input_format")
+
+
+def settings_digest(manifest: Dict[str, Any]) -> str:
+    """SHA-256 of the settings a resume must match, kept in the manifest: a hand edit shows."""
+    return hashlib.sha256(json.dumps([clean_json(manifest.get(k)) for k in RESUME_KEYS], sort_keys=True,
+                                     default=str).encode()).hexdigest()
+
+
+def read_manifest(path: Path) -> Dict[str, Any]:
+    """An earlier sweep's manifest, checked (a one-line ValueError saying what to do otherwise)."""
+    start_over = f"delete {path.parent} (or its sweep.json and parts/) to start over, or use a new --out"
+    try:
+        earlier = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        why = exc.msg if isinstance(exc, json.JSONDecodeError) else exc.reason
+        raise ValueError(f"{path} is damaged (not JSON: {why}); {start_over}") from None
+    if not isinstance(earlier, dict) or not all(k in earlier for k in RESUME_KEYS[:4]):
+        raise ValueError(f"{path} is not a reward-lens sweep manifest (it lacks spec, pairs_sha256, n_pairs "
+                         "or "
+                         f"model); {start_over}")
+    if "settings_sha256" in earlier and earlier["settings_sha256"] != settings_digest(earlier):
+        raise ValueError(f"{path} was edited by hand (its settings no longer match their checksum), so its "
+                         "finished "
+                         f"parts may not be what it says; {start_over}")
+    return earlier
+
+
+def _prepare(out: Path, manifest: Dict[str, Any], echo: Callable[[str], None] = print) -> int:
+    """Check an earlier sweep in `out` is this one (or start one); the number of parts already written.
+    An earlier sweep with other settings is refused, unless none of its parts was finished (it was refused
+    or stopped before any): then it is started again with these settings."""
     path = out / SWEEP_MANIFEST
+    manifest = {**manifest, "settings_sha256": settings_digest(manifest)}
+    done = len(list((out / PARTS).glob("chunk-*.parquet"))) if (out / PARTS).is_dir() else 0
     if path.exists():
-        earlier = json.loads(path.read_text())
-        for key in ("spec", "pairs_sha256", "n_pairs", "model"):
-            if earlier.get(key) != clean_json(manifest[key]):
-                raise ValueError(f"--out {str(out)!r} holds a sweep with other {key.replace('_', ' ')} "
-                                 f"({earlier.get(key)!r}); rerun with its options to resume it, or use a new --out")
+        earlier = read_manifest(path)
+        differ = [k for k in RESUME_KEYS if k in earlier and earlier.get(k) != clean_json(manifest[k])]
+        if differ and done:
+            key = differ[0]
+            raise ValueError(f"--out {str(out)!r} holds a sweep with other {key.replace('_', ' ')} "
+                             f"({earlier.get(key)!r}, now {clean_json(manifest[key])!r}) and {done} finished "
+                             "part(s); rerun with its options to resume it, or use a new --out")
+        if not differ:
+            return done
+        echo(f"[reward-lens] sweep: the earlier sweep in {out} finished no part; starting again with these "
+             "settings")
+        (out / MEANS).unlink(missing_ok=True)
     (out / PARTS).mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(clean_json(manifest), indent=1))
-    return len(list((out / PARTS).glob("chunk-*.parquet")))
+    write_atomic(path, lambda tmp: tmp.write_text(json.dumps(clean_json(manifest), indent=1)))
+    return done
 
 
 def _means(model, pairs, spec: SweepSpec, out: Path, ranks, batch: BatchSize) -> Optional[Dict[str, torch.Tensor]]:
-    """Mean-ablation values over all pairs (kept in means.pt, so a resumed sweep patches in the same)."""
+    """Mean-ablation values over all pairs (kept in means.safetensors, so a resumed sweep patches in the
+    same)."""
     if "mean" not in spec.modes or set(spec.instruments) <= {"attribute"}:
         return None
-    path = out / "means.pt"
+    from safetensors.torch import load_file, save_file
+
+    path = out / MEANS
     if path.exists():
-        return {k: v.to(model.cfg.device) for k, v in torch.load(path).items()}
+        try:
+            return {k: v.to(model.cfg.device) for k, v in load_file(str(path)).items()}
+        except Exception as exc:  # safetensors' SafetensorError: truncated or garbage
+            raise ValueError(f"{path} is damaged ({type(exc).__name__}); delete it (it is recomputed) and "
+                             "rerun") from None
     means = dist.site_means(model, pairs, sites_for(model.cfg, list(spec.levels)), spec.positions, ranks=ranks,
                             batch_size=batch)
     if ranks.is_main:
-        write_atomic(path, lambda tmp: torch.save({k: v.cpu() for k, v in means.items()}, tmp))
+        plain = {k: v.detach().cpu().contiguous() for k, v in means.items()}
+        write_atomic(path, lambda tmp: save_file(plain, str(tmp)))
     return means
+
+
+def read_part(out: Path, k: int) -> pd.DataFrame:
+    """One finished part; a damaged one is a one-line ValueError saying to delete it (it is recomputed)."""
+    path = part_path(out, k)
+    try:
+        return pd.read_parquet(path)
+    except Exception as exc:  # pyarrow's ArrowInvalid / OSError on a damaged file
+        if isinstance(exc, (KeyboardInterrupt, MemoryError)):
+            raise
+        raise ValueError(f"{path} is damaged ({type(exc).__name__}); delete it (that chunk is recomputed) "
+                         "and rerun the same command") from None
 
 
 def merge_parts(out: Path, n_chunks: int) -> pd.DataFrame:
     """All parts in pair order as one table; sweep.parquet and sweep.csv written (each atomically)."""
-    table = pd.concat([pd.read_parquet(part_path(out, k)) for k in range(n_chunks)], ignore_index=True)
+    table = pd.concat([read_part(out, k) for k in range(n_chunks)], ignore_index=True)
     write_atomic(out / "sweep.parquet", lambda tmp: table.to_parquet(tmp, index=False))
     write_atomic(out / "sweep.csv", lambda tmp: write_csv(tmp, table))
     return table
@@ -176,10 +242,12 @@ def run_sweep(model, pairs, out_dir: Union[str, Path], spec: SweepSpec = SweepSp
     n_chunks = -(-len(pairs) // spec.chunk_size)
     manifest = {**(run_info or {}), "spec": asdict(spec), "n_pairs": len(pairs), "n_chunks": n_chunks,
                 "pairs_sha256": pairs_fingerprint(pairs), "model": model_label or model.cfg.model_name,
+                "dtype": str(model.cfg.dtype).replace("torch.", ""),
+                "input_format": model_input_format(model),
                 "world_size": ranks.world_size}
     with ReportDir(out, sweep=True) if ranks.is_main else contextlib.nullcontext():
         if ranks.is_main:
-            done = _prepare(out, manifest)
+            done = _prepare(out, manifest, echo)
             echo(f"[reward-lens] sweep: {n_chunks} chunk(s) of {spec.chunk_size} pairs, {done} already done")
         ranks.barrier()  # the manifest is checked before any rank computes
         means = _means(model, pairs, spec, out, ranks, batch)

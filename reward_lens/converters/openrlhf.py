@@ -17,6 +17,8 @@ dataset ends each sequence with EOS and reads the reward there).
 
 from __future__ import annotations
 
+import math
+
 from collections import ChainMap
 from collections.abc import Mapping
 from typing import Any, Tuple
@@ -52,11 +54,21 @@ def normalization(hf_config: Any) -> Tuple[float, float]:
 
     def scalar(name: str, default: float) -> float:
         value = getattr(hf_config, name, None)
-        return default if value is None else float(torch.as_tensor(value, dtype=torch.float64).reshape(-1)[0])
+        if value is None:
+            return default
+        flat = value if isinstance(value, (list, tuple)) else [value]
+        if len(flat) != 1 or isinstance(flat[0], bool) or not isinstance(flat[0], (int, float)):
+            raise ValueError(f"config.json has normalize_reward=true with {name}={value!r}; OpenRLHF stores "
+                             "one number (or a list of one) there: fix it or set normalize_reward to false")
+        return float(flat[0])
 
     mean, std = scalar("mean", 0.0), scalar("std", 1.0)
-    if not std > 0:
-        raise ValueError(f"config.json has normalize_reward=true with std={std}; OpenRLHF divides by std, so it must be > 0")
+    if not (math.isfinite(std) and std > 0) or not math.isfinite(mean):
+        raise ValueError(f"config.json has normalize_reward=true with mean={mean}, std={std}; OpenRLHF "
+                         "computes "
+                         "(reward - mean) / std, so both must be finite and std > 0: fix them or set "
+                         "normalize_reward "
+                         "to false")
     return mean, std
 
 

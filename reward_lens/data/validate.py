@@ -18,6 +18,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 Messages = Tuple[Dict[str, str], ...]
 Text = Union[str, Messages]
 TEXT_FIELDS = ("prompt", "chosen", "rejected")
+SIDES = ("chosen", "rejected")
 SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
 
 
@@ -39,6 +40,16 @@ def is_missing(value: Any) -> bool:
         return False
 
 
+def _check_encodable(text: str, field: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise PairDataError(f"{field} holds a lone surrogate {text[exc.start]!r} at character {exc.start} "
+                            "(half of "
+                            "an emoji or other character, e.g. a cut JSON escape); fix or remove "
+                            "it") from None
+
+
 def _as_messages(value: Sequence[Any], field: str) -> Messages:
     if len(value) == 0:
         raise PairDataError(f"{field} is an empty message list; give text or at least one {{'role', 'content'}} message")
@@ -48,6 +59,7 @@ def _as_messages(value: Sequence[Any], field: str) -> Messages:
             raise PairDataError(
                 f"{field} message {j + 1} is {_describe(m)}; chat messages are dicts with string 'role' and 'content'"
             )
+        _check_encodable(m["content"], f"{field} message {j + 1}")
         out.append(dict(m))
     return tuple(out)
 
@@ -62,6 +74,7 @@ def normalize_text(value: Any, field: str, *, allow_empty: bool = True) -> Text:
     if isinstance(value, str):
         if not allow_empty and not value.strip():
             raise PairDataError(f"{field} is empty; every pair needs a non-empty chosen and rejected response")
+        _check_encodable(value, field)
         return value
     if is_missing(value):
         raise PairDataError(f"{field} is missing (None/null/NaN); give text or a list of chat messages")
@@ -100,7 +113,11 @@ def _json_values(text: str) -> Iterator[Tuple[int, Any]]:
         try:
             value, pos = decoder.raw_decode(text, pos)
         except json.JSONDecodeError as exc:
-            raise PairDataError(f"line {exc.lineno} column {exc.colno}: invalid JSON ({exc.msg}); fix or remove it") from None
+            noticed = "" if exc.lineno == line else f", noticed at line {exc.lineno} column {exc.colno}"
+            col = f" column {exc.colno}" if exc.lineno == line else ""
+            raise PairDataError(f"line {line}{col}: invalid JSON ({exc.msg}{noticed}; the value starting on "
+                                "line "
+                                f"{line} is broken); fix or remove it") from None
         yield line, value
 
 
@@ -148,10 +165,64 @@ def _read_table(path: Path) -> List[Record]:
 
     if path.suffix.lower() == ".csv":
         # Every cell as text: "NA", "null" or "42" are texts, an empty cell is empty (refused below).
-        frame = pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[])
+        frame = pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[], encoding="utf-8-sig")
     else:
         frame = pd.read_parquet(path)
     return [(f"row {i + 1}", r) for i, r in enumerate(frame.to_dict("records"))]
+
+
+def _json_messages(cell: Any) -> Any:
+    """Text holding a JSON list of chat messages (how CSV, parquet and some JSON exports store
+    conversations) as that list, so it is rendered by the chat template, not scored as JSON text."""
+    if not isinstance(cell, str) or not cell.lstrip().startswith("[") or '"role"' not in cell:
+        return cell
+    try:
+        value = json.loads(cell)
+    except json.JSONDecodeError as exc:
+        raise PairDataError(f"holds a JSON message list that is not valid JSON ({exc.msg}, column "
+                            f"{exc.colno}); fix the cell") from None
+    if isinstance(value, list) and value and all(isinstance(m, dict) and "role" in m for m in value):
+        return value
+    return cell
+
+
+HUMAN, ASSISTANT = "\n\nHuman:", "\n\nAssistant:"
+
+
+def dialogue_messages(text: str) -> Optional[List[Dict[str, str]]]:
+    """A whole dialogue in the Anthropic HH format ("\\n\\nHuman: ...\\n\\nAssistant: ...") as chat
+    messages; None for text that is not one."""
+    body = "\n\n" + text.lstrip("\n") if text.lstrip("\n").startswith(HUMAN.strip()) else text
+    if not body.startswith(HUMAN) or ASSISTANT not in body:
+        return None
+    messages, rest = [], body
+    while rest:
+        role = "user" if rest.startswith(HUMAN) else "assistant"
+        rest = rest[len(HUMAN if role == "user" else ASSISTANT):]
+        cut = min((i for i in (rest.find(HUMAN), rest.find(ASSISTANT)) if i >= 0), default=len(rest))
+        messages.append({"role": role, "content": rest[:cut].strip()})
+        rest = rest[cut:]
+    return messages
+
+
+def implicit_prompt_record(r: Dict[str, Any], where: str) -> Dict[str, Any]:
+    """A record without a prompt: chosen and rejected must be whole conversations (message lists, or dialogue
+    text in the HH format, converted to messages); plain text would be scored as one assistant turn of an
+    empty conversation, which is refused."""
+    out = {**r, "prompt": ""}
+    for column in ("chosen", "rejected"):
+        value = r[column]
+        if isinstance(value, str):
+            messages = dialogue_messages(value)
+            if messages is None:
+                raise PairDataError(
+                    f"{where}: has no 'prompt' column and column {column!r} is plain text, which would be "
+                    "scored as "
+                    "a reply to an empty prompt; add a prompt column, or give chosen/rejected as whole "
+                    "conversations (lists of role/content messages, or 'Human: ... Assistant: ...' "
+                    "dialogues)")
+            out[column] = messages
+    return out
 
 
 def read_records(path: Path) -> List[Record]:
@@ -166,7 +237,7 @@ def read_records(path: Path) -> List[Record]:
     try:
         if suffix in (".csv", ".parquet"):
             return _read_table(path)
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # a byte-order mark (Windows editors) is not data
         return _read_jsonl(text) if suffix == ".jsonl" else _read_json(text)
     except PairDataError as exc:
         raise PairDataError(f"{path}: {exc}") from None
@@ -189,7 +260,9 @@ def validate_records(records: Sequence[Record], source: str, pair_cls: Any) -> L
             raise PairDataError(f"{source}, {where}: is {_describe(r)}; each pair is an object with prompt, chosen, rejected")
         missing = [c for c in TEXT_FIELDS if c not in r]
         if missing == ["prompt"]:
-            r = {**r, "prompt": ""}  # implicit prompt: chosen / rejected are whole conversations
+            r = implicit_prompt_record(r, f"{source}, {where}")  # chosen / rejected are whole conversations
+        elif r["prompt"] == "" and all(isinstance(r[c], str) and dialogue_messages(r[c]) for c in SIDES):
+            r = {**r, **{c: dialogue_messages(r[c]) for c in SIDES}}  # HH dialogues, empty prompt
         elif missing:
             raise PairDataError(
                 f"{source}, {where}: lacks column(s) {missing}; preference files need columns prompt, chosen, rejected "
@@ -199,7 +272,8 @@ def validate_records(records: Sequence[Record], source: str, pair_cls: Any) -> L
         try:
             values = {}
             for column in TEXT_FIELDS:
-                values[column] = normalize_text(r[column], column, allow_empty=column == "prompt")
+                value = _json_messages(r[column])
+                values[column] = normalize_text(value, column, allow_empty=column == "prompt")
             for column in ("subset", "id"):
                 values[column] = normalize_label(r.get(column), column)
         except PairDataError as exc:

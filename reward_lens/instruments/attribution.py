@@ -30,6 +30,7 @@ from reward_lens.results import PairRewards, to_numpy
 from reward_lens.core.pipeline import Reads, Shared, Spec, run_pipeline
 from reward_lens.core.ranks import Ranks
 from reward_lens.model.hooks import act_name
+from reward_lens.model.validation import check_model
 
 # Relative error above which the decomposition is reported as not reproducing the model's reward: the
 # terms are exact up to rounding, which in bf16/fp16 (8/11-bit mantissas) is far above fp32's.
@@ -283,5 +284,6 @@ def attribute(
     identity is checked on every call; a head that is not linear in the final residual gets a warning.
     heads=None: per-head terms when the model has per-head hooks (native architectures).
     """
+    check_model(model, "attribute")
     return run_pipeline(model, pairs, [AttributionSpec(heads, neurons)], batch_size=batch_size, ranks=Ranks(),
                         padding_side=padding_side, progress=progress and "attribute")["attribution"]

@@ -32,6 +32,7 @@ from reward_lens.core.pipeline import Reads, Shared, Spec, run_pipeline
 from reward_lens.core.ranks import Ranks
 from reward_lens.instruments.sites import resid_mid_name, resid_name
 from reward_lens.model.hooks import act_name
+from reward_lens.model.validation import check_model
 
 VARIANTS = ("normed", "frozen")
 
@@ -166,5 +167,6 @@ def lens(
     progress: Union[bool, str] = True,
 ) -> LensResult:
     """The reward lens of each pair's chosen and rejected response in both variants (module docstring)."""
+    check_model(model, "lens")
     return run_pipeline(model, pairs, [LensSpec(include_mid)], batch_size=batch_size, ranks=Ranks(),
                         padding_side=padding_side, progress=progress and "lens")["lens"]

@@ -59,7 +59,9 @@ def response_lengths(model, responses: Sequence[str]) -> np.ndarray:
     """Each response's length in the reward model's tokens (no special tokens)."""
     if not responses:
         return np.zeros(0)
-    ids = model.tokenizer(list(responses), add_special_tokens=False)["input_ids"]
+    # a multi-message completion: the text of its messages
+    texts = [r if isinstance(r, str) else "".join(str(m["content"]) for m in r) for r in responses]
+    ids = model.tokenizer(texts, add_special_tokens=False)["input_ids"]
     return np.array([len(x) for x in ids], dtype=np.float64)
 
 

@@ -44,16 +44,57 @@ DEFAULT_CONCEPTS = ("length", "sycophancy", "formatting", "confidence")
 
 def message_text(x: Any, role: str) -> str:
     """A prompt or completion as plain text: a string as is; a conversational list of messages as the
-    content of its last `role` message (the prompt's last user turn, the completion's assistant turn)."""
+    content of its last `role` message. For display and lengths only: the reward scores `as_model_input`."""
     if isinstance(x, str):
         return x
-    if isinstance(x, (list, tuple)) and all(isinstance(m, Mapping) and "content" in m for m in x):
-        chosen = [m for m in x if m.get("role") == role] or list(x)
-        content = chosen[-1]["content"]
-        return content if isinstance(content, str) else " ".join(str(c.get("text", "")) for c in content)
+    messages = _messages(x)
+    chosen = [m for m in messages if m["role"] == role] or messages
+    return chosen[-1]["content"]
+
+
+def _content(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, (list, tuple)) and all(isinstance(c, Mapping) for c in content):
+        kinds = sorted({str(c.get("type", "text")) for c in content} - {"text"})
+        if kinds:
+            raise ValueError(f"a message holds {', '.join(kinds)} parts; the reward model reads text only")
+        return "".join(str(c.get("text", "")) for c in content)
+    raise TypeError(f"a message's content must be text, got {type(content).__name__}")
+
+
+def _messages(x: Any) -> List[Dict[str, str]]:
+    if isinstance(x, (list, tuple)) and x and all(isinstance(m, Mapping) and "content" in m for m in x):
+        return [{"role": str(m.get("role", "user")), "content": _content(m["content"])} for m in x]
     raise TypeError(
         f"a prompt or completion must be a string or a list of {{'role', 'content'}} messages, got {type(x).__name__}"
     )
+
+
+def as_model_input(prompt: Any, completion: Any) -> Tuple[Any, Any]:
+    """(prompt, completion) as the reward model is given them: strings as they are; a conversational prompt
+    whole (system prompt and every earlier turn), as a tuple of messages the chat template renders, and a
+    conversational completion as its one assistant message's text (several messages: all of them), so the
+    model scores exactly the conversation TRL generated (as TRL's own reward-model path renders it)."""
+    p = prompt if isinstance(prompt, str) else tuple(_messages(prompt))
+    if not isinstance(p, str) and len(p) == 1 and p[0]["role"] == "user":
+        p = p[0]["content"]  # one user turn: its text renders to the same tokens
+    if isinstance(completion, str):
+        c: Any = completion
+    else:
+        msgs = _messages(completion)
+        c = msgs[0]["content"] if len(msgs) == 1 and msgs[0]["role"] == "assistant" else tuple(msgs)
+    if isinstance(p, str) != isinstance(c, str) and isinstance(p, str):
+        p = ({"role": "user", "content": p},)
+    return p, c
+
+
+def _hashable(x: Any) -> Any:
+    return x if isinstance(x, str) else tuple((m["role"], m["content"]) for m in x)
+
+
+def _unhashable(x: Any) -> Any:
+    return x if isinstance(x, str) else [{"role": r, "content": c} for r, c in x]
 
 
 class RewardLensReward:
@@ -82,15 +123,18 @@ class RewardLensReward:
 
     def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> List[float]:
         start = time.perf_counter()
-        texts_p = [message_text(p, "user") for p in prompts]
-        texts_r = [message_text(c, "assistant") for c in completions]
+        if len(prompts) != len(completions):
+            raise ValueError(f"got {len(prompts)} prompts but {len(completions)} completions; TRL passes one "
+                             "each")
+        inputs = [as_model_input(p, c) for p, c in zip(prompts, completions)]
+        texts_p, texts_r = [p for p, _ in inputs], [c for _, c in inputs]
         sig = score_batch(self.model, texts_p, texts_r, batch_size=self.batch_size)
         state = kwargs.get("trainer_state")
         # Completions are generated before the step that trains on them: label them with that step.
         step = state.global_step + 1 if state is not None else len(self.history) + 1
         metrics = sig.metrics()
         self.history.append({"step": step, "n": len(texts_p), **metrics})
-        self.recent.extend(zip(texts_p, texts_r))
+        self.recent.extend((_hashable(p), c) for p, c in inputs if isinstance(c, str))
         self.last = sig
         log_metric = kwargs.get("log_metric")
         if self.log_metrics and callable(log_metric):
@@ -101,8 +145,9 @@ class RewardLensReward:
         self.seconds += time.perf_counter() - start
         return sig.rewards.tolist()
 
-    def sample(self, n: int) -> Tuple[List[str], List[str]]:
-        """The `n` most recent distinct (prompt, completion) texts with a non-empty completion."""
+    def sample(self, n: int) -> Tuple[List[Any], List[str]]:
+        """The `n` most recent distinct (prompt, completion) pairs with a non-empty completion text; a
+        conversational prompt is its whole message list."""
         seen, out = set(), []
         for pair in reversed(self.recent):
             if pair[1].strip() and pair not in seen:
@@ -111,7 +156,7 @@ class RewardLensReward:
                 if len(out) == n:
                     break
         out.reverse()
-        return [p for p, _ in out], [r for _, r in out]
+        return [_unhashable(p) for p, _ in out], [r for _, r in out]
 
 
 def _flat(metrics: Mapping[str, Mapping[str, Optional[float]]]) -> Dict[str, float]:
@@ -168,7 +213,8 @@ class RewardLensCallback(TrainerCallback):
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             self.log_path.write_text("")
             model = self.reward_fn.model
-            self._write({"kind": "run", "model": getattr(model.cfg, "model_name", None), "every": self.every,
+            self._write({"kind": "run", "format": 1, "model": getattr(model.cfg, "model_name", None),
+                         "every": self.every,
                          "sample_size": self.sample_size, "probes": self.probes,
                          "concepts": list(self.concept_spec), "concept_layer": self.concept_layer % model.cfg.n_layers,
                          "time": time.time()})

@@ -39,7 +39,8 @@ def resolve_checkpoint_dir(path_or_id: Union[str, Path]) -> Path:
         )
     except Exception as exc:  # offline, unknown repo, gated repo, ...
         raise FileNotFoundError(
-            f"could not fetch {str(path_or_id)!r} from the HuggingFace hub ({type(exc).__name__}: {exc}); "
+            f"could not fetch {str(path_or_id)!r} from the HuggingFace hub ({type(exc).__name__}: "
+            f"{(str(exc).strip().splitlines() or [''])[0][:160]}); "
             "download it where the hub is reachable and pass the local directory"
         ) from None
 
@@ -114,10 +115,32 @@ def convert_state_dict(
     return cls.from_state_dict(cfg, sd, tokenizer=tokenizer, device=device, dtype=dtype, fold_ln=fold_ln, source=source)
 
 
-def save_hooked(model, path: Union[str, Path]) -> None:
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".index.json")
+
+
+def foreign_checkpoint_files(path: Path) -> list:
+    """The files of a checkpoint in `path` that a hooked save would overwrite or leave beside a hooked config
+    (a transformers/PEFT/GGUF checkpoint: its config.json and weights); none for an earlier hooked save."""
+    if not path.is_dir() or (path / HOOKED_CONFIG).exists():
+        return []
+    names = sorted(n.name for n in path.iterdir())
+    return [n for n in names if n in ("config.json", "adapter_config.json") or n.endswith(WEIGHT_SUFFIXES)]
+
+
+def save_hooked(model, path: Union[str, Path], overwrite: bool = False) -> None:
     from safetensors.torch import save_file
 
     path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise CheckpointError(f"save_pretrained: {str(path)!r} is a file; give a directory")
+    theirs = foreign_checkpoint_files(path)
+    if theirs and not overwrite:
+        raise CheckpointError(
+            f"save_pretrained: {str(path)!r} holds another checkpoint ({', '.join(theirs[:4])}), e.g. the "
+            "one this "
+            "model was loaded from; the hooked format would replace its weights and transformers would then "
+            "load "
+            "a randomly initialised head: save into a new directory, or pass overwrite=True")
     path.mkdir(parents=True, exist_ok=True)
     (path / HOOKED_CONFIG).write_text(json.dumps(model.cfg.to_dict(), indent=1))
     save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, str(path / HOOKED_WEIGHTS))

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import json
+import math
 import warnings
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
@@ -91,6 +92,13 @@ def safetensors_header(path: Path) -> Tuple[Dict[str, Dict[str, Any]], int]:
         unknown = sorted({v["dtype"] for v in entries.values()} - set(SAFETENSORS_DTYPES))
         if unknown:
             raise ValueError(f"unsupported dtype(s) {unknown}")
+        for name, v in entries.items():  # a shape claiming more bytes than its data is never allocated
+            lo, hi = (int(x) for x in v["data_offsets"])
+            numel = math.prod(int(d) for d in v["shape"])
+            nbytes = numel * SAFETENSORS_DTYPES[v["dtype"]].itemsize
+            if min(int(d) for d in v["shape"] or [0]) < 0 or nbytes != hi - lo:
+                raise ValueError(f"tensor {name!r} of shape {list(v['shape'])} does not match its {hi - lo} "
+                                 "data bytes")
     except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as exc:
         raise _corrupt(path, exc) from None
     return entries, 8 + n

@@ -18,6 +18,7 @@ from reward_lens.loading import inmemory
 from reward_lens.model.base import RewardModelBase
 from reward_lens.loading.checks import check_finite_weights, check_hf_tensors, check_tokenizer_vocab
 from reward_lens.loading.generic import GENERIC_MARKER
+from reward_lens.model.devices import resolve_dtype
 from reward_lens.model.generic.wrapper import GenericHookedRewardModel
 from reward_lens.loading.checkpoint import (
     HOOKED_CONFIG,
@@ -30,6 +31,18 @@ from reward_lens.loading.checkpoint import (
 )
 from reward_lens.loading.peft_adapter import is_peft_adapter_dir
 from reward_lens.loading.streaming import LazyStateDict, converted_source, hooked_source
+
+
+def _dtype_alias(dtype: Any, overrides: Dict[str, Any]) -> Any:
+    """`dtype`, or transformers' `torch_dtype=` / `dtype` spelling taken from `overrides` (never set on the
+    config, where it would be ignored); both, differing, are refused."""
+    alias = overrides.pop("torch_dtype", None)
+    if alias is None or (isinstance(alias, str) and alias == "auto" and dtype is None):
+        return dtype
+    if dtype is not None and resolve_dtype(dtype) != resolve_dtype(alias):
+        raise TypeError(f"dtype={dtype!r} and torch_dtype={alias!r} disagree; pass one (dtype= is "
+                        "reward-lens' name)")
+    return alias
 
 
 def load_pretrained(
@@ -49,7 +62,9 @@ def load_pretrained(
     """A saved hooked checkpoint or a transformers checkpoint directory (hub ids are downloaded) as a
     hooked model: native (`native_cls`) when a weight map handles it, else generic. `overrides` are set
     on the transformers config before conversion. Native checkpoints stream: read, converted, checked,
-    folded, cast and placed one block at a time (`reward_lens.loading.streaming`)."""
+    folded, cast and placed one block at a time (`reward_lens.loading.streaming`). `torch_dtype=`
+    (transformers' spelling) is honoured as `dtype=`."""
+    dtype = _dtype_alias(dtype, overrides)
     if overrides.get("gguf_file") is not None:  # a llama.cpp file: transformers dequantises it (model/gguf.py)
         from reward_lens.loading.gguf import load_gguf
 
@@ -107,6 +122,17 @@ def from_hf_model(
     training); PEFT adapters are merged into a copy; autocast and accelerate's mixed-precision wrapper are
     left out (see `reward_lens.loading.inmemory`)."""
     source, owned = inmemory.unwrap(hf_model), False
+    if not isinstance(source, nn.Module):
+        raise TypeError("from_hf_model needs a transformers model (an nn.Module), got "
+                        f"{type(hf_model).__name__}")
+    meta = next((n for n, p in source.named_parameters() if p.device.type == "meta"), None)
+    if meta is not None:
+        raise ValueError(f"the model's weights are on the meta device ({meta}, ...): it was built without "
+                         "its weights "
+                         "(init_empty_weights, device='meta', or an offloaded device_map); load it with real "
+                         "weights "
+                         "(e.g. from_pretrained without device_map) or pass its checkpoint to "
+                         "from_pretrained")
     if inmemory.is_peft_model(source):
         source, owned = inmemory.independent_copy(source), True
     config = copy.deepcopy(source.config)

@@ -32,15 +32,59 @@ def load_gguf_hf_model(path_or_id: Union[str, Path], gguf_file: str, **config_ov
 
     _check_gguf_available()
     config_overrides.setdefault("num_labels", 1)
-    directory = Path(path_or_id).expanduser()
-    if directory.is_dir() and not (directory / gguf_file).exists():
-        raise FileNotFoundError(f"no GGUF file {gguf_file!r} in {directory}; pass gguf_file= a file name inside it")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # transformers' own notes on the dequantisation
-        model = AutoModelForSequenceClassification.from_pretrained(str(path_or_id), gguf_file=gguf_file,
-                                                                   **config_overrides)
+    check_gguf_file(path_or_id, gguf_file)
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # transformers' own notes on the dequantisation
+            # Its load report ("score.weight MISSING ... consider training") is replaced by SCORE_HEAD_NOTE
+            # (and by nothing when a trained head is set after): any other missing tensor is an error below.
+            hf_logging.set_verbosity_error()
+            model, info = AutoModelForSequenceClassification.from_pretrained(
+                str(path_or_id), gguf_file=gguf_file, output_loading_info=True, **config_overrides)
+    except Exception as exc:  # gguf's reader: struct/index/value errors on a damaged file
+        if isinstance(exc, (KeyboardInterrupt, MemoryError, ImportError)):
+            raise
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+        raise ValueError(f"{gguf_file} in {path_or_id} cannot be read as GGUF ({type(exc).__name__}: "
+                         f"{first}); "
+                         "it may be truncated or of an architecture transformers cannot load: re-download "
+                         "it") from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    missing = sorted(k for k in info.get("missing_keys") or [] if not k.startswith(("score.", "classifier.")))
+    if missing:
+        raise ValueError(f"{gguf_file} lacks {len(missing)} backbone tensor(s) ({', '.join(missing[:3])}); "
+                         "transformers would initialise them at random: re-download or re-convert the file")
     model.eval()
     return model
+
+
+def check_gguf_file(path_or_id: Union[str, Path], gguf_file: str) -> None:
+    """A local directory must exist and hold `gguf_file`, a non-empty file starting with the GGUF magic
+    (FileNotFoundError / ValueError naming it); a hub id (org/name) is left to transformers."""
+    directory = Path(path_or_id).expanduser()
+    text = str(path_or_id)
+    local = directory.exists() or text.startswith((".", "/", "~")) or text.count("/") != 1
+    if not local:
+        return
+    if not directory.is_dir():
+        raise FileNotFoundError(f"no directory at {str(path_or_id)!r} (gguf_file={gguf_file!r} is looked up "
+                                "inside "
+                                "it); pass the directory holding the .gguf file")
+    path = directory / gguf_file
+    if not path.is_file():
+        raise FileNotFoundError(f"no GGUF file {gguf_file!r} in {directory}; pass gguf_file= a file name "
+                                "inside it")
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if not magic:
+        raise ValueError(f"{path} is empty (0 bytes); re-download it")
+    if magic != b"GGUF":
+        raise ValueError(f"{path} is not a GGUF file (it starts with {magic!r}, not b'GGUF'); give a "
+                         "llama.cpp .gguf")
 
 
 def load_gguf_tokenizer(path_or_id: Union[str, Path], gguf_file: str):

@@ -9,10 +9,10 @@ carry the trained score head) and merged (`merge_and_unload`), then converted li
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Dict, Optional
 from reward_lens.loading.checkpoint import resolve_checkpoint_dir, load_tokenizer
+from reward_lens.loading.checks import CheckpointError, read_json
 
 ADAPTER_CONFIG = "adapter_config.json"
 PREFIX = "base_model.model."
@@ -33,13 +33,49 @@ def adapter_tensor_shapes(directory: Path) -> Dict[str, tuple]:
     path = directory / "adapter_model.safetensors"
     if not path.exists():
         raise FileNotFoundError(f"{directory} has {ADAPTER_CONFIG} but no adapter_model.safetensors")
-    with safe_open(str(path), framework="pt") as f:
-        return {k[len(PREFIX):] if k.startswith(PREFIX) else k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return {k[len(PREFIX):] if k.startswith(PREFIX) else k: tuple(f.get_slice(k).get_shape())
+                    for k in f.keys()}
+    except Exception as exc:  # safetensors' SafetensorError on a damaged file
+        if isinstance(exc, (KeyboardInterrupt, MemoryError)):
+            raise
+        raise CheckpointError(f"{path} is corrupt or truncated ({type(exc).__name__}: "
+                              f"{(str(exc).splitlines() or [''])[0][:120]}); re-save the adapter") from None
+
+
+def adapter_settings(directory: Path) -> Dict[str, Any]:
+    settings = read_json(directory / ADAPTER_CONFIG)
+    if not isinstance(settings, dict):
+        raise CheckpointError(f"{directory / ADAPTER_CONFIG} is not an object; is this a PEFT adapter "
+                              "directory?")
+    return settings
+
+
+def resolve_base(directory: Path, base_model: Optional[str], settings: Dict[str, Any]) -> Path:
+    """The base checkpoint's directory: `base_model=`, else the adapter's `base_model_name_or_path`; a
+    relative path is tried from the current directory, then from the adapter's. Errors name what the user
+    gave."""
+    given = base_model or settings.get("base_model_name_or_path")
+    where = "base_model=" if base_model else f"base_model_name_or_path in {directory / ADAPTER_CONFIG}"
+    if not given:
+        raise ValueError(f"{directory / ADAPTER_CONFIG} names no base_model_name_or_path; pass "
+                         "base_model='<dir or hub id>'")
+    path = Path(str(given)).expanduser()
+    if not path.is_absolute() and not path.is_dir() and (directory / path).is_dir():
+        return directory / path
+    try:
+        return resolve_checkpoint_dir(given)
+    except FileNotFoundError as exc:
+        relative = ("" if path.is_absolute() else
+                    f" (a relative path: tried from {Path.cwd()} and from {directory})")
+        raise FileNotFoundError(f"the adapter's base {str(given)!r} ({where}) is not found{relative}: {exc}; "
+                                "or pass base_model='<the base checkpoint directory or hub id>'") from None
 
 
 def merged_adapter_model(directory: Path, *, base_model: Optional[str] = None, tokenizer: Any = None):
     """The base model with the adapter merged in (float32, CPU): a plain transformers model."""
-    settings = json.loads((directory / ADAPTER_CONFIG).read_text())
+    settings = adapter_settings(directory)
     base = base_model or settings.get("base_model_name_or_path")
     try:
         from peft import PeftModel
@@ -65,7 +101,8 @@ def merged_adapter_model(directory: Path, *, base_model: Optional[str] = None, t
     kwargs = {"num_labels": head[0]} if head is not None else {}
 
     hf, info = AutoModelForSequenceClassification.from_pretrained(
-        str(resolve_checkpoint_dir(base)), dtype=torch.float32, output_loading_info=True, **kwargs
+        str(resolve_base(directory, base_model, settings)), dtype=torch.float32, output_loading_info=True,
+        **kwargs
     )
     unset = sorted(k for k in info.get("missing_keys") or [] if k not in shapes)
     if unset:
@@ -73,7 +110,13 @@ def merged_adapter_model(directory: Path, *, base_model: Optional[str] = None, t
             f"neither the base {base!r} nor the adapter in {directory} holds {unset[:4]}: transformers would initialise "
             "them at random (a score head not saved with modules_to_save?), so the rewards would be meaningless"
         )
-    merged = PeftModel.from_pretrained(hf, str(directory)).merge_and_unload()
+    try:
+        merged = PeftModel.from_pretrained(hf, str(directory)).merge_and_unload()
+    except RuntimeError as exc:  # torch's "size mismatch for ...": the adapter was trained on another base
+        lines = str(exc).splitlines() or [""]
+        first = next((ln.strip() for ln in lines if "size mismatch" in ln), lines[0])
+        raise ValueError(f"the adapter in {directory} does not fit the base {base!r} ({first[:200]}); pass "
+                         "base_model= the checkpoint it was trained on") from None
     if merged.config.pad_token_id is None and getattr(tokenizer, "pad_token_id", None) is not None:
         merged.config.pad_token_id = tokenizer.pad_token_id  # TRL trains with the tokenizer's pad id
     return merged.eval()
@@ -82,7 +125,8 @@ def merged_adapter_model(directory: Path, *, base_model: Optional[str] = None, t
 def load_peft_adapter(cls, directory: Path, *, tokenizer=None, base_model: Optional[str] = None, **convert: Any):
     """`from_pretrained` on an adapter directory: merged, then `cls.from_hf_model(merged, tokenizer, **convert)`."""
     if tokenizer is None:
-        base = base_model or json.loads((directory / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
-        tokenizer = load_tokenizer(resolve_checkpoint_dir(base)) if base else None
+        settings = adapter_settings(directory)
+        if base_model or settings.get("base_model_name_or_path"):
+            tokenizer = load_tokenizer(resolve_base(directory, base_model, settings))
     merged = merged_adapter_model(directory, base_model=base_model, tokenizer=tokenizer)
     return cls.from_hf_model(merged, tokenizer, **convert)

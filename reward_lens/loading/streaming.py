@@ -36,6 +36,32 @@ from reward_lens.model.placement import plan_blocks
 _BLOCK_KEY = re.compile(r"blocks\.(\d+)\.")
 
 
+def load_pickled_weights(path: Path) -> Dict[str, torch.Tensor]:
+    """A `pytorch_model.bin` read with `weights_only=True` (never running code it holds); a refused or broken
+    pickle is a one-line CheckpointError naming the file."""
+    import pickle
+
+    try:
+        try:
+            sd = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError as exc:
+            if "mmap" not in str(exc):  # the legacy (non-zip) format cannot be memory-mapped
+                raise
+            sd = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        why = next((ln.strip() for ln in str(exc).splitlines() if "Unsupported" in ln or "global" in ln), "")
+        raise CheckpointError(f"{path} was refused: it is a pickle holding code or objects other than "
+                              "tensors "
+                              f"({why[:160] or 'weights_only=True failed'}); never load it from an untrusted "
+                              "source; use safetensors weights") from None
+    except (RuntimeError, EOFError, OSError, ValueError) as exc:
+        raise CheckpointError(f"{path} is corrupt or truncated ({(str(exc).splitlines() or [''])[0][:160]}); "
+                              "re-download or re-save the checkpoint") from None
+    if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
+        raise CheckpointError(f"{path} holds {type(sd).__name__}, not a state dict of tensors")
+    return sd
+
+
 class LazyStateDict(Mapping):
     """The tensors of a checkpoint's weight files by name, read only when accessed. safetensors tensors are
     read from the file (its header parsed once) into fresh tensors; `.bin` files are `torch.load`ed with
@@ -73,7 +99,7 @@ class LazyStateDict(Mapping):
     def header(self, path: Path) -> Any:
         if path not in self.headers:
             if path.suffix == ".bin":
-                self.headers[path] = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+                self.headers[path] = load_pickled_weights(path)
             else:
                 self.headers[path] = safetensors_header(path)
         return self.headers[path]

@@ -19,6 +19,9 @@ def resolve_dtype(dtype: Union[str, torch.dtype, None]) -> torch.dtype:
     if dtype is None:
         return torch.float32
     if isinstance(dtype, torch.dtype):
+        if not dtype.is_floating_point or dtype.itemsize < 2:
+            raise ValueError(f"dtype {dtype} cannot hold the weights and activations; use one of "
+                             f"{sorted(_DTYPES)} (quantised checkpoints are dequantised on load)")
         return dtype
     try:
         return _DTYPES[str(dtype).lower().replace("torch.", "")]

@@ -174,9 +174,11 @@ class HookedRewardModel(TransformerLensConveniences, RewardModelBase):
         return loader("build_model")(cls, src, tokenizer=tokenizer, device=device, dtype=dtype, fold_ln=fold_ln,
                            source=source, devices=devices)
 
-    def save_pretrained(self, path: Union[str, Path]) -> None:
-        """Save as a hooked checkpoint (config JSON + safetensors + tokenizer files)."""
-        loader("save_hooked")(self, path)
+    def save_pretrained(self, path: Union[str, Path], *, overwrite: bool = False) -> None:
+        """Save as a hooked checkpoint (config JSON + safetensors + tokenizer files). A directory holding
+        another checkpoint (e.g. the transformers one this model was loaded from) is refused unless
+        `overwrite=True`; an earlier hooked save there is replaced."""
+        loader("save_hooked")(self, path, overwrite=overwrite)
 
     # ------------------------------------------------------------------ forward
     def forward(

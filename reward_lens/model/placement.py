@@ -74,6 +74,15 @@ def resolve_devices(
         return [torch.device("cuda", i) for i in range(int(n_devices))]
     if device is not None:
         raise ValueError("give device or device_map, not both (device_map lists every device)")
+    if isinstance(device_map, dict):
+        targets = {str(v) if not isinstance(v, int) else f"cuda:{v}" for v in device_map.values()}
+        if set(device_map) == {""}:  # transformers' "everything on one device"
+            return [resolve_device(next(iter(targets)))]
+        raise ValueError(f"device_map is a dict of {len(device_map)} module(s) -> device (transformers' "
+                         "form); here it "
+                         "is a list of devices the blocks are spread over, e.g. "
+                         f"device_map={sorted(targets)!r}, or "
+                         "'auto', or device='cuda:0'")
     if isinstance(device_map, str):
         if device_map != "auto":
             raise ValueError(f"device_map must be 'auto' or a list of devices, got {device_map!r}")

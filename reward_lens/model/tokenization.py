@@ -79,6 +79,23 @@ def model_input_format(model, fmt: Optional[str] = None) -> str:
     return fmt if model.tokenizer is None else resolve_input_format(fmt, model.tokenizer)
 
 
+def _chat(tokenizer, messages: List[Dict[str, Any]], **kwargs: Any) -> Any:
+    """`tokenizer.apply_chat_template`, its template's errors (a jinja2 TemplateError, SecurityError from the
+    sandbox when a template reaches for unsafe attributes) as one-line ValueErrors."""
+    try:
+        return tokenizer.apply_chat_template(messages, **kwargs)
+    except Exception as exc:
+        import jinja2
+
+        if not isinstance(exc, jinja2.TemplateError):
+            raise
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise ValueError(f"the tokenizer's chat template failed ({type(exc).__name__}: {first}); fix or "
+                         "replace "
+                         "tokenizer.chat_template, or use another input_format (plain, concat or a template "
+                         "string)") from None
+
+
 def _messages(x: Text, role: str) -> List[Dict[str, Any]]:
     if isinstance(x, str):
         return [{"role": role, "content": x}]
@@ -114,10 +131,10 @@ def _openrlhf_ids(tokenizer, prompt: Text, response: Text) -> List[int]:
     if getattr(tokenizer, "chat_template", None):
         turns = _messages(prompt, "user")
         if isinstance(response, (list, tuple)) and len(response) == 0:  # one whole conversation, no prompt key
-            prompt_text, response_text = "", tokenizer.apply_chat_template(turns, tokenize=False)
+            prompt_text, response_text = "", _chat(tokenizer, turns, tokenize=False)
         else:
-            prompt_text = tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
-            full = tokenizer.apply_chat_template(turns + _messages(response, "assistant"), tokenize=False)
+            prompt_text = _chat(tokenizer, turns, tokenize=False, add_generation_prompt=True)
+            full = _chat(tokenizer, turns + _messages(response, "assistant"), tokenize=False)
             response_text = full[len(prompt_text):]
     elif isinstance(prompt, str) and isinstance(response, str):
         prompt_text, response_text = prompt, response
@@ -135,7 +152,7 @@ def encode_pair(tokenizer, prompt: Text, response: Text, input_format: str) -> L
     """The ids of one (prompt, response) in a concrete format (see the module docstring)."""
     if input_format == "chat":
         messages = conversation(prompt, response)
-        return list(tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True)["input_ids"])
+        return list(_chat(tokenizer, messages, tokenize=True, return_dict=True)["input_ids"])
     if input_format == "concat":
         if not (isinstance(prompt, str) and isinstance(response, str)):
             raise ValueError("input_format='concat' is TRL's standard (string) format; conversational pairs use 'chat'")
@@ -152,10 +169,26 @@ def render_pair(tokenizer, prompt: Text, response: Text, input_format: str = "au
     """The text of one pair in a format (decoded from its ids for "concat"/"openrlhf")."""
     fmt = resolve_input_format(input_format, tokenizer)
     if fmt == "chat":
-        return tokenizer.apply_chat_template(conversation(prompt, response), tokenize=False)
+        return _chat(tokenizer, conversation(prompt, response), tokenize=False)
     if fmt in ("concat", "openrlhf"):
         return tokenizer.decode(encode_pair(tokenizer, prompt, response, fmt))
     return (PLAIN_FORMAT if fmt == "plain" else fmt).replace("{prompt}", str(prompt)).replace("{response}", str(response))
+
+
+def check_unicode(x: Any, where: str) -> None:
+    """Text (or every message's content) encodable as UTF-8: a lone surrogate (e.g. from a JSON escape
+    "\\ud83d" without its pair) is a ValueError naming where it is, not a tokenizer error."""
+    texts = [x] if isinstance(x, str) else [m.get("content") for m in x if isinstance(m, Mapping)]
+    for t in texts:
+        if not isinstance(t, str):
+            continue
+        try:
+            t.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ValueError(f"{where} holds a lone surrogate {t[exc.start]!r} at character {exc.start} "
+                             "(half of an "
+                             "emoji or other character, e.g. from a cut JSON escape); fix or remove "
+                             "it") from None
 
 
 def _as_list(x: Any, what: str) -> List[Text]:
@@ -223,6 +256,8 @@ def tokenize_pairs(
         raise TypeError(f"prompts and responses must be text or chat-message lists; got {type(bad[0]).__name__}")
     if len(prompts) != len(responses):
         raise ValueError(f"got {len(prompts)} prompts but {len(responses)} responses; pass one response per prompt")
+    for i, x in enumerate(prompts + responses):
+        check_unicode(x, f"{'prompt' if i < len(prompts) else 'response'} {i % len(prompts) + 1}")
     if padding_side not in (None, "left", "right"):
         raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
     fmt = model_input_format(model, input_format)

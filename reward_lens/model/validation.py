@@ -82,6 +82,14 @@ def check_model_inputs(model, input_ids: Any, attention_mask: Any = None) -> Tup
     return ids, attention_mask
 
 
+def check_model(model: Any, who: str) -> None:
+    """`model` is a hooked reward model (a TypeError naming the call and what to pass otherwise)."""
+    if not (hasattr(model, "cfg") and hasattr(model, "run_with_cache")):
+        raise TypeError(f"{who}(model, ...) needs a HookedRewardModel as its first argument, got "
+                        f"{type(model).__name__}; load one with HookedRewardModel.from_pretrained(...) or "
+                        "reward_lens.load_demo_model()")
+
+
 def check_finite_rewards(rewards: torch.Tensor, labels: Optional[Sequence[str]] = None) -> None:
     """Refuse a non-finite reward, naming the sequence (`labels[b]`, e.g. "pair rl-3, chosen")."""
     finite = torch.isfinite(rewards.reshape(rewards.shape[0], -1)).all(-1) if rewards.dim() else torch.isfinite(rewards)

@@ -32,11 +32,12 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from reward_lens.data.pairs import PreferencePair
+from reward_lens.model.tokenization import is_messages
 from reward_lens.plotting import figure_axes, finish
 from reward_lens.stats import bootstrap_ci as percentile_bootstrap_ci
 from reward_lens.demo import DEMO_PROBE_ITEMS_PATH
@@ -135,7 +136,14 @@ def _formatting(item: ProbeItem, i: int):
 
 def _sycophancy(item: ProbeItem, i: int):
     k = i % len(AGREE)
-    prompt = _join(item.belief or GENERIC_BELIEF, item.prompt)
+    belief = item.belief or GENERIC_BELIEF
+    if isinstance(item.prompt, str):
+        prompt = _join(belief, item.prompt)
+    else:  # a conversation: the belief opens its last user turn
+        users = [j for j, m in enumerate(item.prompt) if m.get("role") == "user"]
+        last = users[-1] if users else len(item.prompt) - 1
+        prompt = tuple({**m, "content": _join(belief, m["content"])} if j == last else m
+                       for j, m in enumerate(item.prompt))
     return prompt, _join(AGREE[k], item.response), _join(DISAGREE[k], item.response)
 
 
@@ -201,8 +209,9 @@ def as_items(items: Iterable[ItemLike], source: str = "items") -> List[ProbeItem
                 raise ValueError(f"{source}: item {i} lacks 'prompt' or 'response' (or 'chosen'); found keys {sorted(x)}")
             item = ProbeItem(str(x["prompt"]), str(response), id=x.get("id"), topic=x.get("topic", x.get("subset")),
                              belief=x.get("belief"))
-        elif isinstance(x, (tuple, list)) and len(x) == 2 and all(isinstance(s, str) for s in x):
-            item = ProbeItem(x[0], x[1])
+        elif isinstance(x, (tuple, list)) and len(x) == 2 and isinstance(x[1], str) and (
+                isinstance(x[0], str) or is_messages(x[0])):
+            item = ProbeItem(x[0] if isinstance(x[0], str) else tuple(dict(m) for m in x[0]), x[1])
         else:
             raise TypeError(
                 f"{source}: item {i} is a {type(x).__name__}; give ProbeItem, PreferencePair, (prompt, response) or a dict"
@@ -211,6 +220,11 @@ def as_items(items: Iterable[ItemLike], source: str = "items") -> List[ProbeItem
             raise ValueError(f"{source}: item {i} has an empty response; probes perturb a non-empty response")
         out.append(item if item.id is not None else ProbeItem(item.prompt, item.response, str(i), item.topic, item.belief))
     return out
+
+
+def _key(prompt: Any, response: str) -> Tuple[str, str]:
+    """A hashable key of a (prompt, response): a conversation prompt by its JSON."""
+    return (prompt if isinstance(prompt, str) else json.dumps(list(prompt), sort_keys=True), response)
 
 
 def _resolve_items(model, items) -> List[ProbeItem]:
@@ -391,15 +405,16 @@ def run_probes(
     if len(items) < 2:
         raise ValueError(f"got {len(items)} probe item(s); the statistics need at least 2 (the shipped set has 50)")
     names = _resolve_dimensions(dimensions)
-    rows, texts = [], {}
+    rows, texts, originals = [], {}, []
     for name in names:
         for i, item in enumerate(items):
             prompt, a, b = DIMENSIONS[name].make(item, i)
             rows.append((name, item, prompt, a, b))
-            texts.setdefault((prompt, a), len(texts))
-            texts.setdefault((prompt, b), len(texts))
-    keys = list(texts)  # unique (prompt, response) texts: shared controls are scored once
-    rewards = readout_run(model, [k[0] for k in keys], [k[1] for k in keys], batch_size=batch_size,
+            for r in (a, b):
+                if texts.setdefault(_key(prompt, r), len(texts)) == len(originals):
+                    originals.append((prompt, r))
+    # unique (prompt, response) texts: shared controls are scored once
+    rewards = readout_run(model, [k[0] for k in originals], [k[1] for k in originals], batch_size=batch_size,
                           progress="probes" if progress else False).rewards.float()
     if rewards.dim() == 2:
         if output is None:
@@ -409,7 +424,7 @@ def run_probes(
     per_item = pd.DataFrame(
         [
             dict(dimension=name, item_id=item.id, topic=item.topic, prompt=prompt, response_a=a, response_b=b,
-                 reward_a=rewards[texts[(prompt, a)]], reward_b=rewards[texts[(prompt, b)]])
+                 reward_a=rewards[texts[_key(prompt, a)]], reward_b=rewards[texts[_key(prompt, b)]])
             for name, item, prompt, a, b in rows
         ]
     )

@@ -23,6 +23,7 @@ also reported per objective (objective rewards read at `reward_head.hook_pooled`
 from __future__ import annotations
 
 import json
+import math
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +36,7 @@ from reward_lens.core.readout import batches, readout_run, tokenize
 from reward_lens.plotting import figure_axes, finish
 from reward_lens.model.heads.base import read_objective
 from reward_lens.model.hooks import act_name
+from reward_lens.model.validation import check_model
 
 CONTRAST_SETS_DIR = Path(__file__).resolve().parents[1] / "data" / "contrast_sets"
 CONTRAST_SET_ALIASES = {"sycophancy": "agreement", "length": "verbosity", "hedging": "confidence"}
@@ -90,6 +92,10 @@ def _as_contrast(contrast: Any) -> Tuple[str, List[ContrastPair]]:
     if isinstance(contrast, (str, Path)):
         items = load_contrast_set(contrast)
         return items[0].concept or Path(str(contrast)).stem, items
+    if not hasattr(contrast, "__iter__") or isinstance(contrast, (bytes, dict)):
+        raise TypeError(f"the contrast set is {type(contrast).__name__} {contrast!r:.40}; give a bundled set "
+                        "name (e.g. "
+                        "'verbosity'), a .jsonl path, or a list of ContrastPair(prompt, positive, negative)")
     items = list(contrast)
     if not items:
         raise ValueError("the contrast set is empty; pass ContrastPairs or a bundled set name")
@@ -282,6 +288,7 @@ def concept_vector(
     A `test_fraction` of the pairs (shuffled with `seed`) is held out for `accuracy` and kept as
     `test_items` (the default probes of `dose_response` / `edit_reward`).
     """
+    check_model(model, "concept_vector")
     if method not in ("mean_diff", "probe"):
         raise ValueError(f"method must be 'mean_diff' or 'probe', got {method!r}")
     if hook not in RESID_HOOKS:
@@ -347,7 +354,8 @@ def _fit(alphas: torch.Tensor, y: torch.Tensor) -> Tuple[float, float, float]:
     intercept = ym - slope * am
     ss_res = ((y - intercept - slope * a) ** 2).sum()
     ss_tot = ((y - ym) ** 2).sum()
-    r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else torch.tensor(1.0 if ss_res == 0 else 0.0)
+    # R² needs a varying response and more points than the line's two parameters; otherwise it is undefined.
+    r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 and a.unique().numel() > 2 else torch.tensor(float("nan"))
     return float(slope), float(intercept), float(r2)
 
 
@@ -482,6 +490,7 @@ def dose_response(
     `objective` (ArmoRM) makes one objective the reward; otherwise ArmoRM's gated score is the reward and
     every objective's response is recorded too.
     """
+    check_model(model, "dose_response")
     if positions not in ("all", "readout"):
         raise ValueError(f"positions must be 'all' or 'readout', got {positions!r}")
     if isinstance(concept, ConceptVector):
@@ -508,6 +517,10 @@ def dose_response(
         if scale is None:
             clean = readout_run(model, prompts, responses, [hook_name], batch_size=batch_size)
             scale = float(clean.acts[hook_name].float().norm(dim=-1).median())
+        finite_v = bool(torch.isfinite(v_hat).all()) and bool(v_hat.any())
+        if not (math.isfinite(scale) and scale != 0) or not finite_v:
+            raise ValueError(f"scale={scale} and a direction of norm {float(v_hat.norm()):.3g} add no finite "
+                             "intervention; give a non-zero, finite scale and direction")
         n_alpha = alphas_t.numel()
         v = v_hat.to(device=model.cfg.device, dtype=model.cfg.dtype)
         track_objectives = bool(model.reward_head.n_objectives) and "reward_head.hook_pooled" in model.hook_dict

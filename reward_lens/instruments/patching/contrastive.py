@@ -50,6 +50,7 @@ from reward_lens.core.ranks import Ranks
 from reward_lens.instruments.patching.engines import clean_reads, has_readout_fast_path, patch_batch  # noqa: F401
 from reward_lens.instruments.patching.positions import select
 from reward_lens.instruments.patching.spec import METHODS, MODES, POSITIONS, TARGETS, check_options  # noqa: F401
+from reward_lens.model.validation import check_model
 
 
 @dataclass
@@ -341,6 +342,7 @@ def patch(
     the final residual are then left out). Mean ablation uses `site_means` over `pairs` unless `means`
     (site name -> vector) is given. `max_rows` bounds the batch of a multi-position forward.
     """
+    check_model(model, "patch")
     spec = PatchSpec(mode, level, positions, layers, method, max_rows, means, name="patch")
     return run_pipeline(model, pairs, [spec], batch_size=batch_size, ranks=Ranks(), padding_side=padding_side,
                         progress=progress and "patch")["patch"]

@@ -360,6 +360,10 @@ def path_patch(
         raise ValueError(f"mode must be one of {PATH_MODES} (path patching adds a source - target difference), got {mode!r}")
     if method not in PATH_METHODS:
         raise ValueError(f"method must be one of {PATH_METHODS}, got {method!r}")
+    for name, given in (("senders", senders), ("receivers", receivers)):
+        if given is not None and (isinstance(given, str) or len(given) == 0):
+            raise ValueError(f"{name}={given!r}: give a non-empty list of names (e.g. ['L0H1']), or None for "
+                             "all")
     pairs = as_pairs(pairs)
     snodes = [parse_sender(cfg, s) for s in (senders or [f"L{l}H{h}" for l in range(cfg.n_layers) for h in range(cfg.n_heads)])]
     rnodes = [parse_receiver(cfg, r) for r in (receivers or default_receivers(cfg))]

@@ -17,6 +17,8 @@ ordinary linear reward model along W_reg[:, j].
 
 from __future__ import annotations
 
+import math
+
 from typing import List, Optional, Sequence, Union
 
 import torch
@@ -110,6 +112,10 @@ class ArmoRMHead(RewardHeadBase):
         hidden, n_hidden = int(hc["gating_hidden_dim"]), int(hc["gating_n_hidden"])
         self.num_objectives = n_obj
         self.temperature = float(hc["gating_temperature"])
+        if not (math.isfinite(self.temperature) and self.temperature > 0):
+            raise ValueError(f"config.json has gating_temperature={hc['gating_temperature']!r}; ArmoRM's "
+                             "gate computes "
+                             "softmax(x / temperature), so it must be a finite number > 0 (ArmoRM ships 10)")
         self.gating_pattern: List[int] = list(hc.get("gating_pattern") or DEFAULT_GATING_PATTERN)
         self.objective_names: List[str] = list(hc.get("objective_names") or default_objective_names(n_obj))
         if len(self.objective_names) != n_obj:
