@@ -37,6 +37,7 @@ from reward_lens.instruments import (
     AtPResult,
     AttributionResult,
     DivergenceResult,
+    EdgeAttributionResult,
     FaithfulnessResult,
     LensResult,
     PatchResult,
@@ -45,6 +46,7 @@ from reward_lens.instruments import (
     attribute,
     attribution_patch,
     divergence_patch,
+    edge_attribution,
     faithfulness,
     lens,
     patch,
@@ -97,6 +99,7 @@ __all__ = [
     "AtPComparison", "AtPResult", "AttributionResult", "DivergenceResult", "FaithfulnessResult", "LensResult",
     "PatchResult", "PathPatchResult", "TokenAttributionResult", "attribute", "attribution_patch",
     "divergence_patch", "faithfulness", "lens", "patch", "path_patch", "token_attribution",
+    "EdgeAttributionResult", "edge_attribution",
     # representations
     "ConceptVector", "ContrastPair", "DoseResponse", "FeatureAblation", "FeatureAlignment", "FeatureAttribution",
     "RewardEdit", "SAEConfig", "SAEMetrics", "SparseAutoencoder", "concept_effect", "concept_vector",
