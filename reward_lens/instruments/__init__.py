@@ -12,11 +12,12 @@ from reward_lens.instruments.patching.contrastive import PatchResult, patch, sit
 from reward_lens.instruments.patching.path import PathPatchResult, path_patch
 from reward_lens.instruments.tokens import TokenAttributionResult, token_attribution
 from reward_lens.instruments.circuits.edges import EdgeAttributionResult, edge_attribution
+from reward_lens.instruments.circuits.decomposition import EffectDecompositionResult, effect_decomposition
 
 __all__ = [
     "AtPComparison", "AtPResult", "AttributionResult", "DivergenceResult", "FaithfulnessResult", "LensResult",
     "PCAMahalanobis", "PatchResult", "Site", "attribute", "attribution_patch", "component_sites",
     "divergence_patch", "faithfulness", "head_sites", "lens", "patch", "resid_sites", "site_means",
     "PathPatchResult", "TokenAttributionResult", "path_patch", "token_attribution",
-    "EdgeAttributionResult", "edge_attribution",
+    "EdgeAttributionResult", "edge_attribution", "EffectDecompositionResult", "effect_decomposition",
 ]
