@@ -13,6 +13,9 @@ from reward_lens.instruments.patching.path import PathPatchResult, path_patch
 from reward_lens.instruments.tokens import TokenAttributionResult, token_attribution
 from reward_lens.instruments.circuits.edges import EdgeAttributionResult, edge_attribution
 from reward_lens.instruments.circuits.decomposition import EffectDecompositionResult, effect_decomposition
+from reward_lens.instruments.circuits.faithfulness_curve import (
+    FaithfulnessCurve, circuit_faithfulness, faithfulness_curve,
+)
 
 __all__ = [
     "AtPComparison", "AtPResult", "AttributionResult", "DivergenceResult", "FaithfulnessResult", "LensResult",
@@ -20,4 +23,5 @@ __all__ = [
     "divergence_patch", "faithfulness", "head_sites", "lens", "patch", "resid_sites", "site_means",
     "PathPatchResult", "TokenAttributionResult", "path_patch", "token_attribution",
     "EdgeAttributionResult", "edge_attribution", "EffectDecompositionResult", "effect_decomposition",
+    "FaithfulnessCurve", "circuit_faithfulness", "faithfulness_curve",
 ]
