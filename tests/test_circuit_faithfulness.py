@@ -47,7 +47,9 @@ def test_curve_cpr_cmd(demo):
     assert abs(curve.mean[0]) < 1e-4 and abs(curve.mean[-1] - 1) < 1e-4
     x = np.asarray(curve.sizes) / curve.n_edges
     assert curve.cpr == pytest.approx(float(np.sum(np.diff(x) * (curve.mean[1:] + curve.mean[:-1]) / 2)))
-    assert curve.cmd == pytest.approx(float(np.sum(np.diff(x) * (np.abs(1 - curve.mean[1:]) + np.abs(1 - curve.mean[:-1])) / 2)))
+    assert curve.cmd == pytest.approx(
+        float(np.sum(np.diff(x) * (np.abs(1 - curve.mean[1:]) + np.abs(1 - curve.mean[:-1])) / 2))
+    )
     assert curve.cpr > 0.9  # EAP-IG's ranking: a few edges carry the preference
     rev = faithfulness_curve(model, pairs, ig.ranking()[::-1], sizes=curve.sizes)
     assert rev.cpr < curve.cpr  # the reverse ranking is worse: the measure has teeth

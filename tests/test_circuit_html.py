@@ -21,7 +21,9 @@ def test_html_numbers_parse_back():
     for (s, r, score, norm), row in zip(titles, table.itertuples()):
         assert (s, r) == (row.sender, row.receiver)
         assert float(score) == row.mean_score and float(norm) == row.mean_normalized_score
-    data = json.loads(re.search(r'<script type="application/json" class="edges">(.*?)</script>', page).group(1))
+    data = json.loads(
+        re.search(r'<script type="application/json" class="edges">(.*?)</script>', page).group(1)
+    )
     assert [d["score"] for d in data] == [float(v) for v in table.mean_score]
     ranks = [int(v) for v in re.findall(r'data-rank="(\d+)"', page)]
     assert ranks == list(range(len(table)))

@@ -23,13 +23,20 @@ def organism():
 def test_eap_ig_against_exact_path_patching(organism):
     model, pairs = organism
     L, H = model.cfg.n_layers, model.cfg.n_heads
-    senders = [f"L{l}H{h}" for l in range(L - 3, L - 1) for h in range(H)] + [f"mlp_L{l}" for l in range(L - 3, L - 1)]
-    receivers = [r for r in default_receivers(model.cfg) if r == "readout" or parse_receiver(model.cfg, r).layer >= L - 2]
+    senders = [f"L{l}H{h}" for l in range(L - 3, L - 1) for h in range(H)] + [
+        f"mlp_L{l}" for l in range(L - 3, L - 1)
+    ]
+    receivers = [
+        r
+        for r in default_receivers(model.cfg)
+        if r == "readout" or parse_receiver(model.cfg, r).layer >= L - 2
+    ]
     exact = path_patch(model, pairs, senders, receivers, batch_size=1).effect()
     out = {}
     for method in ("eap-ig", "eap"):
-        res = edge_attribution(model, pairs, method=method, senders=senders, receivers=receivers, batch_size=1,
-                               max_rows=128)
+        res = edge_attribution(
+            model, pairs, method=method, senders=senders, receivers=receivers, batch_size=1, max_rows=128
+        )
         rho, sign = [], []
         for i in range(len(pairs)):
             ok = torch.isfinite(exact[i])

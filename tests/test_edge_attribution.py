@@ -43,7 +43,10 @@ def test_eap_ig_ranks_edges_as_exact_path_patching(demo, mode):
     assert torch.equal(torch.isfinite(exact.patched), torch.isfinite(ig.scores[:, 1:]))
     rho_ig, sign_ig = agreement(exact.effect(), ig.scores[:, 1:])
     rho_eap, sign_eap = agreement(exact.effect(), eap.scores[:, 1:])
-    print(f"demo {mode}: EAP-IG Spearman {rho_ig:.3f} sign {sign_ig:.3f}; EAP Spearman {rho_eap:.3f} sign {sign_eap:.3f}")
+    print(
+        f"demo {mode}: EAP-IG Spearman {rho_ig:.3f} sign {sign_ig:.3f}; "
+        f"EAP Spearman {rho_eap:.3f} sign {sign_eap:.3f}"
+    )
     assert rho_ig >= 0.9 and sign_ig >= 0.9
     assert rho_eap < rho_ig  # one gradient at the target run misses the receivers' nonlinearity
 
@@ -91,8 +94,10 @@ def test_result_protocol_and_errors(demo):
     table = res.summary()
     assert abs(table.mean_score.iloc[0]) == table.mean_score.abs().max()
     assert res.circuit(top_n=3) == res.ranking()[:3]
-    assert all(abs(v) >= 0.1 for v in table.set_index(["sender", "receiver"]).loc[
-        res.circuit(threshold=0.1)].mean_normalized_score)
+    assert all(
+        abs(v) >= 0.1
+        for v in table.set_index(["sender", "receiver"]).loc[res.circuit(threshold=0.1)].mean_normalized_score
+    )
     import matplotlib.figure
 
     assert isinstance(res.plot(), matplotlib.figure.Figure)

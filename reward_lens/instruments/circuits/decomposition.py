@@ -3,14 +3,14 @@
 For a component c patched at the readout (its output difference Δ_c, source run minus target run), the
 patching effect splits exactly into
 
-    direct     = w . Δ_c / s_t                        the final residual alone, the final norm's scale s frozen
-                                                      at the target's (what observational attribution sees)
-    norm       = r(final_t + Δ_c) - r_t - direct      the final norm's scale responding to Δ_c
+    direct     = w . Δ_c / s_t                    the final residual alone, the final norm's scale s frozen
+                                                  at the target's (what observational attribution sees)
+    norm       = r(final_t + Δ_c) - r_t - direct  the final norm's scale responding to Δ_c
     via_L{k}   = r(final_t + Δ_c + Σ_{j<=k} d_j) - r(final_t + Δ_c + Σ_{j<k} d_j)
-                                                      layer k responding (d_j: layer j's attention + MLP output
-                                                      change at the readout in the patched run; layers after k
-                                                      frozen at their clean values), for the layers after c
-    total      = direct + norm + Σ_k via_L{k}         = patch(model, pairs, mode=mode)'s effect
+                                                  layer k responding (d_j: layer j's attention + MLP output
+                                                  change at the readout in the patched run; layers after k
+                                                  frozen at their clean values), for the layers after c
+    total      = direct + norm + Σ_k via_L{k}     = patch(model, pairs, mode=mode)'s effect
 
 The readout token alone is recomputed over the target's cached keys/values (as `patch`'s fast path does).
 """
@@ -66,8 +66,12 @@ class EffectDecompositionResult(CleanPairRewards):
         via_L{k}, total)."""
         values = to_numpy(torch.cat([self.stacked(), self.total[..., None]], -1))
         terms = self.terms + ["total"]
-        rows = [(pid, c, t, values[i, j, k]) for i, pid in enumerate(self.pair_ids)
-                for j, c in enumerate(self.components) for k, t in enumerate(terms)]
+        rows = [
+            (pid, c, t, values[i, j, k])
+            for i, pid in enumerate(self.pair_ids)
+            for j, c in enumerate(self.components)
+            for k, t in enumerate(terms)
+        ]
         return pd.DataFrame(rows, columns=["pair", "component", "term", "value"])
 
     def disagreement(self, top: int = 5) -> pd.DataFrame:
@@ -79,10 +83,18 @@ class EffectDecompositionResult(CleanPairRewards):
         rows = []
         for j in order.tolist():
             share = (parts[j] / gap[j]).tolist() if float(gap[j]) != 0 else [float("nan")] * parts.shape[1]
-            rows.append([self.components[j], float(self.direct[:, j].mean()), float(self.total[:, j].mean()),
-                         float(gap[j])] + share)
-        return pd.DataFrame(rows, columns=["component", "direct", "total", "gap"] + [
-            f"share_{t}" for t in self.terms[1:]])
+            rows.append(
+                [
+                    self.components[j],
+                    float(self.direct[:, j].mean()),
+                    float(self.total[:, j].mean()),
+                    float(gap[j]),
+                ]
+                + share
+            )
+        return pd.DataFrame(
+            rows, columns=["component", "direct", "total", "gap"] + [f"share_{t}" for t in self.terms[1:]]
+        )
 
     def direct_total_rho(self) -> float:
         """Mean over pairs of the Spearman between |direct| and |total| across components (faithfulness's
@@ -95,7 +107,9 @@ class EffectDecompositionResult(CleanPairRewards):
         mean = to_numpy(torch.cat([self.stacked(), self.total[..., None]], -1).mean(0))
         out = pd.DataFrame(mean, columns=self.terms + ["total"])
         out.insert(0, "component", self.components)
-        return out.reindex((out.total - out.direct).abs().sort_values(ascending=False).index).reset_index(drop=True)
+        return out.reindex((out.total - out.direct).abs().sort_values(ascending=False).index).reset_index(
+            drop=True
+        )
 
     def plot(self, top: int = 5, ax=None):
         """The disagreement shares of the `top` components: stacked bars of norm and via_L{k} shares."""
@@ -112,7 +126,9 @@ class EffectDecompositionResult(CleanPairRewards):
             bottom_pos, bottom_neg = bottom_pos + np.clip(v, 0, None), bottom_neg + np.clip(v, None, 0)
         ax.axhline(1.0, color="k", lw=0.6, ls="--")
         ax.set_ylabel("share of total - direct")
-        ax.set_title(f"Why attribution and patching disagree (|direct| vs |total| rho = {self.direct_total_rho():.2f})")
+        ax.set_title(
+            f"Why attribution and patching disagree (|direct| vs |total| rho = {self.direct_total_rho():.2f})"
+        )
         ax.legend(fontsize=6, ncol=2)
         return finish(fig, created)
 
@@ -123,7 +139,9 @@ def _first_sublayer(site, L: int) -> int:
 
 
 def _component_deltas(model, sites, tgt, src) -> torch.Tensor:
-    names = [act_name("resid_pre", 0) if s.kind == "embed" else act_name(f"{s.kind}_out", s.layer) for s in sites]
+    names = [
+        act_name("resid_pre", 0) if s.kind == "embed" else act_name(f"{s.kind}_out", s.layer) for s in sites
+    ]
     return torch.stack([src[n] - tgt[n] for n in names], 1)  # [B, C, d]
 
 
@@ -150,18 +168,25 @@ def _batch_terms(model, batch, sites, mode: str):
         if kind == 0:
             x = block.ln1(state)[:, :, None]
             xkv = x.expand(-1, -1, cfg.n_key_value_heads, -1)
-            out = block.attn_out_from_z(one_token_attention(model, l, x.expand(-1, -1, cfg.n_heads, -1), xkv, xkv, ctx))
+            out = block.attn_out_from_z(
+                one_token_attention(model, l, x.expand(-1, -1, cfg.n_heads, -1), xkv, xkv, ctx)
+            )
         else:
             out = block.mlp_post(block.mlp(block.ln2(state)))
         clean = tgt[act_name("mlp_out" if kind else "attn_out", l)][:, None]
         d_layer[:, :, l] += torch.where((first <= k)[None, :, None], out - clean, torch.zeros_like(out))
         state = state + out
     final_t = tgt[final_resid_name(L)].float()
-    reward = lambda x: reward_from_final_resid(model, x, direction[:, None], bias[:, None]).float()  # noqa: E731
+
+    def reward(x):
+        return reward_from_final_resid(model, x, direction[:, None], bias[:, None]).float()
+
     r_t = reward(final_t[:, None])
     scale = (final_t.pow(2).mean(-1, keepdim=True) + model.ln_final.eps).sqrt()  # [B, 1]
     direct = (direction[:, None] * delta.float()).sum(-1) / scale
-    cumulative = final_t[:, None, None] + delta.float()[:, :, None] + d_layer.float().cumsum(2)  # [B, C, L, d]
+    cumulative = (
+        final_t[:, None, None] + delta.float()[:, :, None] + d_layer.float().cumsum(2)
+    )  # [B, C, L, d]
     r_k = reward(cumulative.reshape(B, C * L, -1)).view(B, C, L)
     r_0 = reward(final_t[:, None] + delta.float())  # no layer responding
     via = torch.diff(torch.cat([r_0[..., None], r_k], -1), dim=-1)
@@ -198,7 +223,13 @@ def effect_decomposition(
             clean[side].append(r)
     direct, norm, via, total = (torch.cat(p) for p in parts)
     return EffectDecompositionResult(
-        pair_ids=pair_labels(pairs), components=[s.name for s in sites], mode=mode,
-        clean_chosen=torch.cat(clean["chosen"]), clean_rejected=torch.cat(clean["rejected"]),
-        direct=direct, norm=norm, via=via, total=total,
+        pair_ids=pair_labels(pairs),
+        components=[s.name for s in sites],
+        mode=mode,
+        clean_chosen=torch.cat(clean["chosen"]),
+        clean_rejected=torch.cat(clean["rejected"]),
+        direct=direct,
+        norm=norm,
+        via=via,
+        total=total,
     )

@@ -31,8 +31,16 @@ from reward_lens.data.pairs import as_pairs, pair_labels
 from reward_lens.plotting import pyplot
 from reward_lens.results import CleanPairRewards, to_numpy
 from reward_lens.instruments.circuits.graph import (
-    TARGET, capture_names, edge_mask, interpolated_adjoints, nodes, readout_context, receiver_gradients,
-    joint_offsets, sender_deltas, sender_offsets,
+    TARGET,
+    capture_names,
+    edge_mask,
+    interpolated_adjoints,
+    nodes,
+    readout_context,
+    receiver_gradients,
+    joint_offsets,
+    sender_deltas,
+    sender_offsets,
 )
 
 EDGE_METHODS = ("eap", "eap-ig", "eap-ig-joint")
@@ -62,22 +70,46 @@ class EdgeAttributionResult(CleanPairRewards):
         """One row per (pair, sender, receiver) edge: pair, sender, receiver, mode, method, score,
         clean_gap, normalized_score."""
         s, n, gap = to_numpy(self.scores), to_numpy(self.normalized()), to_numpy(self.clean_gap)
-        rows = [(pid, a, b, self.mode, self.method, s[i, j, k], gap[i], n[i, j, k])
-                for i, pid in enumerate(self.pair_ids) for j, a in enumerate(self.senders)
-                for k, b in enumerate(self.receivers) if np.isfinite(s[i, j, k])]
-        return pd.DataFrame(rows, columns=["pair", "sender", "receiver", "mode", "method", "score", "clean_gap",
-                                           "normalized_score"])
+        rows = [
+            (pid, a, b, self.mode, self.method, s[i, j, k], gap[i], n[i, j, k])
+            for i, pid in enumerate(self.pair_ids)
+            for j, a in enumerate(self.senders)
+            for k, b in enumerate(self.receivers)
+            if np.isfinite(s[i, j, k])
+        ]
+        return pd.DataFrame(
+            rows,
+            columns=[
+                "pair",
+                "sender",
+                "receiver",
+                "mode",
+                "method",
+                "score",
+                "clean_gap",
+                "normalized_score",
+            ],
+        )
 
     def summary(self) -> pd.DataFrame:
         """Mean (normalised) score per edge over pairs, largest |mean score| first."""
-        out = self.to_frame().groupby(["sender", "receiver"], sort=False).agg(
-            mean_score=("score", "mean"), mean_normalized_score=("normalized_score", "mean"),
-            std_score=("score", "std")).reset_index()
+        out = (
+            self.to_frame()
+            .groupby(["sender", "receiver"], sort=False)
+            .agg(
+                mean_score=("score", "mean"),
+                mean_normalized_score=("normalized_score", "mean"),
+                std_score=("score", "std"),
+            )
+            .reset_index()
+        )
         return out.reindex(out.mean_score.abs().sort_values(ascending=False).index).reset_index(drop=True)
 
     def ranking(self) -> List[Edge]:
         """Every edge, largest |mean score over pairs| first."""
-        return list(zip(*self.summary()[["sender", "receiver"]].to_numpy().T.tolist())) if self.senders else []
+        return (
+            list(zip(*self.summary()[["sender", "receiver"]].to_numpy().T.tolist())) if self.senders else []
+        )
 
     def circuit(self, top_n: Optional[int] = None, threshold: Optional[float] = None) -> List[Edge]:
         """The edges of the top_n largest |mean score| (all without top_n), those with |mean normalised
@@ -103,8 +135,13 @@ class EdgeAttributionResult(CleanPairRewards):
         """Sender x receiver heatmap of the mean (normalised) score over pairs (blank: no such edge)."""
         plt = pyplot()
         grid = to_numpy(self.normalized() if normalized else self.scores).mean(0)
-        fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(
-            figsize=(max(5, 0.3 * len(self.receivers) + 2), max(2.5, 0.3 * len(self.senders) + 1.5)))
+        fig, ax = (
+            (ax.figure, ax)
+            if ax is not None
+            else plt.subplots(
+                figsize=(max(5, 0.3 * len(self.receivers) + 2), max(2.5, 0.3 * len(self.senders) + 1.5))
+            )
+        )
         finite = grid[np.isfinite(grid)]
         lim = float(np.abs(finite).max()) if finite.size and np.abs(finite).max() > 0 else 1.0
         im = ax.imshow(np.ma.masked_invalid(grid), aspect="auto", cmap="RdBu", vmin=-lim, vmax=lim)
@@ -137,7 +174,9 @@ def batch_scores(model, batch, snodes, rnodes, mode: str, method: str, alphas: t
     delta = sender_deltas(model, snodes, ctx.cap.at_readout, src.at_readout)
     line = "joint" if method in ("eap", "eap-ig-joint") else "sender"
     joint = joint_offsets(model, ctx.cap.at_readout, src.at_readout, alphas)
-    grads = receiver_gradients(model, rnodes, interpolated_adjoints(model, ctx, joint, direction, bias)).mean(1)
+    grads = receiver_gradients(model, rnodes, interpolated_adjoints(model, ctx, joint, direction, bias)).mean(
+        1
+    )
     scores = torch.einsum("bsd,brd->bsr", delta, grads)
     if line == "sender":
         own = [j for j, r in enumerate(rnodes) if r.kind != "readout"]  # the readout keeps the joint line
@@ -145,8 +184,9 @@ def batch_scores(model, batch, snodes, rnodes, mode: str, method: str, alphas: t
         for lo in range(0, len(snodes), chunk):
             part = slice(lo, min(len(snodes), lo + chunk))
             offsets = sender_offsets(model, snodes[part], delta[:, part], alphas)
-            g = receiver_gradients(model, [rnodes[j] for j in own], interpolated_adjoints(
-                model, ctx, offsets, direction, bias))  # [B, S_part * P, R_own, d]
+            g = receiver_gradients(
+                model, [rnodes[j] for j in own], interpolated_adjoints(model, ctx, offsets, direction, bias)
+            )  # [B, S_part * P, R_own, d]
             g = g.view(g.shape[0], -1, P, *g.shape[2:]).mean(2)
             scores[:, part, own] = torch.einsum("bsd,bsrd->bsr", delta[:, part], g)
     scores = scores.cpu()
@@ -174,7 +214,9 @@ def edge_attribution(
     if method not in EDGE_METHODS:
         raise ValueError(f"method must be one of {EDGE_METHODS}, got {method!r}")
     if mode not in TARGET:
-        raise ValueError(f"mode must be one of {tuple(TARGET)} (edges carry a source - target difference), got {mode!r}")
+        raise ValueError(
+            f"mode must be one of {tuple(TARGET)} (edges carry a source - target difference), got {mode!r}"
+        )
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
     if not model.has_head_hooks:
@@ -189,8 +231,13 @@ def edge_attribution(
         for side, r in rewards.items():
             clean[side].append(r)
     return EdgeAttributionResult(
-        pair_ids=pair_labels(pairs), senders=[s.name for s in snodes], receivers=[r.name for r in rnodes],
-        mode=mode, method=method, steps=1 if method == "eap" else steps,
-        clean_chosen=torch.cat(clean["chosen"]), clean_rejected=torch.cat(clean["rejected"]),
+        pair_ids=pair_labels(pairs),
+        senders=[s.name for s in snodes],
+        receivers=[r.name for r in rnodes],
+        mode=mode,
+        method=method,
+        steps=1 if method == "eap" else steps,
+        clean_chosen=torch.cat(clean["chosen"]),
+        clean_rejected=torch.cat(clean["rejected"]),
         scores=torch.cat(scores),
     )

@@ -30,7 +30,12 @@ from reward_lens.data.pairs import as_pairs, pair_labels
 from reward_lens.plotting import finish, panels
 from reward_lens.results import to_numpy
 from reward_lens.instruments.circuits.graph import (
-    TARGET, capture_names, circuit_rewards, edge_mask, nodes, readout_context,
+    TARGET,
+    capture_names,
+    circuit_rewards,
+    edge_mask,
+    nodes,
+    readout_context,
 )
 
 Edge = Tuple[str, str]
@@ -50,21 +55,26 @@ def _assignments(model, circuits: Sequence[Union[str, Sequence[Edge]]], mode: st
             continue
         for s, r in edges:
             if s not in s_at or r not in r_at or not valid[s_at[s], r_at[r]]:
-                raise ValueError(f"({s!r}, {r!r}) is not an edge of the readout graph (senders {snodes[0].name}, "
-                                 "L{l}H{h}, mlp_L{l}; path_patch's receivers; the receiver reads later)")
+                raise ValueError(
+                    f"({s!r}, {r!r}) is not an edge of the readout graph (senders {snodes[0].name}, "
+                    "L{l}H{h}, mlp_L{l}; path_patch's receivers; the receiver reads later)"
+                )
             out[k, s_at[s], r_at[r]] = True
     return snodes, rnodes, (out if mode == "noising" else ~out)  # True: the edge carries the recomputed value
 
 
 @torch.no_grad()
-def circuit_faithfulness_matrix(model, pairs, circuits, *, mode: str = "noising", batch_size: int = 8,
-                                padding_side: Optional[str] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+def circuit_faithfulness_matrix(
+    model, pairs, circuits, *, mode: str = "noising", batch_size: int = 8, padding_side: Optional[str] = None
+) -> Tuple[torch.Tensor, torch.Tensor]:
     """(faithfulness [n_pairs, n_circuits], clean gap [n_pairs]) of several circuits at once."""
     if mode not in TARGET:
         raise ValueError(f"mode must be one of {tuple(TARGET)}, got {mode!r}")
     if not model.has_head_hooks or any(b.output_gain_hooks() for b in model.blocks):
-        raise ValueError("circuits need per-head outputs that add up to the attention output (a native "
-                         "architecture without post-norms)")
+        raise ValueError(
+            "circuits need per-head outputs that add up to the attention output (a native "
+            "architecture without post-norms)"
+        )
     snodes, rnodes, recomputed = _assignments(model, circuits, mode)
     t_side, s_side = TARGET[mode]
     out, gaps = [], []
@@ -81,12 +91,20 @@ def circuit_faithfulness_matrix(model, pairs, circuits, *, mode: str = "noising"
     return torch.cat(out), torch.cat(gaps)
 
 
-def circuit_faithfulness(model, pairs, edges: Union[str, Sequence[Edge]] = "all", *, mode: str = "noising",
-                         batch_size: int = 8, padding_side: Optional[str] = None) -> torch.Tensor:
+def circuit_faithfulness(
+    model,
+    pairs,
+    edges: Union[str, Sequence[Edge]] = "all",
+    *,
+    mode: str = "noising",
+    batch_size: int = 8,
+    padding_side: Optional[str] = None,
+) -> torch.Tensor:
     """Per pair [n_pairs]: the fraction of the clean gap the circuit `edges` keeps (module docstring).
     edges: "all", or (sender, receiver) pairs (e.g. `EdgeAttributionResult.circuit(top_n=20)`)."""
-    return circuit_faithfulness_matrix(model, pairs, [edges], mode=mode, batch_size=batch_size,
-                                       padding_side=padding_side)[0][:, 0]
+    return circuit_faithfulness_matrix(
+        model, pairs, [edges], mode=mode, batch_size=batch_size, padding_side=padding_side
+    )[0][:, 0]
 
 
 @dataclass
@@ -120,15 +138,24 @@ class FaithfulnessCurve:
     def to_frame(self) -> pd.DataFrame:
         """One row per (pair, size): pair, size, fraction, faithfulness."""
         f = to_numpy(self.faithfulness)
-        rows = [(pid, n, n / self.n_edges, f[i, k]) for i, pid in enumerate(self.pair_ids)
-                for k, n in enumerate(self.sizes)]
+        rows = [
+            (pid, n, n / self.n_edges, f[i, k])
+            for i, pid in enumerate(self.pair_ids)
+            for k, n in enumerate(self.sizes)
+        ]
         return pd.DataFrame(rows, columns=["pair", "size", "fraction", "faithfulness"])
 
     def summary(self) -> pd.DataFrame:
         """CPR, CMD, and the smallest circuit whose mean faithfulness reaches 0.9 (NaN if none)."""
         reach = [n for n, m in zip(self.sizes, self.mean) if m >= 0.9]
-        return pd.DataFrame({"cpr": [self.cpr], "cmd": [self.cmd], "n_edges": [self.n_edges],
-                             "size_at_0.9": [reach[0] if reach else float("nan")]})
+        return pd.DataFrame(
+            {
+                "cpr": [self.cpr],
+                "cmd": [self.cmd],
+                "n_edges": [self.n_edges],
+                "size_at_0.9": [reach[0] if reach else float("nan")],
+            }
+        )
 
     def plot(self, ax=None):
         fig, (ax,), created = (*panels(ax, 1, (5, 3.5)), ax is None)
@@ -154,8 +181,16 @@ def default_sizes(n_edges: int) -> List[int]:
     return sorted(out)
 
 
-def faithfulness_curve(model, pairs, ranking, *, sizes: Optional[Sequence[int]] = None, mode: Optional[str] = None,
-                       batch_size: int = 8, padding_side: Optional[str] = None) -> FaithfulnessCurve:
+def faithfulness_curve(
+    model,
+    pairs,
+    ranking,
+    *,
+    sizes: Optional[Sequence[int]] = None,
+    mode: Optional[str] = None,
+    batch_size: int = 8,
+    padding_side: Optional[str] = None,
+) -> FaithfulnessCurve:
     """Faithfulness of the top-n edges of `ranking` (an EdgeAttributionResult, ranked by |mean score|,
     or an ordered list of edges) for each n in `sizes` (default 0, 1, 2, 4, ..., every edge)."""
     if hasattr(ranking, "ranking"):
@@ -167,6 +202,12 @@ def faithfulness_curve(model, pairs, ranking, *, sizes: Optional[Sequence[int]] 
     sizes = list(sizes) if sizes is not None else default_sizes(n_edges)
     if any(n > len(ranking) for n in sizes):
         raise ValueError(f"sizes go up to {max(sizes)} but the ranking has {len(ranking)} edges")
-    f, _ = circuit_faithfulness_matrix(model, pairs, [list(ranking[:n]) for n in sizes], mode=mode,
-                                       batch_size=batch_size, padding_side=padding_side)
+    f, _ = circuit_faithfulness_matrix(
+        model,
+        pairs,
+        [list(ranking[:n]) for n in sizes],
+        mode=mode,
+        batch_size=batch_size,
+        padding_side=padding_side,
+    )
     return FaithfulnessCurve(pair_labels(as_pairs(pairs)), sizes, n_edges, mode, f)

@@ -27,7 +27,12 @@ from reward_lens.core.directions import reward_from_final_resid
 from reward_lens.core.readout import Capture, capture
 from reward_lens.instruments.patching.engines import readout_recompute_exact
 from reward_lens.instruments.patching.path import (
-    PathNode, default_receivers, one_token_attention, parse_receiver, parse_sender, sender_delta,
+    PathNode,
+    default_receivers,
+    one_token_attention,
+    parse_receiver,
+    parse_sender,
+    sender_delta,
 )
 from reward_lens.model.hooks import act_name, final_resid_name
 
@@ -86,8 +91,10 @@ def capture_names(model, senders: Sequence[PathNode]) -> List[str]:
 def readout_context(model, tok: Tokenized) -> ReadoutContext:
     cfg, L = model.cfg, model.cfg.n_layers
     if not readout_recompute_exact(model, tok):
-        raise ValueError("edge quantities recompute the readout alone, which needs a native architecture whose head "
-                         "reads nothing at or after the readout (not ArmoRM's gate, not the generic path)")
+        raise ValueError(
+            "edge quantities recompute the readout alone, which needs a native architecture whose head "
+            "reads nothing at or after the readout (not ArmoRM's gate, not the generic path)"
+        )
     full = [act_name(k, l) for l in range(L) for k in ("rot_k", "v")]
     cap = capture(model, tok, capture_names(model, ()), full)
     B, T = tok.input_ids.shape
@@ -97,7 +104,9 @@ def readout_context(model, tok: Tokenized) -> ReadoutContext:
     position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0)
     cos, sin = model.rotary(position_ids[torch.arange(B, device=device), readout][:, None], cfg.dtype)
     before = mask.bool() & (idx[None] < readout[:, None])
-    allowed = {w: before if w is None else before & (idx[None] > readout[:, None] - w) for w in set(cfg.window_sizes)}
+    allowed = {
+        w: before if w is None else before & (idx[None] > readout[:, None] - w) for w in set(cfg.window_sizes)
+    }
     return ReadoutContext(cap, cos, sin, allowed)
 
 
@@ -145,8 +154,9 @@ def sender_offsets(model, senders: Sequence[PathNode], deltas: torch.Tensor, alp
     return out
 
 
-def interpolated_adjoints(model, ctx: ReadoutContext, offsets: Dict[str, torch.Tensor],
-                          direction, bias) -> Dict[str, torch.Tensor]:
+def interpolated_adjoints(
+    model, ctx: ReadoutContext, offsets: Dict[str, torch.Tensor], direction, bias
+) -> Dict[str, torch.Tensor]:
     """Input gradients of the reward at every receiver at P points: the readout residuals of the target run
     plus `offsets[name]` [B, P, d] (e.g. `joint_offsets`: alpha of the way to the source run).
 
@@ -165,8 +175,10 @@ def interpolated_adjoints(model, ctx: ReadoutContext, offsets: Dict[str, torch.T
     B, P = offsets[final_resid_name(L)].shape[:2]
     H, G, d = cfg.n_heads, cfg.n_key_value_heads, cfg.d_model
     dev = offsets[final_resid_name(L)].device
-    zeros = {k: torch.zeros(B, P, L, n, d, dtype=cfg.dtype, device=dev, requires_grad=True)
-             for k, n in (("q", H), ("k", G), ("v", G))}
+    zeros = {
+        k: torch.zeros(B, P, L, n, d, dtype=cfg.dtype, device=dev, requires_grad=True)
+        for k, n in (("q", H), ("k", G), ("v", G))
+    }
     zeros["mlp"] = torch.zeros(B, P, L, d, dtype=cfg.dtype, device=dev, requires_grad=True)
     zeros["readout"] = torch.zeros(B, P, d, dtype=cfg.dtype, device=dev, requires_grad=True)
     with torch.enable_grad():
@@ -202,13 +214,24 @@ def _mixed_inputs(base, circ, delta, recomputed, valid, cols):
     the target run: circ [B, K, S, d] (recomputed here), delta [B, S, d] (the source's)."""
     rec = (recomputed[:, :, cols] & valid[None, :, cols]).to(circ.dtype)  # [K, S, R]
     fixed = (~recomputed[:, :, cols] & valid[None, :, cols]).to(circ.dtype)
-    return (base[:, None, None] + torch.einsum("bksd,ksr->bkrd", circ, rec)
-            + torch.einsum("bsd,ksr->bkrd", delta, fixed))
+    return (
+        base[:, None, None]
+        + torch.einsum("bksd,ksr->bkrd", circ, rec)
+        + torch.einsum("bsd,ksr->bkrd", delta, fixed)
+    )
 
 
 @torch.no_grad()
-def circuit_rewards(model, ctx: ReadoutContext, src, senders: Sequence[PathNode], receivers: Sequence[PathNode],
-                    recomputed: torch.Tensor, direction, bias) -> torch.Tensor:
+def circuit_rewards(
+    model,
+    ctx: ReadoutContext,
+    src,
+    senders: Sequence[PathNode],
+    receivers: Sequence[PathNode],
+    recomputed: torch.Tensor,
+    direction,
+    bias,
+) -> torch.Tensor:
     """Rewards [B, K] of K edge assignments `recomputed` [K, n_senders, n_receivers] (bool): True, the edge
     carries its sender's output as recomputed in this run; False, the source run's output. Every receiver
     reads the target residual plus, per edge, (carried value - target value); the readout token is
@@ -230,8 +253,12 @@ def circuit_rewards(model, ctx: ReadoutContext, src, senders: Sequence[PathNode]
         for kind, n in (("q", cfg.n_heads), ("k", cfg.n_key_value_heads), ("v", cfg.n_key_value_heads)):
             cols = sorted(by_kind.get((kind, l), []), key=lambda j: receivers[j].index)
             if [receivers[j].index for j in cols] != list(range(n)):
-                raise ValueError(f"circuits need every receiver of layer {l} ({kind}); use the default receivers")
-            xs[kind] = block.ln1(_mixed_inputs(tgt[act_name("resid_pre", l)], circ, delta, recomputed, valid, cols))
+                raise ValueError(
+                    f"circuits need every receiver of layer {l} ({kind}); use the default receivers"
+                )
+            xs[kind] = block.ln1(
+                _mixed_inputs(tgt[act_name("resid_pre", l)], circ, delta, recomputed, valid, cols)
+            )
         z = one_token_attention(model, l, xs["q"], xs["k"], xs["v"], ctx)  # [B, K, H, d_head]
         z_t = tgt[act_name("z", l)][:, None]
         heads = torch.einsum("bkhe,hem->bkhm", z - z_t, block.attn.W_O.to(z.dtype))
@@ -241,9 +268,13 @@ def circuit_rewards(model, ctx: ReadoutContext, src, senders: Sequence[PathNode]
                 circ[:, :, sender_at[("head", l, h)]] = heads[:, :, h]
         if ("attn", l, None) in sender_at:
             circ[:, :, sender_at[("attn", l, None)]] = attn_d
-        x = _mixed_inputs(tgt[act_name("resid_mid", l)], circ, delta, recomputed, valid, by_kind[("mlp", l)])[:, :, 0]
+        x = _mixed_inputs(tgt[act_name("resid_mid", l)], circ, delta, recomputed, valid, by_kind[("mlp", l)])[
+            :, :, 0
+        ]
         mlp_d = block.mlp_post(block.mlp(block.ln2(x))) - tgt[act_name("mlp_out", l)][:, None]
         if ("mlp", l, None) in sender_at:
             circ[:, :, sender_at[("mlp", l, None)]] = mlp_d
-    final = _mixed_inputs(tgt[final_resid_name(L)], circ, delta, recomputed, valid, by_kind[("readout", None)])[:, :, 0]
+    final = _mixed_inputs(
+        tgt[final_resid_name(L)], circ, delta, recomputed, valid, by_kind[("readout", None)]
+    )[:, :, 0]
     return reward_from_final_resid(model, final, direction[:, None], bias[:, None]).float()

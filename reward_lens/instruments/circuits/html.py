@@ -12,7 +12,8 @@ from reward_lens.instruments.patching.path import parse_receiver
 
 _SCRIPT = """<script>(function(){var root=document.getElementById('%(id)s');var s=root.querySelector('input');
 var out=root.querySelector('output');function show(){var n=+s.value;out.textContent=n;
-root.querySelectorAll('line[data-rank]').forEach(function(e){e.style.display=(+e.dataset.rank<n)?'':'none';});}
+root.querySelectorAll('line[data-rank]').forEach(function(e){
+e.style.display=(+e.dataset.rank<n)?'':'none';});}
 s.addEventListener('input',show);show();})();</script>"""
 
 
@@ -53,22 +54,28 @@ def circuit_html(result, top_n: int = 30, max_edges: int = 200) -> str:
     pos = _positions(names, cfg, width, height)
     top = max((abs(v) for v in table.mean_score), default=1.0) or 1.0
     uid = f"rl-circuit-{id(result):x}"
-    parts = [f'<div id="{uid}" class="reward-lens-circuit" style="font-family:sans-serif">',
-             f"<div>{escape(result.method)} ({escape(result.mode)}), {len(result.pair_ids)} pair(s). "
-             f'Top <output>{min(top_n, len(table))}</output> edges: <input type="range" min="1" '
-             f'max="{max(1, len(table))}" value="{min(top_n, len(table))}"></div>',
-             f'<svg width="{width}" height="{height}" xmlns="http://www.w3.org/2000/svg">']
+    parts = [
+        f'<div id="{uid}" class="reward-lens-circuit" style="font-family:sans-serif">',
+        f"<div>{escape(result.method)} ({escape(result.mode)}), {len(result.pair_ids)} pair(s). "
+        f'Top <output>{min(top_n, len(table))}</output> edges: <input type="range" min="1" '
+        f'max="{max(1, len(table))}" value="{min(top_n, len(table))}"></div>',
+        f'<svg width="{width}" height="{height}" xmlns="http://www.w3.org/2000/svg">',
+    ]
     for rank, row in enumerate(table.itertuples()):
         (x1, y1), (x2, y2) = pos[row.sender], pos[row.receiver]
         colour = "#2166ac" if row.mean_score >= 0 else "#b2182b"
         w = 0.5 + 6.0 * abs(row.mean_score) / top
-        parts.append(f'<line data-rank="{rank}" x1="{x1:.1f}" y1="{y1:.1f}" x2="{x2:.1f}" y2="{y2:.1f}" '
-                     f'stroke="{colour}" stroke-width="{w:.2f}" stroke-opacity="0.7"><title>'
-                     f"{escape(row.sender)} -&gt; {escape(row.receiver)}: score={row.mean_score!r} "
-                     f"normalized={row.mean_normalized_score!r}</title></line>")
+        parts.append(
+            f'<line data-rank="{rank}" x1="{x1:.1f}" y1="{y1:.1f}" x2="{x2:.1f}" y2="{y2:.1f}" '
+            f'stroke="{colour}" stroke-width="{w:.2f}" stroke-opacity="0.7"><title>'
+            f"{escape(row.sender)} -&gt; {escape(row.receiver)}: score={row.mean_score!r} "
+            f"normalized={row.mean_normalized_score!r}</title></line>"
+        )
     for n, (x, y) in pos.items():
-        parts.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="4" fill="#444"><title>{escape(n)}</title></circle>'
-                     f'<text x="{x + 5:.1f}" y="{y - 5:.1f}" font-size="8">{escape(n)}</text>')
+        parts.append(
+            f'<circle cx="{x:.1f}" cy="{y:.1f}" r="4" fill="#444"><title>{escape(n)}</title></circle>'
+            f'<text x="{x + 5:.1f}" y="{y - 5:.1f}" font-size="8">{escape(n)}</text>'
+        )
     parts.append("</svg>")
     parts.append(f'<script type="application/json" class="edges">{json.dumps(_records(table))}</script>')
     parts.append(_SCRIPT % {"id": uid} + "</div>")
@@ -76,8 +83,15 @@ def circuit_html(result, top_n: int = 30, max_edges: int = 200) -> str:
 
 
 def _records(table) -> List[dict]:
-    return [{"sender": r.sender, "receiver": r.receiver, "score": float(r.mean_score),
-             "normalized_score": float(r.mean_normalized_score)} for r in table.itertuples()]
+    return [
+        {
+            "sender": r.sender,
+            "receiver": r.receiver,
+            "score": float(r.mean_score),
+            "normalized_score": float(r.mean_normalized_score),
+        }
+        for r in table.itertuples()
+    ]
 
 
 class _Cfg:
