@@ -18,7 +18,8 @@ from organism import concept_items, organism, quality_pairs, single_thread  # no
 from reward_lens import (
     attribute, attribution_patch, compare_models, concept_vector, demo_pairs, distortion_index, divergence_patch,
     dose_response, edit_reward, faithfulness, feature_ablation, feature_alignment, feature_attribution, lens,
-    load_demo_model, patch, reward_conflicts, run_probes, train_sae,
+    load_demo_model, patch, edge_attribution, faithfulness_curve, effect_decomposition, reward_conflicts, run_probes,
+    train_sae,
 )
 from reward_lens.app.audit import run_audit
 from reward_lens.results import PairRewards, Result
@@ -29,7 +30,8 @@ NAMES = [
     "LensResult", "AttributionResult", "PatchResult", "AtPResult", "AtPComparison", "FaithfulnessResult",
     "DivergenceResult", "ProbeResult", "CascadeResult", "ConflictResult", "DistortionResult", "ComparisonResult",
     "ModelProfile", "AuditResult", "SAEMetrics", "FeatureAlignment", "FeatureAttribution", "FeatureAblation",
-    "ConceptVector", "DoseResponse", "RewardEdit",
+    "ConceptVector", "DoseResponse", "RewardEdit", "EdgeAttributionResult", "FaithfulnessCurve",
+    "EffectDecompositionResult",
 ]
 
 
@@ -50,6 +52,9 @@ def _instrument_results(out):
     comparison = out["ComparisonResult"] = compare_models({"a": model, "b": model}, pairs, n_boot=20)
     out["ModelProfile"] = comparison.profiles["a"]
     out["AuditResult"] = run_audit(model, pairs[:4], None, echo=lambda line: None)
+    edges = out["EdgeAttributionResult"] = edge_attribution(model, pairs, steps=4, batch_size=8)
+    out["FaithfulnessCurve"] = faithfulness_curve(model, pairs, edges, sizes=[0, 4, 16, 64])
+    out["EffectDecompositionResult"] = effect_decomposition(model, pairs, batch_size=8)
 
 
 def _plain_data_results(out):
@@ -163,3 +168,11 @@ def test_summaries_hold_the_numbers_they_summarise(results):
     assert isinstance(conf.summary_text(), str) and isinstance(results["DistortionResult"].summary_text(), str)
     audit = results["AuditResult"]
     assert audit.record["divergence"]["frac_flagged"] == pytest.approx(audit.results["divergence"].frac_flagged)
+    dis = audit.record["disagreement"]
+    assert dis["direct_total_rho"] == pytest.approx(audit.results["disagreement"].direct_total_rho())
+    assert dis["faithfulness_mean_rho"] == pytest.approx(audit.results["faithfulness"].mean_rho)
+    top = audit.results["disagreement"].disagreement()
+    assert [d["component"] for d in dis["top"]] == list(top.component)
+    from reward_lens.app.audit import build_report
+
+    assert "Why attribution and patching disagree" in build_report(audit).to_html()
