@@ -164,6 +164,20 @@ def step_points(method: str, steps: int) -> torch.Tensor:
     return (torch.arange(steps, dtype=torch.float64) + 0.5).float() / steps
 
 
+def sender_chunks(model, snodes, chunk: int):
+    """(start block, sender indices) chunks: senders grouped by the first block that reads them (embed 0,
+    a head or attention of layer l: l, an MLP of layer l: l + 1), at most `chunk` per pass."""
+    L = model.cfg.n_layers
+    groups = {}
+    for i, s in enumerate(snodes):
+        start = 0 if s.kind == "embed" else s.layer + (s.kind == "mlp")
+        if start < L:  # the last MLP writes only into the readout
+            groups.setdefault(start, []).append(i)
+    for start, members in sorted(groups.items()):
+        for lo in range(0, len(members), chunk):
+            yield start, torch.tensor(members[lo : lo + chunk])
+
+
 def batch_scores(model, batch, snodes, rnodes, mode: str, method: str, alphas: torch.Tensor, max_rows: int):
     """(scores [B, S, R], rewards by side) of one PairBatch."""
     t_side, s_side = TARGET[mode]
@@ -179,16 +193,13 @@ def batch_scores(model, batch, snodes, rnodes, mode: str, method: str, alphas: t
     )
     scores = torch.einsum("bsd,brd->bsr", delta, grads)
     if line == "sender":
-        own = [j for j, r in enumerate(rnodes) if r.kind != "readout"]  # the readout keeps the joint line
-        P, chunk = alphas.numel(), max(1, max_rows // alphas.numel())
-        for lo in range(0, len(snodes), chunk):
-            part = slice(lo, min(len(snodes), lo + chunk))
-            offsets = sender_offsets(model, snodes[part], delta[:, part], alphas)
-            g = receiver_gradients(
-                model, [rnodes[j] for j in own], interpolated_adjoints(model, ctx, offsets, direction, bias)
-            )  # [B, S_part * P, R_own, d]
-            g = g.view(g.shape[0], -1, P, *g.shape[2:]).mean(2)
-            scores[:, part, own] = torch.einsum("bsd,bsrd->bsr", delta[:, part], g)
+        own = torch.tensor([j for j, r in enumerate(rnodes) if r.kind != "readout"])  # readout: joint line
+        for start, part in sender_chunks(model, snodes, max(1, max_rows // alphas.numel())):
+            offsets = sender_offsets(model, [snodes[i] for i in part], delta[:, part], alphas)
+            adj = interpolated_adjoints(model, ctx, offsets, direction, bias, start)
+            g = receiver_gradients(model, [rnodes[j] for j in own], adj)  # [B, S_part * P, R_own, d]
+            g = g.view(g.shape[0], len(part), alphas.numel(), *g.shape[2:]).mean(2)
+            scores[:, part[:, None], own[None]] = torch.einsum("bsd,bsrd->bsr", delta[:, part], g)
     scores = scores.cpu()
     scores[:, ~edge_mask(snodes, rnodes)] = float("nan")
     return scores, {t_side: ctx.cap.rewards.float().cpu(), s_side: src.rewards.float().cpu()}

@@ -155,7 +155,7 @@ def sender_offsets(model, senders: Sequence[PathNode], deltas: torch.Tensor, alp
 
 
 def interpolated_adjoints(
-    model, ctx: ReadoutContext, offsets: Dict[str, torch.Tensor], direction, bias
+    model, ctx: ReadoutContext, offsets: Dict[str, torch.Tensor], direction, bias, start: int = 0
 ) -> Dict[str, torch.Tensor]:
     """Input gradients of the reward at every receiver at P points: the readout residuals of the target run
     plus `offsets[name]` [B, P, d] (e.g. `joint_offsets`: alpha of the way to the source run).
@@ -163,7 +163,8 @@ def interpolated_adjoints(
     Every receiver's input takes that value; gradients flow through each component's own Jacobian at it
     (a straight-through sum), so the gradient at a receiver's input is the reward's derivative through that
     receiver alone, downstream recomputed. Returns "q" [B, P, L, H, d], "k"/"v" [B, P, L, G, d],
-    "mlp" [B, P, L, d], "readout" [B, P, d].
+    "mlp" [B, P, L, d], "readout" [B, P, d]. `start`: the pass begins at that block (receivers of earlier
+    blocks get zero gradients: callers whose offsets start there need none).
     """
     cfg, L = model.cfg, model.cfg.n_layers
     tgt = ctx.cap.at_readout
@@ -183,7 +184,7 @@ def interpolated_adjoints(
     zeros["readout"] = torch.zeros(B, P, d, dtype=cfg.dtype, device=dev, requires_grad=True)
     with torch.enable_grad():
         stream = None
-        for l in range(L):
+        for l in range(start, L):
             block = model.blocks[l]
             x = through(stream, act_name("resid_pre", l))
             xs = {k: block.ln1(x[:, :, None] + zeros[k][:, :, l]) for k in ("q", "k", "v")}
@@ -192,8 +193,8 @@ def interpolated_adjoints(
             stream = mid + block.mlp_post(block.mlp(block.ln2(mid + zeros["mlp"][:, :, l])))
         final = through(stream, final_resid_name(L)) + zeros["readout"]
         reward = reward_from_final_resid(model, final, direction[:, None], bias[:, None])
-        grads = torch.autograd.grad(reward.sum(), list(zeros.values()))
-    return {k: g.float() for k, g in zip(zeros, grads)}
+        grads = torch.autograd.grad(reward.sum(), list(zeros.values()), allow_unused=True)
+    return {k: (torch.zeros_like(z) if g is None else g).float() for (k, z), g in zip(zeros.items(), grads)}
 
 
 def receiver_gradients(model, receivers: Sequence[PathNode], adj: Dict[str, torch.Tensor]) -> torch.Tensor:
