@@ -34,7 +34,6 @@ from reward_lens.plotting import finish, panels
 from reward_lens.results import CleanPairRewards, to_numpy
 from reward_lens.stats import spearman
 from reward_lens.instruments.circuits.graph import TARGET, capture_names, readout_context
-from reward_lens.instruments.patching.path import one_token_attention
 from reward_lens.instruments.sites import component_sites
 
 
@@ -159,20 +158,19 @@ def _batch_terms(model, batch, sites, mode: str):
     first = torch.tensor([_first_sublayer(s, L) for s in sites], device=delta.device)
     d_layer = torch.zeros(B, C, L, cfg.d_model, dtype=delta.dtype, device=delta.device)
     state = None
+    readout, mask = tok.readout.to(delta.device), tok.attention_mask.to(delta.device)
+    before = mask.bool() & (torch.arange(mask.shape[1], device=delta.device)[None] < readout[:, None])
     for k in range(2 * L):
         l, kind = divmod(k, 2)
         base = tgt[act_name("resid_mid" if kind else "resid_pre", l)][:, None].expand(-1, C, -1)
         fresh = torch.where((first == k)[None, :, None], base + delta, base)
         state = fresh if state is None else torch.where((first >= k)[None, :, None], fresh, state)
         block = model.blocks[l]
-        if kind == 0:
-            x = block.ln1(state)[:, :, None]
-            xkv = x.expand(-1, -1, cfg.n_key_value_heads, -1)
-            out = block.attn_out_from_z(
-                one_token_attention(model, l, x.expand(-1, -1, cfg.n_heads, -1), xkv, xkv, ctx)
-            )
+        if kind == 0:  # the blocks' own readout steps, as `patch`'s fast path runs them
+            past_k, past_v = (ctx.cap.full[name] for name in block.readout_kv_hooks)
+            out = block.readout_attn(state, ctx.cos, ctx.sin, past_k, past_v, before, readout) - state
         else:
-            out = block.mlp_post(block.mlp(block.ln2(state)))
+            out = block.readout_mlp(state) - state
         clean = tgt[act_name("mlp_out" if kind else "attn_out", l)][:, None]
         d_layer[:, :, l] += torch.where((first <= k)[None, :, None], out - clean, torch.zeros_like(out))
         state = state + out
