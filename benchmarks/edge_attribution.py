@@ -89,8 +89,9 @@ def main():
                 times[key].append(time.perf_counter() - start)
         fw, t = min(times["fwd"]), min(times["run"])
         n_edges = int(torch.isfinite(getattr(res, "scores", getattr(res, "patched", None))[0]).sum())
+        median = statistics.median(times["run"])
         print(f"{name:20s} {n_edges} edges: {n_forwards} full forwards, {t * 1e3:8.1f} ms "
-              f"(median {statistics.median(times['run']) * 1e3:.1f}) = {t / fw:6.2f} forward-pass equivalents")
+              f"(median {median * 1e3:.1f}) = {t / fw:6.2f} forward-pass equivalents")
 
 
 if __name__ == "__main__":
