@@ -61,3 +61,26 @@ def test_curve_cpr_cmd(demo):
     assert isinstance(curve.plot(), matplotlib.figure.Figure)
     with pytest.raises(ValueError, match="not an edge"):
         circuit_faithfulness(model, pairs, [("L3H0", "L1H0.q")])
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen3"])
+def test_other_architectures(hf_models, arch):
+    # GQA, a sliding window, q/k norms: the circuit engine against path patching, and EAP-IG's completeness.
+    from helpers import token_pairs
+
+    from reward_lens import HookedRewardModel
+
+    model = HookedRewardModel.from_hf_model(hf_models[arch])
+    pairs = token_pairs([(5, 9), (12, 3), (7, 7)], prompt_len=4)
+    assert (circuit_faithfulness(model, pairs, "all") - 1).abs().max() < 1e-4
+    assert circuit_faithfulness(model, pairs, []).abs().max() < 1e-4
+    ig = edge_attribution(model, pairs)
+    edges = ig.ranking()
+    picked = [e for e in edges if e[0] != "embed" and e[1] != "readout"][:3]
+    exact = path_patch(model, pairs, sorted({s for s, _ in picked}), sorted({r for _, r in picked}))
+    for s, r in picked:
+        r_circ = circuit_faithfulness(model, pairs, [e for e in edges if e != (s, r)]) * exact.clean_gap
+        want = exact.patched[:, exact.senders.index(s), exact.receivers.index(r)] - exact.clean_rejected
+        assert (r_circ - want).abs().max() < 1e-4 * max(1.0, float(exact.clean_gap.abs().max())), (arch, s, r)
+    into = ig.scores[:, :, ig.receivers.index("readout")].sum(1)
+    assert ((into - (ig.clean_rejected - ig.clean_chosen)).abs() / ig.clean_gap.abs()).max() < 0.01

@@ -107,3 +107,18 @@ def test_result_protocol_and_errors(demo):
         edge_attribution(model, pairs, mode="zero")
     with pytest.raises(ValueError, match="unknown sender"):
         edge_attribution(model, pairs, senders=["head0"])
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen3"])
+def test_other_architectures(hf_models, arch):
+    # GQA, a sliding window, q/k norms (random tiny models): EAP-IG still ranks the edges as path patching.
+    from helpers import token_pairs
+
+    from reward_lens import HookedRewardModel
+
+    model = HookedRewardModel.from_hf_model(hf_models[arch])
+    pairs = token_pairs([(5, 9), (12, 3), (7, 7)], prompt_len=4)
+    ig = edge_attribution(model, pairs, mode="denoising")
+    exact = path_patch(model, pairs, ig.senders[1:], mode="denoising")
+    rho, sign = agreement(exact.effect(), ig.scores[:, 1:])
+    assert rho >= 0.9 and sign >= 0.9, (arch, rho, sign)
