@@ -150,7 +150,7 @@ def _batch_terms(model, batch, sites, mode: str):
     t_side, s_side = TARGET[mode]
     tok, stok = getattr(batch, t_side), getattr(batch, s_side)
     ctx = readout_context(model, tok)
-    scap = capture(model, stok, capture_names(model, ()))
+    scap = capture(model, stok, capture_names(model))
     tgt, src = ctx.cap.at_readout, scap.at_readout
     direction, bias = readout_direction(model, tok)
     delta = _component_deltas(model, sites, tgt, src)

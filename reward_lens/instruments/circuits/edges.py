@@ -183,7 +183,7 @@ def batch_scores(model, batch, snodes, rnodes, mode: str, method: str, alphas: t
     t_side, s_side = TARGET[mode]
     tok, stok = getattr(batch, t_side), getattr(batch, s_side)
     ctx = readout_context(model, tok)
-    src = capture(model, stok, capture_names(model, snodes))
+    src = capture(model, stok, capture_names(model))
     direction, bias = readout_direction(model, tok)
     delta = sender_deltas(model, snodes, ctx.cap.at_readout, src.at_readout)
     line = "joint" if method in ("eap", "eap-ig-joint") else "sender"

@@ -81,7 +81,7 @@ def circuit_faithfulness_matrix(
     for batch in pair_batches(model, as_pairs(pairs), batch_size, False, padding_side):
         tok, stok = getattr(batch, t_side), getattr(batch, s_side)
         ctx = readout_context(model, tok)
-        src = capture(model, stok, capture_names(model, ()))
+        src = capture(model, stok, capture_names(model))
         direction, bias = readout_direction(model, tok)
         r = circuit_rewards(model, ctx, src.at_readout, snodes, rnodes, recomputed, direction, bias).cpu()
         rc, rr = (ctx.cap.rewards, src.rewards) if t_side == "chosen" else (src.rewards, ctx.cap.rewards)

@@ -81,7 +81,8 @@ class ReadoutContext:
     allowed: Dict[Optional[int], torch.Tensor]
 
 
-def capture_names(model, senders: Sequence[PathNode]) -> List[str]:
+def capture_names(model) -> List[str]:
+    """What every edge quantity reads at the readout: residuals, component outputs, z, post-norm scales."""
     L = model.cfg.n_layers
     names = [act_name(k, l) for l in range(L) for k in ("resid_pre", "resid_mid", "attn_out", "mlp_out", "z")]
     names += [n for b in model.blocks for n in b.output_gain_hooks()]
@@ -96,7 +97,7 @@ def readout_context(model, tok: Tokenized) -> ReadoutContext:
             "reads nothing at or after the readout (not ArmoRM's gate, not the generic path)"
         )
     full = [act_name(k, l) for l in range(L) for k in ("rot_k", "v")]
-    cap = capture(model, tok, capture_names(model, ()), full)
+    cap = capture(model, tok, capture_names(model), full)
     B, T = tok.input_ids.shape
     device = tok.input_ids.device
     readout, mask = tok.readout.to(device), tok.attention_mask.to(device)
