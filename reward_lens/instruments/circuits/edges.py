@@ -1,17 +1,23 @@
 """Edge attribution for contrastive pairs: EAP and EAP-IG estimates of readout-aligned path patching
 (docs/theory.md, "Edge attribution").
 
-    score(S -> R) = Δ_S . mean_k g_R(alpha_k)
+    score(S -> R) = Δ_S . mean_k g_R(x_k)
 
-Δ_S is the sender's readout output, source run minus target run (as `path_patch` adds it); g_R(alpha) the
+Δ_S is the sender's readout output, source run minus target run (as `path_patch` adds it); g_R(x) the
 gradient of the reward with respect to receiver R's own input at the readout (a head's query, key or value
-input, an MLP's input, or the final residual), through R alone with everything downstream recomputed, at
-the point where every receiver reads (1 - alpha) * target + alpha * source of its residual. method="eap":
-alpha = 0 (one gradient at the target run); method="eap-ig": the midpoints alpha_k = (k + 1/2) / steps.
-The senders embed + heads + MLPs partition the readout residual, so the edges into `readout` sum to the
-integral of the final residual's gradient along the line: the whole-residual patch effect (completeness),
-exact as steps grow. Cost per batch: the source's and the target's clean runs (two forwards) and one
-backward through the readout token alone for all steps and all edges.
+input, an MLP's input, or the final residual), through R alone with everything downstream recomputed, where
+every receiver reads its target residual plus the offset x. alpha_k = (k + 1/2) / steps (midpoint rule).
+
+    eap            x = 0: one gradient at the target run (attribution patching)
+    eap-ig         x_k = alpha_k Δ_S in every residual S writes (the sender's own straight line), except for
+                   R = readout: x_k = alpha_k (resid_source - resid_target) (the joint line), so that
+                   the edges into the readout sum to the whole-residual patch effect (completeness,
+                   exact as steps grow; the senders embed + heads + MLPs partition the readout residual)
+    eap-ig-joint   the joint line for every receiver
+
+Cost per batch: two full forwards (the target with its keys/values, the source), then one-token readout
+passes (forward and backward): one row for eap, steps for eap-ig-joint, steps x n_senders for eap-ig (each
+sender's rows from its own block on, `max_rows` at a time).
 """
 
 from __future__ import annotations
