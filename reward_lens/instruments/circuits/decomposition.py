@@ -137,6 +137,19 @@ def _first_sublayer(site, L: int) -> int:
     return {"embed": 0, "attn": 2 * site.layer + 1, "mlp": 2 * site.layer + 2}[site.kind]
 
 
+def _entries(model, sites, tgt, src) -> torch.Tensor:
+    """[B, C, d]: the target residual with the source's output of each site written in at the readout."""
+    out = []
+    for s in sites:
+        if s.kind == "embed":
+            out.append(src[act_name("resid_pre", 0)])
+        elif s.kind == "attn":
+            out.append(tgt[act_name("resid_pre", s.layer)] + src[act_name("attn_out", s.layer)])
+        else:
+            out.append(tgt[act_name("resid_mid", s.layer)] + src[act_name("mlp_out", s.layer)])
+    return torch.stack(out, 1)
+
+
 def _component_deltas(model, sites, tgt, src) -> torch.Tensor:
     names = [
         act_name("resid_pre", 0) if s.kind == "embed" else act_name(f"{s.kind}_out", s.layer) for s in sites
@@ -157,36 +170,40 @@ def _batch_terms(model, batch, sites, mode: str):
     B, C = delta.shape[:2]
     first = torch.tensor([_first_sublayer(s, L) for s in sites], device=delta.device)
     d_layer = torch.zeros(B, C, L, cfg.d_model, dtype=delta.dtype, device=delta.device)
+    entry = _entries(model, sites, tgt, src)  # the residual a readout patch leaves, as `patch` forms it
     state = None
     readout, mask = tok.readout.to(delta.device), tok.attention_mask.to(delta.device)
     before = mask.bool() & (torch.arange(mask.shape[1], device=delta.device)[None] < readout[:, None])
     for k in range(2 * L):
         l, kind = divmod(k, 2)
         base = tgt[act_name("resid_mid" if kind else "resid_pre", l)][:, None].expand(-1, C, -1)
-        fresh = torch.where((first == k)[None, :, None], base + delta, base)
+        fresh = torch.where((first == k)[None, :, None], entry, base)
         state = fresh if state is None else torch.where((first >= k)[None, :, None], fresh, state)
         block = model.blocks[l]
         if kind == 0:  # the blocks' own readout steps, as `patch`'s fast path runs them
             past_k, past_v = (ctx.cap.full[name] for name in block.readout_kv_hooks)
-            out = block.readout_attn(state, ctx.cos, ctx.sin, past_k, past_v, before, readout) - state
+            new = block.readout_attn(state, ctx.cos, ctx.sin, past_k, past_v, before, readout)
         else:
-            out = block.readout_mlp(state) - state
+            new = block.readout_mlp(state)
         clean = tgt[act_name("mlp_out" if kind else "attn_out", l)][:, None]
-        d_layer[:, :, l] += torch.where((first <= k)[None, :, None], out - clean, torch.zeros_like(out))
-        state = state + out
+        responding = (first <= k)[None, :, None]
+        d_layer[:, :, l] += torch.where(responding, new - state - clean, torch.zeros_like(new))
+        state = new
+    final = torch.where((first == 2 * L)[None, :, None], entry, state)  # the last MLP: nothing after it
     final_t = tgt[final_resid_name(L)].float()
 
     def reward(x):
         return reward_from_final_resid(model, x, direction[:, None], bias[:, None]).float()
 
-    r_t = reward(final_t[:, None])
+    r_t = ctx.cap.rewards.float()[:, None]
     scale = (final_t.pow(2).mean(-1, keepdim=True) + model.ln_final.eps).sqrt()  # [B, 1]
     direct = (direction[:, None] * delta.float()).sum(-1) / scale
-    cumulative = (
-        final_t[:, None, None] + delta.float()[:, :, None] + d_layer.float().cumsum(2)
-    )  # [B, C, L, d]
-    r_k = reward(cumulative.reshape(B, C * L, -1)).view(B, C, L)
+    partial = final_t[:, None, None] + delta.float()[:, :, None] + d_layer.float().cumsum(2)[:, :, :-1]
+    r_last = reward(final)  # the recomputed final residual, as `patch` reads it
+    r_k = torch.cat([reward(partial.reshape(B, C * (L - 1), -1)).view(B, C, L - 1), r_last[..., None]], -1)
     r_0 = reward(final_t[:, None] + delta.float())  # no layer responding
+    last = (first == 2 * L)[None]  # nothing reads the last MLP: no via terms
+    r_0, r_k = torch.where(last, r_last, r_0), torch.where(last[..., None], r_last[..., None], r_k)
     via = torch.diff(torch.cat([r_0[..., None], r_k], -1), dim=-1)
     norm = r_0 - r_t - direct
     total = r_k[..., -1] - r_t
