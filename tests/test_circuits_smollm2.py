@@ -54,4 +54,6 @@ def test_decomposition_identity(organism):
     dec = effect_decomposition(model, pairs, batch_size=1)
     ref = patch(model, pairs, mode="noising", progress=False, batch_size=1)
     assert (dec.stacked().sum(-1) - dec.total).abs().max() < 1e-5 * max(1.0, float(dec.total.abs().max()))
-    assert (dec.total - ref.effect("noising")).abs().max() < 1e-4  # 30 layers of fp32 readout recomputation
+    # fp32 through 30 layers: patch's own effects differ by 3.5e-5 between batch sizes 1 and 2 (measured), the
+    # decomposition's total from patch's by 1.8e-5 at the same batch size
+    assert (dec.total - ref.effect("noising")).abs().max() < 1e-4
