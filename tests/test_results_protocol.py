@@ -22,8 +22,9 @@ from organism import concept_items, organism, quality_pairs, single_thread  # no
 import reward_lens
 from reward_lens import (
     attribute, attribution_patch, compare_models, concept_vector, demo_pairs, distortion_index, divergence_patch,
-    dose_response, edit_reward, evaluate, faithfulness, feature_ablation, feature_alignment, feature_attribution,
-    lens, load_demo_model, patch, path_patch, reward_conflicts, run_probes, token_attribution, train_sae,
+    dose_response, edge_attribution, edit_reward, effect_decomposition, evaluate, faithfulness, faithfulness_curve,
+    feature_ablation, feature_alignment, feature_attribution, lens, load_demo_model, patch, path_patch,
+    reward_conflicts, run_probes, token_attribution, train_sae,
 )
 from reward_lens.app.audit import run_audit
 from reward_lens.app.monitor import MonitorRun
@@ -78,6 +79,9 @@ def _instrument_results(out):
     rows = [{"prompt": p.prompt, "chosen": [p.chosen], "rejected": [p.rejected, p.chosen + " Yes."], "subset": p.subset}
             for p in pairs]
     out["BenchmarkResult"] = evaluate(model, rows, benchmark="rewardbench2", progress=False)
+    edges = out["EdgeAttributionResult"] = edge_attribution(model, pairs, steps=4, batch_size=8)
+    out["FaithfulnessCurve"] = faithfulness_curve(model, pairs, edges, sizes=[0, 4, 16, 64])
+    out["EffectDecompositionResult"] = effect_decomposition(model, pairs, batch_size=8)
 
 
 def _plain_data_results(out):
@@ -202,3 +206,11 @@ def test_summaries_hold_the_numbers_they_summarise(results):
     assert isinstance(conf.summary_text(), str) and isinstance(results["DistortionResult"].summary_text(), str)
     audit = results["AuditResult"]
     assert audit.record["divergence"]["frac_flagged"] == pytest.approx(audit.results["divergence"].frac_flagged)
+    dis = audit.record["disagreement"]
+    assert dis["direct_total_rho"] == pytest.approx(audit.results["disagreement"].direct_total_rho())
+    assert dis["faithfulness_mean_rho"] == pytest.approx(audit.results["faithfulness"].mean_rho)
+    top = audit.results["disagreement"].disagreement()
+    assert [d["component"] for d in dis["top"]] == list(top.component)
+    from reward_lens.app.audit import build_report
+
+    assert "Why attribution and patching disagree" in build_report(audit).to_html()

@@ -266,6 +266,19 @@ def _instrument_steps(model, pairs, batch: BatchSize, step: _Steps, record: Dict
     }
     if "divergence" in results:
         record["divergence"] = divergence_summary(results["divergence"])
+    if model.has_readout_fast_path and not model.reward_head.is_gated:
+        dec = results["disagreement"] = step("effect decomposition", lambda: batch.run(
+            lambda bs: ins.effect_decomposition(model, pairs, mode="noising", batch_size=bs)))
+        record["disagreement"] = disagreement_summary(dec, faith)
+
+
+def disagreement_summary(dec, faith, top: int = 5) -> Dict[str, Any]:
+    """The effect decomposition's headline: the components with the largest |total - direct| and the shares
+    of that gap from the final norm and from each later layer; rho(|direct|, |total|) beside faithfulness's."""
+    table = dec.disagreement(top)
+    return {"direct_total_rho": dec.direct_total_rho(), "faithfulness_mean_rho": faith.mean_rho,
+            "top": [{k: (v if k == "component" else float(v)) for k, v in row.items()}
+                    for row in table.to_dict("records")]}
 
 
 def _probe_steps(model, pairs, batch: BatchSize, probe_items: Any, step: _Steps, record: Dict[str, Any],
@@ -318,6 +331,8 @@ def _frames(results: Dict[str, Any]) -> Dict[str, pd.DataFrame]:
     }
     if "divergence" in results:
         frames["divergence"] = results["divergence"].to_frame()
+    if "disagreement" in results:
+        frames["effect_decomposition"] = results["disagreement"].to_frame()
     if "tokens" in results:
         frames["token_attribution"] = results["tokens"].token_totals()
     if "armorm" in results:
@@ -498,6 +513,16 @@ def build_report(audit: AuditResult):
              "pair and pooled. Observational attribution need not predict causal effects; both views are shown.")
     sec.table(r["faithfulness"].summary())
     sec.figure(r["faithfulness"].plot())
+    if "disagreement" in r:
+        d = s["disagreement"]
+        sec = rep.section("Why attribution and patching disagree")
+        sec.text("Each component's noising effect split exactly into direct (the final residual alone, the final "
+                 "norm's scale frozen: what attribution sees), norm (that scale responding) and via_L{k} (layer k "
+                 "re-reading the patch, later layers frozen); the terms sum to the patching effect. Shares of "
+                 "total - direct for the components where it is largest. Spearman rho(|direct|, |total|) "
+                 f"{fmt(d['direct_total_rho'])}; faithfulness rho {fmt(d['faithfulness_mean_rho'])}.")
+        sec.table(r["disagreement"].disagreement())
+        sec.figure(r["disagreement"].plot())
     if "divergence" in r:
         sec = rep.section("Divergence-aware patching")
         sec.table(r["divergence"].summary())

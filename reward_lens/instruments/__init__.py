@@ -14,6 +14,11 @@ from reward_lens.instruments.lens import LensResult, LensSpec, lens
 from reward_lens.instruments.patching.contrastive import PatchResult, PatchSpec, patch, site_means
 from reward_lens.instruments.patching.path import PathPatchResult, path_patch
 from reward_lens.instruments.tokens import TokenAttributionResult, TokenSpec, token_attribution
+from reward_lens.instruments.circuits.edges import EdgeAttributionResult, edge_attribution
+from reward_lens.instruments.circuits.decomposition import EffectDecompositionResult, effect_decomposition
+from reward_lens.instruments.circuits.faithfulness_curve import (
+    FaithfulnessCurve, circuit_faithfulness, faithfulness_curve,
+)
 
 __all__ = [
     "AtPComparison", "AtPResult", "AttributionResult", "DivergenceResult", "FaithfulnessResult", "LensResult",
@@ -22,4 +27,6 @@ __all__ = [
     "PathPatchResult", "TokenAttributionResult", "path_patch", "token_attribution",
     # pipeline specs (`reward_lens.core.pipeline.run_pipeline`): several instruments, clean passes shared
     "AtPSpec", "AttributionSpec", "DivergenceSpec", "LensSpec", "PatchSpec", "TokenSpec",
+    "EdgeAttributionResult", "edge_attribution", "EffectDecompositionResult", "effect_decomposition",
+    "FaithfulnessCurve", "circuit_faithfulness", "faithfulness_curve",
 ]

