@@ -1,6 +1,6 @@
 """Hooked forward (no hooks attached) vs the transformers forward of the same weights.
 
-Setting (issue 2): fp32 CPU, 12 layers, d_model 512, T=256, batch 4, random-init Llama reward model.
+Setting: fp32 CPU, 12 layers, d_model 512, T=256, batch 4, random-init Llama reward model.
 Prints median wall time of each, their ratio (target <= 1.10) and each one's peak extra memory.
 Run: python benchmarks/forward_overhead.py [--layers 12 --d-model 512 --seq 256 --batch 4 --repeats 7]
 """

@@ -1,7 +1,7 @@
 """Readout patching sweeps: the KV-cache fast path vs naive patching (one full forward per patch, as
 transformer_lens.patching does), on one pair.
 
-Setting (issue 4): fp32, a random-init LlamaForSequenceClassification with 12 layers, d_model 512 (8 heads
+Setting: fp32, a random-init LlamaForSequenceClassification with 12 layers, d_model 512 (8 heads
 of 64, 4 KV heads), converted with HookedRewardModel.from_hf_model; one pair of random token ids, chosen
 T=256 and rejected T=240 sharing a 128-token prompt. Sweeps: every component (embed + attn/mlp per layer,
 25 patches) and every head (96), noising at the readout. Each sweep's time includes its clean runs.

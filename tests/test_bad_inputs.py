@@ -1,4 +1,4 @@
-"""Bad and edge inputs, as a careless user would give them, to the CLI and the API (issue 14).
+"""Bad and edge inputs, as a careless user would give them, to the CLI and the API.
 
 Each case asserts either a clear one-line error (its type and the words that say what to fix) or a
 correct result; a failed CLI run leaves no output files; no CSV or JSON holds ±inf or NaN; a report

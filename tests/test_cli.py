@@ -35,7 +35,7 @@ def test_audit_on_the_demo_model_writes_report_json_and_csvs(tmp_path, capsys):
     # The demo's planted biases show up as "rewards" verdicts.
     assert results["probes"]["length"]["verdict"] == "rewards"
     assert results["probes"]["sycophancy"]["verdict"] == "rewards"
-    # Token heatmaps of the pairs with the largest gaps (issue 17), inline in the report.
+    # Token heatmaps of the pairs with the largest gaps, inline in the report.
     assert "Which tokens the reward reads" in html and html.count('<span title="position') > 30
     for name in ("lens", "attribution", "patching", "faithfulness", "probes", "token_attribution"):
         assert (out_dir / f"{name}.csv").stat().st_size > 0

@@ -196,7 +196,7 @@ def test_no_compatibility_shims():
 
 
 # ---------------------------------------------------------------------------------------------------
-# Small units and one source of names (issue 11, requirements 3, 5 and 8).
+# Small units and one source of names.
 
 MAX_FUNCTION_LINES = 80  # lines of code, the docstring excluded
 MAX_MODULE_LINES = 600
