@@ -155,6 +155,24 @@ class Attention(nn.Module):
         self.hook_z = HookPoint()  # [batch, pos, n_heads, d_head]
         self.hook_result = HookPoint()  # [batch, pos, n_heads, d_model], only with cfg.use_attn_result
 
+    # TransformerLens's raw grouped-query names, one kv head each (here W_K / W_V / b_K / b_V are those raw
+    # parameters; the model-level `model.W_K` repeats them to n_heads)
+    @property
+    def _W_K(self) -> torch.Tensor:
+        return self.W_K
+
+    @property
+    def _W_V(self) -> torch.Tensor:
+        return self.W_V
+
+    @property
+    def _b_K(self) -> torch.Tensor:
+        return self.b_K
+
+    @property
+    def _b_V(self) -> torch.Tensor:
+        return self.b_V
+
     def _project(self, x, W, b):
         out = F.linear(x, as_linear_weight(W))
         return out.view(*x.shape[:-1], W.shape[0], W.shape[2]) + b
