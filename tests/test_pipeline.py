@@ -18,11 +18,13 @@ from reward_lens.instruments import (
     AtPSpec,
     AttributionSpec,
     DivergenceSpec,
+    EffectSpec,
     LensSpec,
     PatchSpec,
     attribute,
     attribution_patch,
     divergence_patch,
+    effect_decomposition,
     lens,
     patch,
     token_attribution,
@@ -41,7 +43,7 @@ def specs(divergence: bool = True):
         PatchSpec(mode="noising", level="head"),
         AtPSpec(mode=MODES, level=["component", "head"]),
     ]
-    return out + ([DivergenceSpec()] if divergence else [])
+    return out + ([DivergenceSpec(), EffectSpec("noising")] if divergence else [])
 
 
 def alone(model, pairs, bs, divergence: bool = True):
@@ -55,6 +57,7 @@ def alone(model, pairs, bs, divergence: bool = True):
     }
     if divergence:
         out["divergence"] = divergence_patch(model, pairs, **kw)
+        out["effect_decomposition"] = effect_decomposition(model, pairs, mode="noising", **kw)
     return out
 
 

@@ -204,15 +204,19 @@ def sharded_steps(model, pairs, batch: BatchSize, ranks: dist.Ranks, step: "_Ste
     """The pair-level instruments, called in this one order on every rank (a collective each under
     torchrun): rank 0 gets the results over all pairs, the other ranks None."""
     specs = [ins.LensSpec(), ins.AttributionSpec(), ins.PatchSpec(mode=list(PATCH_MODES), level="component")]
+    label = "reward lens, exact attribution, contrastive patching (noising, denoising, zero, mean; fast path)"
     if len(pairs) >= 2:
         specs.append(ins.DivergenceSpec())
-    label = "reward lens, exact attribution, contrastive patching (noising, denoising, zero, mean; fast path)"
-    label += ", divergence-aware patching" if len(pairs) >= 2 else ""
+        label += ", divergence-aware patching"
+    if model.has_readout_fast_path and not model.reward_head.is_gated:  # the readout recomputed alone
+        specs.append(ins.EffectSpec("noising"))
+        label += ", effect decomposition"
     # one pipeline: the clean passes of every batch shared by the instruments
     got = step(label, lambda: dist.run(model, pairs, specs, ranks=ranks, batch_size=batch))
     if got is None:
         return {}
-    names = {"lens": "lens", "attribution": "attribution", "patching": "patch", "divergence": "divergence"}
+    names = {"lens": "lens", "attribution": "attribution", "patching": "patch", "divergence": "divergence",
+             "disagreement": "effect_decomposition"}
     return {key: got[name] for key, name in names.items() if name in got}
 
 
@@ -266,10 +270,8 @@ def _instrument_steps(model, pairs, batch: BatchSize, step: _Steps, record: Dict
     }
     if "divergence" in results:
         record["divergence"] = divergence_summary(results["divergence"])
-    if model.has_readout_fast_path and not model.reward_head.is_gated:
-        dec = results["disagreement"] = step("effect decomposition", lambda: batch.run(
-            lambda bs: ins.effect_decomposition(model, pairs, mode="noising", batch_size=bs)))
-        record["disagreement"] = disagreement_summary(dec, faith)
+    if "disagreement" in results:
+        record["disagreement"] = disagreement_summary(results["disagreement"], faith)
 
 
 def disagreement_summary(dec, faith, top: int = 5) -> Dict[str, Any]:

@@ -15,7 +15,7 @@ from reward_lens.instruments.patching.contrastive import PatchResult, PatchSpec,
 from reward_lens.instruments.patching.path import PathPatchResult, path_patch
 from reward_lens.instruments.tokens import TokenAttributionResult, TokenSpec, token_attribution
 from reward_lens.instruments.circuits.edges import EdgeAttributionResult, edge_attribution
-from reward_lens.instruments.circuits.decomposition import EffectDecompositionResult, effect_decomposition
+from reward_lens.instruments.circuits.decomposition import EffectDecompositionResult, EffectSpec, effect_decomposition
 from reward_lens.instruments.circuits.faithfulness_curve import (
     FaithfulnessCurve, circuit_faithfulness, faithfulness_curve,
 )
@@ -26,7 +26,7 @@ __all__ = [
     "divergence_patch", "faithfulness", "head_sites", "lens", "patch", "resid_sites", "site_means",
     "PathPatchResult", "TokenAttributionResult", "path_patch", "token_attribution",
     # pipeline specs (`reward_lens.core.pipeline.run_pipeline`): several instruments, clean passes shared
-    "AtPSpec", "AttributionSpec", "DivergenceSpec", "LensSpec", "PatchSpec", "TokenSpec",
+    "AtPSpec", "AttributionSpec", "DivergenceSpec", "EffectSpec", "LensSpec", "PatchSpec", "TokenSpec",
     "EdgeAttributionResult", "edge_attribution", "EffectDecompositionResult", "effect_decomposition",
     "FaithfulnessCurve", "circuit_faithfulness", "faithfulness_curve",
 ]

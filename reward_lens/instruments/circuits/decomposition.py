@@ -25,15 +25,15 @@ import pandas as pd
 import torch
 from jaxtyping import Float
 
-from reward_lens.core.batching import pair_batches
-from reward_lens.core.directions import readout_direction, reward_from_final_resid
-from reward_lens.core.readout import capture
-from reward_lens.data.pairs import as_pairs, pair_labels
+from reward_lens.core.directions import reward_from_final_resid
+from reward_lens.core.pipeline import Reads, Shared, Spec, run_pipeline
+from reward_lens.core.ranks import Ranks
 from reward_lens.model.hooks import act_name, final_resid_name
 from reward_lens.plotting import finish, panels
 from reward_lens.results import CleanPairRewards, to_numpy
 from reward_lens.stats import spearman
-from reward_lens.instruments.circuits.graph import TARGET, capture_names, target_run
+from reward_lens.instruments.circuits.graph import TARGET, TargetRun, capture_names
+from reward_lens.instruments.patching.engines import readout_recompute_exact
 from reward_lens.instruments.sites import component_sites
 
 
@@ -158,14 +158,11 @@ def _component_deltas(model, sites, tgt, src) -> torch.Tensor:
 
 
 @torch.no_grad()
-def _batch_terms(model, batch, sites, mode: str):
+def _terms(model, ctx: TargetRun, src, direction, bias, sites):
+    """(direct, norm, via, total) of one batch: `ctx` the target run, `src` the source run's readout
+    activations, (direction, bias) the target's readout direction."""
     cfg, L = model.cfg, model.cfg.n_layers
-    t_side, s_side = TARGET[mode]
-    tok, stok = getattr(batch, t_side), getattr(batch, s_side)
-    ctx = target_run(model, tok)
-    scap = capture(model, stok, capture_names(model))
-    tgt, src = ctx.cap.at_readout, scap.at_readout
-    direction, bias = readout_direction(model, tok)
+    tgt = ctx.cap.at_readout
     delta = _component_deltas(model, sites, tgt, src)
     B, C = delta.shape[:2]
     first = torch.tensor([_first_sublayer(s, L) for s in sites], device=delta.device)
@@ -204,8 +201,47 @@ def _batch_terms(model, batch, sites, mode: str):
     via = torch.diff(torch.cat([r_0[..., None], r_k], -1), dim=-1)
     norm = r_0 - r_t - direct
     total = r_k[..., -1] - r_t
-    rewards = {t_side: ctx.cap.rewards.float().cpu(), s_side: scap.rewards.float().cpu()}
-    return [x.cpu() for x in (direct, norm, via, total)], rewards
+    return direct, norm, via, total
+
+
+class EffectSpec(Spec):
+    """The effect decomposition as a pipeline instrument: reads what the readout recomputation needs from
+    the target run (activations at the readout, every layer's keys/values) and the source run's readout
+    activations; its clean passes are shared with the other instruments of the call."""
+
+    name = "effect_decomposition"
+
+    def __init__(self, mode: str = "noising"):
+        if mode not in TARGET:
+            raise ValueError(f"mode must be one of {tuple(TARGET)}, got {mode!r}")
+        self.mode = mode
+
+    def setup(self, model, pairs) -> None:
+        self.sites = component_sites(model.cfg)
+
+    def reads(self, model, batch) -> Reads:
+        t_side, s_side = TARGET[self.mode]
+        names = capture_names(model)
+        return Reads(readout={t_side: names, s_side: names}, full={t_side: model.readout_kv_names()})
+
+    def step(self, model, shared: Shared) -> EffectDecompositionResult:
+        t_side, s_side = TARGET[self.mode]
+        tcap = shared.caps[t_side]
+        if not readout_recompute_exact(model, tcap.tok):
+            raise ValueError(
+                "the effect decomposition recomputes the readout alone, which needs a native architecture whose "
+                "head reads nothing at or after the readout (not ArmoRM's gate, not the generic path)"
+            )
+        ctx = TargetRun(tcap, model.readout_context(tcap.tok, kv=tcap.full))
+        direction, bias = shared.direction(model, t_side)
+        direct, norm, via, total = _terms(model, ctx, shared.caps[s_side].at_readout, direction, bias, self.sites)
+        return EffectDecompositionResult(
+            pair_ids=shared.pair_ids, components=[s.name for s in self.sites], mode=self.mode,
+            clean_chosen=shared.caps["chosen"].rewards.float(), clean_rejected=shared.caps["rejected"].rewards.float(),
+            direct=direct, norm=norm, via=via, total=total,
+        )
+
+
 
 
 def effect_decomposition(
@@ -220,28 +256,8 @@ def effect_decomposition(
 ) -> EffectDecompositionResult:
     """Every component's readout patching effect split exactly into direct + norm + Σ_k via_L{k} (module
     docstring). mode: "noising" or "denoising"; level: "component" (embed, attn_L{l}, mlp_L{l})."""
-    if mode not in TARGET:
-        raise ValueError(f"mode must be one of {tuple(TARGET)}, got {mode!r}")
     if level != "component":
         raise ValueError(f"level must be 'component' (embed, attn_L{{l}}, mlp_L{{l}}), got {level!r}")
-    pairs = as_pairs(pairs)
-    sites = component_sites(model.cfg)
-    parts, clean = [[], [], [], []], {"chosen": [], "rejected": []}
-    for batch in pair_batches(model, pairs, batch_size, progress and "effect decomposition", padding_side):
-        terms, rewards = _batch_terms(model, batch, sites, mode)
-        for store, t in zip(parts, terms):
-            store.append(t)
-        for side, r in rewards.items():
-            clean[side].append(r)
-    direct, norm, via, total = (torch.cat(p) for p in parts)
-    return EffectDecompositionResult(
-        pair_ids=pair_labels(pairs),
-        components=[s.name for s in sites],
-        mode=mode,
-        clean_chosen=torch.cat(clean["chosen"]),
-        clean_rejected=torch.cat(clean["rejected"]),
-        direct=direct,
-        norm=norm,
-        via=via,
-        total=total,
-    )
+    spec = EffectSpec(mode)
+    return run_pipeline(model, pairs, [spec], batch_size=batch_size, ranks=Ranks(), padding_side=padding_side,
+                        progress=progress and "effect decomposition")[spec.name]
