@@ -219,3 +219,10 @@ def test_adapters_take_a_probe_suite_result(text_model):
     # each dimension's direction is the mean readout difference of its probe pairs, and w · δ = Δr exactly
     delta, w = readout_states(text_model, probe_pairs(items, "length"))
     np.testing.assert_allclose((delta * w).sum(1), probes.per_item.query("dimension == 'length'").delta, atol=1e-4)
+    # the probe suite keeps those readout differences from its own forward: the same as recomputed per pair
+    rows = (probes.per_item.dimension == "length").to_numpy()
+    np.testing.assert_allclose(probes.item_deltas[rows], delta, atol=1e-5)
+    import dataclasses
+
+    recomputed = distortion_from_model(text_model, evaluation, dataclasses.replace(probes, item_deltas=None), n_boot=20)
+    pd.testing.assert_frame_equal(res.to_frame(), recomputed.to_frame(), atol=1e-5)

@@ -42,6 +42,7 @@ from reward_lens.plotting import figure_axes, finish
 from reward_lens.stats import bootstrap_ci as percentile_bootstrap_ci
 from reward_lens.demo import DEMO_PROBE_ITEMS_PATH
 from reward_lens.core.readout import readout_run
+from reward_lens.model.hooks import act_name, final_resid_name
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -331,6 +332,9 @@ class ProbeResult:
     seed: int = 0
     model_name: Optional[str] = None
     descriptions: Dict[str, str] = field(default_factory=dict)
+    # per row of `per_item`: x(A) - x(B) with x = resid_final[readout] / ln_final scale (float64, [n_rows,
+    # d_model]), from the scoring forward itself, so the distortion index needs no forward of its own
+    item_deltas: Optional[np.ndarray] = field(default=None, repr=False)
 
     def to_frame(self):
         """One row per dimension: dimension, effect, cohens_d, ci_low, ci_high, p_value, verdict, n."""
@@ -414,8 +418,11 @@ def run_probes(
                 if texts.setdefault(_key(prompt, r), len(texts)) == len(originals):
                     originals.append((prompt, r))
     # unique (prompt, response) texts: shared controls are scored once
-    rewards = readout_run(model, [k[0] for k in originals], [k[1] for k in originals], batch_size=batch_size,
-                          progress="probes" if progress else False).rewards.float()
+    last, scale = final_resid_name(model.cfg.n_layers), act_name("final_scale")
+    run = readout_run(model, [k[0] for k in originals], [k[1] for k in originals], [last, scale],
+                      batch_size=batch_size, progress="probes" if progress else False)
+    rewards = run.rewards.float()
+    states = (run.acts[last].double() / run.acts[scale].reshape(-1, 1).double()).cpu().numpy()
     if rewards.dim() == 2:
         if output is None:
             raise ValueError(f"this model has {rewards.shape[1]} reward outputs; pass output=<index> to pick one")
@@ -429,6 +436,8 @@ def run_probes(
         ]
     )
     per_item["delta"] = per_item.reward_a - per_item.reward_b
+    index_a = [texts[_key(prompt, a)] for _, _, prompt, a, _ in rows]
+    index_b = [texts[_key(prompt, b)] for _, _, prompt, _, b in rows]
     dimension_rows = [
         {"dimension": name, **summarize(per_item.delta[per_item.dimension == name].to_numpy(), n_boot=n_boot,
                                         n_perm=n_perm, seed=seed, alpha=alpha)}
@@ -436,4 +445,5 @@ def run_probes(
     ]
     return ProbeResult(dimension_rows, per_item, alpha=alpha, n_boot=n_boot, n_perm=n_perm, seed=seed,
                        model_name=getattr(model.cfg, "model_name", None),
-                       descriptions={n: DIMENSIONS[n].description for n in names})
+                       descriptions={n: DIMENSIONS[n].description for n in names},
+                       item_deltas=states[index_a] - states[index_b])

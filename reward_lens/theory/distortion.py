@@ -483,6 +483,10 @@ def _dimension_specs(dimensions: Any) -> Dict[str, Any]:
         need = {"dimension", "prompt", "response_a", "response_b"}
         if not need <= set(per_item.columns):
             raise ValueError(f"the probe result's per_item frame lacks columns {sorted(need - set(per_item.columns))}")
+        deltas = getattr(dimensions, "item_deltas", None)
+        if deltas is not None:  # the probe suite's own readout states: each dimension's mean state difference
+            dims = per_item["dimension"].to_numpy()
+            return {name: deltas[dims == name].mean(0) for name in dict.fromkeys(dims)}
         out: Dict[str, Any] = {}
         for row in per_item.itertuples():
             out.setdefault(row.dimension, []).append(PreferencePair(row.prompt, row.response_a, row.response_b))
