@@ -35,7 +35,7 @@ from reward_lens.model.truncation import one_truncation_warning
 from reward_lens import instruments as ins
 from reward_lens.probes.suite import run_probes
 from reward_lens.theory import detect_cascades, reward_conflicts
-from reward_lens.theory.distortion import distortion_from_model
+from reward_lens.theory.distortion import StatesSpec, distortion_from_model
 from reward_lens.instruments.tokens import supports_token_attribution, token_attribution
 from reward_lens.core.readout import readout_run
 from reward_lens.app.head_family import head_family_text, head_family_view
@@ -203,7 +203,8 @@ def shard_worker(model, pairs, *, max_pairs: Optional[int], batch_size, ranks: d
 def sharded_steps(model, pairs, batch: BatchSize, ranks: dist.Ranks, step: "_Steps") -> Dict[str, Any]:
     """The pair-level instruments, called in this one order on every rank (a collective each under
     torchrun): rank 0 gets the results over all pairs, the other ranks None."""
-    specs = [ins.LensSpec(), ins.AttributionSpec(), ins.PatchSpec(mode=list(PATCH_MODES), level="component")]
+    specs = [ins.LensSpec(), ins.AttributionSpec(), ins.PatchSpec(mode=list(PATCH_MODES), level="component"),
+             StatesSpec()]  # the distortion index's readout states
     label = "reward lens, exact attribution, contrastive patching (noising, denoising, zero, mean; fast path)"
     if len(pairs) >= 2:
         specs.append(ins.DivergenceSpec())
@@ -216,7 +217,7 @@ def sharded_steps(model, pairs, batch: BatchSize, ranks: dist.Ranks, step: "_Ste
     if got is None:
         return {}
     names = {"lens": "lens", "attribution": "attribution", "patching": "patch", "divergence": "divergence",
-             "disagreement": "effect_decomposition"}
+             "disagreement": "effect_decomposition", "readout_states": "readout_states"}
     return {key: got[name] for key, name in names.items() if name in got}
 
 
@@ -298,7 +299,8 @@ def _probe_steps(model, pairs, batch: BatchSize, probe_items: Any, step: _Steps,
     record["cascades"] = {"clusters": _jsonable(casc.clusters)}
     try:
         distortion = results["distortion"] = step("distortion index", lambda: batch.run(
-            lambda bs: distortion_from_model(model, pairs, probes, batch_size=bs)))
+            lambda bs: distortion_from_model(model, pairs, probes, batch_size=bs,
+                                             states=results.get("readout_states"))))
         record["distortion"] = _jsonable(distortion.to_frame().to_dict("records"))
     except ValueError as exc:  # e.g. too few pairs per subset: reported, the rest of the audit stands
         record["distortion"] = {"skipped": str(exc)}

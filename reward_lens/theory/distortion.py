@@ -52,9 +52,9 @@ from reward_lens.stats import (
     as_float_matrix, bootstrap_indices, check_level, named_rows, percentile_ci, to_float64,
 )
 from reward_lens.data.pairs import as_pairs, PreferencePair
-from reward_lens.core.batching import pair_batches
-from reward_lens.core.directions import readout_direction
-from reward_lens.model.hooks import final_resid_name
+from reward_lens.core.pipeline import Reads, Shared, Spec, run_pipeline
+from reward_lens.core.ranks import Ranks
+from reward_lens.model.hooks import act_name, final_resid_name
 
 ArrayLike = Any
 
@@ -454,26 +454,38 @@ def _no_more(options: Mapping[str, Any]) -> Dict[str, Any]:
 # ------------------------------------------------------------------------------------------- a model
 
 
-def readout_states(model, pairs: Any, *, batch_size: int = 8, progress: Union[bool, str] = False):
-    """Per pair: δ = x(chosen) − x(rejected) with x = resid_final[readout] / ln_final scale (float64, [n, d]),
-    and the reward direction w ([n, d]; ArmoRM's prompt-conditioned one per pair) so that w·δ is the
-    reward difference exactly."""
-    import torch
+@dataclass
+class ReadoutStates:
+    """Per pair: `delta` = x(chosen) − x(rejected) with x = resid_final[readout] / ln_final scale, and the
+    reward direction `direction` (ArmoRM's prompt-conditioned one per pair), float64 [n, d], so that
+    direction · delta is the reward difference exactly."""
 
-    pairs = as_pairs(pairs)
-    last = final_resid_name(model.cfg.n_layers)
-    deltas, directions = [], []
-    with torch.no_grad():
-        for pb in pair_batches(model, pairs, batch_size, progress):
-            xs = []
-            for tok in (pb.chosen, pb.rejected):
-                _, cache = model.run_with_cache(tok.input_ids, attention_mask=tok.attention_mask, readout_only=True,
-                                                readout_positions=tok.readout, names_filter=[last, "ln_final.hook_scale"])
-                xs.append((cache[last][:, 0].double() / cache["ln_final.hook_scale"][:, 0].double()))
-            w, _ = readout_direction(model, pb.chosen)  # the gate reads the prompt only: shared by both sides
-            deltas.append(xs[0] - xs[1])
-            directions.append(w.double())
-    return torch.cat(deltas).cpu().numpy(), torch.cat(directions).cpu().numpy()
+    pair_ids: List[str]
+    delta: Any
+    direction: Any
+
+
+class StatesSpec(Spec):
+    """The readout states of pairs as a pipeline instrument (read from the shared clean passes)."""
+
+    name = "readout_states"
+
+    def reads(self, model, batch) -> Reads:
+        return Reads.both(readout=[final_resid_name(model.cfg.n_layers), act_name("final_scale")])
+
+    def step(self, model, shared: Shared) -> ReadoutStates:
+        last, scale = final_resid_name(model.cfg.n_layers), act_name("final_scale")
+        x = {side: cap.at_readout[last].double() / cap.at_readout[scale].reshape(-1, 1).double()
+             for side, cap in shared.caps.items()}
+        w, _ = shared.direction(model, "chosen")  # the gate reads the prompt only: shared by both sides
+        return ReadoutStates(shared.pair_ids, x["chosen"] - x["rejected"], w.double())
+
+
+def readout_states(model, pairs: Any, *, batch_size: int = 8, progress: Union[bool, str] = False):
+    """(delta, direction) numpy arrays of `ReadoutStates` (one forward per side and batch)."""
+    spec = StatesSpec()
+    out = run_pipeline(model, as_pairs(pairs), [spec], batch_size=batch_size, ranks=Ranks(), progress=progress)
+    return out[spec.name].delta.numpy(), out[spec.name].direction.numpy()
 
 
 def _dimension_specs(dimensions: Any) -> Dict[str, Any]:
@@ -517,11 +529,13 @@ def distortion_from_model(
     *,
     batch_size: int = 8,
     progress: Union[bool, str] = False,
+    states: Optional[ReadoutStates] = None,
     **options: Any,
 ) -> DistortionResult:
     """The distortion index of evaluation pair sets for `model`.
 
-    `probes`: name -> pairs, or a list of pairs / a pairs file (grouped by `subset`).
+    `probes`: name -> pairs, or a list of pairs / a pairs file (grouped by `subset`); `states`: the
+    `ReadoutStates` of that list, in its order, when already computed (e.g. by the audit's shared passes).
     `dimensions`: a hacking-probe result (`reward_lens.probes.suite.run_probes`: each dimension's probe pairs
     define it), or name -> a concept direction [d_model] in the norm-aware readout space, or name -> pairs
     that differ only in that dimension (chosen = more of it). A dimension given by pairs gets the mean
@@ -536,6 +550,16 @@ def distortion_from_model(
             delta, _ = readout_states(model, spec, batch_size=batch_size)
             U[name] = delta.mean(0)
     per_probe_w, per_probe_delta = {}, {}
-    for p, pairs in _probe_sets(probes).items():
-        per_probe_delta[p], per_probe_w[p] = readout_states(model, pairs, batch_size=batch_size, progress=progress)
+    if states is not None:
+        subsets = np.array([getattr(p, "subset", None) or "all" for p in as_pairs(probes)])
+        if len(subsets) != len(states.pair_ids):
+            raise ValueError(f"states hold {len(states.pair_ids)} pairs but probes {len(subsets)}; pass the states "
+                             "of the same pairs list")
+        for p in dict.fromkeys(subsets):
+            rows = subsets == p
+            per_probe_delta[p], per_probe_w[p] = states.delta.numpy()[rows], states.direction.numpy()[rows]
+    else:
+        for p, pairs in _probe_sets(probes).items():
+            per_probe_delta[p], per_probe_w[p] = readout_states(model, pairs, batch_size=batch_size,
+                                                                progress=progress)
     return distortion_from_directions(per_probe_w, U, per_probe_delta, **options)
