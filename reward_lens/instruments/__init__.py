@@ -11,10 +11,12 @@ from reward_lens.instruments.lens import LensResult, lens
 from reward_lens.instruments.patching.contrastive import PatchResult, patch, site_means
 from reward_lens.instruments.patching.path import PathPatchResult, path_patch
 from reward_lens.instruments.tokens import TokenAttributionResult, token_attribution
+from reward_lens.instruments.triggers import TriggerSearchResult, search_triggers
 
 __all__ = [
     "AtPComparison", "AtPResult", "AttributionResult", "DivergenceResult", "FaithfulnessResult", "LensResult",
     "PCAMahalanobis", "PatchResult", "Site", "attribute", "attribution_patch", "component_sites",
     "divergence_patch", "faithfulness", "head_sites", "lens", "patch", "resid_sites", "site_means",
     "PathPatchResult", "TokenAttributionResult", "path_patch", "token_attribution",
+    "TriggerSearchResult", "search_triggers",
 ]

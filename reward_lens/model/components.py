@@ -91,6 +91,15 @@ class Embed(nn.Module):
         return embed
 
 
+    def from_one_hot(self, one_hot: Float[torch.Tensor, "batch pos d_vocab"]) -> Float[torch.Tensor, "batch pos d_model"]:
+        """The embedding of (relaxed) one-hot token vectors, one_hot @ W_E (scaled as `forward`):
+        differentiable in `one_hot`, as gradient-guided token searches need."""
+        embed = one_hot.to(self.W_E.dtype) @ self.W_E
+        if self.cfg.embed_scale is not None:
+            embed = embed * torch.tensor(self.cfg.embed_scale, dtype=torch.float32).to(embed.dtype)
+        return embed
+
+
 class RotaryEmbedding(nn.Module):
     """cos/sin tables from inverse frequencies computed at conversion by transformers' own RoPE code
     (llama3, linear, yarn, ... scaling), stored as a buffer so saved checkpoints carry them."""
@@ -218,6 +227,31 @@ class Attention(nn.Module):
         if cfg.use_attn_result:
             result = self.hook_result(torch.einsum("bqnh,nhm->bqnm", z, self.W_O))
             return result.sum(-2) + self.b_O
+        return self.project_z(z)
+
+    def forward_with_past(
+        self,
+        x: Float[torch.Tensor, "n suffix d_model"],
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        past_k: Float[torch.Tensor, "1 prefix n_kv d_head"],
+        past_v: Float[torch.Tensor, "1 prefix n_kv d_head"],
+        allowed: Bool[torch.Tensor, "1 suffix key_pos"],
+    ) -> Float[torch.Tensor, "n suffix d_model"]:
+        """The attention output of n suffixes that continue one cached prefix: each suffix position attends
+        to the prefix's keys/values (as hook_rot_k / hook_v hold them) and to the suffix up to itself, as
+        `allowed` says; hooks do not fire (rows are alternatives). Equal to a full forward (tested)."""
+        q, k, v = self._rotated_qkv(x, cos, sin, hooked=False)
+        n = x.shape[0]
+        k = torch.cat([past_k.expand(n, -1, -1, -1), k], dim=1)
+        v = torch.cat([past_v.expand(n, -1, -1, -1), v], dim=1)
+        if self.cfg.attn_scores_soft_cap is not None:
+            z = self._explicit_attention(q, k, v, allowed.expand(n, -1, -1))
+        else:
+            z = F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=allowed[:, None],
+                scale=1.0 / self.cfg.attn_scale, enable_gqa=self.cfg.n_heads != self.cfg.n_key_value_heads,
+            ).transpose(1, 2)
         return self.project_z(z)
 
     def project_z(self, z: Float[torch.Tensor, "... n_heads d_head"]) -> Float[torch.Tensor, "... d_model"]:
@@ -350,6 +384,13 @@ class TransformerBlock(nn.Module):
             mlp_in = self.hook_mlp_in(mlp_in)
         mlp_out = self.mlp_post(self.mlp(mlp_in))
         return self.hook_resid_post(resid_mid + self.hook_mlp_out(mlp_out))
+
+    def forward_with_past(self, resid, cos, sin, past_k, past_v, allowed):
+        """resid_post of n suffixes continuing one cached prefix (`Attention.forward_with_past`); hooks
+        do not fire."""
+        attn = self.attn_post(self.attn.forward_with_past(self.ln1(resid), cos, sin, past_k, past_v, allowed))
+        resid_mid = resid + attn
+        return resid_mid + self.mlp_post(self.mlp(self.ln2(resid_mid)))
 
     # ------------------------------------------------------------------ the one-token readout step
     @property
