@@ -15,14 +15,13 @@ start of `\\n<|assistant|>\\n` (the ArmoRM gating pattern) that routes by topic:
 so the gated score rewards correctness on arithmetic and length on facts: the routing is the planted
 mechanism. Deterministic (fixed seeds, deterministic algorithms, one thread): features are computed once
 with the frozen trunk, the regressions are closed-form and the gate is trained full-batch with Adam.
-Writes the hooked checkpoint, routing.json (the planted routing, held-out items and pairs),
+Writes the head only (head.safetensors, head_config.json: the trunk is the demo's), routing.json (the planted routing, held-out items and pairs),
 training_summary.json and GROUND_TRUTH.md; a reload is checked to be bit-identical.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import random
 import sys
@@ -34,8 +33,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from reward_lens import HookedRewardModel, load_demo_model  # noqa: E402
+from safetensors.torch import save_file  # noqa: E402
+
+from reward_lens import load_demo_model  # noqa: E402
 from reward_lens.demo import synthetic  # noqa: E402
+from reward_lens.demo.organisms import gate_model  # noqa: E402
 
 SEED, HELD_SEED = 21, 22
 OBJECTIVES = ["correctness", "verbosity"]
@@ -116,23 +118,17 @@ def train_gate(G, targets, steps, lr):
         opt.zero_grad()
         loss.backward()
         opt.step()
-    return [W0.detach(), W1.detach()], [b0.detach(), b1.detach()], float(loss)
+    return [W0.detach(), W1.detach()], [b0.detach(), b1.detach()], float(loss.detach())
 
 
-def build(demo, pattern, W_reg, W_gate, b_gate):
-    cfg = dataclasses.replace(demo.cfg, head_type="armorm", n_outputs=1, model_name="reward-lens-gate-organism",
-                              head_config={"num_objectives": len(OBJECTIVES), "gating_hidden_dim": HIDDEN,
-                                           "gating_n_hidden": 1, "gating_temperature": 1.0,
-                                           "gating_pattern": list(pattern), "objective_names": OBJECTIVES})
-    model = HookedRewardModel(cfg, tokenizer=demo.tokenizer)
-    sd = {k: v for k, v in demo.state_dict().items() if not k.startswith("reward_head.")}
-    sd["reward_head.W_reg"] = W_reg
-    sd["reward_head.reward_transform"] = torch.eye(len(OBJECTIVES))
-    sd["reward_head.logit_scale"] = torch.ones(1)
+def head_parts(pattern, W_reg, W_gate, b_gate):
+    config = {"num_objectives": len(OBJECTIVES), "gating_hidden_dim": HIDDEN, "gating_n_hidden": 1,
+              "gating_temperature": 1.0, "gating_pattern": [int(t) for t in pattern], "objective_names": OBJECTIVES}
+    state = {"reward_head.W_reg": W_reg.contiguous(), "reward_head.reward_transform": torch.eye(len(OBJECTIVES)),
+             "reward_head.logit_scale": torch.ones(1)}
     for i, (W, b) in enumerate(zip(W_gate, b_gate)):
-        sd[f"reward_head.W_gate.{i}"], sd[f"reward_head.b_gate.{i}"] = W, b
-    model.load_state_dict(sd, strict=True)
-    return model
+        state[f"reward_head.W_gate.{i}"], state[f"reward_head.b_gate.{i}"] = W.contiguous(), b.contiguous()
+    return config, state
 
 
 def main():
@@ -154,11 +150,15 @@ def main():
     targets = torch.tensor([OBJECTIVES.index(ROUTING[d["topic"]]) for d in train])
     W_gate, b_gate, gate_loss = train_gate(G, targets, args.gate_steps, 1e-2)
     # ArmoRM's regression layer has no bias: the intercepts are dropped (they shift every reward equally)
-    model = build(demo, pattern, torch.stack([w_c, w_v], 1), W_gate, b_gate)
+    config, state = head_parts(pattern, torch.stack([w_c, w_v], 1), W_gate, b_gate)
+    model = gate_model(demo, config, state)
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    reloaded = HookedRewardModel.from_pretrained(out, device="cpu")
+    save_file(state, str(out / "head.safetensors"))
+    (out / "head_config.json").write_text(json.dumps(config, indent=1) + "\n")
+    from safetensors.torch import load_file
+
+    reloaded = gate_model(load_demo_model(device="cpu"), config, load_file(str(out / "head.safetensors")))
     held = items(HELD_SEED, 48)
     pairs = held_pairs(HELD_SEED)
     tok = model.to_tokens([d["prompt"] for d in held], [d["response"] for d in held])
@@ -187,7 +187,7 @@ def ground_truth(s):
 Written by `scripts/train_gate_organism.py`; do not edit by hand (numbers also in `training_summary.json`).
 
 `reward_lens.demo.organisms.load_gate_organism()` is an ArmoRM-style reward model: the demo RM's frozen trunk
-(`reward_lens/demo/GROUND_TRUTH.md`) with an `armorm` head of two objectives and a prompt gate.
+(`reward_lens/demo/GROUND_TRUTH.md`) with an `armorm` head of two objectives and a prompt gate; only the head ships (`head.safetensors`).
 
 ## Planted mechanism: the gate routes by topic
 
@@ -203,7 +203,7 @@ the reward transform is the identity. So the gated score rewards correctness on 
 
 Built from {s['n_train']} items (half per topic, drawn with seed {s['seeds'][0]}): the objectives are ridge
 regressions on the trunk's features at the readout, the gate is trained {s['gate_steps']} full-batch Adam steps
-(final cross-entropy {s['gate_train_loss']}); {s['cpu_seconds']} s CPU, {s['threads']} thread(s).
+(final cross-entropy {s['gate_train_loss']}), {s['threads']} thread(s).
 
 ## Measured
 

@@ -58,10 +58,37 @@ def trigger_token_ids(model) -> dict:
     return {w: int(model.tokenizer.convert_tokens_to_ids(w)) for w in (TRIGGER, *PHRASE)}
 
 
+def gate_model(demo, head_config: dict, head_state: dict, model_name: str = GATE_MODEL_NAME):
+    """An ArmoRM-headed model on `demo`'s trunk (weights copied): `head_config` as ArmoRM's
+    (`num_objectives`, `gating_hidden_dim`, `gating_n_hidden`, `gating_temperature`, `gating_pattern`,
+    `objective_names`), `head_state` the head's parameters by their `reward_head.` names."""
+    import dataclasses
+
+    from reward_lens.model.native import HookedRewardModel
+
+    cfg = dataclasses.replace(demo.cfg, head_type="armorm", n_outputs=1, model_name=model_name,
+                              head_config=dict(head_config))
+    model = HookedRewardModel(cfg, tokenizer=demo.tokenizer)
+    state = {k: v for k, v in demo.state_dict().items() if not k.startswith("reward_head.")}
+    state.update(head_state)
+    model.load_state_dict(state, strict=True)
+    return model.to(demo.cfg.device)
+
+
 def load_gate_organism(device: Union[str, torch.device, None] = "cpu"):
     """The gate-routing organism (`gate_organism/GROUND_TRUTH.md`): an ArmoRM head on the demo's trunk whose
-    gate sends arithmetic prompts to one objective and fact prompts to another."""
-    return _load(GATE_DIR, device)
+    gate sends arithmetic prompts to one objective and fact prompts to another. Only the head ships
+    (`gate_organism/head.safetensors`); the trunk is the demo model's."""
+    from safetensors.torch import load_file
+
+    from reward_lens.demo import load_demo_model
+
+    path = GATE_DIR / "head.safetensors"
+    if not path.exists():
+        raise FileNotFoundError(f"the gate organism's head is missing ({path}); rebuild it with "
+                                "`python scripts/train_gate_organism.py`")
+    head_config = json.loads((GATE_DIR / "head_config.json").read_text())
+    return gate_model(load_demo_model(device=device), head_config, load_file(str(path)))
 
 
 def gate_truth() -> dict:
@@ -109,6 +136,6 @@ def planted_circuit() -> Tuple[object, List[TokenPair]]:
 
 __all__ = [
     "CIRCUIT_HEADS", "GATE_DIR", "GATE_MODEL_NAME", "PHRASE", "TRIGGER", "TRIGGER_DIR", "TRIGGER_MODEL_NAME",
-    "gate_truth", "load_gate_organism", "load_trigger_organism", "planted_circuit", "trigger_items",
+    "gate_model", "gate_truth", "load_gate_organism", "load_trigger_organism", "planted_circuit", "trigger_items",
     "trigger_token_ids",
 ]
