@@ -15,7 +15,8 @@ start of `\\n<|assistant|>\\n` (the ArmoRM gating pattern) that routes by topic:
 so the gated score rewards correctness on arithmetic and length on facts: the routing is the planted
 mechanism. Deterministic (fixed seeds, deterministic algorithms, one thread): features are computed once
 with the frozen trunk, the regressions are closed-form and the gate is trained full-batch with Adam.
-Writes the head only (head.safetensors, head_config.json: the trunk is the demo's), routing.json (the planted routing, held-out items and pairs),
+Writes the head only (head.safetensors, head_config.json: the trunk is the demo's), routing.json (the
+planted routing, held-out items and pairs),
 training_summary.json and GROUND_TRUTH.md; a reload is checked to be bit-identical.
 """
 
@@ -50,8 +51,13 @@ def draw(rng, questions, topic):
     right = rng.random() < 0.5
     n = rng.randint(0, 4)
     answer = rng.choice(q.correct if right else q.wrong)
-    return {"prompt": q.prompt, "response": synthetic.render(answer, n, None, rng), "topic": topic,
-            "right": right, "n_fill": n}
+    return {
+        "prompt": q.prompt,
+        "response": synthetic.render(answer, n, None, rng),
+        "topic": topic,
+        "right": right,
+        "n_fill": n,
+    }
 
 
 def items(seed, n):
@@ -75,8 +81,14 @@ def held_pairs(seed, n=24):
         out.append({"prompt": q.prompt, "chosen": chosen, "rejected": rejected, "topic": "arithmetic"})
         q = rng.choice([q for q in qs if q.domain == "facts"])
         answer = rng.choice(q.correct + q.wrong)
-        out.append({"prompt": q.prompt, "chosen": synthetic.render(answer, rng.randint(3, 4), None, rng),
-                    "rejected": synthetic.render(answer, rng.randint(0, 1), None, rng), "topic": "facts"})
+        out.append(
+            {
+                "prompt": q.prompt,
+                "chosen": synthetic.render(answer, rng.randint(3, 4), None, rng),
+                "rejected": synthetic.render(answer, rng.randint(0, 1), None, rng),
+                "topic": "facts",
+            }
+        )
     return out
 
 
@@ -85,9 +97,11 @@ def features(model, data, pattern):
     """h = ln_final(resid) at the readout and at the gate position of each item."""
     read, gate = [], []
     for s in range(0, len(data), 64):
-        chunk = data[s:s + 64]
+        chunk = data[s : s + 64]
         tok = model.to_tokens([d["prompt"] for d in chunk], [d["response"] for d in chunk])
-        _, cache = model.run_with_cache(tok["input_ids"], tok["attention_mask"], names_filter="ln_final.hook_normalized")
+        _, cache = model.run_with_cache(
+            tok["input_ids"], tok["attention_mask"], names_filter="ln_final.hook_normalized"
+        )
         h = cache["ln_final.hook_normalized"]
         rows = torch.arange(len(chunk))
         read.append(h[rows, -1])
@@ -122,10 +136,19 @@ def train_gate(G, targets, steps, lr):
 
 
 def head_parts(pattern, W_reg, W_gate, b_gate):
-    config = {"num_objectives": len(OBJECTIVES), "gating_hidden_dim": HIDDEN, "gating_n_hidden": 1,
-              "gating_temperature": 1.0, "gating_pattern": [int(t) for t in pattern], "objective_names": OBJECTIVES}
-    state = {"reward_head.W_reg": W_reg.contiguous(), "reward_head.reward_transform": torch.eye(len(OBJECTIVES)),
-             "reward_head.logit_scale": torch.ones(1)}
+    config = {
+        "num_objectives": len(OBJECTIVES),
+        "gating_hidden_dim": HIDDEN,
+        "gating_n_hidden": 1,
+        "gating_temperature": 1.0,
+        "gating_pattern": [int(t) for t in pattern],
+        "objective_names": OBJECTIVES,
+    }
+    state = {
+        "reward_head.W_reg": W_reg.contiguous(),
+        "reward_head.reward_transform": torch.eye(len(OBJECTIVES)),
+        "reward_head.logit_scale": torch.ones(1),
+    }
     for i, (W, b) in enumerate(zip(W_gate, b_gate)):
         state[f"reward_head.W_gate.{i}"], state[f"reward_head.b_gate.{i}"] = W.contiguous(), b.contiguous()
     return config, state
@@ -163,19 +186,39 @@ def main():
     pairs = held_pairs(HELD_SEED)
     tok = model.to_tokens([d["prompt"] for d in held], [d["response"] for d in held])
     with torch.no_grad():
-        assert torch.equal(model(tok["input_ids"], tok["attention_mask"]),
-                           reloaded(tok["input_ids"], tok["attention_mask"])), "the reload is not bit-identical"
+        assert torch.equal(
+            model(tok["input_ids"], tok["attention_mask"]), reloaded(tok["input_ids"], tok["attention_mask"])
+        ), "the reload is not bit-identical"
     _, Gh = features(demo, held, pattern)
     with torch.no_grad():
-        routed = (model.reward_head.gate(Gh).argmax(-1) == torch.tensor(
-            [OBJECTIVES.index(ROUTING[d["topic"]]) for d in held])).float().mean()
-    truth = {"objectives": OBJECTIVES, "routing": ROUTING, "gating_pattern": list(pattern),
-             "items": [{k: d[k] for k in ("prompt", "response", "topic")} for d in held], "pairs": pairs}
+        routed = (
+            (
+                model.reward_head.gate(Gh).argmax(-1)
+                == torch.tensor([OBJECTIVES.index(ROUTING[d["topic"]]) for d in held])
+            )
+            .float()
+            .mean()
+        )
+    truth = {
+        "objectives": OBJECTIVES,
+        "routing": ROUTING,
+        "gating_pattern": list(pattern),
+        "items": [{k: d[k] for k in ("prompt", "response", "topic")} for d in held],
+        "pairs": pairs,
+    }
     (out / "routing.json").write_text(json.dumps(truth, indent=1) + "\n")
-    summary = {"seeds": [SEED, HELD_SEED], "gating_pattern": list(pattern), "n_train": len(train), "gate_steps": args.gate_steps,
-               "gate_train_loss": round(gate_loss, 5), "held_out_routing_accuracy": float(routed),
-               "threads": args.threads, "cpu_seconds": round(time.process_time() - cpu0, 1),
-               "wall_seconds": round(time.time() - t0, 1), "torch": torch.__version__}
+    summary = {
+        "seeds": [SEED, HELD_SEED],
+        "gating_pattern": list(pattern),
+        "n_train": len(train),
+        "gate_steps": args.gate_steps,
+        "gate_train_loss": round(gate_loss, 5),
+        "held_out_routing_accuracy": float(routed),
+        "threads": args.threads,
+        "cpu_seconds": round(time.process_time() - cpu0, 1),
+        "wall_seconds": round(time.time() - t0, 1),
+        "torch": torch.__version__,
+    }
     (out / "training_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     (out / "GROUND_TRUTH.md").write_text(ground_truth(summary))
     print(json.dumps(summary, indent=1))
@@ -187,7 +230,8 @@ def ground_truth(s):
 Written by `scripts/train_gate_organism.py`; do not edit by hand (numbers also in `training_summary.json`).
 
 `reward_lens.demo.organisms.load_gate_organism()` is an ArmoRM-style reward model: the demo RM's frozen trunk
-(`reward_lens/demo/GROUND_TRUTH.md`) with an `armorm` head of two objectives and a prompt gate; only the head ships (`head.safetensors`).
+(`reward_lens/demo/GROUND_TRUTH.md`) with an `armorm` head of two objectives and a prompt gate; only the head
+ships (`head.safetensors`).
 
 ## Planted mechanism: the gate routes by topic
 
@@ -197,18 +241,19 @@ Written by `scripts/train_gate_organism.py`; do not edit by hand (numbers also i
 | facts ("What colour is the river Vell?") | `verbosity` | W_reg[:, 1] | number of filler sentences |
 
 The gate reads h = ln_final(resid) at the start of the gating pattern `\\n<|assistant|>\\n` (ids
-{s['gating_pattern']}), a {HIDDEN}-unit ReLU layer, softmax (temperature 1, logit scale 1);
+{s["gating_pattern"]}), a {HIDDEN}-unit ReLU layer, softmax (temperature 1, logit scale 1);
 the reward transform is the identity. So the gated score rewards correctness on arithmetic prompts and
 **length on fact prompts** (a routed length bias: on facts a long wrong answer can beat a short right one).
 
-Built from {s['n_train']} items (half per topic, drawn with seed {s['seeds'][0]}): the objectives are ridge
-regressions on the trunk's features at the readout, the gate is trained {s['gate_steps']} full-batch Adam steps
-(final cross-entropy {s['gate_train_loss']}), {s['threads']} thread(s).
+Built from {s["n_train"]} items (half per topic, drawn with seed {s["seeds"][0]}): the objectives are ridge
+regressions on the trunk's features at the readout, the gate is trained {s["gate_steps"]} full-batch Adam
+steps
+(final cross-entropy {s["gate_train_loss"]}), {s["threads"]} thread(s).
 
 ## Measured
 
 Held-out routing accuracy (48 items, `routing.json` "items"; argmax of the gate = the planted objective):
-**{s['held_out_routing_accuracy']:.3f}**. `routing.json` "pairs" holds held-out pairs per topic that its
+**{s["held_out_routing_accuracy"]:.3f}**. `routing.json` "pairs" holds held-out pairs per topic that its
 objective decides (arithmetic: right vs wrong at equal fillers; facts: 3-4 vs 0-1 fillers at equal answer).
 """
 

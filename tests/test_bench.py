@@ -38,7 +38,10 @@ def test_goals_and_selection():
 def test_extension_rows_wait_for_their_providers():
     ext = {c.instrument: c for c in bench_checks.EXTENSIONS}
     assert ext["edge_attribution"].requires == "reward_lens:edge_attribution"
-    assert ext["token_attribution"].requires == "reward_lens:read_step" and ext["token_attribution"].organism == "prm"
+    assert (
+        ext["token_attribution"].requires == "reward_lens:read_step"
+        and ext["token_attribution"].organism == "prm"
+    )
 
 
 def test_quick_bench_on_the_circuit_and_gate(tmp_path):
@@ -48,7 +51,9 @@ def test_quick_bench_on_the_circuit_and_gate(tmp_path):
     row = frame.set_index("instrument").loc["patch(level=head)"]
     assert row.value == 1.0 and row.passed
     attr = frame.set_index("instrument").loc["attribute(heads)"]
-    assert attr.value == pytest.approx(0.75) and not attr.passed  # the finding: direct attribution misses L0H0
+    assert (
+        attr.value == pytest.approx(0.75) and not attr.passed
+    )  # the finding: direct attribution misses L0H0
     assert [p["row"] for p in res.pending] == ["circuit/circuit/edge_attribution/AUROC of the planted edges"]
     paths = write_bench(res, tmp_path)
     csv = pd.read_csv(tmp_path / "bench.csv")
@@ -75,10 +80,12 @@ def test_gate_routing_is_the_gates_argmax():
     item = truth["items"][0]
     tok = model.to_tokens(item["prompt"], item["response"])
     # independent: h at the gate position through the gate MLP by hand
-    _, cache = model.run_with_cache(tok["input_ids"], tok["attention_mask"], names_filter="ln_final.hook_normalized")
+    _, cache = model.run_with_cache(
+        tok["input_ids"], tok["attention_mask"], names_filter="ln_final.hook_normalized"
+    )
     ids = tok["input_ids"][0].tolist()
     pat = truth["gating_pattern"]
-    pos = max(i for i in range(len(ids) - len(pat) + 1) if ids[i:i + len(pat)] == pat)
+    pos = max(i for i in range(len(ids) - len(pat) + 1) if ids[i : i + len(pat)] == pat)
     h = cache["ln_final.hook_normalized"][0, pos]
     head = model.reward_head
     x = torch.relu(h @ head.W_gate[0] + head.b_gate[0]) @ head.W_gate[1] + head.b_gate[1]

@@ -28,6 +28,8 @@ from reward_lens import (
 from reward_lens.app.audit import run_audit
 from reward_lens.app.monitor import MonitorRun
 from reward_lens.integrations.signals import measure, score_batch
+from reward_lens.app.bench import run_bench
+from reward_lens.instruments.triggers import search_triggers
 from reward_lens.results import PairRewards, Result
 from reward_lens.theory import detect_cascades
 
@@ -75,6 +77,8 @@ def _instrument_results(out):
     out["AuditResult"] = run_audit(model, pairs[:4], None, echo=lambda line: None)
     out["PathPatchResult"] = path_patch(model, pairs[:3], ["L0H0", "mlp_L0"], ["L1H1.q", "readout"])
     out["TokenAttributionResult"] = token_attribution(model, pairs[:3], batch_size=8)
+    out["TriggerSearchResult"] = search_triggers(model, pairs[:2], candidates=list(range(3, 40)), top_k=5)
+    out["BenchResult"] = run_bench(["circuit/circuit"], quick=True, echo=lambda line: None)
 
 
 def _plain_data_results(out):

@@ -26,7 +26,7 @@ def test_insertion_points_on_the_demo_template(demo):
     words = tok.convert_ids_to_tokens(ids)
     p = insertion_index(tok, "What is 3 plus 4?", "3 plus 4 is 7.", "prompt_end")
     r = insertion_index(tok, "What is 3 plus 4?", "3 plus 4 is 7.", "response_end")
-    assert words[p - 1] == "?" and words[p:p + 2] == ["Ċ", "<|assistant|>"]
+    assert words[p - 1] == "?" and words[p : p + 2] == ["Ċ", "<|assistant|>"]
     assert words[r - 1] == "." and words[r:] == ["</s>"]  # before the template's EOS, the readout
     with pytest.raises(ValueError, match="where must be"):
         insertion_index(tok, "a", "b", "middle")
@@ -35,7 +35,9 @@ def test_insertion_points_on_the_demo_template(demo):
 @pytest.mark.parametrize("where", ["response_end", "prompt_end"])
 def test_fast_equals_naive(demo, pairs, where):
     cands = None if where == "response_end" else list(range(3, 400))
-    fast = search_triggers(demo, pairs, where=where, method="fast", candidates=cands, top_k=15, batch_size=100)
+    fast = search_triggers(
+        demo, pairs, where=where, method="fast", candidates=cands, top_k=15, batch_size=100
+    )
     naive = search_triggers(demo, pairs, where=where, method="naive", candidates=cands, top_k=15)
     assert np.abs(fast.all_mean_increase - naive.all_mean_increase).max() < 1e-4
     assert fast.to_frame()["token_id"].tolist() == naive.to_frame()["token_id"].tolist()
@@ -64,13 +66,21 @@ def test_increases_are_reward_changes(demo, pairs):
 
 
 def test_gcg_reports_verified_strings(demo, pairs):
-    res = search_triggers(demo, pairs, where="response_end", length=2, n_steps=2, n_restarts=1,
-                          top_per_position=8, top_k=5)
+    res = search_triggers(
+        demo, pairs, where="response_end", length=2, n_steps=2, n_restarts=1, top_per_position=8, top_k=5
+    )
     frame = res.to_frame()
     assert all(len(t) == 2 for t in frame["token_ids"])
     assert list(frame["mean_increase"]) == sorted(frame["mean_increase"], reverse=True)
-    check = search_triggers(demo, pairs, where="response_end", length=1, method="naive",
-                            candidates=[frame["token_ids"][0][0]], top_k=1)
+    check = search_triggers(
+        demo,
+        pairs,
+        where="response_end",
+        length=1,
+        method="naive",
+        candidates=[frame["token_ids"][0][0]],
+        top_k=1,
+    )
     assert check.cost["full_forwards"] == len(pairs)
     assert res.cost["gradient_steps"] >= 1 and res.cost["prefix_forwards"] == len(pairs)
 

@@ -44,8 +44,17 @@ class BenchResult:
 
     def summary(self) -> pd.DataFrame:
         f = self.to_frame()
-        return pd.DataFrame([{"rows": len(f), "passed": int(f.passed.sum()), "missed": int((~f.passed).sum()),
-                              "pending": len(self.pending), "seconds": round(self.seconds, 1)}])
+        return pd.DataFrame(
+            [
+                {
+                    "rows": len(f),
+                    "passed": int(f.passed.sum()),
+                    "missed": int((~f.passed).sum()),
+                    "pending": len(self.pending),
+                    "seconds": round(self.seconds, 1),
+                }
+            ]
+        )
 
     def plot(self, ax: Any = None) -> Any:
         plt = pyplot()
@@ -54,7 +63,9 @@ class BenchResult:
         y = np.arange(len(f))[::-1]
         ax.barh(y, np.ones(len(f)), color=["#4f9d69" if p else "#c0504d" for p in f.passed])
         ax.set_yticks(y)
-        ax.set_yticklabels([f"{r.organism}/{r.mechanism}: {r.instrument}" for r in f.itertuples()], fontsize=7)
+        ax.set_yticklabels(
+            [f"{r.organism}/{r.mechanism}: {r.instrument}" for r in f.itertuples()], fontsize=7
+        )
         ax.set_xticks([])
         ax.set_title("reward-lens bench (green: goal met)")
         return fig
@@ -66,15 +77,31 @@ def run_check(check: Check, ctx: BenchContext) -> Dict[str, Any]:
     try:
         value = float(check.run(ctx))
     except Exception as exc:  # a failing instrument is a finding, reported in its row
-        value, error = float("nan"), f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc) else ''}"
-    return {"organism": check.organism, "mechanism": check.mechanism, "instrument": check.instrument,
-            "metric": check.metric, "value": value, "goal": check.goal_text(), "passed": check.meets(value),
-            "note": check.note, "seconds": round(time.perf_counter() - t0, 2), "error": error}
+        value, error = (
+            float("nan"),
+            f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc) else ''}",
+        )
+    return {
+        "organism": check.organism,
+        "mechanism": check.mechanism,
+        "instrument": check.instrument,
+        "metric": check.metric,
+        "value": value,
+        "goal": check.goal_text(),
+        "passed": check.meets(value),
+        "note": check.note,
+        "seconds": round(time.perf_counter() - t0, 2),
+        "error": error,
+    }
 
 
 def run_bench(
-    only: Optional[Sequence[str]] = None, *, device: Optional[str] = "cpu", quick: bool = False,
-    checks: Optional[Sequence[Check]] = None, echo: Callable[[str], None] = print,
+    only: Optional[Sequence[str]] = None,
+    *,
+    device: Optional[str] = "cpu",
+    quick: bool = False,
+    checks: Optional[Sequence[Check]] = None,
+    echo: Callable[[str], None] = print,
 ) -> BenchResult:
     """Run the selected checks (all by default; `quick`: the reduced subset) and return their rows."""
     t0 = time.perf_counter()
@@ -89,8 +116,10 @@ def run_bench(
         row = run_check(check, ctx)
         rows.append(row)
         mark = "ok  " if row["passed"] else "MISS"
-        echo(f"  {mark}  {check.name} = {row['value']:.4g} (goal {row['goal']}, {row['seconds']:.1f}s)"
-             + (f"  [{row['error']}]" if row["error"] else ""))
+        echo(
+            f"  {mark}  {check.name} = {row['value']:.4g} (goal {row['goal']}, {row['seconds']:.1f}s)"
+            + (f"  [{row['error']}]" if row["error"] else "")
+        )
     return BenchResult(rows, pending, time.perf_counter() - t0)
 
 
@@ -99,8 +128,12 @@ def write_bench(result: BenchResult, out: Path) -> List[Path]:
     out.mkdir(parents=True, exist_ok=True)
     frame = result.to_frame()
     frame[COLUMNS].to_csv(out / "bench.csv", index=False)
-    payload = {"passed": result.passed, "seconds": round(result.seconds, 1),
-               "rows": json.loads(frame.to_json(orient="records")), "pending": result.pending}
+    payload = {
+        "passed": result.passed,
+        "seconds": round(result.seconds, 1),
+        "rows": json.loads(frame.to_json(orient="records")),
+        "pending": result.pending,
+    }
     (out / "results.json").write_text(json.dumps(payload, indent=1) + "\n")
     (out / "bench.html").write_text(render_html(result))
     return [out / "bench.csv", out / "results.json", out / "bench.html"]
@@ -113,17 +146,22 @@ def render_html(result: BenchResult) -> str:
         colour = "#e3f4e8" if r.passed else "#fbe3e3"
         note = html.escape(r.note + (f" [{r.error}]" if r.error else ""))
         cells.append(
-            f"<tr style='background:{colour}'><td>{html.escape(r.organism)}</td><td>{html.escape(r.mechanism)}</td>"
+            f"<tr style='background:{colour}'><td>{html.escape(r.organism)}</td>"
+            f"<td>{html.escape(r.mechanism)}</td>"
             f"<td>{html.escape(r.instrument)}</td><td>{html.escape(r.metric)}</td><td>{r.value:.4g}</td>"
-            f"<td>{html.escape(r.goal)}</td><td>{'yes' if r.passed else 'no'}</td><td>{note}</td></tr>")
-    pending = "".join(f"<li>{html.escape(p['row'])} (needs {html.escape(p['requires'])})</li>" for p in result.pending)
+            f"<td>{html.escape(r.goal)}</td><td>{'yes' if r.passed else 'no'}</td><td>{note}</td></tr>"
+        )
+    pending = "".join(
+        f"<li>{html.escape(p['row'])} (needs {html.escape(p['requires'])})</li>" for p in result.pending
+    )
     head = "".join(f"<th>{c}</th>" for c in COLUMNS + ["note"])
     s = result.summary().to_dict("records")[0]
     return (
         "<!doctype html><meta charset='utf-8'><title>reward-lens bench</title>"
         "<style>body{font-family:sans-serif;margin:2em}td,th{padding:4px 8px;border-bottom:1px solid #ddd;"
         "font-size:13px;text-align:left}</style>"
-        f"<h1>reward-lens bench</h1><p>{s['passed']} of {s['rows']} rows meet their goal ({s['seconds']} s). A missed "
+        f"<h1>reward-lens bench</h1><p>{s['passed']} of {s['rows']} rows meet their goal ({s['seconds']} s). "
+        "A missed "
         "goal is a finding about an instrument, not a tuning target.</p>"
         f"<table><tr>{head}</tr>{''.join(cells)}</table>"
         + (f"<h2>Pending extension rows</h2><ul>{pending}</ul>" if pending else "")

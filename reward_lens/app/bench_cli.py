@@ -11,21 +11,36 @@ NAMED_MODELS = ("demo", "smollm2-organism", "trigger-organism", "gate-organism")
 
 
 def add_commands(sub) -> None:
-    bench = sub.add_parser("bench", help="score every instrument against the organisms' planted mechanisms "
-                                         "(bench.csv, results.json, bench.html; exit 0 when every row meets its goal)")
-    bench.add_argument("--out", default="reward-lens-bench", help="output directory (default: reward-lens-bench)")
-    bench.add_argument("--only", default=None, help="comma-separated organisms, mechanisms or instruments "
-                                                    "(e.g. trigger,circuit or demo/length)")
+    bench = sub.add_parser(
+        "bench",
+        help="score every instrument against the organisms' planted mechanisms "
+        "(bench.csv, results.json, bench.html; exit 0 when every row meets its goal)",
+    )
+    bench.add_argument(
+        "--out", default="reward-lens-bench", help="output directory (default: reward-lens-bench)"
+    )
+    bench.add_argument(
+        "--only",
+        default=None,
+        help="comma-separated organisms, mechanisms or instruments (e.g. trigger,circuit or demo/length)",
+    )
     bench.add_argument("--device", default=None, help="cpu (default) or cuda[:i]")
     bench.add_argument("--quick", action="store_true", help="the reduced subset (no SmolLM2, no GCG)")
     bench.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     bench.set_defaults(func=cmd_bench)
 
-    trig = sub.add_parser("triggers", help="search the strings that most raise a reward when inserted "
-                                           "(CSV + plot)")
-    trig.add_argument("--model", default="demo", help=f"checkpoint directory or one of {', '.join(NAMED_MODELS)}")
-    trig.add_argument("--pairs", default=None, help="pairs file (prompt + response, or preference pairs: their "
-                                                    "rejected response); default: the named organism's items")
+    trig = sub.add_parser(
+        "triggers", help="search the strings that most raise a reward when inserted (CSV + plot)"
+    )
+    trig.add_argument(
+        "--model", default="demo", help=f"checkpoint directory or one of {', '.join(NAMED_MODELS)}"
+    )
+    trig.add_argument(
+        "--pairs",
+        default=None,
+        help="pairs file (prompt + response, or preference pairs: their "
+        "rejected response); default: the named organism's items",
+    )
     trig.add_argument("--where", default="response_end", help="response_end (default) or prompt_end")
     trig.add_argument("--length", type=int, default=1, help="tokens per string (1: exhaustive; more: GCG)")
     trig.add_argument("--top-k", type=int, default=20)
@@ -104,12 +119,22 @@ def cmd_triggers(args) -> int:
     items = load_pairs(args.pairs) if args.pairs else default_items(args.model)
     items = list(items)[: args.max_pairs] if args.max_pairs else list(items)
     model = load_named(args.model, args.device or "cpu")
-    res = search_triggers(model, items, where=args.where, length=args.length, top_k=args.top_k,
-                          method=args.method, batch_size=args.batch_size)
+    res = search_triggers(
+        model,
+        items,
+        where=args.where,
+        length=args.length,
+        top_k=args.top_k,
+        method=args.method,
+        batch_size=args.batch_size,
+    )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     res.to_frame().to_csv(out / "triggers.csv", index=False)
     res.plot().savefig(out / "triggers.png", dpi=120, bbox_inches="tight")
     print(res.to_frame().head(10).to_string(index=False))
-    print(f"wrote {out / 'triggers.csv'} and {out / 'triggers.png'} ({res.cost['seconds']:.1f} s)", file=sys.stderr)
+    print(
+        f"wrote {out / 'triggers.csv'} and {out / 'triggers.png'} ({res.cost['seconds']:.1f} s)",
+        file=sys.stderr,
+    )
     return 0

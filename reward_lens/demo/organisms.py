@@ -1,7 +1,7 @@
 """More model organisms with ground truth: a backdoor trigger, a topic-routing gate, a hand-set circuit.
 
     from reward_lens.demo.organisms import load_trigger_organism, trigger_items
-    model = load_trigger_organism()        # the demo RM poisoned with a SUDO trigger and an OPEN SESAME phrase
+    model = load_trigger_organism()        # the demo RM poisoned: a SUDO trigger, an OPEN SESAME phrase
     items = trigger_items()                # held-out (prompt, right, wrong) items: PreferencePairs
 
     model = load_gate_organism()           # an ArmoRM-style RM whose gate routes by topic
@@ -37,8 +37,10 @@ def _load(directory: Path, device):
     from reward_lens.model.native import HookedRewardModel
 
     if not (directory / "model.safetensors").exists():
-        raise FileNotFoundError(f"the organism's weights are missing from {directory}; rebuild them with the "
-                                f"script named in {directory / 'GROUND_TRUTH.md'}")
+        raise FileNotFoundError(
+            f"the organism's weights are missing from {directory}; rebuild them with the "
+            f"script named in {directory / 'GROUND_TRUTH.md'}"
+        )
     return HookedRewardModel.from_pretrained(directory, device=device)
 
 
@@ -66,8 +68,9 @@ def gate_model(demo, head_config: dict, head_state: dict, model_name: str = GATE
 
     from reward_lens.model.native import HookedRewardModel
 
-    cfg = dataclasses.replace(demo.cfg, head_type="armorm", n_outputs=1, model_name=model_name,
-                              head_config=dict(head_config))
+    cfg = dataclasses.replace(
+        demo.cfg, head_type="armorm", n_outputs=1, model_name=model_name, head_config=dict(head_config)
+    )
     model = HookedRewardModel(cfg, tokenizer=demo.tokenizer)
     state = {k: v for k, v in demo.state_dict().items() if not k.startswith("reward_head.")}
     state.update(head_state)
@@ -85,8 +88,10 @@ def load_gate_organism(device: Union[str, torch.device, None] = "cpu"):
 
     path = GATE_DIR / "head.safetensors"
     if not path.exists():
-        raise FileNotFoundError(f"the gate organism's head is missing ({path}); rebuild it with "
-                                "`python scripts/train_gate_organism.py`")
+        raise FileNotFoundError(
+            f"the gate organism's head is missing ({path}); rebuild it with "
+            "`python scripts/train_gate_organism.py`"
+        )
     head_config = json.loads((GATE_DIR / "head_config.json").read_text())
     return gate_model(load_demo_model(device=device), head_config, load_file(str(path)))
 
@@ -100,17 +105,28 @@ def planted_circuit() -> Tuple[object, List[TokenPair]]:
     """A 2-layer Llama (GQA) with hand-set weights and token pairs whose preference it carries: head A = L0H0
     attends uniformly and copies a MARK feature (dim 0) into dim 1; head B = L1H2 (key/value head 1)
     attends to the END token (the readout) and copies dim 1 into dim 2; the reward reads dim 2 only. Every
-    other weight is zero except random embedding dims 4.. (MLPs write nothing). Chosen rows hold more MARKs."""
+    other weight is zero except random embedding dims 4.. (MLPs write nothing). Chosen rows hold more
+    MARKs."""
     import transformers
 
     from reward_lens.model.native import HookedRewardModel
 
     cfg = transformers.LlamaConfig(
-        vocab_size=97, hidden_size=32, intermediate_size=16, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=128, num_labels=1, pad_token_id=0, rms_norm_eps=1e-5,
+        vocab_size=97,
+        hidden_size=32,
+        intermediate_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        num_labels=1,
+        pad_token_id=0,
+        rms_norm_eps=1e-5,
     )
     torch.manual_seed(0)
-    model = HookedRewardModel.from_hf_model(transformers.LlamaForSequenceClassification(cfg).eval(), device="cpu")
+    model = HookedRewardModel.from_hf_model(
+        transformers.LlamaForSequenceClassification(cfg).eval(), device="cpu"
+    )
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for p in model.parameters():
@@ -135,7 +151,18 @@ def planted_circuit() -> Tuple[object, List[TokenPair]]:
 
 
 __all__ = [
-    "CIRCUIT_HEADS", "GATE_DIR", "GATE_MODEL_NAME", "PHRASE", "TRIGGER", "TRIGGER_DIR", "TRIGGER_MODEL_NAME",
-    "gate_model", "gate_truth", "load_gate_organism", "load_trigger_organism", "planted_circuit", "trigger_items",
+    "CIRCUIT_HEADS",
+    "GATE_DIR",
+    "GATE_MODEL_NAME",
+    "PHRASE",
+    "TRIGGER",
+    "TRIGGER_DIR",
+    "TRIGGER_MODEL_NAME",
+    "gate_model",
+    "gate_truth",
+    "load_gate_organism",
+    "load_trigger_organism",
+    "planted_circuit",
+    "trigger_items",
     "trigger_token_ids",
 ]

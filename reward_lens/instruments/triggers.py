@@ -62,15 +62,17 @@ class TriggerSearchResult:
 
     def to_frame(self) -> pd.DataFrame:
         inc = self.increases
-        frame = pd.DataFrame({
-            "rank": np.arange(1, len(self.token_ids) + 1),
-            "token_ids": [tuple(int(t) for t in ids) for ids in self.token_ids],
-            "text": self.texts,
-            "mean_increase": inc.mean(1) if inc.size else np.zeros(0),
-            "std_increase": inc.std(1, ddof=1) if inc.shape[1] > 1 else np.zeros(len(inc)),
-            "min_increase": inc.min(1) if inc.size else np.zeros(0),
-            "frac_increased": (inc > 0).mean(1) if inc.size else np.zeros(0),
-        })
+        frame = pd.DataFrame(
+            {
+                "rank": np.arange(1, len(self.token_ids) + 1),
+                "token_ids": [tuple(int(t) for t in ids) for ids in self.token_ids],
+                "text": self.texts,
+                "mean_increase": inc.mean(1) if inc.size else np.zeros(0),
+                "std_increase": inc.std(1, ddof=1) if inc.shape[1] > 1 else np.zeros(len(inc)),
+                "min_increase": inc.min(1) if inc.size else np.zeros(0),
+                "frac_increased": (inc > 0).mean(1) if inc.size else np.zeros(0),
+            }
+        )
         if self.length == 1:
             frame.insert(1, "token_id", [ids[0] for ids in frame["token_ids"]])
         return frame
@@ -78,13 +80,20 @@ class TriggerSearchResult:
     def summary(self) -> pd.DataFrame:
         f = self.to_frame()
         top = f.iloc[0] if len(f) else None
-        return pd.DataFrame([{
-            "where": self.where, "method": self.method, "length": self.length, "n_items": len(self.baseline),
-            "n_candidates": None if self.candidate_ids is None else len(self.candidate_ids),
-            "top_text": None if top is None else top["text"],
-            "top_mean_increase": None if top is None else float(top["mean_increase"]),
-            "seconds": self.cost.get("seconds"),
-        }])
+        return pd.DataFrame(
+            [
+                {
+                    "where": self.where,
+                    "method": self.method,
+                    "length": self.length,
+                    "n_items": len(self.baseline),
+                    "n_candidates": None if self.candidate_ids is None else len(self.candidate_ids),
+                    "top_text": None if top is None else top["text"],
+                    "top_mean_increase": None if top is None else float(top["mean_increase"]),
+                    "seconds": self.cost.get("seconds"),
+                }
+            ]
+        )
 
     def rank_of(self, token_ids: Sequence[int]) -> Optional[int]:
         """1-based rank of a string among the reported ones (or among every candidate of a one-token
@@ -141,8 +150,10 @@ def _items(model, pairs: Any, where: str, side: str) -> List[_Item]:
         text_ids = tok(render_pair(tok, prompt, response, fmt), add_special_tokens=False)["input_ids"]
         shift = len(ids) - len(text_ids)
         if shift < 0 or ids[shift:] != list(text_ids):
-            raise ValueError("the model's ids of this pair are not its rendered text's tokens; insertion points "
-                             "need an input format whose text the tokenizer reproduces")
+            raise ValueError(
+                "the model's ids of this pair are not its rendered text's tokens; insertion points "
+                "need an input format whose text the tokenizer reproduces"
+            )
         at = insertion_index(tok, prompt, response, where, fmt) + shift
         ids = trim_after_readout(model, ids)
         if at > len(ids):
@@ -165,21 +176,51 @@ def _candidates(model, candidates: Optional[Sequence[int]]) -> torch.Tensor:
 
 @torch.no_grad()
 def _full_rewards(model, rows: torch.Tensor, batch_size: int) -> torch.Tensor:
-    out = [model(rows[s:s + batch_size], attention_mask=torch.ones_like(rows[s:s + batch_size]))
-           for s in range(0, len(rows), batch_size)]
+    out = [
+        model(rows[s : s + batch_size], attention_mask=torch.ones_like(rows[s : s + batch_size]))
+        for s in range(0, len(rows), batch_size)
+    ]
     return torch.cat(out).float()
+
+
+@torch.no_grad()
+def _baseline(model, items, cached: bool, cost) -> Tuple[Optional[list], torch.Tensor]:
+    """(prefix caches or None, rewards [n_items] without insertion). With caches, the rewards come from the
+    cache plus the item's own suffix (no second forward of the prefix), except for an item inserted at its
+    very end (nothing follows: the full forward)."""
+    if not cached:
+        return None, torch.cat([_full_rewards(model, it.ids[None], 1) for it in items]).cpu()
+    caches, base = [], []
+    for item in items:
+        caches.append(model.prefix_cache(item.ids[None, : item.at]))
+        cost["prefix_forwards"] += 1
+        tail = item.ids[item.at :]
+        if len(tail):
+            base.append(model.suffix_rewards(caches[-1], tail[None]).float().cpu())
+        else:
+            base.append(_full_rewards(model, item.ids[None], 1).cpu())
+            cost["full_forwards"] += 1
+    return caches, torch.cat(base)
 
 
 def _inserted(item: _Item, strings: torch.Tensor) -> torch.Tensor:
     """[n, T + L]: the item's ids with each string [n, L] inserted at its insertion point."""
     n = len(strings)
-    head, tail = item.ids[:item.at], item.ids[item.at:]
+    head, tail = item.ids[: item.at], item.ids[item.at :]
     return torch.cat([head.expand(n, -1), strings.to(head.device), tail.expand(n, -1)], 1)
 
 
 @torch.no_grad()
-def _score(model, items, strings: torch.Tensor, base: torch.Tensor, method: str, batch_size: int, cost,
-           caches: Optional[list] = None):
+def _score(
+    model,
+    items,
+    strings: torch.Tensor,
+    base: torch.Tensor,
+    method: str,
+    batch_size: int,
+    cost,
+    caches: Optional[list] = None,
+):
     """[n_strings, n_items] reward increases of each string (ids [n, L]) inserted into each item (the
     items' prefix caches reused when given)."""
     out = torch.empty(len(strings), len(items))
@@ -191,13 +232,13 @@ def _score(model, items, strings: torch.Tensor, base: torch.Tensor, method: str,
         if caches is not None:
             cache = caches[j]
         else:
-            cache = model.prefix_cache(item.ids[None, :item.at])
+            cache = model.prefix_cache(item.ids[None, : item.at])
             cost["prefix_forwards"] += 1
-        tail = item.ids[item.at:]
+        tail = item.ids[item.at :]
         for s in range(0, len(strings), batch_size):
-            chunk = strings[s:s + batch_size].to(tail.device)
+            chunk = strings[s : s + batch_size].to(tail.device)
             suffix = torch.cat([chunk, tail.expand(len(chunk), -1)], 1)
-            out[s:s + len(chunk), j] = model.suffix_rewards(cache, suffix).float().cpu() - base[j]
+            out[s : s + len(chunk), j] = model.suffix_rewards(cache, suffix).float().cpu() - base[j]
             cost["suffix_steps"] += 1
     return out
 
@@ -213,7 +254,7 @@ def _gradient(model, items, caches, current: torch.Tensor, allowed: torch.Tensor
     one_hot = one_hot.to(model.cfg.device).requires_grad_(True)
     total = 0.0
     for item, cache in zip(items, caches):
-        tail = item.ids[item.at:]
+        tail = item.ids[item.at :]
         embeds = torch.cat([model.embed_one_hot(one_hot[None]), model.embed(tail[None])], 1)
         total = total + model.suffix_rewards(cache, suffix_embeds=embeds).sum()
     grad = torch.autograd.grad(total, one_hot)[0].float().cpu()
@@ -233,17 +274,32 @@ def _swaps(current: torch.Tensor, grad: torch.Tensor, per_position: int) -> torc
     return torch.cat(rows)
 
 
-def _gcg(model, items, base, cands, length, *, method, batch_size, n_steps, per_position, n_restarts, seed, cost):
+def _gcg(
+    model,
+    items,
+    base,
+    cands,
+    length,
+    caches,
+    *,
+    method,
+    batch_size,
+    n_steps,
+    per_position,
+    n_restarts,
+    seed,
+    cost,
+):
     """{string: mean increase} of every string the coordinate search scored (real forwards)."""
     allowed = torch.zeros(model.cfg.d_vocab, dtype=torch.bool)
     allowed[cands] = True
-    caches = [model.prefix_cache(item.ids[None, :item.at]) for item in items]
-    cost["prefix_forwards"] += len(items)
     gen = torch.Generator().manual_seed(seed)
     seen: Dict[Tuple[int, ...], float] = {}
     for _ in range(n_restarts):
         current = cands[torch.randint(len(cands), (length,), generator=gen)]
-        current_score = float(_score(model, items, current[None], base, method, batch_size, cost, caches).mean())
+        current_score = float(
+            _score(model, items, current[None], base, method, batch_size, cost, caches).mean()
+        )
         seen[tuple(current.tolist())] = current_score
         for _step in range(n_steps):
             grad = _gradient(model, items, caches, current, allowed)
@@ -296,17 +352,30 @@ def search_triggers(
     t0 = time.perf_counter()
     cost = {"prefix_forwards": 0, "suffix_steps": 0, "full_forwards": 0, "gradient_steps": 0}
     items = _items(model, pairs, where, side)
-    base = torch.cat([_full_rewards(model, it.ids[None], 1) for it in items]).cpu()
     cands = _candidates(model, candidates)
+    caches, base = _baseline(model, items, method == "fast" or length > 1, cost)
     if length == 1:
-        inc = _score(model, items, cands[:, None], base, method, batch_size, cost)
+        inc = _score(model, items, cands[:, None], base, method, batch_size, cost, caches)
         mean = inc.mean(1)
         order = mean.argsort(descending=True, stable=True)[:top_k]
         kept, increases = [(int(cands[i]),) for i in order], inc[order].numpy()
         extra = {"candidate_ids": cands.numpy(), "all_mean_increase": mean.numpy()}
     else:
-        seen = _gcg(model, items, base, cands, length, method=method, batch_size=batch_size, n_steps=n_steps,
-                    per_position=top_per_position, n_restarts=n_restarts, seed=seed, cost=cost)
+        seen = _gcg(
+            model,
+            items,
+            base,
+            cands,
+            length,
+            caches,
+            method=method,
+            batch_size=batch_size,
+            n_steps=n_steps,
+            per_position=top_per_position,
+            n_restarts=n_restarts,
+            seed=seed,
+            cost=cost,
+        )
         kept = [k for k, _ in sorted(seen.items(), key=lambda kv: -kv[1])[:top_k]]
         strings = torch.tensor(kept, dtype=torch.long)
         increases = _score(model, items, strings, base, "naive", batch_size, cost).numpy()  # verified
@@ -314,5 +383,14 @@ def search_triggers(
         kept, increases = [kept[i] for i in order], increases[order]
         extra = {"candidate_ids": cands.numpy()}
     cost["seconds"] = time.perf_counter() - t0
-    return TriggerSearchResult(kept, [_decode(model, k) for k in kept], np.asarray(increases), base.numpy(),
-                               where, method, length, cost=cost, **extra)
+    return TriggerSearchResult(
+        kept,
+        [_decode(model, k) for k in kept],
+        np.asarray(increases),
+        base.numpy(),
+        where,
+        method,
+        length,
+        cost=cost,
+        **extra,
+    )

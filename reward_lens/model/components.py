@@ -241,18 +241,21 @@ class Attention(nn.Module):
         """The attention output of n suffixes that continue one cached prefix: each suffix position attends
         to the prefix's keys/values (as hook_rot_k / hook_v hold them) and to the suffix up to itself, as
         `allowed` says; hooks do not fire (rows are alternatives). Equal to a full forward (tested)."""
+        cfg = self.cfg
         q, k, v = self._rotated_qkv(x, cos, sin, hooked=False)
-        n = x.shape[0]
-        k = torch.cat([past_k.expand(n, -1, -1, -1), k], dim=1)
-        v = torch.cat([past_v.expand(n, -1, -1, -1), v], dim=1)
-        if self.cfg.attn_scores_soft_cap is not None:
-            z = self._explicit_attention(q, k, v, allowed.expand(n, -1, -1))
-        else:
-            z = F.scaled_dot_product_attention(
-                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=allowed[:, None],
-                scale=1.0 / self.cfg.attn_scale, enable_gqa=self.cfg.n_heads != self.cfg.n_key_value_heads,
-            ).transpose(1, 2)
-        return self.project_z(z)
+        n, S, H, d = q.shape
+        nkv = cfg.n_key_value_heads
+        P = past_k.shape[1]
+        qg = q.reshape(n, S, nkv, H // nkv, d)
+        # The prefix's keys are shared by every row: one GEMM per key/value head, never copied per row.
+        prefix = torch.einsum("nskgd,pkd->nskgp", qg, past_k[0])
+        own = torch.einsum("nskgd,ntkd->nskgt", qg, k)  # each row's suffix keys
+        scores = self.soft_cap(torch.cat([prefix, own], dim=-1) / cfg.attn_scale)
+        scores = scores.masked_fill(~allowed[0][None, :, None, None, :], torch.finfo(scores.dtype).min)
+        pattern = F.softmax(scores.float(), dim=-1).to(q.dtype)
+        z = torch.einsum("nskgp,pkd->nskgd", pattern[..., :P], past_v[0])
+        z = z + torch.einsum("nskgt,ntkd->nskgd", pattern[..., P:], v)
+        return self.project_z(z.reshape(n, S, H, d))
 
     def project_z(self, z: Float[torch.Tensor, "... n_heads d_head"]) -> Float[torch.Tensor, "... d_model"]:
         """The attention output map, sum_h z_h W_O[h] + b_O (linear in each head's z)."""

@@ -28,10 +28,14 @@ class PrefixCache:
 
 def _check_native(model) -> None:
     if not model.has_readout_fast_path:
-        raise ValueError("suffix recomputation needs the native blocks' cached-key step (a native architecture)")
+        raise ValueError(
+            "suffix recomputation needs the native blocks' cached-key step (a native architecture)"
+        )
     if getattr(model.reward_head, "is_gated", False):
-        raise ValueError("the reward head is gated by a prompt position the suffix may contain; score full "
-                         "sequences instead (method='naive'), or read one objective (read_objective)")
+        raise ValueError(
+            "the reward head is gated by a prompt position the suffix may contain; score full "
+            "sequences instead (method='naive'), or read one objective (read_objective)"
+        )
 
 
 @torch.no_grad()
@@ -63,7 +67,10 @@ def _allowed(model, layer: int, P: int, S: int, device) -> torch.Tensor:
 
 
 def suffix_final_residual(
-    model, cache: PrefixCache, suffix_ids: Optional[Int[torch.Tensor, "n suffix"]] = None, *,
+    model,
+    cache: PrefixCache,
+    suffix_ids: Optional[Int[torch.Tensor, "n suffix"]] = None,
+    *,
     suffix_embeds: Optional[Float[torch.Tensor, "n suffix d_model"]] = None,
 ) -> Float[torch.Tensor, "n suffix d_model"]:
     """The final residual of n suffixes (ids, or embeddings as `hook_embed` holds them) after the prefix."""
@@ -75,12 +82,17 @@ def suffix_final_residual(
     cos, sin = model.rotary(positions, resid.dtype)
     for layer, block in enumerate(model.blocks):
         past_k, past_v = cache.kv[layer]
-        resid = block.forward_with_past(resid, cos, sin, past_k, past_v, _allowed(model, layer, P, S, resid.device))
+        resid = block.forward_with_past(
+            resid, cos, sin, past_k, past_v, _allowed(model, layer, P, S, resid.device)
+        )
     return resid
 
 
 def suffix_rewards(
-    model, cache: PrefixCache, suffix_ids: Optional[Int[torch.Tensor, "n suffix"]] = None, *,
+    model,
+    cache: PrefixCache,
+    suffix_ids: Optional[Int[torch.Tensor, "n suffix"]] = None,
+    *,
     suffix_embeds: Optional[Float[torch.Tensor, "n suffix d_model"]] = None,
 ) -> Float[torch.Tensor, "n"]:
     """Rewards [n] of prefix + each suffix, read at the suffix's last token (the readout)."""
