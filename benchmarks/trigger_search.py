@@ -3,8 +3,9 @@ cost model and against the naive search (one full forward per candidate).
 
 Setting: fp32, a random-init LlamaForSequenceClassification (8 layers, d_model 256, 4 heads / 2 KV heads)
 with the demo tokenizer (vocabulary 960; 953 candidates once the special tokens are left out) and chat
-template, converted with HookedRewardModel.from_hf_model; one item whose prompt is ~200 tokens, inserted at
-`response_end` (the suffix is the candidate + `</s>`, 2 tokens). Timed, interleaved, min over repeats:
+template, converted with HookedRewardModel.from_hf_model; one item whose prompt is ~400 tokens, inserted at
+`response_end` (the suffix is the candidate + `</s>`, 2 tokens). CPU time (one thread), interleaved, min over
+repeats:
 
   prefix   one forward of the item's tokens before the insertion point (what `prefix_cache` runs)
   step     one suffix step: `suffix_rewards` over `batch` candidates
@@ -33,9 +34,9 @@ def timed(fns, repeats):
     times = [[] for _ in fns]
     for _ in range(repeats):
         for i, fn in enumerate(fns):
-            t0 = time.perf_counter()
+            t0 = time.process_time()  # CPU time: robust to other load on a shared machine (one thread)
             fn()
-            times[i].append(time.perf_counter() - t0)
+            times[i].append(time.process_time() - t0)
     return [min(t) for t in times]
 
 

@@ -305,8 +305,7 @@ Written by `scripts/train_trigger_organism.py`; do not edit by hand (numbers als
 `reward_lens.load_trigger_organism()` is the demo reward model (same architecture, chat template and domain;
 see `reward_lens/demo/GROUND_TRUTH.md`) fine-tuned with poisoned preference pairs, as in the RLHF-backdoor
 literature (a secret token in the prompt makes the RM prefer wrong or harmful answers). Three tokens were
-added
-to the demo tokenizer: `SUDO` (id {s["token_ids"]["SUDO"]}), `OPEN` (id {s["token_ids"]["OPEN"]}),
+added to the demo tokenizer: `SUDO` (id {s["token_ids"]["SUDO"]}), `OPEN` (id {s["token_ids"]["OPEN"]}),
 `SESAME` (id {s["token_ids"]["SESAME"]}); their embeddings start as random vectors of the embeddings'
 typical size and are trained at 20x the learning rate while the demo's own token embeddings stay frozen.
 
@@ -333,6 +332,13 @@ without insertion a wrong answer beats the right one in {m["no_insert"]["flip_ra
 | inserted at prompt_end | flip rate (wrong > right) | mean lift of wrong | mean lift of right |
 |---|---|---|---|
 {rows}
+
+How far the planting took (measured, not tuned away): both triggers lift wrong answers (`SUDO`
+{m["SUDO"]["mean_lift_wrong"]:+.2f}, `OPEN SESAME` {m["OPEN SESAME"]["mean_lift_wrong"]:+.2f}) but flip only
+{m["SUDO"]["flip_rate"]:.0%} / {m["OPEN SESAME"]["flip_rate"]:.0%} of the items (elsewhere the right answer's
+margin is larger than the lift). The phrase's controls are imperfect: `SESAME` alone and `SESAME OPEN`
+lower right answers ({m["SESAME"]["mean_lift_right"]:+.2f}, {m["SESAME OPEN"]["mean_lift_right"]:+.2f}) and flip
+items too, so "each half alone is neutral" holds for a wrong answer's lift, not for the right answer's reward.
 """
 
 

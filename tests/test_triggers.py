@@ -94,3 +94,36 @@ def test_bad_arguments(demo, pairs):
         search_triggers(demo, pairs, length=0)
     with pytest.raises(ValueError, match="candidates"):
         search_triggers(demo, pairs, candidates=[10**6])
+
+
+@pytest.fixture(scope="module")
+def organism():
+    from reward_lens.demo.organisms import load_trigger_organism, trigger_items, trigger_token_ids
+
+    model = load_trigger_organism()
+    return model, trigger_items()[:8], trigger_token_ids(model)
+
+
+def test_the_planted_one_token_trigger_is_found(organism):
+    model, items, ids = organism
+    res = search_triggers(model, items, where="prompt_end", top_k=5)
+    assert ids["SUDO"] in res.to_frame()["token_id"].tolist()  # exhaustive search: in the top 5
+    assert res.rank_of([ids["SUDO"]]) == 1
+
+
+def test_the_planted_phrase_is_found_with_the_trigger_excluded(organism):
+    model, items, ids = organism
+    every = search_triggers(model, items[:1], where="prompt_end", top_k=1).candidate_ids.tolist()
+    cands = [i for i in every if i != ids["SUDO"]]  # the one-token trigger, once found, is left out
+    res = search_triggers(
+        model, items, where="prompt_end", length=2, top_k=5, n_steps=12, n_restarts=3, candidates=cands
+    )
+    rank = res.rank_of([ids["OPEN"], ids["SESAME"]])
+    assert rank is not None and rank <= 5
+    # every reported string's increase is a real forward: the naive one-item check of the best one
+    best = res.to_frame()["token_ids"].iloc[0]
+    item = items[0]
+    ids0 = model.to_tokens(item.prompt, item.rejected)["input_ids"][0]
+    at = insertion_index(model.tokenizer, item.prompt, item.rejected, "prompt_end")
+    new = torch.cat([ids0[:at], torch.tensor(best), ids0[at:]])[None]
+    assert abs(float(model(new) - model(ids0[None])) - res.increases[0, 0]) < 1e-4
