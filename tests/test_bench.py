@@ -10,9 +10,10 @@ import pandas as pd
 import pytest
 import torch
 
-from reward_lens.app import bench_checks
+from reward_lens.app import bench_registry
 from reward_lens.app.bench import COLUMNS, run_bench, write_bench
-from reward_lens.app.bench_checks import Check, auroc, select
+from reward_lens.app.bench_checks import Check, auroc
+from reward_lens.app.bench_registry import select
 from reward_lens.app.cli import main
 
 
@@ -27,7 +28,7 @@ def test_goals_and_selection():
     c = Check("o", "m", "i", "x", ("<=", 5), lambda ctx: 3.0)
     assert c.meets(5) and not c.meets(5.01) and not c.meets(float("nan"))
     assert c.goal_text() == "<= 5"
-    checks = bench_checks.all_checks()
+    checks = bench_registry.all_checks()
     assert {c.mechanism for c in checks} >= {"trigger", "length", "sycophancy", "gate", "step", "circuit"}
     assert all(c.organism == "circuit" for c in select(checks, ["circuit"], False))
     assert not any(c.organism == "smollm2" for c in select(checks, None, True))
@@ -36,7 +37,7 @@ def test_goals_and_selection():
 
 
 def test_extension_rows_wait_for_their_providers():
-    ext = {c.instrument: c for c in bench_checks.EXTENSIONS}
+    ext = {c.instrument: c for c in bench_registry.EXTENSIONS}
     assert ext["edge_attribution"].requires == "reward_lens:edge_attribution"
     assert (
         ext["token_attribution"].requires == "reward_lens:read_step"

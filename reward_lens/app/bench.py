@@ -2,7 +2,7 @@
 
     reward-lens bench [--out DIR] [--only NAMES] [--device cpu] [--quick]
 
-Each row (`reward_lens.app.bench_checks.CHECKS`) runs one instrument on one organism and compares a metric
+Each row (`reward_lens.app.bench_registry.CHECKS`) runs one instrument on one organism and compares a metric
 with a goal fixed by the organism's ground truth. Writes `bench.csv` (organism, mechanism, instrument,
 metric, value, goal, passed), `results.json` (the rows with notes, seconds, errors, and the pending
 extension rows) and `bench.html`; exits 0 only when every row meets its goal. A row whose instrument raises
@@ -21,7 +21,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import numpy as np
 import pandas as pd
 
-from reward_lens.app.bench_checks import BenchContext, Check, all_checks, select
+from reward_lens.app.bench_checks import BenchContext, Check
+from reward_lens.app.bench_registry import all_checks, select
 from reward_lens.plotting import pyplot
 
 COLUMNS = ["organism", "mechanism", "instrument", "metric", "value", "goal", "passed"]

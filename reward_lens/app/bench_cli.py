@@ -55,7 +55,7 @@ def add_commands(sub) -> None:
 
 def cmd_bench(args) -> int:
     from reward_lens.app.bench import run_bench, write_bench
-    from reward_lens.app.bench_checks import all_checks, select
+    from reward_lens.app.bench_registry import all_checks, select
 
     check_device(args.device)
     only = split_list(args.only) if args.only else None
