@@ -351,7 +351,11 @@ def circuit_path_share(ctx) -> float:
     return float((-res.effect(normalized=True)[:, 0, 0]).min())
 
 
-def circuit_edge_auroc(ctx) -> float:  # extension point: needs reward_lens.edge_attribution
+def circuit_edge_auroc(ctx) -> float:
+    """EXTENSION POINT (edge attribution, EAP / EAP-IG): written against the expected surface
+    `reward_lens.edge_attribution(model, pairs).to_frame()` with columns `edge` (e.g. "L0H0->L1H2.v") and
+    `effect`; adapt the column names when merging. Planted edges: L0H0 -> L1H2 (any of its inputs) and
+    L1H2 -> readout."""
     import reward_lens
 
     model, pairs = ctx.organism("circuit")
@@ -401,5 +405,9 @@ def gate_objective_gap(ctx) -> float:
 
 
 # ---------------------------------------------------------------------------------------------- process RM
-def prm_first_wrong_step(ctx) -> float:  # extension point: needs the PRM head (reward_lens.read_step)
-    raise NotImplementedError("the process-RM organism arrives with the PRM head; the lead adds this row")
+def prm_first_wrong_step(ctx) -> float:
+    """EXTENSION POINT (process-RM organism): share of the PRM organism's items whose first wrong step is
+    ranked first by token_attribution / the per-step scores of `reward_lens.read_step`. To fill in at merge:
+    add the organism's loader to ORGANISMS ("prm"), then score here; until then this row is pending (its
+    `requires` attribute does not exist) and, if run, a miss that says so."""
+    raise NotImplementedError("the process-RM organism arrives with the PRM head; add its scoring here")
