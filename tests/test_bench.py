@@ -108,3 +108,19 @@ def test_cli_triggers_writes_csv_and_plot(tmp_path):
     assert len(frame) == 5 and {"token_id", "text", "mean_increase", "std_increase"} <= set(frame.columns)
     assert (out / "triggers.png").stat().st_size > 0
     assert np.all(np.diff(frame.mean_increase) <= 0)
+
+
+def test_new_organisms_are_small_documented_and_otherwise_the_demo():
+    from reward_lens.demo import demo_pairs
+    from reward_lens.demo.organisms import GATE_DIR, TRIGGER_DIR, load_trigger_organism
+
+    for d, limit in ((TRIGGER_DIR, 5 * 2**20), (GATE_DIR, 2**20)):
+        assert sum(p.stat().st_size for p in d.iterdir()) <= limit
+        assert (d / "GROUND_TRUTH.md").exists() and (d / "training_summary.json").exists()
+    model = load_trigger_organism()
+    pairs = demo_pairs()[::6]
+    with torch.no_grad():
+        c = model.to_tokens([p.prompt for p in pairs], [p.chosen for p in pairs])
+        r = model.to_tokens([p.prompt for p in pairs], [p.rejected for p in pairs])
+        acc = (model(c["input_ids"], c["attention_mask"]) > model(r["input_ids"], r["attention_mask"])).float()
+    assert acc.mean() >= 0.9  # without a trigger, the demo's preferences
