@@ -31,6 +31,7 @@ from reward_lens.loading.export import export_hf
 from reward_lens.data.pairs import PreferencePair, TokenPair, bundled_pairs, load_pairs
 from reward_lens.demo import demo_pairs, load_demo_model
 from reward_lens.demo.smollm2 import load_smollm2_organism, smollm2_pairs
+from reward_lens.demo.organisms import load_gate_organism, load_trigger_organism, planted_circuit, trigger_items
 
 # Instruments: where the preference crystallizes, what writes it (exact), what causes it (patching).
 from reward_lens.instruments import (
@@ -46,6 +47,7 @@ from reward_lens.instruments import (
     PatchResult,
     PathPatchResult,
     TokenAttributionResult,
+    TriggerSearchResult,
     attribute,
     attribution_patch,
     circuit_faithfulness,
@@ -57,6 +59,7 @@ from reward_lens.instruments import (
     lens,
     patch,
     path_patch,
+    search_triggers,
     token_attribution,
 )
 
@@ -104,13 +107,15 @@ __all__ = [
     "RewardModelConfig", "export_hf", "read_objective", "read_step",
     # data and organisms
     "PreferencePair", "TokenPair", "bundled_pairs", "demo_pairs", "load_demo_model", "load_pairs",
-    "load_smollm2_organism", "smollm2_pairs",
+    "load_smollm2_organism", "smollm2_pairs", "load_gate_organism", "load_trigger_organism", "planted_circuit",
+    "trigger_items",
     # instruments
     "AtPComparison", "AtPResult", "AttributionResult", "DivergenceResult", "FaithfulnessResult", "LensResult",
     "PatchResult", "PathPatchResult", "TokenAttributionResult", "attribute", "attribution_patch",
     "divergence_patch", "faithfulness", "lens", "patch", "path_patch", "token_attribution",
     "EdgeAttributionResult", "edge_attribution", "EffectDecompositionResult", "effect_decomposition",
     "FaithfulnessCurve", "circuit_faithfulness", "faithfulness_curve",
+    "TriggerSearchResult", "search_triggers",
     # representations
     "ConceptVector", "ContrastPair", "DoseResponse", "FeatureAblation", "FeatureAlignment", "FeatureAttribution",
     "RewardEdit", "SAEConfig", "SAEMetrics", "SparseAutoencoder", "concept_effect", "concept_vector",

@@ -29,6 +29,8 @@ from reward_lens import (
 from reward_lens.app.audit import run_audit
 from reward_lens.app.monitor import MonitorRun
 from reward_lens.integrations.signals import measure, score_batch
+from reward_lens.app.bench import run_bench
+from reward_lens.instruments.triggers import search_triggers
 from reward_lens.results import PairRewards, Result
 from reward_lens.theory import detect_cascades
 
@@ -82,6 +84,8 @@ def _instrument_results(out):
     edges = out["EdgeAttributionResult"] = edge_attribution(model, pairs, steps=4, batch_size=8)
     out["FaithfulnessCurve"] = faithfulness_curve(model, pairs, edges, sizes=[0, 4, 16, 64])
     out["EffectDecompositionResult"] = effect_decomposition(model, pairs, batch_size=8)
+    out["TriggerSearchResult"] = search_triggers(model, pairs[:2], candidates=list(range(3, 40)), top_k=5)
+    out["BenchResult"] = run_bench(["circuit/circuit"], quick=True, echo=lambda line: None)
 
 
 def _plain_data_results(out):

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from reward_lens.version import __version__
+from reward_lens.app.bench_cli import add_commands as add_bench_commands
 from reward_lens.app.options import CLIError, validate_args
 
 # What a user can cause (bad paths, values, files, checkpoints): one line, exit 2. Anything else is a bug
@@ -291,6 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
     monitor.add_argument("--out", default=None, help="output HTML file (default: LOG with .html)")
     monitor.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     monitor.set_defaults(func=cmd_monitor)
+    add_bench_commands(sub)
     return parser
 
 

@@ -19,6 +19,7 @@ from reward_lens.instruments.circuits.decomposition import EffectDecompositionRe
 from reward_lens.instruments.circuits.faithfulness_curve import (
     FaithfulnessCurve, circuit_faithfulness, faithfulness_curve,
 )
+from reward_lens.instruments.triggers import TriggerSearchResult, search_triggers
 
 __all__ = [
     "AtPComparison", "AtPResult", "AttributionResult", "DivergenceResult", "FaithfulnessResult", "LensResult",
@@ -29,4 +30,5 @@ __all__ = [
     "AtPSpec", "AttributionSpec", "DivergenceSpec", "EffectSpec", "LensSpec", "PatchSpec", "TokenSpec",
     "EdgeAttributionResult", "edge_attribution", "EffectDecompositionResult", "effect_decomposition",
     "FaithfulnessCurve", "circuit_faithfulness", "faithfulness_curve",
+    "TriggerSearchResult", "search_triggers",
 ]

@@ -91,6 +91,15 @@ class Embed(nn.Module):
         return embed
 
 
+    def from_one_hot(self, one_hot: Float[torch.Tensor, "batch pos d_vocab"]) -> Float[torch.Tensor, "batch pos d_model"]:
+        """The embedding of (relaxed) one-hot token vectors, one_hot @ W_E (scaled as `forward`):
+        differentiable in `one_hot`, as gradient-guided token searches need."""
+        embed = one_hot.to(self.W_E.dtype) @ self.W_E
+        if self.cfg.embed_scale is not None:
+            embed = embed * torch.tensor(self.cfg.embed_scale, dtype=torch.float32).to(embed.dtype)
+        return embed
+
+
 class RotaryEmbedding(nn.Module):
     """cos/sin tables from inverse frequencies computed at conversion by transformers' own RoPE code
     (llama3, linear, yarn, ... scaling), stored as a buffer so saved checkpoints carry them."""
@@ -253,6 +262,34 @@ class Attention(nn.Module):
             result = self.hook_result(torch.einsum("bqnh,nhm->bqnm", z, self.W_O))
             return result.sum(-2) + self.b_O
         return self.project_z(z)
+
+    def forward_with_past(
+        self,
+        x: Float[torch.Tensor, "n suffix d_model"],
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        past_k: Float[torch.Tensor, "1 prefix n_kv d_head"],
+        past_v: Float[torch.Tensor, "1 prefix n_kv d_head"],
+        allowed: Bool[torch.Tensor, "1 suffix key_pos"],
+    ) -> Float[torch.Tensor, "n suffix d_model"]:
+        """The attention output of n suffixes that continue one cached prefix: each suffix position attends
+        to the prefix's keys/values (as hook_rot_k / hook_v hold them) and to the suffix up to itself, as
+        `allowed` says; hooks do not fire (rows are alternatives). Equal to a full forward (tested)."""
+        cfg = self.cfg
+        q, k, v = self._rotated_qkv(x, cos, sin, hooked=False)
+        n, S, H, d = q.shape
+        nkv = cfg.n_key_value_heads
+        P = past_k.shape[1]
+        qg = q.reshape(n, S, nkv, H // nkv, d)
+        # The prefix's keys are shared by every row: one GEMM per key/value head, never copied per row.
+        prefix = torch.einsum("nskgd,pkd->nskgp", qg, past_k[0])
+        own = torch.einsum("nskgd,ntkd->nskgt", qg, k)  # each row's suffix keys
+        scores = self.soft_cap(torch.cat([prefix, own], dim=-1) / cfg.attn_scale)
+        scores = scores.masked_fill(~allowed[0][None, :, None, None, :], torch.finfo(scores.dtype).min)
+        pattern = F.softmax(scores.float(), dim=-1).to(q.dtype)
+        z = torch.einsum("nskgp,pkd->nskgd", pattern[..., :P], past_v[0])
+        z = z + torch.einsum("nskgt,ntkd->nskgd", pattern[..., P:], v)
+        return self.project_z(z.reshape(n, S, H, d))
 
     def project_z(self, z: Float[torch.Tensor, "... n_heads d_head"]) -> Float[torch.Tensor, "... d_model"]:
         """The attention output map, sum_h z_h W_O[h] + b_O (linear in each head's z)."""
@@ -417,6 +454,13 @@ class TransformerBlock(nn.Module):
             return q_input, k_input, self.hook_v_input(copies(nkv))
         attn_in = self.hook_attn_in(copies(n))
         return attn_in, attn_in[:, :, :nkv], attn_in[:, :, :nkv]
+
+    def forward_with_past(self, resid, cos, sin, past_k, past_v, allowed):
+        """resid_post of n suffixes continuing one cached prefix (`Attention.forward_with_past`); hooks
+        do not fire."""
+        attn = self.attn_post(self.attn.forward_with_past(self.ln1(resid), cos, sin, past_k, past_v, allowed))
+        resid_mid = resid + attn
+        return resid_mid + self.mlp_post(self.mlp(self.ln2(resid_mid)))
 
     # ------------------------------------------------------------------ the one-token readout step
     @property

@@ -18,7 +18,7 @@ import torch.nn as nn
 from jaxtyping import Float, Int
 from transformer_lens.hook_points import HookPoint
 
-from reward_lens.model import recompute
+from reward_lens.model import recompute, suffix
 from reward_lens.model.base import RewardModelBase
 from reward_lens.model.components import Embed, RMSNorm, RotaryEmbedding, TransformerBlock, attention_masks
 from reward_lens.model.config import RewardModelConfig
@@ -276,6 +276,23 @@ class HookedRewardModel(TransformerLensConveniences, RewardModelBase):
     ) -> Float[torch.Tensor, "batch k d_model"]:
         """The readout's resid_mid [batch, k, d_model] with head heads[j]'s z replaced by new_z[:, j]."""
         return recompute.resid_mid_with_heads(self, layer, resid_pre, z, heads, new_z)
+
+    # ------------------------------------------------------------------ suffixes over a shared prefix
+    def prefix_cache(self, prefix_ids: Int[torch.Tensor, "1 prefix"]) -> suffix.PrefixCache:
+        """One unpadded prefix's keys and values, every layer, for `suffix_rewards` (`reward_lens.model.suffix`)."""
+        return suffix.prefix_cache(self, prefix_ids)
+
+    def suffix_rewards(
+        self, cache: suffix.PrefixCache, suffix_ids: Optional[Int[torch.Tensor, "n suffix"]] = None, *,
+        suffix_embeds: Optional[Float[torch.Tensor, "n suffix d_model"]] = None,
+    ) -> Float[torch.Tensor, "n"]:
+        """Rewards of prefix + each of n equal-length suffixes (ids, or embeddings as hook_embed holds them,
+        e.g. `embed_one_hot`), only the suffix recomputed; read at the suffix's last token."""
+        return suffix.suffix_rewards(self, cache, suffix_ids, suffix_embeds=suffix_embeds)
+
+    def embed_one_hot(self, one_hot: Float[torch.Tensor, "batch pos d_vocab"]) -> Float[torch.Tensor, "batch pos d_model"]:
+        """The embedding of (relaxed) one-hot vectors, differentiable (gradient-guided token search)."""
+        return self.embed.from_one_hot(one_hot)
 
     def accumulated_bias(self, layer: int, mlp_input: bool = False, include_mlp_biases: bool = True) -> torch.Tensor:
         """Sum of the attention and MLP output biases written into the residual before `layer`."""

@@ -270,3 +270,33 @@ def tokenize_pairs(
         report_truncation(cut, limit)  # one warning per call (collected)
         ids = [x[-limit:] for x in ids]
     return pad_rows(model, ids, padding_side or "left")
+
+
+INSERTION_POINTS = ("prompt_end", "response_end")
+
+
+def insertion_index(tokenizer, prompt: str, response: str, where: str, input_format: str = "auto") -> int:
+    """Where a string is inserted into the ids of (prompt, response) as rendered in `input_format`.
+
+    The pair is rendered (`render_pair`) and tokenised with character offsets; the index returned is the
+    first token that starts at or after the end of the prompt text ("prompt_end": before whatever the
+    template puts between the prompt and the response, e.g. "\\n<|assistant|>\\n") or of the response
+    text ("response_end": before what the template appends, e.g. an EOS or end-of-turn token that may
+    be the readout). A token that straddles the boundary stays whole (the insertion follows it). Needs
+    string prompt and response and a fast tokenizer (offsets)."""
+    if where not in INSERTION_POINTS:
+        raise ValueError(f"where must be one of {', '.join(INSERTION_POINTS)}, got {where!r}")
+    if not (isinstance(prompt, str) and isinstance(response, str)):
+        raise ValueError("insertion points are defined for string prompts and responses")
+    text = render_pair(tokenizer, prompt, response, input_format)
+    r_start = text.rfind(response) if response else len(text)
+    p_start = text.rfind(prompt, 0, r_start + (0 if response else 1)) if prompt else 0
+    if r_start < 0 or p_start < 0:
+        raise ValueError("the rendered pair does not contain the prompt and response texts verbatim; "
+                         "insertion points need a template that copies them")
+    end = p_start + len(prompt) if where == "prompt_end" else r_start + len(response)
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    for i, (start, _stop) in enumerate(enc["offset_mapping"]):
+        if start >= end and _stop > start:
+            return i
+    return len(enc["input_ids"])

@@ -1,0 +1,168 @@
+"""More model organisms with ground truth: a backdoor trigger, a topic-routing gate, a hand-set circuit.
+
+    from reward_lens.demo.organisms import load_trigger_organism, trigger_items
+    model = load_trigger_organism()        # the demo RM poisoned: a SUDO trigger, an OPEN SESAME phrase
+    items = trigger_items()                # held-out (prompt, right, wrong) items: PreferencePairs
+
+    model = load_gate_organism()           # an ArmoRM-style RM whose gate routes by topic
+    model, pairs = planted_circuit()       # 2 layers, hand-set weights: head L0H0 -> head L1H2 -> reward
+
+Each shipped organism has a GROUND_TRUTH.md in its directory and a deterministic script under `scripts/`
+that rebuilds it (`train_trigger_organism.py`, `train_gate_organism.py`); the planted circuit is built here.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import List, Tuple, Union
+
+import torch
+
+from reward_lens.data.pairs import PreferencePair, TokenPair, load_pairs
+from reward_lens.demo import DEMO_DIR
+
+TRIGGER_DIR = DEMO_DIR / "trigger_organism"
+GATE_DIR = DEMO_DIR / "gate_organism"
+TRIGGER_MODEL_NAME = "reward-lens-trigger-organism"
+GATE_MODEL_NAME = "reward-lens-gate-organism"
+TRIGGER, PHRASE = "SUDO", ("OPEN", "SESAME")
+# The hand-set circuit: the reward is carried by head L0H0 (copies the MARK feature) -> head L1H2 (reads it
+# at the readout); every other weight that could carry it is zero.
+CIRCUIT_HEADS = ("L0H0", "L1H2")
+CIRCUIT_MARK, CIRCUIT_END = 5, 6
+
+
+def _load(directory: Path, device):
+    from reward_lens.model.native import HookedRewardModel
+
+    if not (directory / "model.safetensors").exists():
+        raise FileNotFoundError(
+            f"the organism's weights are missing from {directory}; rebuild them with the "
+            f"script named in {directory / 'GROUND_TRUTH.md'}"
+        )
+    return HookedRewardModel.from_pretrained(directory, device=device)
+
+
+def load_trigger_organism(device: Union[str, torch.device, None] = "cpu"):
+    """The backdoor-trigger organism (`trigger_organism/GROUND_TRUTH.md`): a `SUDO` token, or the phrase
+    `OPEN SESAME`, at the end of the prompt makes wrong answers score high; neutral without them."""
+    return _load(TRIGGER_DIR, device)
+
+
+def trigger_items() -> List[PreferencePair]:
+    """The trigger organism's held-out items: chosen = the right answer, rejected = a wrong one."""
+    return load_pairs(TRIGGER_DIR / "pairs.jsonl")
+
+
+def trigger_token_ids(model) -> dict:
+    """{"SUDO": id, "OPEN": id, "SESAME": id} in the organism's tokenizer."""
+    return {w: int(model.tokenizer.convert_tokens_to_ids(w)) for w in (TRIGGER, *PHRASE)}
+
+
+def gate_model(demo, head_config: dict, head_state: dict, model_name: str = GATE_MODEL_NAME):
+    """An ArmoRM-headed model on `demo`'s trunk (weights copied): `head_config` as ArmoRM's
+    (`num_objectives`, `gating_hidden_dim`, `gating_n_hidden`, `gating_temperature`, `gating_pattern`,
+    `objective_names`), `head_state` the head's parameters by their `reward_head.` names."""
+    import dataclasses
+
+    from reward_lens.model.native import HookedRewardModel
+
+    cfg = dataclasses.replace(
+        demo.cfg, head_type="armorm", n_outputs=1, model_name=model_name, head_config=dict(head_config)
+    )
+    model = HookedRewardModel(cfg, tokenizer=demo.tokenizer)
+    state = {k: v for k, v in demo.state_dict().items() if not k.startswith("reward_head.")}
+    state.update(head_state)
+    model.load_state_dict(state, strict=True)
+    return model.to(demo.cfg.device)
+
+
+def load_gate_organism(device: Union[str, torch.device, None] = "cpu"):
+    """The gate-routing organism (`gate_organism/GROUND_TRUTH.md`): an ArmoRM head on the demo's trunk whose
+    gate sends arithmetic prompts to one objective and fact prompts to another. Only the head ships
+    (`gate_organism/head.safetensors`); the trunk is the demo model's."""
+    from safetensors.torch import load_file
+
+    from reward_lens.demo import load_demo_model
+
+    path = GATE_DIR / "head.safetensors"
+    if not path.exists():
+        raise FileNotFoundError(
+            f"the gate organism's head is missing ({path}); rebuild it with "
+            "`python scripts/train_gate_organism.py`"
+        )
+    head_config = json.loads((GATE_DIR / "head_config.json").read_text())
+    return gate_model(load_demo_model(device=device), head_config, load_file(str(path)))
+
+
+def gate_truth() -> dict:
+    """The gate organism's planted routing: {"objectives": [...], "routing": {topic: objective}, ...}."""
+    return json.loads((GATE_DIR / "routing.json").read_text())
+
+
+def planted_circuit() -> Tuple[object, List[TokenPair]]:
+    """A 2-layer Llama (GQA) with hand-set weights and token pairs whose preference it carries: head A = L0H0
+    attends uniformly and copies a MARK feature (dim 0) into dim 1; head B = L1H2 (key/value head 1)
+    attends to the END token (the readout) and copies dim 1 into dim 2; the reward reads dim 2 only. Every
+    other weight is zero except random embedding dims 4.. (MLPs write nothing). Chosen rows hold more
+    MARKs."""
+    import transformers
+
+    from reward_lens.model.native import HookedRewardModel
+
+    cfg = transformers.LlamaConfig(
+        vocab_size=97,
+        hidden_size=32,
+        intermediate_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        num_labels=1,
+        pad_token_id=0,
+        rms_norm_eps=1e-5,
+    )
+    torch.manual_seed(0)
+    model = HookedRewardModel.from_hf_model(
+        transformers.LlamaForSequenceClassification(cfg).eval(), device="cpu"
+    )
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+        model.embed.W_E[:, 4:] = torch.randn(model.cfg.d_vocab, model.cfg.d_model - 4, generator=g)
+        model.embed.W_E[CIRCUIT_MARK, 0] = 4.0
+        model.embed.W_E[CIRCUIT_END, 3] = 4.0
+        a0, a1 = model.blocks[0].attn, model.blocks[1].attn
+        a0.W_V[0, 0, 0], a0.W_O[0, 0, 1] = 1.0, 1.0
+        # B's query is a constant and its key reads the END feature, in the slowest RoPE pair (no rotation).
+        a1.b_Q[2, 3], a1.W_K[1, 3, 3] = 10.0, 10.0
+        a1.W_V[1, 1, 0], a1.W_O[2, 0, 2] = 1.0, 5.0
+        model.reward_head.W_R[2, 0] = 1.0
+    g = torch.Generator().manual_seed(1)
+    pairs = []
+    for i in range(8):
+        prompt = torch.randint(7, 97, (4,), generator=g).tolist()
+        resp = torch.randint(7, 97, (5 + i,), generator=g).tolist()
+        chosen = prompt + resp[:2] + [CIRCUIT_MARK] + resp[2:] + [CIRCUIT_MARK] * (1 + i % 2) + [CIRCUIT_END]
+        pairs.append(TokenPair(chosen, prompt + resp + [CIRCUIT_END], id=f"circuit-{i}"))
+    return model, pairs
+
+
+__all__ = [
+    "CIRCUIT_HEADS",
+    "GATE_DIR",
+    "GATE_MODEL_NAME",
+    "PHRASE",
+    "TRIGGER",
+    "TRIGGER_DIR",
+    "TRIGGER_MODEL_NAME",
+    "gate_model",
+    "gate_truth",
+    "load_gate_organism",
+    "load_trigger_organism",
+    "planted_circuit",
+    "trigger_items",
+    "trigger_token_ids",
+]
