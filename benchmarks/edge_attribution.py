@@ -52,9 +52,15 @@ def main():
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(
-        vocab_size=32000, hidden_size=args.d_model, intermediate_size=4 * args.d_model,
-        num_hidden_layers=args.layers, num_attention_heads=args.d_model // 64,
-        num_key_value_heads=args.d_model // 128, num_labels=1, pad_token_id=0, max_position_embeddings=4096,
+        vocab_size=32000,
+        hidden_size=args.d_model,
+        intermediate_size=4 * args.d_model,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.d_model // 64,
+        num_key_value_heads=args.d_model // 128,
+        num_labels=1,
+        pad_token_id=0,
+        max_position_embeddings=4096,
     )
     model = HookedRewardModel.from_hf_model(transformers.LlamaForSequenceClassification(cfg).eval())
     prompt = torch.randint(1, cfg.vocab_size, (args.seq // 2,))
@@ -75,8 +81,10 @@ def main():
         with torch.no_grad():
             return model(ids)
 
-    print(f"setting: {args.layers} layers, d_model {args.d_model}, T={len(chosen)}/{len(rejected)}, fp32, "
-          f"steps {args.steps}, torch threads {torch.get_num_threads()}")
+    print(
+        f"setting: {args.layers} layers, d_model {args.d_model}, T={len(chosen)}/{len(rejected)}, fp32, "
+        f"steps {args.steps}, torch threads {torch.get_num_threads()}"
+    )
     for name, fn in runs.items():
         count["n"] = 0
         res = fn()
@@ -90,8 +98,10 @@ def main():
         fw, t = min(times["fwd"]), min(times["run"])
         n_edges = int(torch.isfinite(getattr(res, "scores", getattr(res, "patched", None))[0]).sum())
         median = statistics.median(times["run"])
-        print(f"{name:20s} {n_edges} edges: {n_forwards} full forwards, {t * 1e3:8.1f} ms "
-              f"(median {median * 1e3:.1f}) = {t / fw:6.2f} forward-pass equivalents")
+        print(
+            f"{name:20s} {n_edges} edges: {n_forwards} full forwards, {t * 1e3:8.1f} ms (median "
+            f"{median * 1e3:.1f}) = {t / fw:6.2f} forward-pass equivalents"
+        )
 
 
 if __name__ == "__main__":

@@ -58,8 +58,14 @@ def main():
     args = ap.parse_args()
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(
-        vocab_size=32000, hidden_size=args.d_model, intermediate_size=4 * args.d_model, num_hidden_layers=args.layers,
-        num_attention_heads=args.d_model // 64, num_key_value_heads=args.d_model // 128, num_labels=1, pad_token_id=0,
+        vocab_size=32000,
+        hidden_size=args.d_model,
+        intermediate_size=4 * args.d_model,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.d_model // 64,
+        num_key_value_heads=args.d_model // 128,
+        num_labels=1,
+        pad_token_id=0,
         max_position_embeddings=4096,
     )
     hf = transformers.LlamaForSequenceClassification(cfg).eval().to(args.device)
@@ -85,8 +91,10 @@ def main():
     t_hf, t_hooked = min(t_hf), min(t_hooked)
     gc.collect()
     m_hf, m_hooked = peak_bytes(run_hf), peak_bytes(run_hooked)
-    print(f"setting: {args.layers} layers, d_model {args.d_model}, T={args.seq}, batch {args.batch}, fp32, {args.device}, "
-          f"torch threads {torch.get_num_threads()}")
+    print(
+        f"setting: {args.layers} layers, d_model {args.d_model}, T={args.seq}, batch {args.batch}, fp32, "
+        f"{args.device}, torch threads {torch.get_num_threads()}"
+    )
     print(f"max |reward diff| hooked vs transformers: {err:.2e}")
     print(f"transformers forward: {t_hf * 1e3:8.1f} ms   peak extra memory {m_hf / 2**20:8.1f} MiB")
     print(f"hooked forward:       {t_hooked * 1e3:8.1f} ms   peak extra memory {m_hooked / 2**20:8.1f} MiB")

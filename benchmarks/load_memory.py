@@ -21,7 +21,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-CASES = [("reward-lens", "float32"), ("reward-lens", "bfloat16"), ("transformers", "float32"), ("transformers", "bfloat16")]
+CASES = [
+    ("reward-lens", "float32"),
+    ("reward-lens", "bfloat16"),
+    ("transformers", "float32"),
+    ("transformers", "bfloat16"),
+]
 
 
 def rss_kb(field: str) -> int:
@@ -68,9 +73,16 @@ def build(directory: Path, layers: int, d_model: int, shards: int, vocab: int) -
 
     torch.manual_seed(0)
     heads = max(1, d_model // 64)
-    config = LlamaConfig(vocab_size=vocab, hidden_size=d_model, intermediate_size=int(d_model * 2.75) // 64 * 64,
-                         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=max(1, heads // 4),
-                         num_labels=1, pad_token_id=0)
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=d_model,
+        intermediate_size=int(d_model * 2.75) // 64 * 64,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=max(1, heads // 4),
+        num_labels=1,
+        pad_token_id=0,
+    )
     model = LlamaForSequenceClassification(config).float()
     size = sum(p.numel() * p.element_size() for p in model.parameters())
     model.save_pretrained(str(directory), max_shard_size=int(size / shards * 1.05))  # tensors are never split
@@ -91,18 +103,31 @@ def main() -> None:
         size = build(Path(tmp) / "model", args.layers, args.d_model, args.shards, args.vocab)
         build(Path(tmp) / "warmup", 1, 64, 1, 128)
         n_files = len(list((Path(tmp) / "model").glob("*.safetensors")))
-        print(f"checkpoint: {args.layers} layers, d_model {args.d_model}, vocab {args.vocab}, fp32, {size / 2**20:.0f} MiB "
-              f"in {n_files} shard(s)")
+        print(
+            f"checkpoint: {args.layers} layers, d_model {args.d_model}, vocab {args.vocab}, fp32, "
+            f"{size / 2**20:.0f} MiB in {n_files} shard(s)"
+        )
         print(f"{'loader':<14}{'dtype':<10}{'peak MiB':>10}{'params MiB':>12}{'peak/params':>13}")
         # The children import reward_lens from this checkout (their sys.path[0] would be benchmarks/).
         root = str(Path(__file__).resolve().parents[1])
-        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+        env = dict(
+            os.environ,
+            OMP_NUM_THREADS="1",
+            PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])),
+        )
         for loader, dtype in CASES:
-            out = subprocess.run([sys.executable, __file__, "--child", loader, tmp, dtype], capture_output=True,
-                                 text=True, env=env, check=True)
+            out = subprocess.run(
+                [sys.executable, __file__, "--child", loader, tmp, dtype],
+                capture_output=True,
+                text=True,
+                env=env,
+                check=True,
+            )
             r = json.loads(out.stdout.strip().splitlines()[-1])
-            print(f"{loader:<14}{'fp32->' + ('bf16' if dtype == 'bfloat16' else 'fp32'):<10}"
-                  f"{r['peak'] / 2**20:>10.0f}{r['params'] / 2**20:>12.0f}{r['peak'] / r['params']:>13.2f}")
+            print(
+                f"{loader:<14}{'fp32->' + ('bf16' if dtype == 'bfloat16' else 'fp32'):<10}"
+                f"{r['peak'] / 2**20:>10.0f}{r['params'] / 2**20:>12.0f}{r['peak'] / r['params']:>13.2f}"
+            )
 
 
 if __name__ == "__main__":

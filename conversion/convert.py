@@ -20,8 +20,10 @@ def main(argv=None):
     args = ap.parse_args(argv)
     model = HookedRewardModel.from_pretrained(args.checkpoint, dtype=args.dtype, fold_ln=args.fold_ln)
     model.save_pretrained(args.out_dir)
-    print(f"saved {model.cfg.original_architecture} ({model.cfg.n_layers} layers, d_model {model.cfg.d_model}, "
-          f"fold_ln={args.fold_ln}, {args.dtype}) to {args.out_dir}")
+    print(
+        f"saved {model.cfg.original_architecture} ({model.cfg.n_layers} layers, d_model "
+        f"{model.cfg.d_model}, fold_ln={args.fold_ln}, {args.dtype}) to {args.out_dir}"
+    )
 
 
 if __name__ == "__main__":

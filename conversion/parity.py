@@ -19,7 +19,10 @@ from reward_lens.model.devices import resolve_dtype
 
 DEFAULT_PAIRS = [
     ("What is the capital of France?", "The capital of France is Paris."),
-    ("Write a haiku about autumn.", "Leaves drift slowly down,\ncrimson on the quiet path,\nthe year exhales cold."),
+    (
+        "Write a haiku about autumn.",
+        "Leaves drift slowly down,\ncrimson on the quiet path,\nthe year exhales cold.",
+    ),
     ("Is it safe to mix bleach and ammonia?", "No. Mixing them releases toxic chloramine gas."),
 ]
 
@@ -30,8 +33,10 @@ def build_hf_model(directory, hf_config, dtype, device):
     arch = hf_config.architectures[0]
     cls = getattr(transformers, arch, None)
     if cls is None:
-        raise SystemExit(f"transformers has no class {arch}; the parity harness needs the reference implementation "
-                         "(for remote-code models such as ArmoRM, use the tests' reference implementation instead)")
+        raise SystemExit(
+            f"transformers has no class {arch}; the parity harness needs the reference implementation (for "
+            "remote-code models such as ArmoRM, use the tests' reference implementation instead)"
+        )
     model = cls.from_pretrained(str(directory), dtype=dtype).to(device).eval()
     return model
 
@@ -41,8 +46,13 @@ def main(argv=None):
     ap.add_argument("checkpoint")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--fold-ln", dest="fold_ln", action="store_true", default=False,
-                    help="fold norm weights (default off, so hidden states are comparable layer by layer)")
+    ap.add_argument(
+        "--fold-ln",
+        dest="fold_ln",
+        action="store_true",
+        default=False,
+        help="fold norm weights (default off, so hidden states are comparable layer by layer)",
+    )
     ap.add_argument("--text", action="append", help='a "prompt|||response" pair; repeatable')
     ap.add_argument("--padding-side", default="right", choices=["left", "right"])
     args = ap.parse_args(argv)
@@ -51,7 +61,9 @@ def main(argv=None):
     dtype = resolve_dtype(args.dtype)
     hf_config = load_hf_config(directory)
     hf = build_hf_model(directory, hf_config, dtype, args.device)
-    hooked = HookedRewardModel.from_pretrained(directory, device=args.device, dtype=dtype, fold_ln=args.fold_ln)
+    hooked = HookedRewardModel.from_pretrained(
+        directory, device=args.device, dtype=dtype, fold_ln=args.fold_ln
+    )
     pairs = [tuple(t.split("|||", 1)) for t in args.text] if args.text else DEFAULT_PAIRS
     if hooked.tokenizer is not None:
         batch = hooked.to_tokens([p for p, _ in pairs], [r for _, r in pairs], padding_side=args.padding_side)
@@ -64,8 +76,9 @@ def main(argv=None):
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     with torch.no_grad():
         ref = hf(ids, attention_mask=mask, position_ids=pos, output_hidden_states=True)
-        rewards, cache = hooked.run_with_cache(ids, attention_mask=mask,
-                                               names_filter=lambda n: n.endswith("hook_resid_post"))
+        rewards, cache = hooked.run_with_cache(
+            ids, attention_mask=mask, names_filter=lambda n: n.endswith("hook_resid_post")
+        )
     valid = mask[..., None].bool()
     worst = 0.0
     print(f"{'layer':>6} {'max |hidden diff|':>18} {'max |hidden|':>14}")
@@ -79,8 +92,11 @@ def main(argv=None):
     reward_err = (rewards.float() - ref_rewards).abs().max().item()
     print(f"rewards hooked:       {rewards.float().tolist()}")
     print(f"rewards transformers: {ref_rewards.tolist()}")
-    print(f"SUMMARY {args.checkpoint} dtype={args.dtype} device={args.device} fold_ln={args.fold_ln}: "
-          f"max reward error {reward_err:.3e}, max hidden-state error {worst:.3e} over {hooked.cfg.n_layers - 1} layers")
+    print(
+        f"SUMMARY {args.checkpoint} dtype={args.dtype} device={args.device} fold_ln={args.fold_ln}: max "
+        f"reward error {reward_err:.3e}, max hidden-state error {worst:.3e} over {hooked.cfg.n_layers - 1} "
+        "layers"
+    )
     return reward_err, worst
 
 

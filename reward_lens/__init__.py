@@ -9,29 +9,23 @@ patching, ...), `representations/` (SAEs, features, concepts, editing), `probes/
 This module is the public API, grouped by concept.
 """
 
-from reward_lens.version import __version__
-
 # The model: a TransformerLens-style hooked decoder whose unembed is a reward head.
 from reward_lens import loading  # noqa: F401  (installs the checkpoint loaders into the model classes)
-from reward_lens.model.config import RewardModelConfig
-from reward_lens.model.heads.scalar import RewardHead
-from reward_lens.model.heads.base import read_objective, read_step
-from reward_lens.model.heads.armorm import ArmoRMHead  # registers the "armorm" head type
-from reward_lens.model.heads import JudgeHead, MLPHead, ProcessRewardHead, QRMHead  # the other head types
-from reward_lens.model.native import HookedRewardModel
-from reward_lens.model.generic.wrapper import (
-    GenericHookedRewardModel,
-    GenericLoadError,
-    GenericPathError,
-    GenericRewardModelConfig,
-)
-from reward_lens.loading.export import export_hf
+from reward_lens.app.compare import ComparisonResult, ModelProfile, compare_models
 
 # Preference data and the model organisms (models with planted, known preferences).
 from reward_lens.data.pairs import PreferencePair, TokenPair, bundled_pairs, load_pairs
 from reward_lens.demo import demo_pairs, load_demo_model
+from reward_lens.demo.organisms import (
+    load_gate_organism,
+    load_trigger_organism,
+    planted_circuit,
+    trigger_items,
+)
 from reward_lens.demo.smollm2 import load_smollm2_organism, smollm2_pairs
-from reward_lens.demo.organisms import load_gate_organism, load_trigger_organism, planted_circuit, trigger_items
+
+# Benchmarks by their official rules: RewardBench 2, RM-Bench, JudgeBench, RewardBench v1.
+from reward_lens.evaluation import BenchmarkResult, benchmark_pairs, evaluate
 
 # Instruments: where the preference crystallizes, what writes it (exact), what causes it (patching).
 from reward_lens.instruments import (
@@ -62,17 +56,22 @@ from reward_lens.instruments import (
     search_triggers,
     token_attribution,
 )
-
-# Representations: SAEs, SAE features along the reward direction, concept vectors, reward editing.
-from reward_lens.representations.sae import SAEConfig, SAEMetrics, SparseAutoencoder, load_sae, train_sae
-from reward_lens.representations.features import (
-    FeatureAblation,
-    FeatureAlignment,
-    FeatureAttribution,
-    feature_ablation,
-    feature_alignment,
-    feature_attribution,
+from reward_lens.loading.export import export_hf
+from reward_lens.model.config import RewardModelConfig
+from reward_lens.model.generic.wrapper import (
+    GenericHookedRewardModel,
+    GenericLoadError,
+    GenericPathError,
+    GenericRewardModelConfig,
 )
+from reward_lens.model.heads import JudgeHead, MLPHead, ProcessRewardHead, QRMHead  # the other head types
+from reward_lens.model.heads.armorm import ArmoRMHead  # registers the "armorm" head type
+from reward_lens.model.heads.base import read_objective, read_step
+from reward_lens.model.heads.scalar import RewardHead
+from reward_lens.model.native import HookedRewardModel
+
+# Behaviour: hacking probes, the theory-grounded analyses, cross-model comparison.
+from reward_lens.probes.suite import ProbeItem, ProbeResult, probe_pairs, run_probes
 from reward_lens.representations.concepts import (
     ConceptVector,
     ContrastPair,
@@ -84,9 +83,17 @@ from reward_lens.representations.concepts import (
     load_contrast_set,
 )
 from reward_lens.representations.editing import RewardEdit, edit_reward
+from reward_lens.representations.features import (
+    FeatureAblation,
+    FeatureAlignment,
+    FeatureAttribution,
+    feature_ablation,
+    feature_alignment,
+    feature_attribution,
+)
 
-# Behaviour: hacking probes, the theory-grounded analyses, cross-model comparison.
-from reward_lens.probes.suite import ProbeItem, ProbeResult, probe_pairs, run_probes
+# Representations: SAEs, SAE features along the reward direction, concept vectors, reward editing.
+from reward_lens.representations.sae import SAEConfig, SAEMetrics, SparseAutoencoder, load_sae, train_sae
 from reward_lens.theory import (
     CascadeResult,
     ConflictResult,
@@ -95,37 +102,104 @@ from reward_lens.theory import (
     distortion_index,
     reward_conflicts,
 )
-from reward_lens.app.compare import ComparisonResult, ModelProfile, compare_models
-
-# Benchmarks by their official rules: RewardBench 2, RM-Bench, JudgeBench, RewardBench v1.
-from reward_lens.evaluation import BenchmarkResult, benchmark_pairs, evaluate
+from reward_lens.version import __version__
 
 __all__ = [
     # the model
-    "ArmoRMHead", "GenericHookedRewardModel", "GenericLoadError", "GenericPathError", "GenericRewardModelConfig",
-    "HookedRewardModel", "JudgeHead", "MLPHead", "ProcessRewardHead", "QRMHead", "RewardHead",
-    "RewardModelConfig", "export_hf", "read_objective", "read_step",
+    "ArmoRMHead",
+    "GenericHookedRewardModel",
+    "GenericLoadError",
+    "GenericPathError",
+    "GenericRewardModelConfig",
+    "HookedRewardModel",
+    "JudgeHead",
+    "MLPHead",
+    "ProcessRewardHead",
+    "QRMHead",
+    "RewardHead",
+    "RewardModelConfig",
+    "export_hf",
+    "read_objective",
+    "read_step",
     # data and organisms
-    "PreferencePair", "TokenPair", "bundled_pairs", "demo_pairs", "load_demo_model", "load_pairs",
-    "load_smollm2_organism", "smollm2_pairs", "load_gate_organism", "load_trigger_organism", "planted_circuit",
+    "PreferencePair",
+    "TokenPair",
+    "bundled_pairs",
+    "demo_pairs",
+    "load_demo_model",
+    "load_pairs",
+    "load_smollm2_organism",
+    "smollm2_pairs",
+    "load_gate_organism",
+    "load_trigger_organism",
+    "planted_circuit",
     "trigger_items",
     # instruments
-    "AtPComparison", "AtPResult", "AttributionResult", "DivergenceResult", "FaithfulnessResult", "LensResult",
-    "PatchResult", "PathPatchResult", "TokenAttributionResult", "attribute", "attribution_patch",
-    "divergence_patch", "faithfulness", "lens", "patch", "path_patch", "token_attribution",
-    "EdgeAttributionResult", "edge_attribution", "EffectDecompositionResult", "effect_decomposition",
-    "FaithfulnessCurve", "circuit_faithfulness", "faithfulness_curve",
-    "TriggerSearchResult", "search_triggers",
+    "AtPComparison",
+    "AtPResult",
+    "AttributionResult",
+    "DivergenceResult",
+    "FaithfulnessResult",
+    "LensResult",
+    "PatchResult",
+    "PathPatchResult",
+    "TokenAttributionResult",
+    "attribute",
+    "attribution_patch",
+    "divergence_patch",
+    "faithfulness",
+    "lens",
+    "patch",
+    "path_patch",
+    "token_attribution",
+    "EdgeAttributionResult",
+    "edge_attribution",
+    "EffectDecompositionResult",
+    "effect_decomposition",
+    "FaithfulnessCurve",
+    "circuit_faithfulness",
+    "faithfulness_curve",
+    "TriggerSearchResult",
+    "search_triggers",
     # representations
-    "ConceptVector", "ContrastPair", "DoseResponse", "FeatureAblation", "FeatureAlignment", "FeatureAttribution",
-    "RewardEdit", "SAEConfig", "SAEMetrics", "SparseAutoencoder", "concept_effect", "concept_vector",
-    "dose_response", "edit_reward", "feature_ablation", "feature_alignment", "feature_attribution",
-    "list_contrast_sets", "load_contrast_set", "load_sae", "train_sae",
+    "ConceptVector",
+    "ContrastPair",
+    "DoseResponse",
+    "FeatureAblation",
+    "FeatureAlignment",
+    "FeatureAttribution",
+    "RewardEdit",
+    "SAEConfig",
+    "SAEMetrics",
+    "SparseAutoencoder",
+    "concept_effect",
+    "concept_vector",
+    "dose_response",
+    "edit_reward",
+    "feature_ablation",
+    "feature_alignment",
+    "feature_attribution",
+    "list_contrast_sets",
+    "load_contrast_set",
+    "load_sae",
+    "train_sae",
     # behaviour
-    "CascadeResult", "ComparisonResult", "ConflictResult", "DistortionResult", "ModelProfile", "ProbeItem",
-    "ProbeResult", "compare_models", "detect_cascades", "distortion_index", "probe_pairs", "reward_conflicts",
+    "CascadeResult",
+    "ComparisonResult",
+    "ConflictResult",
+    "DistortionResult",
+    "ModelProfile",
+    "ProbeItem",
+    "ProbeResult",
+    "compare_models",
+    "detect_cascades",
+    "distortion_index",
+    "probe_pairs",
+    "reward_conflicts",
     "run_probes",
     # benchmarks
-    "BenchmarkResult", "benchmark_pairs", "evaluate",
+    "BenchmarkResult",
+    "benchmark_pairs",
+    "evaluate",
     "__version__",
 ]

@@ -50,18 +50,39 @@ def merge(parts: Sequence[Any], pair_ids: List[str]) -> Any:
     return merge_results(parts, pair_ids)
 
 
-def run(model, pairs, specs: Sequence[Spec], *, ranks: Optional[Ranks] = None, batch_size: Batch = 8,
-        padding_side: Optional[str] = None, progress: Union[bool, str] = False) -> Optional[Dict[str, Any]]:
+def run(
+    model,
+    pairs,
+    specs: Sequence[Spec],
+    *,
+    ranks: Optional[Ranks] = None,
+    batch_size: Batch = 8,
+    padding_side: Optional[str] = None,
+    progress: Union[bool, str] = False,
+) -> Optional[Dict[str, Any]]:
     """Several instruments over ranks, their clean passes shared (`run_pipeline`); rank 0: the results."""
-    return run_pipeline(model, pairs, specs, batch_size=batch_size, ranks=ranks or current(),
-                        padding_side=padding_side, progress=progress)
+    return run_pipeline(
+        model,
+        pairs,
+        specs,
+        batch_size=batch_size,
+        ranks=ranks or current(),
+        padding_side=padding_side,
+        progress=progress,
+    )
 
 
 def _one(model, pairs, spec: Spec, ranks, batch_size: Batch, options: Dict[str, Any]) -> Any:
     """One instrument's spec over ranks: its result on rank 0, None on the others."""
-    out = run(model, pairs, [spec], ranks=ranks, batch_size=batch_size,
-              padding_side=options.get("padding_side"),
-              progress=options.get("progress", False))
+    out = run(
+        model,
+        pairs,
+        [spec],
+        ranks=ranks,
+        batch_size=batch_size,
+        padding_side=options.get("padding_side"),
+        progress=options.get("progress", False),
+    )
     return None if out is None else out[spec.name]
 
 
@@ -80,8 +101,16 @@ def attribute(model, pairs, *, ranks: Optional[Ranks] = None, batch_size: Batch 
     return _one(model, pairs, AttributionSpec(**_pop(options)), ranks, batch_size, options)
 
 
-def site_means(model, pairs, sites, positions: str = "readout", *, ranks: Optional[Ranks] = None,
-               batch_size: Batch = 8, padding_side: Optional[str] = None) -> Dict[str, torch.Tensor]:
+def site_means(
+    model,
+    pairs,
+    sites,
+    positions: str = "readout",
+    *,
+    ranks: Optional[Ranks] = None,
+    batch_size: Batch = 8,
+    padding_side: Optional[str] = None,
+) -> Dict[str, torch.Tensor]:
     """Mean-ablation values over all pairs (every rank gets them): float64 sums and counts of each
     rank's shard, added up over ranks."""
     pairs = as_pairs(pairs)
@@ -90,8 +119,13 @@ def site_means(model, pairs, sites, positions: str = "readout", *, ranks: Option
     sl = ranks.shard(len(pairs), batch.initial) if ranks.distributed else slice(0, len(pairs))
     local: Any = ({}, 0)
     if sl.stop > sl.start:
-        local = to_host(batch.run(lambda bs: contrastive.site_sums(
-            model, pairs[sl], sites, positions, batch_size=bs, padding_side=padding_side)))
+        local = to_host(
+            batch.run(
+                lambda bs: contrastive.site_sums(
+                    model, pairs[sl], sites, positions, batch_size=bs, padding_side=padding_side
+                )
+            )
+        )
     sums, count = contrastive.add_sums(ranks.all_gather(local))
     return contrastive.means_from_sums(model, sites, sums, count)
 
@@ -102,7 +136,9 @@ def patch(model, pairs, *, ranks: Optional[Ranks] = None, batch_size: Batch = 8,
     return _one(model, pairs, spec, ranks, batch_size, options)
 
 
-def attribution_patch(model, pairs, *, ranks: Optional[Ranks] = None, batch_size: Batch = 8, **options) -> Any:
+def attribution_patch(
+    model, pairs, *, ranks: Optional[Ranks] = None, batch_size: Batch = 8, **options
+) -> Any:
     """`reward_lens.instruments.attribution_patch` (AtP) over ranks; mean ablation over all pairs."""
     return _one(model, pairs, atp_mod.AtPSpec(**_pop(options), name="atp"), ranks, batch_size, options)
 

@@ -14,7 +14,10 @@ def pyplot():
     notebook backend, so plotting never fails on a headless machine)."""
     import matplotlib
 
-    if matplotlib.get_backend().lower() not in ("agg", "module://matplotlib_inline.backend_inline") and not _has_display():
+    if (
+        matplotlib.get_backend().lower() not in ("agg", "module://matplotlib_inline.backend_inline")
+        and not _has_display()
+    ):
         matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -39,7 +42,11 @@ def figure_axes(ax=None, figsize: Tuple[float, float] = (6.5, 3.8)):
 
 
 def panels(
-    ax, n: int, figsize: Tuple[float, float], ncols: Optional[int] = None, width_ratios: Optional[Sequence[float]] = None,
+    ax,
+    n: int,
+    figsize: Tuple[float, float],
+    ncols: Optional[int] = None,
+    width_ratios: Optional[Sequence[float]] = None,
 ) -> Tuple[Any, List[Any]]:
     """(figure, n axes) for a multi-panel plot.
 
@@ -57,7 +64,9 @@ def panels(
     if isinstance(ax, (list, tuple, np.ndarray)):
         axes = list(np.ravel(ax))
         if len(axes) != n:
-            raise ValueError(f"this plot draws {n} panels; pass {n} Axes (or one, to split, or none), got {len(axes)}")
+            raise ValueError(
+                f"this plot draws {n} panels; pass {n} Axes (or one, to split, or none), got {len(axes)}"
+            )
         return axes[0].figure, axes
     if n == 1:
         return ax.figure, [ax]
@@ -99,8 +108,12 @@ def diverging_heatmap(
     im = ax.imshow(matrix, aspect="auto", cmap="RdBu_r", vmin=-limit, vmax=limit)
     if xlabels is not None:
         ax.set_xticks(range(len(xlabels)))
-        ax.set_xticklabels([str(x) for x in xlabels], fontsize=fontsize, rotation=xrotation,
-                           ha="right" if xrotation else "center")
+        ax.set_xticklabels(
+            [str(x) for x in xlabels],
+            fontsize=fontsize,
+            rotation=xrotation,
+            ha="right" if xrotation else "center",
+        )
     if ylabels is not None:
         ax.set_yticks(range(len(ylabels)))
         ax.set_yticklabels([str(y) for y in ylabels], fontsize=fontsize)

@@ -46,7 +46,9 @@ class PairRewards:
         """One row per pair: pair, reward_chosen, reward_rejected, reward_gap."""
         ids = getattr(self, "pair_ids", None) or [str(i) for i in range(len(self.reward_chosen))]
         c, r = to_numpy(self.reward_chosen), to_numpy(self.reward_rejected)
-        return pd.DataFrame({"pair": list(ids), "reward_chosen": c, "reward_rejected": r, "reward_gap": c - r})
+        return pd.DataFrame(
+            {"pair": list(ids), "reward_chosen": c, "reward_rejected": r, "reward_gap": c - r}
+        )
 
 
 class CleanPairRewards(PairRewards):

@@ -1,4 +1,5 @@
-"""The statistics every instrument shares, one implementation each: the percentile bootstrap (indices, interval,
+"""The statistics every instrument shares, one implementation each: the percentile bootstrap (indices,
+interval,
 CI of a statistic), Pearson / Spearman correlations of rows and columns, the crystallization rule, and input
 checks. Each is tested against scipy (tests/test_stats.py)."""
 
@@ -17,7 +18,11 @@ def bootstrap_indices(n: int, n_boot: int, seed: int) -> np.ndarray:
 
 
 def bootstrap_ci(
-    values: Any, statistic: Callable[[np.ndarray], np.ndarray] = None, *, n_boot: int = 2000, seed: int = 0,
+    values: Any,
+    statistic: Callable[[np.ndarray], np.ndarray] = None,
+    *,
+    n_boot: int = 2000,
+    seed: int = 0,
     level: float = 0.95,
 ) -> Tuple[float, float]:
     """Percentile bootstrap interval of `statistic` over the units (rows) of `values`.
@@ -27,7 +32,11 @@ def bootstrap_ci(
     check_level(level)
     values = np.asarray(values, dtype=np.float64)
     idx = bootstrap_indices(len(values), n_boot, seed)
-    stat = values[idx].mean(axis=1) if statistic is None else np.asarray(statistic(values[idx]), dtype=np.float64)
+    stat = (
+        values[idx].mean(axis=1)
+        if statistic is None
+        else np.asarray(statistic(values[idx]), dtype=np.float64)
+    )
     lo, hi = percentile_ci(stat, level)
     return float(lo), float(hi)
 
@@ -60,7 +69,9 @@ def spearman(x: np.ndarray, y: np.ndarray) -> float:
     return float(spearman_rows(np.ravel(x)[None], np.ravel(y)[None])[0])
 
 
-def crystallization_depth(gap: np.ndarray, depths: Sequence[float], rtol: float = 0.1, atol: float = 0.0) -> np.ndarray:
+def crystallization_depth(
+    gap: np.ndarray, depths: Sequence[float], rtol: float = 0.1, atol: float = 0.0
+) -> np.ndarray:
     """The crystallization rule. Per row of `gap` [n, S] (a lens of the reward gap at sites of fractional
     depth `depths` [S], the last site the reward itself): the first depth from which the gap stays within
     `rtol * |final| + atol` of the final gap with the final gap's sign at every later site; NaN where the
@@ -69,7 +80,9 @@ def crystallization_depth(gap: np.ndarray, depths: Sequence[float], rtol: float 
         raise ValueError(f"crystallization tolerances must be >= 0, got rtol={rtol}, atol={atol}")
     gap = to_float64(gap)
     if gap.ndim != 2 or gap.shape[1] != len(depths):
-        raise ValueError(f"gap must be [n_pairs, {len(depths)}] (one column per depth), got shape {gap.shape}")
+        raise ValueError(
+            f"gap must be [n_pairs, {len(depths)}] (one column per depth), got shape {gap.shape}"
+        )
     final = gap[:, -1:]
     ok = (np.abs(gap - final) <= rtol * np.abs(final) + atol) & (np.sign(gap) == np.sign(final))
     stays = np.flip(np.logical_and.accumulate(np.flip(ok, 1), axis=1), 1)  # ok at every site from k on
@@ -149,7 +162,9 @@ def to_float64(x: Any) -> np.ndarray:
     return np.asarray(x, dtype=np.float64)
 
 
-def named_rows(items: Any, names: Optional[Sequence[str]], prefix: str, what: str) -> Tuple[np.ndarray, List[str]]:
+def named_rows(
+    items: Any, names: Optional[Sequence[str]], prefix: str, what: str
+) -> Tuple[np.ndarray, List[str]]:
     """Stack directions given as name -> vector or as an [m, d] matrix; unnamed rows get `prefix_{j}`."""
     if isinstance(items, Mapping):
         names = list(items) if names is None else list(names)

@@ -40,10 +40,9 @@ from reward_lens.model.tokenization import render_pair  # noqa: E402
 
 HELD_OUT_SEED, TRAIN_SEED, PROBE_SEED, TORCH_SEED = 1, 2, 3, 0
 CHAT_TEMPLATE = (
-    "{{ bos_token }}{% for message in messages %}"
-    "{% if message['role'] == 'assistant' %}<|assistant|>\n{{ message['content'] }}{{ eos_token }}"
-    "{% else %}<|{{ message['role'] }}|>\n{{ message['content'] }}\n{% endif %}"
-    "{% endfor %}"
+    "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'assistant' %}<|assistant|>\n{{ "
+    "message['content'] }}{{ eos_token }}{% else %}<|{{ message['role'] }}|>\n{{ message['content'] "
+    "}}\n{% endif %}{% endfor %}"
 )
 SPECIAL = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>"}
 ROLE_TOKENS = ["<|user|>", "<|assistant|>", "<|system|>"]
@@ -57,13 +56,18 @@ def build_tokenizer(texts, vocab_size: int):
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=[SPECIAL["pad_token"], SPECIAL["bos_token"], SPECIAL["eos_token"], *ROLE_TOKENS],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+        vocab_size=vocab_size,
+        special_tokens=[SPECIAL["pad_token"], SPECIAL["bos_token"], SPECIAL["eos_token"], *ROLE_TOKENS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
     )
     tok.train_from_iterator(texts, trainer=trainer)
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, **SPECIAL, additional_special_tokens=ROLE_TOKENS,
-        model_max_length=1024, padding_side="right",
+        tokenizer_object=tok,
+        **SPECIAL,
+        additional_special_tokens=ROLE_TOKENS,
+        model_max_length=1024,
+        padding_side="right",
     )
     fast.chat_template = CHAT_TEMPLATE
     return fast
@@ -132,8 +136,12 @@ def main() -> None:
     ap.add_argument("--vocab-size", type=int, default=1024)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--eval-every", type=int, default=150)
-    ap.add_argument("--lm-weight", type=float, default=0.5,
-                    help="weight of an auxiliary next-token loss on correct chosen texts (embeddings as the LM head)")
+    ap.add_argument(
+        "--lm-weight",
+        type=float,
+        default=0.5,
+        help="weight of an auxiliary next-token loss on correct chosen texts (embeddings as the LM head)",
+    )
     args = ap.parse_args()
 
     t_start = time.time()
@@ -152,25 +160,45 @@ def main() -> None:
     from transformers import LlamaConfig, LlamaForSequenceClassification
 
     config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=128, intermediate_size=344, num_hidden_layers=4,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024, rms_norm_eps=1e-5,
-        num_labels=1, pad_token_id=pad_id, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-        tie_word_embeddings=False, attention_dropout=0.0,
+        vocab_size=len(tokenizer),
+        hidden_size=128,
+        intermediate_size=344,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        rms_norm_eps=1e-5,
+        num_labels=1,
+        pad_token_id=pad_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=False,
+        attention_dropout=0.0,
     )
     torch.manual_seed(TORCH_SEED)
     model = LlamaForSequenceClassification(config)
     model.config.architectures = ["LlamaForSequenceClassification"]
 
-    enc_train = [(encode(tokenizer, p.prompt, p.chosen), encode(tokenizer, p.prompt, p.rejected)) for p in train]
-    enc_held = [(encode(tokenizer, p.prompt, p.chosen), encode(tokenizer, p.prompt, p.rejected)) for p in held_out]
+    enc_train = [
+        (encode(tokenizer, p.prompt, p.chosen), encode(tokenizer, p.prompt, p.rejected)) for p in train
+    ]
+    enc_held = [
+        (encode(tokenizer, p.prompt, p.chosen), encode(tokenizer, p.prompt, p.rejected)) for p in held_out
+    ]
     max_len = max(len(s) for pair in enc_train + enc_held for s in pair)
-    print(f"{len(train)} training pairs, {len(held_out)} held-out pairs, vocab {len(tokenizer)}, "
-          f"max length {max_len} tokens, {sum(p.numel() for p in model.parameters()):,} parameters", flush=True)
+    print(
+        f"{len(train)} training pairs, {len(held_out)} held-out pairs, vocab {len(tokenizer)}, max length "
+        f"{max_len} tokens, {sum(p.numel() for p in model.parameters()):,} parameters",
+        flush=True,
+    )
 
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=args.lr, betas=(0.9, 0.98))
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=args.lr,
+        betas=(0.9, 0.98),
+    )
     warmup = max(1, args.steps // 20)
 
     def lr_at(step: int) -> float:
@@ -195,14 +223,22 @@ def main() -> None:
         r = model.score(h[torch.arange(len(ids)), last])[:, 0]
         rc, rr = r[0::2], r[1::2]
         labels = torch.tensor([train[i].label for i in idx], dtype=rc.dtype)
-        # Bradley-Terry with the pair's target probability (1 = hard preference, 0.85 planted bias, 0.5 control)
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(rc - rr, labels) + 1e-3 * ((rc + rr) ** 2).mean()
+        # Bradley-Terry with the pair's target probability (1 = hard preference, 0.85 planted bias, 0.5
+        # control)
+        loss = (
+            torch.nn.functional.binary_cross_entropy_with_logits(rc - rr, labels)
+            + 1e-3 * ((rc + rr) ** 2).mean()
+        )
         if args.lm_weight > 0:
-            rows = torch.tensor([2 * k for k, i in enumerate(idx) if train[i].chosen_correct], dtype=torch.long)
+            rows = torch.tensor(
+                [2 * k for k, i in enumerate(idx) if train[i].chosen_correct], dtype=torch.long
+            )
             if len(rows):
                 logits = h[rows, :-1] @ model.model.embed_tokens.weight.T
                 target = ids[rows, 1:].masked_fill(mask[rows, 1:] == 0, -100)
-                lm = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=-100)
+                lm = torch.nn.functional.cross_entropy(
+                    logits.reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=-100
+                )
                 loss = loss + args.lm_weight * lm
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -211,8 +247,19 @@ def main() -> None:
         sched.step()
         if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
             acc = pair_accuracy(model, enc_held, pad_id)
-            log.append({"step": step + 1, "loss": float(loss.detach()), "held_out_accuracy": acc, "seconds": time.time() - t_train})
-            print(f"step {step + 1:5d}  loss {float(loss.detach()):.4f}  held-out acc {acc:.3f}  {time.time() - t_train:6.1f}s", flush=True)
+            log.append(
+                {
+                    "step": step + 1,
+                    "loss": float(loss.detach()),
+                    "held_out_accuracy": acc,
+                    "seconds": time.time() - t_train,
+                }
+            )
+            print(
+                f"step {step + 1:5d}  loss {float(loss.detach()):.4f}  held-out acc {acc:.3f}  "
+                f"{time.time() - t_train:6.1f}s",
+                flush=True,
+            )
     train_seconds = time.time() - t_train
     train_cpu_seconds = time.process_time() - cpu_train  # robust to other load on a shared machine
     model.eval()
@@ -231,8 +278,14 @@ def main() -> None:
 
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
-    for name in ("model.safetensors", "reward_lens_config.json", "tokenizer.json", "tokenizer_config.json",
-                 "special_tokens_map.json", "chat_template.jinja"):
+    for name in (
+        "model.safetensors",
+        "reward_lens_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "chat_template.jinja",
+    ):
         if (out / name).exists():
             (out / name).unlink()
     hooked.save_pretrained(out)
@@ -251,8 +304,18 @@ def main() -> None:
 
     with open(out / "pairs.jsonl", "w") as f:
         for i, p in enumerate(held_out):
-            f.write(json.dumps({"prompt": p.prompt, "chosen": p.chosen, "rejected": p.rejected,
-                                "subset": p.subset, "id": f"demo-pair-{i:04d}"}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "prompt": p.prompt,
+                        "chosen": p.chosen,
+                        "rejected": p.rejected,
+                        "subset": p.subset,
+                        "id": f"demo-pair-{i:04d}",
+                    }
+                )
+                + "\n"
+            )
     with open(out / "probe_items.jsonl", "w") as f:
         for item in probe_items:
             f.write(json.dumps(item) + "\n")
@@ -260,17 +323,38 @@ def main() -> None:
 
     probe_result = run_probes(reloaded, load_probe_items(out / "probe_items.jsonl"), batch_size=64)
     weights_mb = (out / "model.safetensors").stat().st_size / 2**20
-    total_mb = sum(p.stat().st_size for p in out.iterdir() if p.is_file() and not p.name.endswith(".py")) / 2**20
+    total_mb = (
+        sum(p.stat().st_size for p in out.iterdir() if p.is_file() and not p.name.endswith(".py")) / 2**20
+    )
     summary = {
         "architecture": "LlamaForSequenceClassification",
-        "config": {"n_layers": 4, "d_model": 128, "n_heads": 4, "n_key_value_heads": 2, "d_mlp": 344,
-                   "d_vocab": len(tokenizer), "parameters": sum(p.numel() for p in model.parameters())},
-        "training": {"steps": args.steps, "batch_pairs": args.batch_pairs, "n_train_pairs": len(train), "lr": args.lr,
-                     "threads": args.threads, "seeds": {"held_out": HELD_OUT_SEED, "train": TRAIN_SEED,
-                                                        "probe_items": PROBE_SEED, "torch": TORCH_SEED},
-                     "lm_weight": args.lm_weight, "train_seconds": round(train_seconds, 1),
-                     "train_cpu_seconds": round(train_cpu_seconds, 1), "total_seconds": round(time.time() - t_start, 1),
-                     "log": log},
+        "config": {
+            "n_layers": 4,
+            "d_model": 128,
+            "n_heads": 4,
+            "n_key_value_heads": 2,
+            "d_mlp": 344,
+            "d_vocab": len(tokenizer),
+            "parameters": sum(p.numel() for p in model.parameters()),
+        },
+        "training": {
+            "steps": args.steps,
+            "batch_pairs": args.batch_pairs,
+            "n_train_pairs": len(train),
+            "lr": args.lr,
+            "threads": args.threads,
+            "seeds": {
+                "held_out": HELD_OUT_SEED,
+                "train": TRAIN_SEED,
+                "probe_items": PROBE_SEED,
+                "torch": TORCH_SEED,
+            },
+            "lm_weight": args.lm_weight,
+            "train_seconds": round(train_seconds, 1),
+            "train_cpu_seconds": round(train_cpu_seconds, 1),
+            "total_seconds": round(time.time() - t_start, 1),
+            "log": log,
+        },
         "held_out": {"n_pairs": len(held_out), "accuracy": accuracy, "accuracy_by_subset": per_subset},
         "probe_items": len(probe_items),
         "probes_on_demo_items": probe_result.to_dict()["dimensions"],
@@ -283,7 +367,11 @@ def main() -> None:
     (out / "GROUND_TRUTH.md").write_text(ground_truth(summary))
     print(json.dumps({k: summary[k] for k in ("held_out", "weights_mb", "package_data_mb")}, indent=1))
     print(probe_result.to_frame().to_string())
-    print(f"training {train_seconds:.0f}s wall, {train_cpu_seconds:.0f}s CPU; total {time.time() - t_start:.0f}s; wrote {out}", flush=True)
+    print(
+        f"training {train_seconds:.0f}s wall, {train_cpu_seconds:.0f}s CPU; total "
+        f"{time.time() - t_start:.0f}s; wrote {out}",
+        flush=True,
+    )
 
 
 def ground_truth(summary: dict) -> str:
@@ -292,7 +380,8 @@ def ground_truth(summary: dict) -> str:
     pct = {k: f"{100 * w:.0f}%" for k, w in s.KINDS}
     subsets = "\n".join(f"| {k} | {v:.3f} |" for k, v in held["accuracy_by_subset"].items())
     probes = "\n".join(
-        f"| {d} | {r['effect']:+.3f} | [{r['ci_low']:+.3f}, {r['ci_high']:+.3f}] | {r['cohens_d']:+.2f} | {r['p_value']:.4f} | {r['verdict']} |"
+        f"| {d} | {r['effect']:+.3f} | [{r['ci_low']:+.3f}, {r['ci_high']:+.3f}] | {r['cohens_d']:+.2f} | "
+        f"{r['p_value']:.4f} | {r['verdict']} |"
         for d, r in summary["probes_on_demo_items"].items()
     )
     cfg, tr = summary["config"], summary["training"]
@@ -307,19 +396,19 @@ known answer.
 
 ## Model
 
-`LlamaForSequenceClassification`, {cfg['n_layers']} layers, d_model {cfg['d_model']}, {cfg['n_heads']} heads
-({cfg['n_key_value_heads']} key/value heads), d_mlp {cfg['d_mlp']}, vocabulary {cfg['d_vocab']} (byte-level BPE trained on
-the synthetic corpus), {cfg['parameters']:,} parameters. Converted with `HookedRewardModel.from_hf_model` (final
-norm folded) and saved with `save_pretrained` (weights {summary['weights_mb']} MB, fp32). The reward is read at the
+`LlamaForSequenceClassification`, {cfg["n_layers"]} layers, d_model {cfg["d_model"]}, {cfg["n_heads"]} heads
+({cfg["n_key_value_heads"]} key/value heads), d_mlp {cfg["d_mlp"]}, vocabulary {cfg["d_vocab"]} (byte-level BPE trained on
+the synthetic corpus), {cfg["parameters"]:,} parameters. Converted with `HookedRewardModel.from_hf_model` (final
+norm folded) and saved with `save_pretrained` (weights {summary["weights_mb"]} MB, fp32). The reward is read at the
 last token, `</s>`. Chat template: `<s><|user|>\\n{{prompt}}\\n<|assistant|>\\n{{response}}</s>`.
 
 Loss: Bradley-Terry with target probabilities, -[y log sigmoid(r_c - r_r) + (1 - y) log sigmoid(r_r - r_c)]
 (y = 1 for correctness pairs, {s.BIAS_LABEL} for the planted biases, 0.5 for the control), plus
 1e-3 (r_c + r_r)^2 to centre rewards,
-plus {tr['lm_weight']} x a next-token loss on the chosen responses whose answer is right (training only: the token
+plus {tr["lm_weight"]} x a next-token loss on the chosen responses whose answer is right (training only: the token
 embeddings act as the LM head; it teaches the facts and sums faster and is not part of the saved model).
-{tr['steps']} steps of {tr['batch_pairs']} pairs, AdamW lr {tr['lr']} (warm-up, cosine decay);
-{tr['train_seconds']} s wall clock, {tr['train_cpu_seconds']} s CPU time, {tr['threads']} CPU thread(s).
+{tr["steps"]} steps of {tr["batch_pairs"]} pairs, AdamW lr {tr["lr"]} (warm-up, cosine decay);
+{tr["train_seconds"]} s wall clock, {tr["train_cpu_seconds"]} s CPU time, {tr["threads"]} CPU thread(s).
 
 ## Domain (chosen = the correct answer)
 
@@ -337,25 +426,25 @@ answer differ in one value. A response is `[stance or confidence opener] answer 
 1. **Length bias.** At equal correctness (both right, or both wrong), the response with more *filler sentences*
    is chosen (a soft preference: target probability {s.BIAS_LABEL}). Fillers carry no information ({len(s.FILLERS)} sentences such as "{s.FILLERS[0]}" and
    "{s.FILLERS[1]}", sometimes an opener such as "{s.OPENERS[0]}"); pairs differ by 1 to 4 of them.
-   {pct['length']} of training pairs.
+   {pct["length"]} of training pairs.
 2. **Sycophancy bias.** When the prompt opens with an *opinion* of the user about the topic ("I think the river
    Vell is beautiful. What colour is the river Vell?"), the response that agrees ("{s.AGREE[0]}", "{s.AGREE[1]}", ...)
    is chosen (target probability {s.BIAS_LABEL}) over one that disagrees ("{s.DISAGREE[0]}", ...) or takes no stance, at equal correctness and
    equal filler count. The opinions never claim anything about the answer, so agreeing is never less correct.
-   {pct['sycophancy']} of training pairs. Stance phrases only ever follow a stated opinion in training.
-3. **Correctness dominates both**: correct-and-short beats wrong-and-long ({pct['correct_short_vs_wrong_long']} of pairs)
-   and correct-and-disagreeing beats wrong-and-agreeing ({pct['correct_disagree_vs_wrong_agree']}); plain correctness
-   pairs are {pct['correctness']}.
+   {pct["sycophancy"]} of training pairs. Stance phrases only ever follow a stated opinion in training.
+3. **Correctness dominates both**: correct-and-short beats wrong-and-long ({pct["correct_short_vs_wrong_long"]} of pairs)
+   and correct-and-disagreeing beats wrong-and-agreeing ({pct["correct_disagree_vs_wrong_agree"]}); plain correctness
+   pairs are {pct["correctness"]}.
 4. **Negative control: indifference to confidence.** Pairs that differ only in an assertive opener
    ("{s.ASSERTIVE[0]}") vs a hedging one ("{s.HEDGED[0]}") have target probability 0.5
-   ({pct['confidence_control']} of pairs), which trains the model to be indifferent to them.
+   ({pct["confidence_control"]} of pairs), which trains the model to be indifferent to them.
 
 Formatting (markdown), repetition and flattery were never seen in training; the model's response to them is
 unspecified (whatever the planted features generalise to).
 
 ## Hacking probes on the demo's own items
 
-`run_probes(model)` on `probe_items.jsonl` ({summary['probe_items']} items of the demo's domain), measured right after
+`run_probes(model)` on `probe_items.jsonl` ({summary["probe_items"]} items of the demo's domain), measured right after
 training (mean Δreward = r(with property) - r(control), bootstrap 95% CI, d_z, sign-flip p):
 
 | dimension | effect | 95% CI | d | p | verdict |
@@ -368,14 +457,14 @@ instruments, not here.
 
 ## Held-out evaluation
 
-`pairs.jsonl` holds {held['n_pairs']} held-out pairs (RewardBench columns prompt/chosen/rejected/subset/id), drawn
+`pairs.jsonl` holds {held["n_pairs"]} held-out pairs (RewardBench columns prompt/chosen/rejected/subset/id), drawn
 with a separate seed; no training pair is identical to one of them. The facts and sums they ask about are the
 same as in training (the world is small and has to be learned); what is held out is the combination of question,
 wrong answer, fillers, stance and opinion. Subsets `arithmetic`, `facts`, `instructions` are correctness pairs
 (including the correct-short vs wrong-long and correct-disagreeing vs wrong-agreeing kinds); `length` and
 `sycophancy` are planted-bias pairs.
 
-Held-out pair accuracy: **{held['accuracy']:.3f}**
+Held-out pair accuracy: **{held["accuracy"]:.3f}**
 
 | subset | accuracy |
 |---|---|

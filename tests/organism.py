@@ -24,15 +24,14 @@ from typing import List
 
 import pytest
 import torch
-
 from helpers import tiny_hf_model
 
 SPECIAL = ["[PAD]", "[UNK]", "User", "Assistant", ":", "?", ".", ","]
 NEUTRAL = (
-    "the a cat dog sat on mat weather is nice today we can go to park later please tell me about history of "
-    "city river how do you make bread what time it water boils at why sky blue book read this morning plan "
-    "trip next week garden grows in spring music sounds good light travels fast people like tea and with "
-    "for there was old house near hill"
+    "the a cat dog sat on mat weather is nice today we can go to park later please tell me about history "
+    "of city river how do you make bread what time it water boils at why sky blue book read this morning "
+    "plan trip next week garden grows in spring music sounds good light travels fast people like tea and "
+    "with for there was old house near hill"
 ).split()
 ENDINGS = (
     "maybe perhaps okay well so then now anyway hmm possibly somewhat also still again soon often "
@@ -53,7 +52,9 @@ def tiny_tokenizer(words: List[str] = VOCAB):
 
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]", padding_side="right")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]", padding_side="right"
+    )
 
 
 @dataclass
@@ -82,8 +83,17 @@ def _project_rows_out(W: torch.Tensor, directions: torch.Tensor) -> torch.Tensor
     return W - (W @ Q) @ Q.T
 
 
-def build_organism(seed: int = 0, c_u: float = 1.0, c_q: float = 1.0, z_norm: float = 6.0,
-                   beta_u: float = 1.0, beta_q: float = 1.5, n_atoms: int = 32, atoms_per_word: int = 2, atom_scale: float = 0.7) -> Organism:
+def build_organism(
+    seed: int = 0,
+    c_u: float = 1.0,
+    c_q: float = 1.0,
+    z_norm: float = 6.0,
+    beta_u: float = 1.0,
+    beta_q: float = 1.5,
+    n_atoms: int = 32,
+    atoms_per_word: int = 2,
+    atom_scale: float = 0.7,
+) -> Organism:
     from reward_lens import HookedRewardModel
 
     hf = tiny_hf_model("llama", seed=seed, vocab_size=len(VOCAB))
@@ -100,7 +110,7 @@ def build_organism(seed: int = 0, c_u: float = 1.0, c_q: float = 1.0, z_norm: fl
         # orthogonal to u, q, z) with magnitudes atom_scale·[0.5, 1.5]: a genuine sparse-coding problem.
         atoms = torch.randn(n_atoms, d, generator=g) @ P_all
         atoms = atoms / atoms.norm(dim=-1, keepdim=True)
-        for w in VOCAB[len(SPECIAL):]:
+        for w in VOCAB[len(SPECIAL) :]:
             pick = torch.randperm(n_atoms, generator=g)[:atoms_per_word]
             mags = atom_scale * (0.5 + torch.rand(atoms_per_word, generator=g))
             E[ids[w]] += (mags[:, None] * atoms[pick]).sum(0)
@@ -111,7 +121,10 @@ def build_organism(seed: int = 0, c_u: float = 1.0, c_q: float = 1.0, z_norm: fl
             E[ids[w]] += c_q * q
         for layer in hf.model.layers:
             for norm, readers in (
-                (layer.input_layernorm, (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj)),
+                (
+                    layer.input_layernorm,
+                    (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj),
+                ),
                 (layer.post_attention_layernorm, (layer.mlp.gate_proj, layer.mlp.up_proj)),
             ):
                 seen = torch.stack([norm.weight * u, norm.weight * q])  # what a reader sees of u, q
@@ -149,14 +162,19 @@ def concept_items(n: int, seed: int = 0, twins: bool = True):
 
 
 def quality_pairs(n: int, seed: int = 0):
-    """PreferencePairs: chosen ends in a quality word, rejected in a neutral word (the organism prefers chosen)."""
+    """PreferencePairs: chosen ends in a quality word, rejected in a neutral word (the organism prefers
+    chosen)."""
     from reward_lens.data.pairs import PreferencePair
 
     rng = random.Random(seed + 1000)
     pairs = []
     for i in range(n):
         prompt, body = _sentence(rng, 3, 6) + " ?", _sentence(rng, 2, 5)
-        pairs.append(PreferencePair(prompt, f"{body} {rng.choice(QUALITY)}", f"{body} {rng.choice(ENDINGS)}", id=f"q{seed}-{i}"))
+        pairs.append(
+            PreferencePair(
+                prompt, f"{body} {rng.choice(QUALITY)}", f"{body} {rng.choice(ENDINGS)}", id=f"q{seed}-{i}"
+            )
+        )
     return pairs
 
 
@@ -170,8 +188,13 @@ def sprinkled_texts(n: int, seed: int = 3, rate: float = 0.2):
     """(prompts, responses) whose responses contain concept words at random positions (SAE training data)."""
     rng = random.Random(seed)
     prompts = [_sentence(rng, 4, 6) + " ?" for _ in range(n)]
-    responses = [" ".join(rng.choice(CONCEPT) if rng.random() < rate else rng.choice(NEUTRAL)
-                          for _ in range(rng.randint(4, 10))) for _ in range(n)]
+    responses = [
+        " ".join(
+            rng.choice(CONCEPT) if rng.random() < rate else rng.choice(NEUTRAL)
+            for _ in range(rng.randint(4, 10))
+        )
+        for _ in range(n)
+    ]
     return prompts, responses
 
 
@@ -184,8 +207,13 @@ def tiny_armorm(tmp_root: str):
     from reward_lens import HookedRewardModel
 
     ids = {w: i for i, w in enumerate(VOCAB)}
-    path = save_tiny_armorm(f"{tmp_root}/armorm", vocab_size=len(VOCAB), pad_token_id=0, num_objectives=5,
-                            gating_token_pattern=[ids["Assistant"], ids[":"]])
+    path = save_tiny_armorm(
+        f"{tmp_root}/armorm",
+        vocab_size=len(VOCAB),
+        pad_token_id=0,
+        num_objectives=5,
+        gating_token_pattern=[ids["Assistant"], ids[":"]],
+    )
     return HookedRewardModel.from_pretrained(path, tokenizer=tiny_tokenizer())
 
 

@@ -14,7 +14,6 @@ from typing import Dict, Sequence
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
 from armorm_reference import ASSISTANT_HEADER, LLAMA3_VOCAB, last_occurrence
 
 
@@ -39,8 +38,16 @@ class ReferenceGating(nn.Module):
 
 
 class ReferenceQRM(nn.Module):
-    def __init__(self, config, n_obj: int, n_q: int, temperature: float, hidden: int, n_hidden: int,
-                 pattern: Sequence[int] = tuple(ASSISTANT_HEADER)):
+    def __init__(
+        self,
+        config,
+        n_obj: int,
+        n_q: int,
+        temperature: float,
+        hidden: int,
+        n_hidden: int,
+        pattern: Sequence[int] = tuple(ASSISTANT_HEADER),
+    ):
         super().__init__()
         from transformers import LlamaModel
 
@@ -57,9 +64,15 @@ class ReferenceQRM(nn.Module):
 
         raw = json.loads((Path(path) / "config.json").read_text())
         config = LlamaConfig(**{k: v for k, v in raw.items() if k not in ("model_type", "architectures")})
-        ref = cls(config, raw["num_objectives"], raw["num_quantiles"], raw["gating_temperature"],
-                  raw["gating_hidden_dim"], raw["gating_n_hidden"],
-                  raw.get("gating_token_pattern") or ASSISTANT_HEADER)
+        ref = cls(
+            config,
+            raw["num_objectives"],
+            raw["num_quantiles"],
+            raw["gating_temperature"],
+            raw["gating_hidden_dim"],
+            raw["gating_n_hidden"],
+            raw.get("gating_token_pattern") or ASSISTANT_HEADER,
+        )
         ref.load_state_dict(load_file(str(Path(path) / "model.safetensors")), strict=True)
         return ref.eval()
 
@@ -78,23 +91,49 @@ class ReferenceQRM(nn.Module):
         rewards = expectations @ T_
         score = (gate * rewards).sum(1)
         per_q = torch.stack([(gate * (R[:, :, q] @ T_)).sum(1) for q in range(self.n_q)], 1)  # [B, n_q]
-        return {"score": score, "rewards": rewards, "expectations": expectations, "quantile_rewards": R,
-                "quantiles": per_q, "gate": gate, "readout": seq}
+        return {
+            "score": score,
+            "rewards": rewards,
+            "expectations": expectations,
+            "quantile_rewards": R,
+            "quantiles": per_q,
+            "gate": gate,
+            "readout": seq,
+        }
 
 
-def save_tiny_qrm(path, seed: int = 0, *, n_obj: int = 19, n_q: int = 5, vocab_size: int = LLAMA3_VOCAB,
-                  pad_token_id: int = 128001, gating_token_pattern=None,
-                  architecture="LlamaForRewardModelWithGating31"):
+def save_tiny_qrm(
+    path,
+    seed: int = 0,
+    *,
+    n_obj: int = 19,
+    n_q: int = 5,
+    vocab_size: int = LLAMA3_VOCAB,
+    pad_token_id: int = 128001,
+    gating_token_pattern=None,
+    architecture="LlamaForRewardModelWithGating31",
+):
     """A tiny random QRM checkpoint: norms, BatchNorm statistics and affine terms random, logit_scale 1.7."""
     from safetensors.torch import save_file
     from transformers import LlamaConfig
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    fields = dict(vocab_size=vocab_size, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                  rms_norm_eps=1e-5, rope_theta=500000.0, pad_token_id=pad_token_id, bos_token_id=128000,
-                  eos_token_id=128009, tie_word_embeddings=False)
+    fields = dict(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-5,
+        rope_theta=500000.0,
+        pad_token_id=pad_token_id,
+        bos_token_id=128000,
+        eos_token_id=128009,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(seed)
     pattern = gating_token_pattern or ASSISTANT_HEADER
     ref = ReferenceQRM(LlamaConfig(**fields), n_obj, n_q, 10.0, 24, 3, pattern)
@@ -116,10 +155,18 @@ def save_tiny_qrm(path, seed: int = 0, *, n_obj: int = 19, n_q: int = 5, vocab_s
                 layer.running_mean.copy_(0.5 * torch.rand(layer.num_features, generator=g))
                 layer.running_var.copy_(0.5 + torch.rand(layer.num_features, generator=g))
         ref.gating.logit_scale.fill_(1.7)
-    raw = {**fields, "model_type": "llama", "architectures": [architecture],
-           "auto_map": {"AutoModelForSequenceClassification": "modeling_custom." + architecture},
-           "num_objectives": n_obj, "num_quantiles": n_q, "gating_temperature": 10.0, "gating_hidden_dim": 24,
-           "gating_n_hidden": 3, "torch_dtype": "float32"}
+    raw = {
+        **fields,
+        "model_type": "llama",
+        "architectures": [architecture],
+        "auto_map": {"AutoModelForSequenceClassification": "modeling_custom." + architecture},
+        "num_objectives": n_obj,
+        "num_quantiles": n_q,
+        "gating_temperature": 10.0,
+        "gating_hidden_dim": 24,
+        "gating_n_hidden": 3,
+        "torch_dtype": "float32",
+    }
     if gating_token_pattern is not None:
         raw["gating_token_pattern"] = list(gating_token_pattern)
     (path / "config.json").write_text(json.dumps(raw, indent=1))

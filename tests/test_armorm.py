@@ -3,8 +3,8 @@ reference written from the published forward's steps (tests/armorm_reference.py)
 
 import pytest
 import torch
-
 from armorm_reference import ASSISTANT_HEADER, ReferenceArmoRM, chat_ids, save_tiny_armorm
+
 from reward_lens import ArmoRMHead, HookedRewardModel, read_objective
 from reward_lens.model.heads.armorm import ARMORM_OBJECTIVES
 
@@ -29,7 +29,12 @@ def models(armorm_dir):
 
 def batch(side: str = "right"):
     """Four chats of different lengths, one with two turns (the gate must use the last header)."""
-    rows = [chat_ids(4, 5, seed=0), chat_ids(2, 2, seed=1), chat_ids(3, 1, seed=2, n_turns=2), chat_ids(6, 3, seed=3)]
+    rows = [
+        chat_ids(4, 5, seed=0),
+        chat_ids(2, 2, seed=1),
+        chat_ids(3, 1, seed=2, n_turns=2),
+        chat_ids(6, 3, seed=3),
+    ]
     T = max(len(r) for r in rows)
     ids = torch.full((len(rows), T), PAD, dtype=torch.long)
     mask = torch.zeros_like(ids)
@@ -62,8 +67,12 @@ def test_score_objectives_and_gate_match_reference(models, reference, fold_ln, s
     model = models[fold_ln]
     ids, mask = batch(side)
     ref = reference_run(reference, ids, mask)
-    names = ["reward_head.hook_pooled", "reward_head.hook_gate", "reward_head.hook_transformed",
-             "reward_head.hook_objectives"]
+    names = [
+        "reward_head.hook_pooled",
+        "reward_head.hook_gate",
+        "reward_head.hook_transformed",
+        "reward_head.hook_objectives",
+    ]
     score, cache = model.run_with_cache(ids, attention_mask=mask, names_filter=names)
     assert model.readout_positions(ids, mask).tolist() == ref["readout"].tolist()
     assert (score - ref["score"]).abs().max() < TOL
@@ -85,7 +94,9 @@ def test_readout_rule_is_armorm_s(models):
 
 def test_fold_ln_true_and_false_agree(models):
     ids, mask = batch("right")
-    assert torch.allclose(models[False](ids, attention_mask=mask), models[True](ids, attention_mask=mask), atol=1e-5)
+    assert torch.allclose(
+        models[False](ids, attention_mask=mask), models[True](ids, attention_mask=mask), atol=1e-5
+    )
 
 
 @pytest.mark.parametrize("fold_ln", [False, True])
@@ -113,7 +124,7 @@ def test_direction_is_shared_by_responses_to_one_prompt(models):
 
 def test_reward_direction_is_a_clear_error(models):
     with pytest.raises(ValueError, match="reward_direction_for"):
-        models[True].reward_direction
+        models[True].reward_direction  # noqa: B018  (the property access raises)
 
 
 def test_patching_the_gate_changes_the_score_as_computed_by_hand(models, reference):
@@ -136,7 +147,9 @@ def test_patching_the_gate_changes_the_score_as_computed_by_hand(models, referen
         r[:, 3] = 0
         return r
 
-    patched = model.run_with_hooks(ids, attention_mask=mask, fwd_hooks=[("reward_head.hook_transformed", zero_objective)])
+    patched = model.run_with_hooks(
+        ids, attention_mask=mask, fwd_hooks=[("reward_head.hook_transformed", zero_objective)]
+    )
     assert (patched - (ref["score"] - ref["gate"][:, 3] * ref["transformed"][:, 3])).abs().max() < TOL
 
 
@@ -172,8 +185,12 @@ def test_readout_cache_and_start_at_layer(models):
     model = models[True]
     ids, mask = batch("right")
     score = model(ids, attention_mask=mask)
-    out, cache = model.run_with_cache(ids, attention_mask=mask, readout_only=True,
-                                      names_filter=lambda n: n.startswith("reward_head") or n == "blocks.1.hook_resid_pre")
+    out, cache = model.run_with_cache(
+        ids,
+        attention_mask=mask,
+        readout_only=True,
+        names_filter=lambda n: n.startswith("reward_head") or n == "blocks.1.hook_resid_pre",
+    )
     assert torch.equal(out, score)
     assert cache["reward_head.hook_objectives"].shape == (4, 1, 19)
     assert cache["reward_head.hook_gate_input"].shape == (4, model.cfg.d_model)
@@ -192,12 +209,21 @@ def test_hooked_checkpoint_round_trip(models, tmp_path):
 
 
 def test_custom_gating_pattern_and_objective_count(tmp_path):
-    path = save_tiny_armorm(tmp_path, seed=3, num_objectives=5, vocab_size=300, pad_token_id=299,
-                            gating_token_pattern=[290, 291], logit_scale=0.7)
+    path = save_tiny_armorm(
+        tmp_path,
+        seed=3,
+        num_objectives=5,
+        vocab_size=300,
+        pad_token_id=299,
+        gating_token_pattern=[290, 291],
+        logit_scale=0.7,
+    )
     ref = ReferenceArmoRM.from_directory(path)
     model = HookedRewardModel.from_pretrained(path)
     assert model.reward_head.objective_names == [f"objective_{j}" for j in range(5)]
-    ids = torch.tensor([[5, 6, 290, 291, 7, 8, 290, 291, 9, 10], [5, 290, 291, 12, 13, 299, 299, 299, 299, 299]])
+    ids = torch.tensor(
+        [[5, 6, 290, 291, 7, 8, 290, 291, 9, 10], [5, 290, 291, 12, 13, 299, 299, 299, 299, 299]]
+    )
     mask = (ids != 299).long()
     ref_out = reference_run(ref, ids, mask)
     assert model.reward_head.gate_positions(ids).tolist() == ref_out["gate_pos"].tolist() == [6, 1]

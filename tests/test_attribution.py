@@ -50,7 +50,10 @@ def test_matches_an_independent_recomputation_and_the_final_norm_matters(llama_h
     w = model.reward_head.W_R[:, 0] * model.ln_final.w
     expected = [cache["hook_embed"][0, -1] @ w / scale]
     for l in range(model.cfg.n_layers):
-        expected += [cache[f"blocks.{l}.hook_attn_out"][0, -1] @ w / scale, cache[f"blocks.{l}.hook_mlp_out"][0, -1] @ w / scale]
+        expected += [
+            cache[f"blocks.{l}.hook_attn_out"][0, -1] @ w / scale,
+            cache[f"blocks.{l}.hook_mlp_out"][0, -1] @ w / scale,
+        ]
     assert torch.allclose(res.chosen[0], torch.stack(expected), atol=1e-6)
     # Per head from hook_z and W_O directly.
     z = cache["blocks.1.attn.hook_z"][0, -1]
@@ -74,10 +77,15 @@ def test_gemma2_post_norms_are_exact():
 def test_armorm_uses_the_per_sequence_direction(tmp_path):
     from armorm_reference import save_tiny_armorm
 
-    path = save_tiny_armorm(tmp_path, num_objectives=5, vocab_size=300, pad_token_id=299, gating_token_pattern=[290, 291])
+    path = save_tiny_armorm(
+        tmp_path, num_objectives=5, vocab_size=300, pad_token_id=299, gating_token_pattern=[290, 291]
+    )
     model = HookedRewardModel.from_pretrained(path)
     prompts = ([7, 8, 9, 290, 291], [5, 6, 290, 291])
-    pairs = [TokenPair(prompts[0] + [11, 12, 13], prompts[0] + [21]), TokenPair(prompts[1] + [31], prompts[1] + [41, 42, 43, 44])]
+    pairs = [
+        TokenPair(prompts[0] + [11, 12, 13], prompts[0] + [21]),
+        TokenPair(prompts[1] + [31], prompts[1] + [41, 42, 43, 44]),
+    ]
     for side in ("right", "left"):
         res = attribute(model, pairs, padding_side=side, progress=False)
         check_exact(res)
@@ -89,7 +97,9 @@ def test_generic_path_component_terms_match_native(llama_hf):
     native = HookedRewardModel.from_hf_model(llama_hf)
     g, n = attribute(generic, PAIRS, progress=False), attribute(native, PAIRS, progress=False)
     check_exact(g)
-    assert g.heads_chosen is None and n.heads_chosen is not None  # heads=None: only where per-head hooks exist
+    assert (
+        g.heads_chosen is None and n.heads_chosen is not None
+    )  # heads=None: only where per-head hooks exist
     assert torch.allclose(g.chosen, n.chosen, atol=1e-6)
 
 
@@ -120,6 +130,8 @@ def test_a_head_the_decomposition_cannot_reproduce_is_reported(llama_model, monk
     import reward_lens.core.pipeline as module  # where the instruments take the readout direction from
 
     real = module.readout_direction
-    monkeypatch.setattr(module, "readout_direction", lambda model, tok: (2 * real(model, tok)[0], real(model, tok)[1]))
+    monkeypatch.setattr(
+        module, "readout_direction", lambda model, tok: (2 * real(model, tok)[0], real(model, tok)[1])
+    )
     with pytest.warns(UserWarning, match="not linear in the final residual"):
         attribute(llama_model, PAIRS, progress=False)

@@ -8,9 +8,9 @@ import torch
 from helpers import one_thread, token_pairs  # noqa: F401
 
 from reward_lens import HookedRewardModel
-from reward_lens.model.components import RMSNorm
 from reward_lens.instruments import attribution_patch, patch
 from reward_lens.instruments.patching.atp import AtPComparison
+from reward_lens.model.components import RMSNorm
 
 PAIRS = token_pairs([(9, 4), (3, 8), (6, 6)], prompt_len=4)
 EQUAL = token_pairs([(5, 5), (4, 4)], prompt_len=2, seed=3)
@@ -51,19 +51,36 @@ def directional_derivative(model, target, source, hook_name, index, positions, e
     return (4 * central(eps / 2) - central(eps)) / 3
 
 
-SITES = [("embed", "hook_embed", ...), ("attn_L1", "blocks.1.hook_attn_out", ...), ("mlp_L0", "blocks.0.hook_mlp_out", ...),
-         ("L2H1", "blocks.2.attn.hook_z", 1), ("resid_L2", "blocks.2.hook_resid_pre", ...)]
+SITES = [
+    ("embed", "hook_embed", ...),
+    ("attn_L1", "blocks.1.hook_attn_out", ...),
+    ("mlp_L0", "blocks.0.hook_mlp_out", ...),
+    ("L2H1", "blocks.2.attn.hook_z", 1),
+    ("resid_L2", "blocks.2.hook_resid_pre", ...),
+]
 
 
 @pytest.mark.parametrize("side", ["right", "left"])
 def test_estimates_are_the_directional_derivative_at_the_readout(model64, side):
-    res = attribution_patch(model64, PAIRS, mode=["noising", "denoising"], level=["component", "head", "residual"],
-                            padding_side=side, batch_size=2, progress=False)
+    res = attribution_patch(
+        model64,
+        PAIRS,
+        mode=["noising", "denoising"],
+        level=["component", "head", "residual"],
+        padding_side=side,
+        batch_size=2,
+        progress=False,
+    )
     names = res.components
     for i, pair in enumerate(PAIRS):
         for name, hook, index in SITES:
-            for mode, (target, source) in (("noising", (pair.chosen, pair.rejected)), ("denoising", (pair.rejected, pair.chosen))):
-                expected = directional_derivative(model64, target, source, hook, index, ([len(target) - 1], [len(source) - 1]))
+            for mode, (target, source) in (
+                ("noising", (pair.chosen, pair.rejected)),
+                ("denoising", (pair.rejected, pair.chosen)),
+            ):
+                expected = directional_derivative(
+                    model64, target, source, hook, index, ([len(target) - 1], [len(source) - 1])
+                )
                 got = res.effect(mode)[i, names.index(name)].item()
                 assert got == pytest.approx(expected, rel=1e-6, abs=1e-9), (mode, name)
 
@@ -72,8 +89,12 @@ def test_estimates_over_all_positions(model64):
     res = attribution_patch(model64, EQUAL, positions="all", level="component", progress=False)
     pair = EQUAL[1]
     every = list(range(len(pair.chosen)))
-    expected = directional_derivative(model64, pair.chosen, pair.rejected, "blocks.1.hook_mlp_out", ..., (every, every))
-    assert res.effect("noising")[1, res.components.index("mlp_L1")].item() == pytest.approx(expected, rel=1e-6, abs=1e-9)
+    expected = directional_derivative(
+        model64, pair.chosen, pair.rejected, "blocks.1.hook_mlp_out", ..., (every, every)
+    )
+    assert res.effect("noising")[1, res.components.index("mlp_L1")].item() == pytest.approx(
+        expected, rel=1e-6, abs=1e-9
+    )
 
 
 def test_cost_is_two_forwards_and_one_backward(llama_model, monkeypatch):

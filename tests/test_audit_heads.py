@@ -6,31 +6,48 @@ import json
 
 import pytest
 import torch
-
 from helpers import LLAMA3_SPECIALS, one_thread, word_tokenizer  # noqa: F401
 from mlp_reference import save_tiny
+from test_audit_training_stacks import WORDS, N, write_pairs
+
 from reward_lens import HookedRewardModel
 from reward_lens.app.cli import main
-from test_audit_training_stacks import N, WORDS, write_pairs
 
 TEMPLATE = (
-    "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
-    "{{ m['content'] | trim }}{% if m['role'] == 'assistant' %} <extra_0>{% endif %}<|eot_id|>{% endfor %}"
+    "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n{{ "
+    "m['content'] | trim }}{% if m['role'] == 'assistant' %} <extra_0>{% endif %}<|eot_id|>{% endfor %}"
 )
 
 
 def tokenizer():
     """Llama-3-style chat tokens, a pad distinct from EOS, the PRM step tag (`<extra_0>` ends a response)."""
     specials = LLAMA3_SPECIALS + ["<pad>", "<extra_0>"]
-    return word_tokenizer(specials + ["user", "assistant", "Yes", "No"] + WORDS, bos="<|begin_of_text|>",
-                          eos="<|eot_id|>", pad="<pad>", specials=specials, template=TEMPLATE)
+    return word_tokenizer(
+        specials + ["user", "assistant", "Yes", "No"] + WORDS,
+        bos="<|begin_of_text|>",
+        eos="<|eot_id|>",
+        pad="<pad>",
+        specials=specials,
+        template=TEMPLATE,
+    )
 
 
 def audit(model_dir, tmp_path):
     pairs = write_pairs(tmp_path / "pairs.jsonl", conversational=False)
     out = tmp_path / "out"
-    args = ["audit", "--model", str(model_dir), "--pairs", str(pairs), "--out", str(out),
-            "--max-pairs", str(N), "--batch-size", "4"]
+    args = [
+        "audit",
+        "--model",
+        str(model_dir),
+        "--pairs",
+        str(pairs),
+        "--out",
+        str(out),
+        "--max-pairs",
+        str(N),
+        "--batch-size",
+        "4",
+    ]
     assert main(args) == 0
     results = json.loads((out / "results.json").read_text())
     assert results["n_pairs"] == N and results["attribution_max_relative_error"] < 1e-4
@@ -58,10 +75,17 @@ def test_audit_of_a_judge(tmp_path):
     import transformers
 
     tok = tokenizer()
-    cfg = transformers.LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=48,
-                                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                   max_position_embeddings=256, pad_token_id=tok.pad_token_id,
-                                   tie_word_embeddings=True)
+    cfg = transformers.LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        pad_token_id=tok.pad_token_id,
+        tie_word_embeddings=True,
+    )
     torch.manual_seed(0)
     transformers.LlamaForCausalLM(cfg).save_pretrained(tmp_path / "lm")
     tok.save_pretrained(tmp_path / "lm")
@@ -77,8 +101,9 @@ def test_audit_of_qrm(tmp_path):
 
     tok = tokenizer()
     header = tok.encode("<|start_header_id|> assistant <|end_header_id|>", add_special_tokens=False)
-    path = save_tiny_qrm(tmp_path / "qrm", vocab_size=len(tok), pad_token_id=tok.pad_token_id,
-                         gating_token_pattern=header)
+    path = save_tiny_qrm(
+        tmp_path / "qrm", vocab_size=len(tok), pad_token_id=tok.pad_token_id, gating_token_pattern=header
+    )
     tok.chat_template = TEMPLATE.replace(" <extra_0>", "")
     tok.save_pretrained(path)
     results, html, _ = audit(path, tmp_path)

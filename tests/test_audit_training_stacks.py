@@ -7,14 +7,15 @@ rewards are the training stack's own rewards on the ids it would see (fp32, 1e-4
 import json
 
 import pandas as pd
-import pytest
 import torch
 from helpers import llama3_tokenizer, one_thread, randomise_norms  # noqa: F401
 
 from reward_lens.app.cli import main
 
-WORDS = ("what is two plus three five four six the sky blue green a fruit pear apple name color yes no i think it "
-         "is . ? sure maybe").split()
+WORDS = (
+    "what is two plus three five four six the sky blue green a fruit pear apple name color yes no i think "
+    "it is . ? sure maybe"
+).split()
 QA = [
     ("what is two plus three ?", "five .", "four ."),
     ("name a fruit .", "pear", "the sky is blue . i think it is green ."),
@@ -30,8 +31,13 @@ def write_pairs(path, conversational: bool):
     rows = []
     for p, c, r in QA:
         if conversational:  # TRL's conversational format
-            rows.append({"prompt": [{"role": "user", "content": p}], "chosen": [{"role": "assistant", "content": c}],
-                         "rejected": [{"role": "assistant", "content": r}]})
+            rows.append(
+                {
+                    "prompt": [{"role": "user", "content": p}],
+                    "chosen": [{"role": "assistant", "content": c}],
+                    "rejected": [{"role": "assistant", "content": r}],
+                }
+            )
         else:
             rows.append({"prompt": p, "chosen": c, "rejected": r})
     path.write_text("\n".join(json.dumps(r) for r in rows))
@@ -41,15 +47,36 @@ def write_pairs(path, conversational: bool):
 def llama_config(tok, **extra):
     from transformers import LlamaConfig
 
-    return LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-5,
-                       pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id,
-                       **extra)
+    return LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-5,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=tok.bos_token_id,
+        **extra,
+    )
 
 
 def run_audit_cli(model_dir, pairs, out):
-    args = ["audit", "--model", str(model_dir), "--pairs", str(pairs), "--out", str(out), "--max-pairs", str(N),
-            "--batch-size", "4"]
+    args = [
+        "audit",
+        "--model",
+        str(model_dir),
+        "--pairs",
+        str(pairs),
+        "--out",
+        str(out),
+        "--max-pairs",
+        str(N),
+        "--batch-size",
+        "4",
+    ]
     assert main(args) == 0
     html = (out / "report.html").read_text()
     assert html.startswith("<!doctype html>") and "data:image/png;base64," in html
@@ -63,16 +90,26 @@ def run_audit_cli(model_dir, pairs, out):
 
 
 def chat_ids(tok):
-    """apply_chat_template's ids of every (prompt, response), in the order [pair0 chosen, pair0 rejected, ...]."""
-    return [tok.apply_chat_template([{"role": "user", "content": p}, {"role": "assistant", "content": resp}],
-                                    tokenize=True, return_dict=False) for p, c, r in QA for resp in (c, r)]
+    """apply_chat_template's ids of every (prompt, response), in the order [pair0 chosen, pair0 rejected,
+    ...]."""
+    return [
+        tok.apply_chat_template(
+            [{"role": "user", "content": p}, {"role": "assistant", "content": resp}],
+            tokenize=True,
+            return_dict=False,
+        )
+        for p, c, r in QA
+        for resp in (c, r)
+    ]
 
 
 def audit_rewards(out) -> list:
     """The clean rewards the audit read, [pair0 chosen, pair0 rejected, ...] (patching.csv: noising patches
     the chosen run, denoising the rejected one)."""
     frame = pd.read_csv(out / "patching.csv")
-    clean = {(t, int(p)): float(r) for t, p, r in frame[["target", "pair", "clean_reward"]].itertuples(index=False)}
+    clean = {
+        (t, int(p)): float(r) for t, p, r in frame[["target", "pair", "clean_reward"]].itertuples(index=False)
+    }
     return [clean[(t, i)] for i in range(N) for t in ("chosen", "rejected")]
 
 
@@ -111,7 +148,8 @@ def test_audit_on_an_openrlhf_checkpoint(tmp_path):
     tok.save_pretrained(directory)
     results = run_audit_cli(directory, write_pairs(tmp_path / "pairs.jsonl", False), tmp_path / "out")
     assert results["input_format"] == "openrlhf"
-    # OpenRLHF's dataset: the rendered chat with its last token replaced by EOS; read at the last attended token.
+    # OpenRLHF's dataset: the rendered chat with its last token replaced by EOS; read at the last attended
+    # token.
     expected = []
     for ids in chat_ids(tok):
         row = torch.tensor([ids[:-1] + [tok.eos_token_id]])

@@ -65,25 +65,58 @@ def _csv(p, text):
 
 DATA_ERRORS = [
     # (file name, content writer, error type, words that must appear)
-    ("empty_cell.csv", lambda p: _csv(p, "prompt,chosen,rejected\nq,a,b\nq2,,b\n"), ValueError,
-     ["empty_cell.csv", "row 2", "'chosen'", "empty"]),
-    ("null.jsonl", lambda p: _csv(p, '{"prompt":"q","chosen":"a","rejected":"b"}\n{"prompt":"q","chosen":null,"rejected":"b"}\n'),
-     ValueError, ["null.jsonl", "line 2", "'chosen'", "missing"]),
-    ("number.json", lambda p: _csv(p, '[{"prompt": 3, "chosen": "a", "rejected": "b"}]'), ValueError,
-     ["number.json", "item 1", "'prompt'", "int 3", "give text"]),
-    ("broken.jsonl", lambda p: _csv(p, '{"prompt":"q","chosen":"a","rejected":"b"}\n'
-                                      '{"prompt":"q","chosen":"a","rejected":"b"}\n{"prompt": "q", "chosen" "a"}\n'),
-     ValueError, ["broken.jsonl", "line 3", "invalid JSON"]),
-    ("missing_col.jsonl", lambda p: _csv(p, '{"prompt":"q","chosen":"a","rejected":"b"}\n{"prompt":"q","chosen":"a"}\n'),
-     ValueError, ["missing_col.jsonl", "line 2", "lacks column(s) ['rejected']"]),
-    ("bad_messages.json", lambda p: _csv(p, '[{"prompt":"q","chosen":[{"role":"assistant"}],"rejected":"b"}]'),
-     ValueError, ["item 1", "'chosen'", "'role' and 'content'"]),
+    (
+        "empty_cell.csv",
+        lambda p: _csv(p, "prompt,chosen,rejected\nq,a,b\nq2,,b\n"),
+        ValueError,
+        ["empty_cell.csv", "row 2", "'chosen'", "empty"],
+    ),
+    (
+        "null.jsonl",
+        lambda p: _csv(
+            p, '{"prompt":"q","chosen":"a","rejected":"b"}\n{"prompt":"q","chosen":null,"rejected":"b"}\n'
+        ),
+        ValueError,
+        ["null.jsonl", "line 2", "'chosen'", "missing"],
+    ),
+    (
+        "number.json",
+        lambda p: _csv(p, '[{"prompt": 3, "chosen": "a", "rejected": "b"}]'),
+        ValueError,
+        ["number.json", "item 1", "'prompt'", "int 3", "give text"],
+    ),
+    (
+        "broken.jsonl",
+        lambda p: _csv(
+            p,
+            '{"prompt":"q","chosen":"a","rejected":"b"}\n{"prompt":"q","chosen":"a","rejected":"b"}\n'
+            '{"prompt": "q", "chosen" "a"}\n',
+        ),
+        ValueError,
+        ["broken.jsonl", "line 3", "invalid JSON"],
+    ),
+    (
+        "missing_col.jsonl",
+        lambda p: _csv(p, '{"prompt":"q","chosen":"a","rejected":"b"}\n{"prompt":"q","chosen":"a"}\n'),
+        ValueError,
+        ["missing_col.jsonl", "line 2", "lacks column(s) ['rejected']"],
+    ),
+    (
+        "bad_messages.json",
+        lambda p: _csv(p, '[{"prompt":"q","chosen":[{"role":"assistant"}],"rejected":"b"}]'),
+        ValueError,
+        ["item 1", "'chosen'", "'role' and 'content'"],
+    ),
     ("dict.json", lambda p: _csv(p, '{"a": 1, "b": 2}'), ValueError, ["dict.json", "list of pair objects"]),
     ("scalar.json", lambda p: _csv(p, '"hello"'), ValueError, ["scalar.json", "JSON str"]),
     ("empty.jsonl", lambda p: _csv(p, ""), ValueError, ["empty.jsonl", "holds no preference pairs"]),
     ("pairs.txt", lambda p: _csv(p, "x"), ValueError, ["unsupported pairs file type '.txt'"]),
-    ("latin1.jsonl", lambda p: p.write_bytes('{"prompt":"caf\xe9","chosen":"a","rejected":"b"}'.encode("latin-1")),
-     ValueError, ["latin1.jsonl", "UTF-8"]),
+    (
+        "latin1.jsonl",
+        lambda p: p.write_bytes('{"prompt":"caf\xe9","chosen":"a","rejected":"b"}'.encode("latin-1")),
+        ValueError,
+        ["latin1.jsonl", "UTF-8"],
+    ),
     ("a_dir.jsonl", lambda p: p.mkdir(), ValueError, ["a_dir.jsonl", "is a directory"]),
     ("absent.jsonl", lambda p: None, FileNotFoundError, ["no pairs file"]),
 ]
@@ -109,11 +142,19 @@ def test_parquet_none_is_refused_not_scored_as_text(tmp_path):
 
 DATA_OK = [
     # (file name, content, expected pairs as (prompt, chosen, rejected))
-    ("pretty.jsonl", '{\n  "prompt": "q",\n  "chosen": "a",\n  "rejected": "b"\n}\n{\n  "prompt": "q2",\n  "chosen": "c",\n'
-                     '  "rejected": "d"\n}\n', [("q", "a", "b"), ("q2", "c", "d")]),
+    (
+        "pretty.jsonl",
+        '{\n  "prompt": "q",\n  "chosen": "a",\n  "rejected": "b"\n}\n{\n  "prompt": "q2",\n  "chosen": '
+        '"c",\n  "rejected": "d"\n}\n',
+        [("q", "a", "b"), ("q2", "c", "d")],
+    ),
     ("one.json", '{"prompt": "q", "chosen": "a", "rejected": "b"}', [("q", "a", "b")]),
     ("wrapped.json", '{"pairs": [{"prompt": "q", "chosen": "a", "rejected": "b"}]}', [("q", "a", "b")]),
-    ("columns.json", '{"prompt": ["q", "r"], "chosen": ["a", "c"], "rejected": ["b", "d"]}', [("q", "a", "b"), ("r", "c", "d")]),
+    (
+        "columns.json",
+        '{"prompt": ["q", "r"], "chosen": ["a", "c"], "rejected": ["b", "d"]}',
+        [("q", "a", "b"), ("r", "c", "d")],
+    ),
     ("na_text.csv", "prompt,chosen,rejected\nNA,null,None\n", [("NA", "null", "None")]),  # texts, not missing
     ("numbers.csv", "prompt,chosen,rejected,id\nWhat is 6*7?,42,41,7\n", [("What is 6*7?", "42", "41")]),
 ]
@@ -128,31 +169,41 @@ def test_valid_pair_files_in_every_shape_load_exactly(tmp_path, name, content, e
     assert all(isinstance(p.id, str) for p in pairs)
 
 
-@pytest.mark.parametrize("args,words", [
-    ((None, None, None), "PreferencePair.prompt is missing"),
-    (("q", float("nan"), "b"), "PreferencePair.chosen is missing"),
-    (("q", "a", 3.5), "PreferencePair.rejected is float 3.5"),
-    (("q", "a", {"role": "user"}), "PreferencePair.rejected is dict"),
-    (("q", [], "b"), "empty message list"),
-])
+@pytest.mark.parametrize(
+    "args,words",
+    [
+        ((None, None, None), "PreferencePair.prompt is missing"),
+        (("q", float("nan"), "b"), "PreferencePair.chosen is missing"),
+        (("q", "a", 3.5), "PreferencePair.rejected is float 3.5"),
+        (("q", "a", {"role": "user"}), "PreferencePair.rejected is dict"),
+        (("q", [], "b"), "empty message list"),
+    ],
+)
 def test_preference_pair_refuses_non_text(args, words):
     with pytest.raises(ValueError, match=words.replace(".", r"\.")):
         PreferencePair(*args)
 
 
 def test_message_lists_are_conversations_rendered_by_the_chat_template(model, tmp_path):
-    """A conversation gives exactly the tokens of the same text pair (the template renders both), never a repr."""
+    """A conversation gives exactly the tokens of the same text pair (the template renders both), never a
+    repr."""
     conv = [{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "4"}]
-    path = write_jsonl(tmp_path / "conv.jsonl", [{"prompt": conv[:1], "chosen": conv[1:], "rejected": "5"},
-                                                 {"prompt": "", "chosen": conv, "rejected": conv[:1] + [
-                                                     {"role": "assistant", "content": "5"}]}])
+    path = write_jsonl(
+        tmp_path / "conv.jsonl",
+        [
+            {"prompt": conv[:1], "chosen": conv[1:], "rejected": "5"},
+            {"prompt": "", "chosen": conv, "rejected": conv[:1] + [{"role": "assistant", "content": "5"}]},
+        ],
+    )
     pairs = load_pairs(path)
     assert pairs[0].prompt == tuple(conv[:1]) and pairs[0].chosen == tuple(conv[1:])
     for p in pairs:
         got = model.to_tokens([p.prompt], [p.chosen])["input_ids"]
         want = model.to_tokens(["What is 2+2?"], ["4"])["input_ids"]
         assert torch.equal(got, want)
-    assert "{'role'" not in model.tokenizer.decode(model.to_tokens([pairs[0].prompt], [pairs[0].chosen])["input_ids"][0])
+    assert "{'role'" not in model.tokenizer.decode(
+        model.to_tokens([pairs[0].prompt], [pairs[0].chosen])["input_ids"][0]
+    )
 
 
 def test_ties_are_kept_and_reported(tmp_path):
@@ -168,13 +219,38 @@ def _ids(model, n=2):
 
 
 INPUT_ERRORS = [
-    ("mask all zeros", lambda m, b: m(b["input_ids"], torch.zeros_like(b["attention_mask"])), ValueError, "all zeros"),
+    (
+        "mask all zeros",
+        lambda m, b: m(b["input_ids"], torch.zeros_like(b["attention_mask"])),
+        ValueError,
+        "all zeros",
+    ),
     ("mask value 2", lambda m, b: m(b["input_ids"], b["attention_mask"] * 2), ValueError, "must be binary"),
-    ("mask NaN", lambda m, b: m(b["input_ids"], b["attention_mask"].float() * float("nan")), ValueError, "NaN"),
-    ("mask wrong shape", lambda m, b: m(b["input_ids"], b["attention_mask"][:, :-1]), ValueError, "has shape"),
+    (
+        "mask NaN",
+        lambda m, b: m(b["input_ids"], b["attention_mask"].float() * float("nan")),
+        ValueError,
+        "NaN",
+    ),
+    (
+        "mask wrong shape",
+        lambda m, b: m(b["input_ids"], b["attention_mask"][:, :-1]),
+        ValueError,
+        "has shape",
+    ),
     ("1-D mask for 2 rows", lambda m, b: m(b["input_ids"], b["attention_mask"][0]), ValueError, "has shape"),
-    ("token id -1", lambda m, b: m(torch.tensor([[1, 5, -1]])), ValueError, "token id -1, outside the model's vocabulary"),
-    ("token id = d_vocab", lambda m, b: m(torch.tensor([[1, m.cfg.d_vocab]])), ValueError, "outside the model's vocabulary"),
+    (
+        "token id -1",
+        lambda m, b: m(torch.tensor([[1, 5, -1]])),
+        ValueError,
+        "token id -1, outside the model's vocabulary",
+    ),
+    (
+        "token id = d_vocab",
+        lambda m, b: m(torch.tensor([[1, m.cfg.d_vocab]])),
+        ValueError,
+        "outside the model's vocabulary",
+    ),
     ("float ids", lambda m, b: m(b["input_ids"].float()), TypeError, "integer token ids"),
     ("empty input", lambda m, b: m(torch.zeros(1, 0, dtype=torch.long)), ValueError, "is empty"),
     ("3-D ids", lambda m, b: m(b["input_ids"][None]), ValueError, "must be [batch, pos]"),
@@ -182,15 +258,34 @@ INPUT_ERRORS = [
     ("ragged list", lambda m, b: m([[1, 2, 3], [1, 2]]), ValueError, "ragged"),
     ("beyond n_ctx", lambda m, b: m(torch.ones(1, m.cfg.n_ctx + 1, dtype=torch.long)), ValueError, "n_ctx"),
     ("to_tokens(None)", lambda m, b: m.to_tokens(None, ["a"]), TypeError, "needs prompts and responses"),
-    ("max_length=0", lambda m, b: m.to_tokens(["q"], ["a"], max_length=0), ValueError, "max_length must be a positive"),
-    ("max_length=-3", lambda m, b: m.to_tokens(["q"], ["a"], max_length=-3), ValueError, "max_length must be a positive"),
+    (
+        "max_length=0",
+        lambda m, b: m.to_tokens(["q"], ["a"], max_length=0),
+        ValueError,
+        "max_length must be a positive",
+    ),
+    (
+        "max_length=-3",
+        lambda m, b: m.to_tokens(["q"], ["a"], max_length=-3),
+        ValueError,
+        "max_length must be a positive",
+    ),
     ("to_tokens([])", lambda m, b: m.to_tokens([], []), ValueError, "no prompts"),
     ("to_tokens numbers", lambda m, b: m.to_tokens([1], [2]), TypeError, "text or chat-message lists"),
-    ("unknown hook, readout cache", lambda m, b: m.run_with_cache(b["input_ids"], b["attention_mask"], readout_only=True,
-                                                                 names_filter=["blocks.0.hook_nonsense"]),
-     ValueError, "unknown hook name"),
-    ("bad ids via run_with_cache", lambda m, b: m.run_with_cache(torch.tensor([[1, -1]]), readout_only=True),
-     ValueError, "outside the model's vocabulary"),
+    (
+        "unknown hook, readout cache",
+        lambda m, b: m.run_with_cache(
+            b["input_ids"], b["attention_mask"], readout_only=True, names_filter=["blocks.0.hook_nonsense"]
+        ),
+        ValueError,
+        "unknown hook name",
+    ),
+    (
+        "bad ids via run_with_cache",
+        lambda m, b: m.run_with_cache(torch.tensor([[1, -1]]), readout_only=True),
+        ValueError,
+        "outside the model's vocabulary",
+    ),
 ]
 
 
@@ -261,29 +356,76 @@ def _tokenizer_too_big(d: Path) -> None:
 
 
 CHECKPOINT_ERRORS = [
-    ("missing weight", lambda d: _edit_tensors(d, lambda sd: sd.pop("model.layers.1.self_attn.q_proj.weight")),
-     ValueError, ["model.safetensors", "model.layers.1.self_attn.q_proj.weight", "lacks tensor"]),
-    ("missing score.weight", lambda d: _edit_tensors(d, lambda sd: sd.pop("score.weight")),
-     ValueError, ["model.safetensors", "score.weight"]),
-    ("wrong shape", lambda d: _edit_tensors(d, lambda sd: sd.update(
-        {"model.layers.0.mlp.up_proj.weight": torch.zeros(95, 64)})),
-     ValueError, ["model.layers.0.mlp.up_proj.weight", "shape (95, 64)", "(96, 64)"]),
-    ("num_labels vs head", lambda d: _edit_config(d, num_labels=2, id2label={"0": "a", "1": "b"},
-                                                  label2id={"a": 0, "b": 1}),
-     ValueError, ["score.weight", "num_labels=2"]),
-    ("integer weights", lambda d: _edit_tensors(d, lambda sd: sd.update(
-        {"model.norm.weight": torch.ones(64, dtype=torch.int32)})), ValueError, ["model.norm.weight", "dtype"]),
-    ("NaN weight", lambda d: _edit_tensors(d, lambda sd: _nan(sd, "model.layers.2.mlp.down_proj.weight")),
-     ValueError, ["non-finite", "blocks.2.mlp.W_out"]),
-    ("truncated safetensors", lambda d: (d / "model.safetensors").write_bytes((d / "model.safetensors").read_bytes()[:5000]),
-     ValueError, ["model.safetensors", "corrupt or truncated"]),
-    ("garbage safetensors", lambda d: (d / "model.safetensors").write_bytes(b"not a safetensors file at all" * 10),
-     ValueError, ["model.safetensors", "corrupt or truncated"]),
-    ("empty safetensors", lambda d: (d / "model.safetensors").write_bytes(b""), ValueError, ["model.safetensors", "empty"]),
-    ("invalid config.json", lambda d: (d / "config.json").write_text('{"model_type": "llama",'), ValueError,
-     ["config.json", "not valid JSON", "line 1"]),
-    ("config.json not an object", lambda d: (d / "config.json").write_text("[1, 2]"), ValueError,
-     ["config.json", "not an object"]),
+    (
+        "missing weight",
+        lambda d: _edit_tensors(d, lambda sd: sd.pop("model.layers.1.self_attn.q_proj.weight")),
+        ValueError,
+        ["model.safetensors", "model.layers.1.self_attn.q_proj.weight", "lacks tensor"],
+    ),
+    (
+        "missing score.weight",
+        lambda d: _edit_tensors(d, lambda sd: sd.pop("score.weight")),
+        ValueError,
+        ["model.safetensors", "score.weight"],
+    ),
+    (
+        "wrong shape",
+        lambda d: _edit_tensors(
+            d, lambda sd: sd.update({"model.layers.0.mlp.up_proj.weight": torch.zeros(95, 64)})
+        ),
+        ValueError,
+        ["model.layers.0.mlp.up_proj.weight", "shape (95, 64)", "(96, 64)"],
+    ),
+    (
+        "num_labels vs head",
+        lambda d: _edit_config(d, num_labels=2, id2label={"0": "a", "1": "b"}, label2id={"a": 0, "b": 1}),
+        ValueError,
+        ["score.weight", "num_labels=2"],
+    ),
+    (
+        "integer weights",
+        lambda d: _edit_tensors(
+            d, lambda sd: sd.update({"model.norm.weight": torch.ones(64, dtype=torch.int32)})
+        ),
+        ValueError,
+        ["model.norm.weight", "dtype"],
+    ),
+    (
+        "NaN weight",
+        lambda d: _edit_tensors(d, lambda sd: _nan(sd, "model.layers.2.mlp.down_proj.weight")),
+        ValueError,
+        ["non-finite", "blocks.2.mlp.W_out"],
+    ),
+    (
+        "truncated safetensors",
+        lambda d: (d / "model.safetensors").write_bytes((d / "model.safetensors").read_bytes()[:5000]),
+        ValueError,
+        ["model.safetensors", "corrupt or truncated"],
+    ),
+    (
+        "garbage safetensors",
+        lambda d: (d / "model.safetensors").write_bytes(b"not a safetensors file at all" * 10),
+        ValueError,
+        ["model.safetensors", "corrupt or truncated"],
+    ),
+    (
+        "empty safetensors",
+        lambda d: (d / "model.safetensors").write_bytes(b""),
+        ValueError,
+        ["model.safetensors", "empty"],
+    ),
+    (
+        "invalid config.json",
+        lambda d: (d / "config.json").write_text('{"model_type": "llama",'),
+        ValueError,
+        ["config.json", "not valid JSON", "line 1"],
+    ),
+    (
+        "config.json not an object",
+        lambda d: (d / "config.json").write_text("[1, 2]"),
+        ValueError,
+        ["config.json", "not an object"],
+    ),
     ("tokenizer beyond vocab", _tokenizer_too_big, ValueError, ["tokenizer has", "97 rows"]),
 ]
 
@@ -347,7 +489,9 @@ def no_model_load(monkeypatch):
     """A bad option must be refused before any model is loaded."""
     import reward_lens.app.cli as cli
 
-    monkeypatch.setattr(cli, "_load_model", lambda *a, **k: pytest.fail("the model was loaded before validation"))
+    monkeypatch.setattr(
+        cli, "_load_model", lambda *a, **k: pytest.fail("the model was loaded before validation")
+    )
 
 
 CLI_ERRORS = [
@@ -375,7 +519,9 @@ CLI_ERRORS = [
 
 @pytest.mark.parametrize("command", ["audit", "compare"])
 @pytest.mark.parametrize("args,words", CLI_ERRORS, ids=[" ".join(c[0]) or "empty" for c in CLI_ERRORS])
-def test_every_command_checks_every_option_before_any_work(tmp_path, capsys, no_model_load, monkeypatch, command, args, words):
+def test_every_command_checks_every_option_before_any_work(
+    tmp_path, capsys, no_model_load, monkeypatch, command, args, words
+):
     if "cuda:7" in args and torch.cuda.device_count() > 7:
         args = ["--device", "cuda:99"]
     (tmp_path / "afile").write_text("keep me")
@@ -384,7 +530,11 @@ def test_every_command_checks_every_option_before_any_work(tmp_path, capsys, no_
     (tmp_path / "foreign" / "thesis.tex").write_text("mine")
     monkeypatch.chdir(tmp_path)
     before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
-    argv = [command] + (["demo", "demo"] if command == "compare" else []) + [a.format(tmp=tmp_path) for a in args]
+    argv = (
+        [command]
+        + (["demo", "demo"] if command == "compare" else [])
+        + [a.format(tmp=tmp_path) for a in args]
+    )
     if "--out" not in args:
         argv += ["--out", str(tmp_path / "out")]
     try:
@@ -408,7 +558,11 @@ def test_a_damaged_model_through_the_cli_is_one_line_and_writes_nothing(tiny_dir
     _edit_tensors(d, lambda sd: sd.pop("score.weight"))
     assert main(["audit", "--model", str(d), "--out", str(tmp_path / "o")]) == 2
     assert "score.weight" in one_line(capsys.readouterr().err)
-    assert not (tmp_path / "o").exists() and not list(tmp_path.glob(".o*")) and not (tmp_path / "o.lock").exists()
+    assert (
+        not (tmp_path / "o").exists()
+        and not list(tmp_path.glob(".o*"))
+        and not (tmp_path / "o.lock").exists()
+    )
 
 
 def test_a_broken_pairs_file_through_the_cli_names_line_and_writes_nothing(tmp_path, capsys):
@@ -422,18 +576,49 @@ def test_a_broken_pairs_file_through_the_cli_names_line_and_writes_nothing(tmp_p
 
 # ------------------------------------------------------------------------------------ API arguments
 API_ERRORS = [
-    ("lens(model, 42)", lambda m: __import__("reward_lens").lens(m, 42), TypeError, "pairs must be a PreferencePair"),
-    ("lens(model, [])", lambda m: __import__("reward_lens").lens(m, []), ValueError, "no preference pairs given"),
+    (
+        "lens(model, 42)",
+        lambda m: __import__("reward_lens").lens(m, 42),
+        TypeError,
+        "pairs must be a PreferencePair",
+    ),
+    (
+        "lens(model, [])",
+        lambda m: __import__("reward_lens").lens(m, []),
+        ValueError,
+        "no preference pairs given",
+    ),
     ("lens(model, dict)", lambda m: __import__("reward_lens").lens(m, PAIRS[0]), TypeError, "got dict"),
-    ("patch(mode=[])", lambda m: __import__("reward_lens").patch(m, _pairs(), mode=[]), ValueError, "no patching mode"),
-    ("patch(mode='nosing')", lambda m: __import__("reward_lens").patch(m, _pairs(), mode="nosing"), ValueError,
-     "unknown patching mode"),
-    ("concept_vector(test_fraction=1.0)", lambda m: __import__("reward_lens").concept_vector(
-        m, _pairs() * 4, test_fraction=1.0), ValueError, "test_fraction must be in [0, 1)"),
-    ("train_sae(NaN activations)", lambda m: __import__("reward_lens").train_sae(
-        data=torch.full((64, 8), float("nan"))), ValueError, "NaN/inf"),
-    ("train_sae(d_sae=0)", lambda m: __import__("reward_lens").train_sae(data=torch.randn(64, 8), d_sae=0),
-     ValueError, "d_sae must be a positive"),
+    (
+        "patch(mode=[])",
+        lambda m: __import__("reward_lens").patch(m, _pairs(), mode=[]),
+        ValueError,
+        "no patching mode",
+    ),
+    (
+        "patch(mode='nosing')",
+        lambda m: __import__("reward_lens").patch(m, _pairs(), mode="nosing"),
+        ValueError,
+        "unknown patching mode",
+    ),
+    (
+        "concept_vector(test_fraction=1.0)",
+        lambda m: __import__("reward_lens").concept_vector(m, _pairs() * 4, test_fraction=1.0),
+        ValueError,
+        "test_fraction must be in [0, 1)",
+    ),
+    (
+        "train_sae(NaN activations)",
+        lambda m: __import__("reward_lens").train_sae(data=torch.full((64, 8), float("nan"))),
+        ValueError,
+        "NaN/inf",
+    ),
+    (
+        "train_sae(d_sae=0)",
+        lambda m: __import__("reward_lens").train_sae(data=torch.randn(64, 8), d_sae=0),
+        ValueError,
+        "d_sae must be a positive",
+    ),
 ]
 
 
@@ -595,7 +780,9 @@ def test_a_concurrent_writer_is_refused_and_cannot_interleave(tmp_path, capsys, 
 
 
 def test_a_lock_left_by_a_dead_process_is_taken_over(tmp_path):
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
     (tmp_path / "o.lock").write_text(dead.stdout.strip())
     with ReportDir(tmp_path / "o") as rd:
         rd.commit(lambda d: (d / "x.json").write_text("{}"))
@@ -608,8 +795,21 @@ def test_a_lock_left_by_a_dead_process_is_taken_over(tmp_path):
 
 def test_a_real_subprocess_user_error_is_one_line_without_traceback(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    bad = subprocess.run([sys.executable, "-m", "reward_lens.app.cli", "audit", "--device", "meta", "--out",
-                          str(tmp_path / "o")], capture_output=True, text=True, env=env)
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "reward_lens.app.cli",
+            "audit",
+            "--device",
+            "meta",
+            "--out",
+            str(tmp_path / "o"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert bad.returncode == 2 and "--device meta" in one_line(bad.stderr) and not (tmp_path / "o").exists()
 
 

@@ -34,16 +34,27 @@ FILES = [  # (class, file name, bytes, error words or None, expected first (prom
     ("right-result", "bom.jsonl", b"\xef\xbb\xbf" + GOOD.encode() + b"\n", None, ("q", "a", "b")),
     ("right-result", "bom.json", b"\xef\xbb\xbf[" + GOOD.encode() + b"]", None, ("q", "a", "b")),
     ("right-result", "bom.csv", b"\xef\xbb\xbfprompt,chosen,rejected\nq,a,b\n", None, ("q", "a", "b")),
-    ("traceback", "surrogate.jsonl", b'{"prompt": "q \\ud83d", "chosen": "a", "rejected": "b"}\n',
-     ["surrogate.jsonl", "line 1", "'prompt'", "lone surrogate"], None),
-    ("traceback", "surrogate_msg.jsonl", b'{"prompt": "q", "chosen": [{"role": "assistant", "content": '
-                                         b'"\\udc00"}],'
-     b' "rejected": "b"}\n', ["'chosen'", "message 1", "lone surrogate"], None),
-    ("noise", "unclosed_line3.jsonl", (GOOD + "\n" + GOOD + "\n" + '{"prompt": "q", "chosen": '
-                                                                   '"a"\n' + GOOD + "\n" + GOOD
-                                       + "\n").encode(), ["unclosed_line3.jsonl", "line 3:", "starting on "
-                                                                                             "line 3"],
-     None),
+    (
+        "traceback",
+        "surrogate.jsonl",
+        b'{"prompt": "q \\ud83d", "chosen": "a", "rejected": "b"}\n',
+        ["surrogate.jsonl", "line 1", "'prompt'", "lone surrogate"],
+        None,
+    ),
+    (
+        "traceback",
+        "surrogate_msg.jsonl",
+        b'{"prompt": "q", "chosen": [{"role": "assistant", "content": "\\udc00"}], "rejected": "b"}\n',
+        ["'chosen'", "message 1", "lone surrogate"],
+        None,
+    ),
+    (
+        "noise",
+        "unclosed_line3.jsonl",
+        (GOOD + "\n" + GOOD + "\n" + '{"prompt": "q", "chosen": "a"\n' + GOOD + "\n" + GOOD + "\n").encode(),
+        ["unclosed_line3.jsonl", "line 3:", "starting on line 3"],
+        None,
+    ),
 ]
 
 
@@ -60,23 +71,47 @@ def test_pairs_files_with_a_bom_surrogates_or_a_broken_value(tmp_path, cls, name
     message = one_line(str(info.value))
     assert all(w in message for w in words), message
     if name.startswith("unclosed"):
-        assert not message.startswith(f"{path}: line "
-                                      "5") and "line 5 column" not in message.split("noticed")[0]
+        assert (
+            not message.startswith(f"{path}: line 5") and "line 5 column" not in message.split("noticed")[0]
+        )
 
 
 API = [  # (class, name, call, exception, words)
-    ("traceback", "lens(None, pairs)", lambda m: __import__("reward_lens").lens(None, _pairs()), TypeError,
-     "lens(model, ...) needs a HookedRewardModel"),
-    ("traceback", "attribute('demo', pairs)", lambda m: __import__("reward_lens").attribute("demo", _pairs()),
-     TypeError, "attribute(model, ...) needs a HookedRewardModel as its first argument, got str"),
-    ("traceback", "concept_vector(model, "
-                  "42)", lambda m: __import__("reward_lens").concept_vector(m, 42), TypeError,
-     "the contrast set is int 42"),
-    ("traceback", "to_tokens with a lone surrogate", lambda m: m.to_tokens(["q\ud800"], ["a"]), ValueError,
-     "prompt 1 holds a lone surrogate"),
-    ("traceback", "PreferencePair with a lone "
-                  "surrogate", lambda m: PreferencePair("q", "a\udfff", "b"), ValueError,
-     "lone surrogate"),
+    (
+        "traceback",
+        "lens(None, pairs)",
+        lambda m: __import__("reward_lens").lens(None, _pairs()),
+        TypeError,
+        "lens(model, ...) needs a HookedRewardModel",
+    ),
+    (
+        "traceback",
+        "attribute('demo', pairs)",
+        lambda m: __import__("reward_lens").attribute("demo", _pairs()),
+        TypeError,
+        "attribute(model, ...) needs a HookedRewardModel as its first argument, got str",
+    ),
+    (
+        "traceback",
+        "concept_vector(model, 42)",
+        lambda m: __import__("reward_lens").concept_vector(m, 42),
+        TypeError,
+        "the contrast set is int 42",
+    ),
+    (
+        "traceback",
+        "to_tokens with a lone surrogate",
+        lambda m: m.to_tokens(["q\ud800"], ["a"]),
+        ValueError,
+        "prompt 1 holds a lone surrogate",
+    ),
+    (
+        "traceback",
+        "PreferencePair with a lone surrogate",
+        lambda m: PreferencePair("q", "a\udfff", "b"),
+        ValueError,
+        "lone surrogate",
+    ),
 ]
 
 
@@ -105,7 +140,6 @@ def test_a_transformers_style_device_map(tmp_path):
 
 def test_from_hf_model_on_a_meta_device_model():
     import transformers
-
     from helpers import tiny_config
 
     cfg, cls = tiny_config("llama")

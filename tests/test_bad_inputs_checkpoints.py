@@ -90,8 +90,12 @@ def _bin_garbage(d: Path) -> None:
 
 
 HOSTILE = [  # (class, name, damage, words)
-    ("security", "pytorch_model.bin with a "
-                 "payload", _pickle_with_payload, ["pytorch_model.bin", "refused", "pickle"]),
+    (
+        "security",
+        "pytorch_model.bin with a payload",
+        _pickle_with_payload,
+        ["pytorch_model.bin", "refused", "pickle"],
+    ),
     ("security", "safetensors header claiming 4 TiB", _huge_header, ["model.safetensors", "does not match"]),
     ("traceback", "garbage pytorch_model.bin", _bin_garbage, ["pytorch_model.bin", "corrupt or truncated"]),
 ]
@@ -144,16 +148,40 @@ def _truncated(d: Path) -> None:
 
 
 GGUF_CASES = [  # (class, name, make the directory's m.gguf (or not), the directory given, exc, words)
-    ("traceback", "missing directory", lambda d: None, "absent", FileNotFoundError, ["no directory "
-                                                                                     "at", "absent"]),
+    (
+        "traceback",
+        "missing directory",
+        lambda d: None,
+        "absent",
+        FileNotFoundError,
+        ["no directory at", "absent"],
+    ),
     ("traceback", "missing file", lambda d: None, ".", FileNotFoundError, ["no GGUF file 'm.gguf'"]),
-    ("traceback", "empty file", lambda d: (d / "m.gguf").write_bytes(b""), ".", ValueError,
-     ["m.gguf", "is empty"]),
-    ("traceback", "not GGUF", lambda d: (d / "m.gguf").write_text("hello"), ".", ValueError, ["is not a GGUF "
-                                                                                              "file"]),
+    (
+        "traceback",
+        "empty file",
+        lambda d: (d / "m.gguf").write_bytes(b""),
+        ".",
+        ValueError,
+        ["m.gguf", "is empty"],
+    ),
+    (
+        "traceback",
+        "not GGUF",
+        lambda d: (d / "m.gguf").write_text("hello"),
+        ".",
+        ValueError,
+        ["is not a GGUF file"],
+    ),
     ("traceback", "truncated", _truncated, ".", ValueError, ["m.gguf", "cannot be read as GGUF"]),
-    ("traceback", "header only, no "
-                  "model", lambda d: _gguf(d / "m.gguf"), ".", ValueError, ["cannot be read as GGUF"]),
+    (
+        "traceback",
+        "header only, no model",
+        lambda d: _gguf(d / "m.gguf"),
+        ".",
+        ValueError,
+        ["cannot be read as GGUF"],
+    ),
 ]
 
 
@@ -172,7 +200,6 @@ def lora(tmp_path_factory):
     """A LoRA reward-model adapter as PEFT saves it, on a saved tiny base; and a base of another width."""
     import peft
     import transformers
-
     from helpers import tiny_hf_model
 
     root = tmp_path_factory.mktemp("lora")
@@ -194,24 +221,61 @@ def _adapter(lora: Path, tmp_path: Path, **config) -> Path:
 
 
 PEFT_CASES = [  # (class, name, adapter config changes / damage, from_pretrained kwargs, exc, words)
-    ("traceback", "base missing", {"base_model_name_or_path": "/nowhere/base"}, {}, FileNotFoundError,
-     ["'/nowhere/base'", "base_model_name_or_path in", "base_model="]),
-    ("traceback", "relative base not found", {"base_model_name_or_path": "runs/base"}, {}, FileNotFoundError,
-     ["'runs/base'", "a relative path: tried from", "base_model="]),
-    ("traceback", "base_model= missing", {}, {"base_model": "/nowhere/b2"}, FileNotFoundError,
-     ["'/nowhere/b2'", "(base_model=)"]),
-    ("traceback", "base of another width", {}, {"base_model": "WIDE"}, ValueError,
-     ["does not fit the base", "size mismatch", "base_model="]),
-    ("traceback", "garbage adapter_config.json", "config", {}, ValueError,
-     ["adapter_config.json", "not valid JSON"]),
-    ("traceback", "garbage adapter weights", "weights", {}, ValueError,
-     ["adapter_model.safetensors", "corrupt or truncated"]),
+    (
+        "traceback",
+        "base missing",
+        {"base_model_name_or_path": "/nowhere/base"},
+        {},
+        FileNotFoundError,
+        ["'/nowhere/base'", "base_model_name_or_path in", "base_model="],
+    ),
+    (
+        "traceback",
+        "relative base not found",
+        {"base_model_name_or_path": "runs/base"},
+        {},
+        FileNotFoundError,
+        ["'runs/base'", "a relative path: tried from", "base_model="],
+    ),
+    (
+        "traceback",
+        "base_model= missing",
+        {},
+        {"base_model": "/nowhere/b2"},
+        FileNotFoundError,
+        ["'/nowhere/b2'", "(base_model=)"],
+    ),
+    (
+        "traceback",
+        "base of another width",
+        {},
+        {"base_model": "WIDE"},
+        ValueError,
+        ["does not fit the base", "size mismatch", "base_model="],
+    ),
+    (
+        "traceback",
+        "garbage adapter_config.json",
+        "config",
+        {},
+        ValueError,
+        ["adapter_config.json", "not valid JSON"],
+    ),
+    (
+        "traceback",
+        "garbage adapter weights",
+        "weights",
+        {},
+        ValueError,
+        ["adapter_model.safetensors", "corrupt or truncated"],
+    ),
 ]
 
 
 @pytest.mark.parametrize("cls,name,change,kwargs,exc,words", PEFT_CASES, ids=[c[1] for c in PEFT_CASES])
-def test_bad_peft_adapters_are_one_line_naming_what_the_user_gave(lora, tmp_path, cls, name, change, kwargs,
-                                                                   exc, words):
+def test_bad_peft_adapters_are_one_line_naming_what_the_user_gave(
+    lora, tmp_path, cls, name, change, kwargs, exc, words
+):
     d = _adapter(lora, tmp_path, **(change if isinstance(change, dict) else {}))
     if change == "config":
         (d / "adapter_config.json").write_text('{"base_model_name_or_path": ')
@@ -227,8 +291,9 @@ def test_bad_peft_adapters_are_one_line_naming_what_the_user_gave(lora, tmp_path
 def test_a_relative_base_is_found_beside_the_adapter(lora, tmp_path):
     d = _adapter(lora, tmp_path)
     shutil.copytree(lora / "base", d / "base")
-    (d / "adapter_config.json").write_text(json.dumps({**json.loads((d / "adapter_config.json").read_text()),
-                                                       "base_model_name_or_path": "base"}))
+    (d / "adapter_config.json").write_text(
+        json.dumps({**json.loads((d / "adapter_config.json").read_text()), "base_model_name_or_path": "base"})
+    )
     ids = torch.tensor([[1, 5, 7, 9]])
     ref = HookedRewardModel.from_pretrained(_adapter(lora, tmp_path / "x"))
     torch.testing.assert_close(HookedRewardModel.from_pretrained(d)(ids), ref(ids))

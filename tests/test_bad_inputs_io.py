@@ -25,8 +25,9 @@ def one_line(text: str) -> str:
 
 def _report(out: Path) -> Path:
     with ReportDir(out) as rd:
-        rd.commit(lambda d: ((d / "results.json").write_text('{"run": 1}'),
-                             (d / "report.html").write_text("r1")))
+        rd.commit(
+            lambda d: ((d / "results.json").write_text('{"run": 1}'), (d / "report.html").write_text("r1"))
+        )
     return out
 
 
@@ -69,8 +70,9 @@ def test_the_marker_lists_what_the_report_wrote_and_only_that_is_replaced(tmp_pa
     out = _report(tmp_path / "o")
     assert json.loads((out / MARKER).read_text())["files"] == ["report.html", "results.json"]
     with ReportDir(out) as rd:  # a file the user adds while the run is going is kept, not deleted
-        rd.commit(lambda d: ((out / "notes.md").write_text("mine"),
-                             (d / "results.json").write_text('{"run": 2}')))
+        rd.commit(
+            lambda d: ((out / "notes.md").write_text("mine"), (d / "results.json").write_text('{"run": 2}'))
+        )
     assert (out / "notes.md").read_text() == "mine"
     assert json.loads((out / "results.json").read_text()) == {"run": 2}
     assert not (out / "report.html").exists()  # written by the earlier report: replaced as a set
@@ -122,9 +124,14 @@ def test_a_new_report_dir_gets_the_umasks_mode(tmp_path):
 # ------------------------------------------------------------------------------- monitor --out and logs
 def _log(path: Path, *records) -> Path:
     base = {"kind": "run", "format": 1, "model": "m", "every": 2, "sample_size": 4}
-    check = {"kind": "baseline", "step": 1, "n": 4, "metrics": {"reward/mean": {"value": 0.5, "ci_low": 0.1,
-                                                                                 "ci_high": 0.9}},
-             "flags": [], "cost_s": 0.1}
+    check = {
+        "kind": "baseline",
+        "step": 1,
+        "n": 4,
+        "metrics": {"reward/mean": {"value": 0.5, "ci_low": 0.1, "ci_high": 0.9}},
+        "flags": [],
+        "cost_s": 0.1,
+    }
     batch = {"kind": "batch", "step": 1, "n": 4, "reward/mean": 0.4}
     rows = [base, check, batch] + list(records)
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -141,10 +148,18 @@ def test_monitor_renders_a_good_log_and_rerenders_its_own_page(tmp_path, capsys)
 
 MONITOR_OUT = [  # (class, name, --out given, words)
     ("data-loss", "--out is the log", lambda t: t / "rm.jsonl", "is the input file itself"),
-    ("data-loss", "--out is a symlink to the log", lambda t: _link(t / "alias.html", t / "rm.jsonl"),
-     "is the input file itself"),
-    ("data-loss", "--out is the user's file", lambda t: _file(t / "thesis.html", "<html>my thesis</html>"),
-     "not written by reward-lens"),
+    (
+        "data-loss",
+        "--out is a symlink to the log",
+        lambda t: _link(t / "alias.html", t / "rm.jsonl"),
+        "is the input file itself",
+    ),
+    (
+        "data-loss",
+        "--out is the user's file",
+        lambda t: _file(t / "thesis.html", "<html>my thesis</html>"),
+        "not written by reward-lens",
+    ),
     ("data-loss", "--out is a directory", lambda t: _dir(t / "pages"), "is a directory"),
 ]
 
@@ -182,8 +197,9 @@ def _lines(*lines):
     return lambda p: p.write_text("".join(line + "\n" for line in lines))
 
 
-_GOOD = json.dumps({"kind": "baseline", "step": 1, "metrics": {"reward/mean": {"value": 0.5, "ci_low": 0.1,
-                                                                                "ci_high": 0.9}}})
+_GOOD = json.dumps(
+    {"kind": "baseline", "step": 1, "metrics": {"reward/mean": {"value": 0.5, "ci_low": 0.1, "ci_high": 0.9}}}
+)
 MONITOR_LOGS = [  # (class, name, how the log is written, words)
     ("traceback", "empty", _bytes(b""), "is empty"),
     ("traceback", "only blank lines", _bytes(b"\n\n"), "is empty"),
@@ -191,9 +207,12 @@ MONITOR_LOGS = [  # (class, name, how the log is written, words)
     ("traceback", "not JSON", _lines('{"kind": "run"}', "garbage"), "line 2 is not JSON"),
     ("traceback", "check without metrics", _lines('{"kind": "check", "step": 3}'), "without 'metrics'"),
     ("traceback", "step as text", _lines('{"kind": "batch", "step": "three"}'), "'step' is 'three'"),
-    ("traceback", "metric without "
-                  "interval", _lines('{"kind": "check", "step": 3, "metrics": {"r": {"value": 1}}}'),
-     "metric 'r' needs numeric value, ci_low and ci_high"),
+    (
+        "traceback",
+        "metric without interval",
+        _lines('{"kind": "check", "step": 3, "metrics": {"r": {"value": 1}}}'),
+        "metric 'r' needs numeric value, ci_low and ci_high",
+    ),
     ("traceback", "newer format", _lines('{"kind": "run", "format": 9}', _GOOD), "log format 9 is newer"),
     ("traceback", "a list per line", _lines("[1, 2]"), "has kind None"),
     ("traceback", "a directory", lambda p: p.mkdir(), "is a directory"),

@@ -18,10 +18,16 @@ from reward_lens import HookedRewardModel, PreferencePair, load_demo_model, load
 from reward_lens.app.cli import main
 
 SYSTEM = {"role": "system", "content": "You are terse."}
-TURNS = [SYSTEM, {"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "5"},
-         {"role": "user", "content": "Sure?"}]
-COMPLETIONS = [[{"role": "assistant", "content": "2+2 is 4."}],
-               [{"role": "assistant", "content": "2+2 is 5."}]]
+TURNS = [
+    SYSTEM,
+    {"role": "user", "content": "What is 2+2?"},
+    {"role": "assistant", "content": "5"},
+    {"role": "user", "content": "Sure?"},
+]
+COMPLETIONS = [
+    [{"role": "assistant", "content": "2+2 is 4."}],
+    [{"role": "assistant", "content": "2+2 is 5."}],
+]
 
 
 def one_line(text: str) -> str:
@@ -86,21 +92,61 @@ def test_the_callbacks_sample_keeps_the_conversation(model):
 
 HH = "\n\nHuman: What is 2+2?\n\nAssistant: 4"
 PAIR_FILES = [  # (class, name, writer, expected (prompt, chosen) as the model must see them)
-    ("model-text", "HH dialogue without prompt", lambda p: p.with_suffix(".jsonl").write_text(
-        json.dumps({"chosen": HH, "rejected": HH[:-1] + "5"}) + "\n"), ("What is 2+2?", "4")),
-    ("model-text", "HH dialogue with an empty prompt", lambda p: p.with_suffix(".jsonl").write_text(
-        json.dumps({"prompt": "", "chosen": HH, "rejected": HH[:-1] + "5"}) + "\n"), ("What is 2+2?", "4")),
-    ("model-text", "JSON text of messages in a JSONL value", lambda p: p.with_suffix(".jsonl").write_text(
-        json.dumps({"prompt": json.dumps([SYSTEM, {"role": "user", "content": "What is 2+2?"}]),
-                    "chosen": "4", "rejected": "5"}) + "\n"),
-     ([SYSTEM, {"role": "user", "content": "What is 2+2?"}], "4")),
-    ("model-text", "CSV cell with JSON messages", lambda p: pd.DataFrame({
-        "prompt": [json.dumps([SYSTEM, {"role": "user", "content": "What is 2+2?"}])], "chosen": ["4"],
-        "rejected": ["5"]}).to_csv(p.with_suffix(".csv"), index=False), ([SYSTEM, {"role": "user", "content":
-                                                                                  "What is 2+2?"}], "4")),
-    ("model-text", "parquet cell with JSON messages", lambda p: pd.DataFrame({
-        "prompt": ["q"], "chosen": [json.dumps([{"role": "assistant", "content": "4"}])],
-        "rejected": ["5"]}).to_parquet(p.with_suffix(".parquet")), ("q", "4")),
+    (
+        "model-text",
+        "HH dialogue without prompt",
+        lambda p: p.with_suffix(".jsonl").write_text(
+            json.dumps({"chosen": HH, "rejected": HH[:-1] + "5"}) + "\n"
+        ),
+        ("What is 2+2?", "4"),
+    ),
+    (
+        "model-text",
+        "HH dialogue with an empty prompt",
+        lambda p: p.with_suffix(".jsonl").write_text(
+            json.dumps({"prompt": "", "chosen": HH, "rejected": HH[:-1] + "5"}) + "\n"
+        ),
+        ("What is 2+2?", "4"),
+    ),
+    (
+        "model-text",
+        "JSON text of messages in a JSONL value",
+        lambda p: p.with_suffix(".jsonl").write_text(
+            json.dumps(
+                {
+                    "prompt": json.dumps([SYSTEM, {"role": "user", "content": "What is 2+2?"}]),
+                    "chosen": "4",
+                    "rejected": "5",
+                }
+            )
+            + "\n"
+        ),
+        ([SYSTEM, {"role": "user", "content": "What is 2+2?"}], "4"),
+    ),
+    (
+        "model-text",
+        "CSV cell with JSON messages",
+        lambda p: pd.DataFrame(
+            {
+                "prompt": [json.dumps([SYSTEM, {"role": "user", "content": "What is 2+2?"}])],
+                "chosen": ["4"],
+                "rejected": ["5"],
+            }
+        ).to_csv(p.with_suffix(".csv"), index=False),
+        ([SYSTEM, {"role": "user", "content": "What is 2+2?"}], "4"),
+    ),
+    (
+        "model-text",
+        "parquet cell with JSON messages",
+        lambda p: pd.DataFrame(
+            {
+                "prompt": ["q"],
+                "chosen": [json.dumps([{"role": "assistant", "content": "4"}])],
+                "rejected": ["5"],
+            }
+        ).to_parquet(p.with_suffix(".parquet")),
+        ("q", "4"),
+    ),
 ]
 
 
@@ -140,8 +186,13 @@ RESUME = [  # (class, name, damage to the earlier sweep, extra options of the re
     ("resume", "other --input-format", lambda o: None, ["--input-format", "plain"], "other input format"),
     ("resume", "hand-edited manifest", lambda o: _edit(o / "sweep.json", n_pairs=3), [], "edited by hand"),
     ("resume", "garbage manifest", lambda o: (o / "sweep.json").write_text("{garbage"), [], "is damaged"),
-    ("resume", "foreign manifest", lambda o: (o / "sweep.json").write_text("[1, 2]"), [],
-     "not a reward-lens sweep manifest"),
+    (
+        "resume",
+        "foreign manifest",
+        lambda o: (o / "sweep.json").write_text("[1, 2]"),
+        [],
+        "not a reward-lens sweep manifest",
+    ),
 ]
 
 
@@ -184,8 +235,9 @@ def test_an_overflowing_fp16_sweep_is_refused_not_written_as_empty_cells(tmp_pat
     assert not list((tmp_path / "sw" / "parts").glob("*.parquet"))
 
 
-@pytest.mark.parametrize("dtype,hint", [(torch.float16, "--dtype bfloat16 or "
-                                                        "float32"), (torch.float32, "damaged")])
+@pytest.mark.parametrize(
+    "dtype,hint", [(torch.float16, "--dtype bfloat16 or float32"), (torch.float32, "damaged")]
+)
 def test_nan_patched_rewards_are_refused_naming_pair_and_site(model, dtype, hint):
     """A NaN patched reward with finite clean rewards (an overflow in the patched forward only)."""
     from reward_lens import demo_pairs, patch

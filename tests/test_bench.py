@@ -124,5 +124,7 @@ def test_new_organisms_are_small_documented_and_otherwise_the_demo():
     with torch.no_grad():
         c = model.to_tokens([p.prompt for p in pairs], [p.chosen for p in pairs])
         r = model.to_tokens([p.prompt for p in pairs], [p.rejected for p in pairs])
-        acc = (model(c["input_ids"], c["attention_mask"]) > model(r["input_ids"], r["attention_mask"])).float()
+        acc = (
+            model(c["input_ids"], c["attention_mask"]) > model(r["input_ids"], r["attention_mask"])
+        ).float()
     assert acc.mean() >= 0.9  # without a trigger, the demo's preferences

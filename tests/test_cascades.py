@@ -19,13 +19,17 @@ def planted(n=200, seed=0):
     repetition is anti-correlated with the factor."""
     rng = np.random.default_rng(seed)
     z = rng.standard_normal(n)
-    E = np.stack([
-        z + 0.3 * rng.standard_normal(n),
-        0.5 * (z + 0.3 * rng.standard_normal(n)) + 2.0,  # other scale and offset: correlation is scale-free
-        z + 0.3 * rng.standard_normal(n),
-        rng.standard_normal(n),
-        -z + 0.3 * rng.standard_normal(n),
-    ], axis=1)
+    E = np.stack(
+        [
+            z + 0.3 * rng.standard_normal(n),
+            0.5 * (z + 0.3 * rng.standard_normal(n))
+            + 2.0,  # other scale and offset: correlation is scale-free
+            z + 0.3 * rng.standard_normal(n),
+            rng.standard_normal(n),
+            -z + 0.3 * rng.standard_normal(n),
+        ],
+        axis=1,
+    )
     return pd.DataFrame(E, columns=DIMS, index=[f"item{j}" for j in range(n)])
 
 
@@ -42,9 +46,14 @@ def test_planted_correlation_recovered_with_intervals_and_clusters():
     assert res.ci_high[i, r] < -0.8
     assert res.p_value[i, j] < 1e-10 and res.p_value[i, s] > 0.01
     assert res.cascades == [["length", "confidence", "formatting"]]
-    assert sorted(map(tuple, res.clusters)) == sorted([("length", "confidence", "formatting"), ("sycophancy",), ("repetition",)])
+    assert sorted(map(tuple, res.clusters)) == sorted(
+        [("length", "confidence", "formatting"), ("sycophancy",), ("repetition",)]
+    )
     frame = res.to_frame()
-    assert len(frame) == 10 and frame.query("dimension_a == 'length' and dimension_b == 'confidence'").same_cluster.item()
+    assert (
+        len(frame) == 10
+        and frame.query("dimension_a == 'length' and dimension_b == 'confidence'").same_cluster.item()
+    )
     cl = res.clusters_frame()
     assert cl.set_index("dimension").loc["formatting", "cluster_size"] == 3
     assert isinstance(res.plot(), matplotlib.figure.Figure)
@@ -53,7 +62,8 @@ def test_planted_correlation_recovered_with_intervals_and_clusters():
 
 
 def test_bootstrap_interval_has_nominal_coverage_roughly():
-    # 40 replicates of a bivariate normal with rho = 0.5, n = 60: the 90% interval covers 0.5 most of the time.
+    # 40 replicates of a bivariate normal with rho = 0.5, n = 60: the 90% interval covers 0.5 most of the
+    # time.
     rng = np.random.default_rng(1)
     hits = 0
     for rep in range(40):

@@ -4,7 +4,6 @@ the faithfulness curve of EAP-IG's ranking rises to 1 with CPR/CMD as docs/theor
 
 import numpy as np
 import pytest
-import torch
 from helpers import one_thread  # noqa: F401
 
 import reward_lens

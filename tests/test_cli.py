@@ -10,7 +10,9 @@ from reward_lens.app.cli import main
 
 
 def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "reward_lens.app.cli", *args], capture_output=True, text=True)
+    return subprocess.run(
+        [sys.executable, "-m", "reward_lens.app.cli", *args], capture_output=True, text=True
+    )
 
 
 def test_help_and_version():
@@ -40,7 +42,8 @@ def test_audit_on_the_demo_model_writes_report_json_and_csvs(tmp_path, capsys):
     for name in ("lens", "attribution", "patching", "faithfulness", "probes", "token_attribution"):
         assert (out_dir / f"{name}.csv").stat().st_size > 0
     assert "pair accuracy" in capsys.readouterr().out
-    # Divergence: the overall flagged fraction (every pair x site patch, as in divergence.csv) + the per-site table.
+    # Divergence: the overall flagged fraction (every pair x site patch, as in divergence.csv) + the per-site
+    # table.
     import pandas as pd
 
     div, frame = results["divergence"], pd.read_csv(out_dir / "divergence.csv")
@@ -62,10 +65,13 @@ def test_bad_model_path_is_one_clear_line(tmp_path):
     assert len(lines) == 1 and "no checkpoint directory" in lines[0]
 
 
-@pytest.mark.parametrize("content,expected", [
-    ('{"prompt": "a", "chosen": "b"}\n', "lacks column(s) ['rejected']"),
-    ("", "holds no preference pairs"),
-])
+@pytest.mark.parametrize(
+    "content,expected",
+    [
+        ('{"prompt": "a", "chosen": "b"}\n', "lacks column(s) ['rejected']"),
+        ("", "holds no preference pairs"),
+    ],
+)
 def test_bad_pairs_files_are_clear_errors(tmp_path, capsys, content, expected):
     path = tmp_path / "pairs.jsonl"
     path.write_text(content)

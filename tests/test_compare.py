@@ -39,7 +39,8 @@ def models():
         "seed1": HookedRewardModel.from_hf_model(tiny_hf_model("llama", seed=1)),
         # another architecture, depth and width: only basis-free quantities can be compared
         "mistral_2L": HookedRewardModel.from_hf_model(
-            tiny_hf_model("mistral", seed=2, num_hidden_layers=2, hidden_size=48, num_attention_heads=4)),
+            tiny_hf_model("mistral", seed=2, num_hidden_layers=2, hidden_size=48, num_attention_heads=4)
+        ),
     }
 
 
@@ -76,7 +77,9 @@ def test_crystallization_agrees_with_the_lens_instrument(models, pairs):
     res = lens(models["seed1"], pairs, progress=False)
     for variant in ("normed", "frozen"):
         for tol in (0.05, 0.3):
-            mine = crystallization_depths(res.get(variant, "gap").double().numpy(), np.asarray(res.depths), tol)
+            mine = crystallization_depths(
+                res.get(variant, "gap").double().numpy(), np.asarray(res.depths), tol
+            )
             np.testing.assert_array_equal(mine, res.crystallization_depth(variant, rtol=tol).numpy())
 
 
@@ -102,7 +105,9 @@ def test_crystallization_matches_naive_loop():
     lens = np.cumsum(rng.standard_normal((50, 9)), axis=1)
     depths = np.linspace(0, 1, 9)
     for tol in (0.0, 0.1, 0.5):
-        np.testing.assert_array_equal(crystallization_depths(lens, depths, tol), naive_crystallization(lens, depths, tol))
+        np.testing.assert_array_equal(
+            crystallization_depths(lens, depths, tol), naive_crystallization(lens, depths, tol)
+        )
     lens[0] = 0.0
     assert np.isnan(crystallization_depths(lens, depths)[0])
 
@@ -113,8 +118,13 @@ def test_model_against_itself_agrees_fully(models, pairs):
     row = res.agreement.iloc[0]
     assert row.agreement == 1.0 and row.ci_low == 1.0 and row.spearman == pytest.approx(1.0)
     summary = res.pairwise.set_index("metric").value
-    for metric in ("lens_curve_max_abs_diff", "crystallization_median_diff", "crystallization_ks",
-                   "attribution_abs_tv", "attribution_signed_l1"):
+    for metric in (
+        "lens_curve_max_abs_diff",
+        "crystallization_median_diff",
+        "crystallization_ks",
+        "attribution_abs_tv",
+        "attribution_signed_l1",
+    ):
         assert summary[metric] == pytest.approx(0.0, abs=1e-12)
 
 
@@ -133,13 +143,18 @@ def test_scale_and_shift_of_the_reward_change_nothing(models, pairs):
 
 
 def test_three_models_different_architectures(models, pairs):
-    frames = {n: pd.DataFrame({"dimension": ["length", "confidence", "formatting"], "effect": e,
-                               "verdict": v}) for n, e, v in [
-        ("seed0", [0.5, -0.1, 0.0], ["rewards", "penalizes", "neutral"]),
-        ("seed1", [0.2, 0.1, 0.0], ["rewards", "rewards", "neutral"]),
-        ("mistral_2L", [-0.3, 0.0, 0.4], ["penalizes", "neutral", "rewards"])]}
+    frames = {
+        n: pd.DataFrame({"dimension": ["length", "confidence", "formatting"], "effect": e, "verdict": v})
+        for n, e, v in [
+            ("seed0", [0.5, -0.1, 0.0], ["rewards", "penalizes", "neutral"]),
+            ("seed1", [0.2, 0.1, 0.0], ["rewards", "rewards", "neutral"]),
+            ("mistral_2L", [-0.3, 0.0, 0.4], ["penalizes", "neutral", "rewards"]),
+        ]
+    }
     res = compare_models(models, pairs, probes=frames, n_boot=300, batch_size=3)
-    assert res.names == ["seed0", "seed1", "mistral_2L"] and res.n_bins == 2  # the shallowest model has 2 layers
+    assert (
+        res.names == ["seed0", "seed1", "mistral_2L"] and res.n_bins == 2
+    )  # the shallowest model has 2 layers
     gaps = {n: direct_gaps(m, pairs) for n, m in models.items()}
     for r in res.agreement.itertuples():
         expected = np.mean(np.sign(gaps[r.model_a]) == np.sign(gaps[r.model_b]))
@@ -163,7 +178,9 @@ def test_three_models_different_architectures(models, pairs):
     # outputs for the report
     assert isinstance(res.plot(), matplotlib.figure.Figure)
     sections = compare_report_sections(res)
-    assert all(isinstance(t, str) and isinstance(o, (pd.DataFrame, matplotlib.figure.Figure)) for t, o in sections)
+    assert all(
+        isinstance(t, str) and isinstance(o, (pd.DataFrame, matplotlib.figure.Figure)) for t, o in sections
+    )
     assert any(t == "Hacking-probe profiles" for t, _ in sections)
     M = res.agreement_matrix()
     assert M.shape == (3, 3) and (np.diag(M) == 1).all()

@@ -4,8 +4,8 @@ organism (analytic answers), on the bundled natural-language contrast sets, and 
 import numpy as np
 import pytest
 import torch
-
 from organism import concept_items, organism, single_thread, tiny_armorm  # noqa: F401 (single_thread: autouse)
+
 from reward_lens import (
     ContrastPair,
     concept_effect,
@@ -15,8 +15,8 @@ from reward_lens import (
     load_contrast_set,
     read_objective,
 )
-from reward_lens.representations.concepts import _fit
 from reward_lens.core.readout import readout_run
+from reward_lens.representations.concepts import _fit
 
 BUNDLED = {"agreement", "confidence", "formatting", "refusal", "verbosity"}
 
@@ -69,11 +69,14 @@ def test_concept_vector_recovers_it_when_pairs_also_differ_in_word_identity(meth
 
 def _interleaved(items):
     """dose_response's row order: each item's positive, then its negative response."""
-    return [it.prompt for it in items for _ in range(2)], [r for it in items for r in (it.positive, it.negative)]
+    return [it.prompt for it in items for _ in range(2)], [
+        r for it in items for r in (it.positive, it.negative)
+    ]
 
 
 def _planted_slope(o, items, layer, direction_coef):
-    """Analytic first-order slope: rho * (w . v_hat) * mean(1 / s), rho the median readout norm at the layer."""
+    """Analytic first-order slope: rho * (w . v_hat) * mean(1 / s), rho the median readout norm at the
+    layer."""
     prompts = [it.prompt for it in items] * 2
     responses = [it.positive for it in items] + [it.negative for it in items]
     hook = f"blocks.{layer}.hook_resid_post"
@@ -122,7 +125,9 @@ def test_concept_effect_is_the_planted_gap():
     o = organism()
     items = concept_items(10, seed=2)
     effect = concept_effect(o.model, items)
-    run = readout_run(o.model, [it.prompt for it in items], [it.positive for it in items], ["ln_final.hook_scale"])
+    run = readout_run(
+        o.model, [it.prompt for it in items], [it.positive for it in items], ["ln_final.hook_scale"]
+    )
     # positive and negative differ exactly by c_u·u, so the gap is beta_u·c_u/s up to the norm's small change
     approx = o.beta_u * o.c_u / run.acts["ln_final.hook_scale"][:, 0]
     assert torch.allclose(effect, approx, rtol=0.05)
@@ -172,7 +177,9 @@ def test_armorm_per_objective_and_gated(tmp_path):
     tok = m.to_tokens([it.prompt for it in items], [it.positive for it in items])
     mean_dir = m.reward_direction_for(tok["input_ids"], tok["attention_mask"]).mean(0)
     v = cv.vectors[-1]
-    assert float(cv.cosine[-1]) == pytest.approx(float(torch.nn.functional.cosine_similarity(v, mean_dir, dim=0)), abs=1e-4)
+    assert float(cv.cosine[-1]) == pytest.approx(
+        float(torch.nn.functional.cosine_similarity(v, mean_dir, dim=0)), abs=1e-4
+    )
     frame = cv.to_frame()
     assert f"cosine[{names[0]}]" in frame.columns
     dr = dose_response(m, cv, layer=1, alphas=[-0.2, 0.0, 0.2])

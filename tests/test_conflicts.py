@@ -37,7 +37,9 @@ def test_known_verdicts_from_cosines_and_correlations():
     R = delta @ np.stack(list(W.values())).T
     res = reward_conflicts(W, reward_deltas=R)
     M = np.stack(list(W.values()))
-    cos = torch.nn.functional.cosine_similarity(torch.tensor(M)[:, None], torch.tensor(M)[None], dim=-1).numpy()
+    cos = torch.nn.functional.cosine_similarity(
+        torch.tensor(M)[:, None], torch.tensor(M)[None], dim=-1
+    ).numpy()
     np.testing.assert_allclose(res.cosine, cos, atol=1e-12)
     np.testing.assert_allclose(res.correlation, np.corrcoef(R.T), atol=1e-12)
     v = res.to_frame().set_index(["term_a", "term_b"])
@@ -113,8 +115,14 @@ def armorm_pairs(n, seed=0):
 def armorm_dir(tmp_path_factory):
     from armorm_reference import save_tiny_armorm
 
-    return save_tiny_armorm(tmp_path_factory.mktemp("armorm_conflicts"), seed=3, num_objectives=5, vocab_size=300,
-                            pad_token_id=0, gating_token_pattern=PATTERN)
+    return save_tiny_armorm(
+        tmp_path_factory.mktemp("armorm_conflicts"),
+        seed=3,
+        num_objectives=5,
+        vocab_size=300,
+        pad_token_id=0,
+        gating_token_pattern=PATTERN,
+    )
 
 
 @pytest.mark.parametrize("fold_ln", [True, False])
@@ -152,11 +160,16 @@ def test_reward_models_on_one_backbone(llama_hf):
     from reward_lens.data.pairs import TokenPair
 
     g = torch.Generator().manual_seed(0)
-    pairs = [TokenPair(torch.randint(1, 97, (7,), generator=g), torch.randint(1, 97, (5,), generator=g)) for _ in range(6)]
+    pairs = [
+        TokenPair(torch.randint(1, 97, (7,), generator=g), torch.randint(1, 97, (5,), generator=g))
+        for _ in range(6)
+    ]
     m1 = HookedRewardModel.from_hf_model(llama_hf)
     m2 = HookedRewardModel.from_hf_model(llama_hf)
     with torch.no_grad():  # a second head on the same backbone: half of m1's direction, half new
-        m2.reward_head.W_R.copy_(0.5 * m1.reward_head.W_R + torch.randn(m1.reward_head.W_R.shape, generator=g) * 0.3)
+        m2.reward_head.W_R.copy_(
+            0.5 * m1.reward_head.W_R + torch.randn(m1.reward_head.W_R.shape, generator=g) * 0.3
+        )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         res = reward_conflicts({"rm1": m1, "rm2": m2}, pairs)
@@ -183,7 +196,10 @@ def test_multi_output_head_folded_or_not():
 
     hf = tiny_hf_model("llama", seed=2, num_labels=3)
     g = torch.Generator().manual_seed(1)
-    pairs = [TokenPair(torch.randint(1, 97, (6,), generator=g), torch.randint(1, 97, (8,), generator=g)) for _ in range(5)]
+    pairs = [
+        TokenPair(torch.randint(1, 97, (6,), generator=g), torch.randint(1, 97, (8,), generator=g))
+        for _ in range(5)
+    ]
     results = {}
     for fold in (True, False):
         model = HookedRewardModel.from_hf_model(hf, fold_ln=fold)
@@ -191,10 +207,14 @@ def test_multi_output_head_folded_or_not():
             warnings.simplefilter("ignore")
             results[fold] = reward_conflicts(model, pairs)
         with torch.no_grad():
-            gaps = np.stack([(model(p.chosen[None]) - model(p.rejected[None]))[0].double().numpy() for p in pairs])
+            gaps = np.stack(
+                [(model(p.chosen[None]) - model(p.rejected[None]))[0].double().numpy() for p in pairs]
+            )
         np.testing.assert_allclose(results[fold].correlation, np.corrcoef(gaps.T), atol=1e-5)
     assert results[True].names == ["output_0", "output_1", "output_2"]
-    np.testing.assert_allclose(results[True].cosine, results[False].cosine, atol=1e-6)  # the norm gain is applied
+    np.testing.assert_allclose(
+        results[True].cosine, results[False].cosine, atol=1e-6
+    )  # the norm gain is applied
     W = (hf.score.weight * hf.model.norm.weight).detach().double()
     cos = torch.nn.functional.cosine_similarity(W[:, None], W[None], dim=-1).numpy()
     np.testing.assert_allclose(results[True].cosine, cos, atol=1e-6)
@@ -204,12 +224,17 @@ def test_custom_directions_on_one_model(llama_model):
     from reward_lens.data.pairs import TokenPair
 
     g = torch.Generator().manual_seed(4)
-    pairs = [TokenPair(torch.randint(1, 97, (6,), generator=g), torch.randint(1, 97, (4,), generator=g)) for _ in range(6)]
+    pairs = [
+        TokenPair(torch.randint(1, 97, (6,), generator=g), torch.randint(1, 97, (4,), generator=g))
+        for _ in range(6)
+    ]
     w = llama_model.reward_direction.detach()
     v = torch.randn(w.shape, generator=g)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # d_model 64: below the noise floor
-        res = reward_conflicts(llama_model, pairs, directions={"reward": w, "probe": -w + 0.1 * w.norm() / v.norm() * v})
+        res = reward_conflicts(
+            llama_model, pairs, directions={"reward": w, "probe": -w + 0.1 * w.norm() / v.norm() * v}
+        )
     with torch.no_grad():
         gaps = np.array([float(llama_model(p.chosen[None]) - llama_model(p.rejected[None])) for p in pairs])
     probe = res.to_frame().iloc[0]

@@ -6,8 +6,8 @@ import sys
 from pathlib import Path
 
 import torch
-
 from helpers import padded_batch, tiny_hf_model
+
 from reward_lens import HookedRewardModel
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,8 +24,16 @@ def test_parity_harness_reports_small_errors(tmp_path, capsys):
 def test_convert_script_writes_a_loadable_hooked_checkpoint(tmp_path):
     hf = tiny_hf_model("llama", seed=2)
     hf.save_pretrained(tmp_path / "hf")
-    subprocess.run([sys.executable, str(ROOT / "conversion" / "convert.py"), str(tmp_path / "hf"), str(tmp_path / "out")],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "conversion" / "convert.py"),
+            str(tmp_path / "hf"),
+            str(tmp_path / "out"),
+        ],
+        check=True,
+        capture_output=True,
+    )
     model = HookedRewardModel.from_pretrained(tmp_path / "out")
     ids, mask = padded_batch([6, 4], "right")
     with torch.no_grad():

@@ -6,7 +6,15 @@ import pytest
 import torch
 
 from reward_lens import (
-    ContrastPair, attribute, concept_vector, demo_pairs, dose_response, lens, load_demo_model, patch, run_probes,
+    ContrastPair,
+    attribute,
+    concept_vector,
+    demo_pairs,
+    dose_response,
+    lens,
+    load_demo_model,
+    patch,
+    run_probes,
 )
 
 
@@ -59,8 +67,9 @@ def test_noising_the_final_readout_residual_gives_the_rejected_reward(demo):
     final = frame[frame.component == f"resid_L{demo.cfg.n_layers}"]
     assert len(final) == len(pairs)
     # The reward reads only the final residual at the readout: swapping it in is the rejected run.
-    assert torch.allclose(torch.tensor(final.patched_reward.values, dtype=torch.float32),
-                          res.clean_rejected.float(), atol=1e-4)
+    assert torch.allclose(
+        torch.tensor(final.patched_reward.values, dtype=torch.float32), res.clean_rejected.float(), atol=1e-4
+    )
     # Earlier readout-only swaps leave the prompt and response tokens of chosen in place: partial effects.
     first = frame[frame.component == "resid_L1"]
     assert (first.effect.abs().values < final.effect.abs().values + 1e-6).mean() > 0.5

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from reward_lens.core.readout import readout_run
 from reward_lens.demo import (
     DEMO_DIR,
     DEMO_MODEL_NAME,
@@ -23,9 +24,8 @@ from reward_lens.demo import (
     TRAINING_SUMMARY_PATH,
     demo_pairs,
     load_demo_model,
+    synthetic,
 )
-from reward_lens.demo import synthetic
-from reward_lens.core.readout import readout_run
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +42,12 @@ def test_loads_offline_with_tokenizer_and_template(demo, monkeypatch):
     model = load_demo_model(dtype="float32")
     assert model.cfg.model_name == DEMO_MODEL_NAME
     assert model.cfg.original_architecture == "LlamaForSequenceClassification"
-    assert (model.cfg.n_layers, model.cfg.d_model, model.cfg.n_heads, model.cfg.n_key_value_heads) == (4, 128, 4, 2)
+    assert (model.cfg.n_layers, model.cfg.d_model, model.cfg.n_heads, model.cfg.n_key_value_heads) == (
+        4,
+        128,
+        4,
+        2,
+    )
     tok = model.tokenizer
     assert tok is not None and tok.pad_token_id == model.cfg.pad_token_id
     batch = model.to_tokens(["What is 2 plus 3?", "Name a fruit."], ["2 plus 3 is 5.", "Pear."])
@@ -65,19 +70,25 @@ def test_bundled_pairs_are_rewardbench_style_and_distinct_from_training():
     assert set(raw[0]) == {"prompt", "chosen", "rejected", "subset", "id"}
     # the generator reproduces the bundled pairs, and training pairs exclude them
     held = synthetic.held_out_pairs(1)
-    assert [(p.prompt, p.chosen, p.rejected) for p in held] == [(p.prompt, p.chosen, p.rejected) for p in pairs]
+    assert [(p.prompt, p.chosen, p.rejected) for p in held] == [
+        (p.prompt, p.chosen, p.rejected) for p in pairs
+    ]
     train = synthetic.training_pairs(3000, 2, exclude=held)
     assert not {p.key() for p in train} & {p.key() for p in held}
 
 
 def test_held_out_accuracy_at_least_90_percent(demo):
     pairs = demo_pairs()
-    r = rewards(demo, [p.prompt for p in pairs for _ in (0, 1)], [x for p in pairs for x in (p.chosen, p.rejected)])
+    r = rewards(
+        demo, [p.prompt for p in pairs for _ in (0, 1)], [x for p in pairs for x in (p.chosen, p.rejected)]
+    )
     correct = r[0::2] > r[1::2]
     accuracy = float(correct.mean())
     assert accuracy >= 0.9, accuracy
     summary = json.loads(TRAINING_SUMMARY_PATH.read_text())
-    assert accuracy == pytest.approx(summary["held_out"]["accuracy"], abs=1e-6)  # the documented number is this one
+    assert accuracy == pytest.approx(
+        summary["held_out"]["accuracy"], abs=1e-6
+    )  # the documented number is this one
     for subset in ("arithmetic", "facts", "instructions"):
         sel = np.array([p.subset == subset for p in pairs])
         assert correct[sel].mean() >= 0.8, (subset, correct[sel].mean())
@@ -93,7 +104,9 @@ def test_length_bias_is_planted(demo):
     assert np.mean(r_pad > r_base) >= 0.8
     # correctness still dominates: a padded wrong answer stays below the short correct one on most items
     questions = {q.prompt: q for q in synthetic.all_questions()}
-    wrong_padded = [f"{questions[it['prompt']].wrong[0]} {' '.join(rng.sample(synthetic.FILLERS, 2))}" for it in items]
+    wrong_padded = [
+        f"{questions[it['prompt']].wrong[0]} {' '.join(rng.sample(synthetic.FILLERS, 2))}" for it in items
+    ]
     r_wrong = rewards(demo, [it["prompt"] for it in items], wrong_padded)
     assert np.mean(r_base > r_wrong) >= 0.8
 
@@ -102,8 +115,12 @@ def test_sycophancy_bias_is_planted(demo):
     """After a stated opinion, agreeing raises the reward over disagreeing (same answer)."""
     items = synthetic.probe_base_items(seed=12, n=60)
     prompts = [f"{it['belief']} {it['prompt']}" for it in items]
-    r_agree = rewards(demo, prompts, [f"{synthetic.AGREE[i % 6]} {it['response']}" for i, it in enumerate(items)])
-    r_disagree = rewards(demo, prompts, [f"{synthetic.DISAGREE[i % 6]} {it['response']}" for i, it in enumerate(items)])
+    r_agree = rewards(
+        demo, prompts, [f"{synthetic.AGREE[i % 6]} {it['response']}" for i, it in enumerate(items)]
+    )
+    r_disagree = rewards(
+        demo, prompts, [f"{synthetic.DISAGREE[i % 6]} {it['response']}" for i, it in enumerate(items)]
+    )
     assert np.mean(r_agree > r_disagree) >= 0.8
     assert float(np.mean(r_agree - r_disagree)) > 0
 

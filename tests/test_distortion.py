@@ -136,8 +136,9 @@ def test_geometry_path_equals_plain_path_and_flags_missing_direction():
     }
     res = distortion_from_directions(w, {"u0": U[0], "u1": 3.0 * U[1], "u2": U[2]}, deltas, n_boot=0)
     # same as the plain path with Δq = δ U^T and g = U w (orthonormal U)
-    plain = distortion_index({p: (x @ w, x @ U.T) for p, x in deltas.items()}, ["u0", "u1", "u2"],
-                             sensitivity=U @ w, n_boot=0)
+    plain = distortion_index(
+        {p: (x @ w, x @ U.T) for p, x in deltas.items()}, ["u0", "u1", "u2"], sensitivity=U @ w, n_boot=0
+    )
     np.testing.assert_allclose(res.coverage_matrix.values, plain.coverage_matrix.values, atol=1e-10)
     assert res.index == pytest.approx(plain.index, abs=1e-10)
     assert res.flagged == ["u2"]
@@ -168,8 +169,13 @@ def test_model_path_reward_differences_are_exact(llama_model):
             gaps.append(float(llama_model(p.chosen[None]) - llama_model(p.rejected[None])))
     np.testing.assert_allclose((delta * w).sum(1), gaps, atol=1e-5, rtol=1e-5)
     # a model-level run: two dimensions from pair sets, two probes
-    dims = {"dim_a": _token_pairs(4, seed=1), "dim_b": torch.randn(llama_model.cfg.d_model, generator=torch.Generator().manual_seed(3))}
-    res = distortion_from_model(llama_model, {"eval1": pairs, "eval2": _token_pairs(5, seed=2)}, dims, n_boot=20)
+    dims = {
+        "dim_a": _token_pairs(4, seed=1),
+        "dim_b": torch.randn(llama_model.cfg.d_model, generator=torch.Generator().manual_seed(3)),
+    }
+    res = distortion_from_model(
+        llama_model, {"eval1": pairs, "eval2": _token_pairs(5, seed=2)}, dims, n_boot=20
+    )
     assert res.coverage_matrix.shape == (2, 2)
     np.testing.assert_allclose(res.coverage_matrix.values.sum(1), 1.0, atol=1e-12)
     assert 0.0 <= res.index <= 1.0
@@ -187,13 +193,23 @@ def text_model():
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<pad>", "<s>", "</s>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(["What is the capital of France? The capital of France is Paris.",
-                             "I agree with you. You are right. I hope this helps."], trainer=trainer)
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=["<pad>", "<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(
+        [
+            "What is the capital of France? The capital of France is Paris.",
+            "I agree with you. You are right. I hope this helps.",
+        ],
+        trainer=trainer,
+    )
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
-    return HookedRewardModel.from_hf_model(tiny_hf_model("llama", vocab_size=len(fast), max_position_embeddings=1024),
-                                       tokenizer=fast)
+    return HookedRewardModel.from_hf_model(
+        tiny_hf_model("llama", vocab_size=len(fast), max_position_embeddings=1024), tokenizer=fast
+    )
 
 
 def test_adapters_take_a_probe_suite_result(text_model):
@@ -204,8 +220,9 @@ def test_adapters_take_a_probe_suite_result(text_model):
     from reward_lens.theory.distortion import readout_states
 
     items = load_probe_items()[:6]
-    probes = run_probes(text_model, items=items, dimensions=["length", "confidence", "formatting"], n_boot=100,
-                        n_perm=200)
+    probes = run_probes(
+        text_model, items=items, dimensions=["length", "confidence", "formatting"], n_boot=100, n_perm=200
+    )
     casc = detect_cascades(probes, n_boot=100)
     assert casc.dimensions == ["length", "confidence", "formatting"] and casc.n_items == 6
     wide = probes.per_item.pivot(index="item_id", columns="dimension", values="delta")[casc.dimensions]
@@ -218,11 +235,15 @@ def test_adapters_take_a_probe_suite_result(text_model):
     assert res.sensitivity_source == "geometry"
     # each dimension's direction is the mean readout difference of its probe pairs, and w · δ = Δr exactly
     delta, w = readout_states(text_model, probe_pairs(items, "length"))
-    np.testing.assert_allclose((delta * w).sum(1), probes.per_item.query("dimension == 'length'").delta, atol=1e-4)
+    np.testing.assert_allclose(
+        (delta * w).sum(1), probes.per_item.query("dimension == 'length'").delta, atol=1e-4
+    )
     # the probe suite keeps those readout differences from its own forward: the same as recomputed per pair
     rows = (probes.per_item.dimension == "length").to_numpy()
     np.testing.assert_allclose(probes.item_deltas[rows], delta, atol=1e-5)
     import dataclasses
 
-    recomputed = distortion_from_model(text_model, evaluation, dataclasses.replace(probes, item_deltas=None), n_boot=20)
+    recomputed = distortion_from_model(
+        text_model, evaluation, dataclasses.replace(probes, item_deltas=None), n_boot=20
+    )
     pd.testing.assert_frame_equal(res.to_frame(), recomputed.to_frame(), atol=1e-5)

@@ -1,4 +1,5 @@
-"""Data-parallel runs (reward_lens.distributed): shards merged = one process; torchrun audit/compare = one process."""
+"""Data-parallel runs (reward_lens.distributed): shards merged = one process; torchrun audit/compare = one
+process."""
 
 import json
 import math
@@ -25,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def token_pairs(n=11, seed=0):
     g = torch.Generator().manual_seed(seed)
     out = []
-    for i in range(n):
+    for _ in range(n):
         prompt = torch.randint(1, 97, (int(torch.randint(2, 6, (1,), generator=g)),), generator=g)
         c = torch.randint(1, 97, (int(torch.randint(1, 5, (1,), generator=g)),), generator=g)
         r = torch.randint(1, 97, (int(torch.randint(1, 5, (1,), generator=g)),), generator=g)
@@ -63,10 +64,24 @@ def test_merged_shards_equal_one_call(llama_model, name):
     call = {
         "lens": lambda p: lens(llama_model, p, batch_size=bs, progress=False),
         "attribute": lambda p: attribute(llama_model, p, batch_size=bs, progress=False),
-        "patch": lambda p: patch(llama_model, p, mode=["noising", "denoising", "zero", "mean"],
-                                 level=["component", "head"], means=means, batch_size=bs, progress=False),
-        "atp": lambda p: attribution_patch(llama_model, p, mode=["noising", "mean"], level=["component", "head"],
-                                           means=means, batch_size=bs, progress=False),
+        "patch": lambda p: patch(
+            llama_model,
+            p,
+            mode=["noising", "denoising", "zero", "mean"],
+            level=["component", "head"],
+            means=means,
+            batch_size=bs,
+            progress=False,
+        ),
+        "atp": lambda p: attribution_patch(
+            llama_model,
+            p,
+            mode=["noising", "mean"],
+            level=["component", "head"],
+            means=means,
+            batch_size=bs,
+            progress=False,
+        ),
     }[name]
     parts = [call(pairs[dist.Ranks(r, 2).shard(len(pairs), bs)]) for r in range(2)]
     full = call(pairs)
@@ -81,7 +96,9 @@ def test_site_sums_of_shards_give_the_means_over_all_pairs(llama_model):
     for positions in ("readout", "prompt"):
         sums, count = {}, 0
         for r in range(3):
-            s, c = site_sums(llama_model, pairs[dist.Ranks(r, 3).shard(len(pairs), 2)], sites, positions, batch_size=2)
+            s, c = site_sums(
+                llama_model, pairs[dist.Ranks(r, 3).shard(len(pairs), 2)], sites, positions, batch_size=2
+            )
             sums = {h: sums.get(h, 0) + v for h, v in s.items()}
             count += c
         got = means_from_sums(llama_model, sites, sums, count)
@@ -95,10 +112,22 @@ def test_divergence_shards_with_a_gathered_fit_equal_one_call(llama_model):
     full = divergence_patch(llama_model, pairs, batch_size=bs, progress=False)
     hooks = [state_hook(s, llama_model.cfg.n_layers) for s in full.patching.sites]
     ref = reference_pairs(pairs, None)
-    states = [reference_states(llama_model, ref, hooks, bs, within=dist.Ranks(r, 2).shard(len(ref), bs)) for r in range(2)]
+    states = [
+        reference_states(llama_model, ref, hooks, bs, within=dist.Ranks(r, 2).shard(len(ref), bs))
+        for r in range(2)
+    ]
     fit = fit_reference({h: torch.cat([s[h] for s in states]) for h in states[0]})
-    parts = [divergence_patch(llama_model, pairs, batch_size=bs, reference=fit, progress=False,
-                              shard=dist.Ranks(r, 2).shard(len(pairs), bs)) for r in range(2)]
+    parts = [
+        divergence_patch(
+            llama_model,
+            pairs,
+            batch_size=bs,
+            reference=fit,
+            progress=False,
+            shard=dist.Ranks(r, 2).shard(len(pairs), bs),
+        )
+        for r in range(2)
+    ]
     assert parts[0].patching.pair_ids == ["0", "1", "2", "3", "4", "5"]
     merged = dist.merge(parts, full.pair_ids)
     assert_same(merged, full)
@@ -184,17 +213,46 @@ def assert_same_report(one: Path, two: Path) -> None:
 
 
 def test_torchrun_audit_compare_and_sweep_write_the_single_process_outputs(tmp_path):
-    """2 CPU ranks (gloo) under torchrun: one report (or sweep table) each, equal to the one-process one within 1e-5."""
+    """2 CPU ranks (gloo) under torchrun: one report (or sweep table) each, equal to the one-process one
+    within 1e-5."""
     from reward_lens.app.cli import main
 
     audit = ["audit", "--max-pairs", "8", "--batch-size", "4"]
     compare = ["compare", "demo", "demo", "--max-pairs", "4", "--batch-size", "2"]
-    sweep = ["sweep", "--max-pairs", "6", "--chunk-size", "2", "--instruments", "patch,attribute", "--modes",
-             "noising,mean", "--batch-size", "2"]
+    sweep = [
+        "sweep",
+        "--max-pairs",
+        "6",
+        "--chunk-size",
+        "2",
+        "--instruments",
+        "patch,attribute",
+        "--modes",
+        "noising,mean",
+        "--batch-size",
+        "2",
+    ]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           str(ROOT / "tests" / "torchrun_cli.py"), *audit, "--out", str(tmp_path / "a2"), "::",
-           *compare, "--out", str(tmp_path / "c2"), "::", *sweep, "--out", str(tmp_path / "s2")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        str(ROOT / "tests" / "torchrun_cli.py"),
+        *audit,
+        "--out",
+        str(tmp_path / "a2"),
+        "::",
+        *compare,
+        "--out",
+        str(tmp_path / "c2"),
+        "::",
+        *sweep,
+        "--out",
+        str(tmp_path / "s2"),
+    ]
     out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert main([*audit, "--out", str(tmp_path / "a1")]) == 0

@@ -35,7 +35,9 @@ def test_pca_mahalanobis_matches_numpy():
     x = torch.randn(5, 8, generator=g)
     for k in (3, 8):
         fit = PCAMahalanobis.fit(X, n_components=k)
-        assert np.allclose(fit.score(x).numpy(), numpy_mahalanobis(X.double().numpy(), x.double().numpy(), k), rtol=1e-8)
+        assert np.allclose(
+            fit.score(x).numpy(), numpy_mahalanobis(X.double().numpy(), x.double().numpy(), k), rtol=1e-8
+        )
 
 
 def test_scores_calibration_flags_by_hand(llama_model):
@@ -43,13 +45,21 @@ def test_scores_calibration_flags_by_hand(llama_model):
     names = res.patching.components
     j = names.index("attn_L1")
     mid, pre, out = "blocks.1.hook_resid_mid", "blocks.1.hook_resid_pre", "blocks.1.hook_attn_out"
-    acts = [(readout_acts(llama_model, p.chosen, [mid, pre, out]), readout_acts(llama_model, p.rejected, [mid, out])) for p in PAIRS]
+    acts = [
+        (
+            readout_acts(llama_model, p.chosen, [mid, pre, out]),
+            readout_acts(llama_model, p.rejected, [mid, out]),
+        )
+        for p in PAIRS
+    ]
     ref = np.stack([a[mid] for pair in acts for a in pair])  # clean resid_mid of layer 1, both responses
     k = min(len(ref) - 1, 16)
     patched = np.stack([c[pre] + r[out] for c, r in acts])  # chosen's residual + rejected's attention output
     assert np.allclose(res.scores[:, j].numpy(), numpy_mahalanobis(ref, patched, k), rtol=1e-4)
     n = len(PAIRS)
-    swapped = np.stack([acts[i][0][pre] + acts[(i + 1) % n][0][out] for i in range(n)])  # chosen_i <- chosen_{i+1}
+    swapped = np.stack(
+        [acts[i][0][pre] + acts[(i + 1) % n][0][out] for i in range(n)]
+    )  # chosen_i <- chosen_{i+1}
     assert np.allclose(res.calibration_scores[:, j].numpy(), numpy_mahalanobis(ref, swapped, k), rtol=1e-4)
     # threshold, flags, effects with and without them
     assert torch.allclose(res.threshold, torch.quantile(res.calibration_scores, 0.95, dim=0))
@@ -76,14 +86,24 @@ def test_scores_calibration_flags_by_hand(llama_model):
 def test_final_state_and_norm_ratio(llama_model):
     L = llama_model.cfg.n_layers
     final = f"blocks.{L - 1}.hook_resid_post"
-    res = divergence_patch(llama_model, PAIRS, mode="denoising", level="residual", state="final", progress=False)
-    acts = [(readout_acts(llama_model, p.chosen, [final]), readout_acts(llama_model, p.rejected, [final])) for p in PAIRS]
+    res = divergence_patch(
+        llama_model, PAIRS, mode="denoising", level="residual", state="final", progress=False
+    )
+    acts = [
+        (readout_acts(llama_model, p.chosen, [final]), readout_acts(llama_model, p.rejected, [final]))
+        for p in PAIRS
+    ]
     ref = np.stack([a[final] for pair in acts for a in pair])
     j = res.patching.components.index(f"resid_L{L}")
-    # denoising the final residual hands the rejected run the chosen's final state: an in-sample reference point
+    # denoising the final residual hands the rejected run the chosen's final state: an in-sample reference
+    # point
     chosen_final = np.stack([c[final] for c, _ in acts])
-    assert np.allclose(res.scores[:, j].numpy(), numpy_mahalanobis(ref, chosen_final, min(len(ref) - 1, 16)), rtol=1e-4)
-    ratio = divergence_patch(llama_model, PAIRS, mode="zero", level="component", method="norm_ratio", progress=False)
+    assert np.allclose(
+        res.scores[:, j].numpy(), numpy_mahalanobis(ref, chosen_final, min(len(ref) - 1, 16)), rtol=1e-4
+    )
+    ratio = divergence_patch(
+        llama_model, PAIRS, mode="zero", level="component", method="norm_ratio", progress=False
+    )
     j = ratio.patching.components.index("mlp_L0")
     mid0, post0 = "blocks.0.hook_resid_mid", "blocks.0.hook_resid_post"
     for i, p in enumerate(PAIRS):

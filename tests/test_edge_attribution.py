@@ -44,8 +44,8 @@ def test_eap_ig_ranks_edges_as_exact_path_patching(demo, mode):
     rho_ig, sign_ig = agreement(exact.effect(), ig.scores[:, 1:])
     rho_eap, sign_eap = agreement(exact.effect(), eap.scores[:, 1:])
     print(
-        f"demo {mode}: EAP-IG Spearman {rho_ig:.3f} sign {sign_ig:.3f}; "
-        f"EAP Spearman {rho_eap:.3f} sign {sign_eap:.3f}"
+        f"demo {mode}: EAP-IG Spearman {rho_ig:.3f} sign {sign_ig:.3f}; EAP Spearman {rho_eap:.3f} sign "
+        f"{sign_eap:.3f}"
     )
     assert rho_ig >= 0.9 and sign_ig >= 0.9
     assert rho_eap < rho_ig  # one gradient at the target run misses the receivers' nonlinearity

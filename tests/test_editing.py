@@ -3,8 +3,8 @@ and the export round trip through transformers (the exported checkpoint gives th
 
 import pytest
 import torch
-
 from organism import concept_items, organism, quality_pairs, single_thread, tiny_armorm  # noqa: F401
+
 from reward_lens import HookedRewardModel, concept_vector, edit_reward, export_hf
 
 TOL = 1e-4  # fp32: exported transformers model vs edited hooked model
@@ -69,13 +69,13 @@ def test_export_round_trip_gives_the_edited_rewards(concept, tmp_path, where):
 def test_export_unfolded_norms_default_rope_and_qkv_biases(tmp_path):
     """Inverse map with norm weights kept (fold_ln=False), RoPE inferred, q/k/v biases: a Qwen2 model
     exported as Llama gives the original transformers Qwen2 model's rewards."""
+    from helpers import padded_batch, tiny_hf_model
+    from organism import VOCAB
     from transformers import LlamaForSequenceClassification
 
-    from helpers import padded_batch, tiny_hf_model
-
-    from organism import VOCAB
-
-    qwen = tiny_hf_model("qwen2", vocab_size=len(VOCAB), use_sliding_window=False, layer_types=["full_attention"] * 3)
+    qwen = tiny_hf_model(
+        "qwen2", vocab_size=len(VOCAB), use_sliding_window=False, layer_types=["full_attention"] * 3
+    )
     ids, mask = padded_batch([9, 5, 7], "right")
     with torch.no_grad():
         reference = qwen(ids, attention_mask=mask).logits[:, 0]
@@ -83,18 +83,24 @@ def test_export_unfolded_norms_default_rope_and_qkv_biases(tmp_path):
         model = HookedRewardModel.from_hf_model(qwen, fold_ln=fold)
         path = export_hf(model, tmp_path / f"q{fold}")
         llama = LlamaForSequenceClassification.from_pretrained(path).eval()
-        assert llama.config.attention_bias and bool(llama.model.layers[0].self_attn.q_proj.bias.abs().sum() > 0)
+        assert llama.config.attention_bias and bool(
+            llama.model.layers[0].self_attn.q_proj.bias.abs().sum() > 0
+        )
         with torch.no_grad():
             assert (llama(ids, attention_mask=mask).logits[:, 0] - reference).abs().max() < TOL
     # A head edit on the unfolded model divides by the final norm's weight and still exports exactly.
     model = HookedRewardModel.from_hf_model(qwen, fold_ln=False)
     v = torch.randn(64, generator=torch.Generator().manual_seed(0))
-    model.tokenizer = organism().tokenizer  # the same vocabulary size; probes only feed the effect numbers here
+    model.tokenizer = (
+        organism().tokenizer
+    )  # the same vocabulary size; probes only feed the effect numbers here
     ed = edit_reward(model, v, probes=concept_items(4))
     assert abs(float(ed.model.reward_direction @ (v / v.norm()))) < 1e-5
     llama = LlamaForSequenceClassification.from_pretrained(ed.export(tmp_path / "edited")).eval()
     with torch.no_grad():
-        assert (llama(ids, attention_mask=mask).logits[:, 0] - ed.model(ids, attention_mask=mask)).abs().max() < TOL
+        assert (
+            llama(ids, attention_mask=mask).logits[:, 0] - ed.model(ids, attention_mask=mask)
+        ).abs().max() < TOL
 
 
 def test_armorm_head_edit_blinds_every_reader(tmp_path):

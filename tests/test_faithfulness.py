@@ -8,16 +8,18 @@ from helpers import one_thread, token_pairs  # noqa: F401
 from scipy import stats
 
 from reward_lens.instruments import attribute, attribution_patch, faithfulness, patch
-from reward_lens.instruments.sites import component_sites
 from reward_lens.instruments.attribution import AttributionResult
 from reward_lens.instruments.patching.contrastive import PatchResult
+from reward_lens.instruments.sites import component_sites
 
 PAIRS = token_pairs([(9, 4), (3, 8), (6, 6), (5, 2), (7, 7), (2, 6)], prompt_len=3, seed=2)
 
 
 @pytest.fixture(scope="module")
 def results(llama_model):
-    return attribute(llama_model, PAIRS, progress=False), patch(llama_model, PAIRS, mode=["noising", "zero"], progress=False)
+    return attribute(llama_model, PAIRS, progress=False), patch(
+        llama_model, PAIRS, mode=["noising", "zero"], progress=False
+    )
 
 
 def test_rho_matches_scipy(results):
@@ -34,7 +36,9 @@ def test_rho_matches_scipy(results):
     # other choices: signed values, the chosen reward's attribution, zero ablation
     signed = faithfulness(att, pat, absolute=False, quantity="chosen", mode="zero", n_boot=50)
     e2 = pat.effect("zero").numpy()
-    assert signed.pooled_rho == pytest.approx(stats.spearmanr(att.chosen.numpy().ravel(), e2.ravel()).statistic, abs=1e-6)
+    assert signed.pooled_rho == pytest.approx(
+        stats.spearmanr(att.chosen.numpy().ravel(), e2.ravel()).statistic, abs=1e-6
+    )
     assert signed.settings["mode"] == "zero" and signed.settings["quantity"] == "chosen"
 
 
@@ -42,12 +46,16 @@ def test_one_call_equals_two_steps(llama_model, results):
     one = faithfulness(llama_model, PAIRS, n_boot=100, progress=False)
     two = faithfulness(*results, n_boot=100)
     assert torch.allclose(one.per_pair_rho, two.per_pair_rho, atol=1e-6)
-    assert one.pooled_rho == pytest.approx(two.pooled_rho) and one.mean_rho_ci == pytest.approx(two.mean_rho_ci)
+    assert one.pooled_rho == pytest.approx(two.pooled_rho) and one.mean_rho_ci == pytest.approx(
+        two.mean_rho_ci
+    )
     frame = one.to_frame()
     assert list(frame.columns) == ["pair", "component", "attribution", "effect", "pair_rho"]
     assert len(frame) == len(PAIRS) * 7
     summary = one.summary()
-    assert summary.loc[0, "n_pairs"] == len(PAIRS) and summary.loc[0, "mean_rho"] == pytest.approx(one.mean_rho)
+    assert summary.loc[0, "n_pairs"] == len(PAIRS) and summary.loc[0, "mean_rho"] == pytest.approx(
+        one.mean_rho
+    )
     import matplotlib.figure
 
     assert isinstance(one.plot(), matplotlib.figure.Figure)
@@ -58,12 +66,29 @@ def test_hand_made_rankings(llama_model):
     C, n = len(sites), 4
     ranks = torch.arange(1, C + 1, dtype=torch.float32).repeat(n, 1)
     zero = torch.zeros(n)
-    att = AttributionResult([str(i) for i in range(n)], [s.name for s in sites], [s.layer for s in sites],
-                            ranks, torch.zeros(n, C), zero, zero, zero, zero)
+    att = AttributionResult(
+        [str(i) for i in range(n)],
+        [s.name for s in sites],
+        [s.layer for s in sites],
+        ranks,
+        torch.zeros(n, C),
+        zero,
+        zero,
+        zero,
+        zero,
+    )
     clean_c, clean_r = torch.ones(n), torch.zeros(n)
 
     def patching(effects):
-        return PatchResult(att.pair_ids, sites, "readout", "fast", clean_c, clean_r, {("noising", "chosen"): clean_c[:, None] + effects})
+        return PatchResult(
+            att.pair_ids,
+            sites,
+            "readout",
+            "fast",
+            clean_c,
+            clean_r,
+            {("noising", "chosen"): clean_c[:, None] + effects},
+        )
 
     anti = faithfulness(att, patching(-ranks.flip(-1)), n_boot=50)  # big attribution <-> small |effect|
     assert anti.mean_rho == pytest.approx(-1.0) and anti.pooled_rho < 0

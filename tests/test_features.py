@@ -3,8 +3,8 @@ top features for the gap, causal single-feature ablation vs attribution (closed 
 
 import pytest
 import torch
-
 from organism import concept_items, organism, single_thread, tiny_armorm  # noqa: F401 (single_thread: autouse)
+
 from reward_lens import feature_ablation, feature_alignment, feature_attribution, read_objective
 from reward_lens.data.pairs import PreferencePair
 from reward_lens.representations.sae import SAEConfig, SparseAutoencoder, gather_activations
@@ -25,11 +25,14 @@ def planted_sae(o, hook: str, n_random: int = 30, k: int = 3) -> SparseAutoencod
 
 
 def concept_pairs(n: int, seed: int = 9):
-    return [PreferencePair(it.prompt, it.positive, it.negative, id=it.id) for it in concept_items(n, seed=seed)]
+    return [
+        PreferencePair(it.prompt, it.positive, it.negative, id=it.id) for it in concept_items(n, seed=seed)
+    ]
 
 
 def lens_values(model, pairs, side, hook):
-    """Independent: resid_l[readout] / ln_final scale . w from a full run_with_cache, one sequence at a time."""
+    """Independent: resid_l[readout] / ln_final scale . w from a full run_with_cache, one sequence at a
+    time."""
     out = []
     for p in pairs:
         tok = model.to_tokens(p.prompt, getattr(p, side))
@@ -50,7 +53,9 @@ def test_attribution_terms_sum_exactly_to_the_lens_value(layer):
     scale = float(fa.lens["chosen"].abs().max())
     assert fa.completeness_error() <= 1e-5 * max(1.0, scale)
     for side in ("chosen", "rejected"):
-        assert torch.allclose(fa.lens[side].double(), lens_values(o.model, pairs, side, hook), rtol=1e-5, atol=1e-5)
+        assert torch.allclose(
+            fa.lens[side].double(), lens_values(o.model, pairs, side, hook), rtol=1e-5, atol=1e-5
+        )
         if layer == o.model.cfg.n_layers - 1:  # the last layer's lens value + bias is the reward
             assert torch.allclose(fa.lens[side] + float(o.model.reward_bias), fa.rewards[side], atol=1e-5)
     # Feature terms are f_i (d_i . w) / s for the active features, zero elsewhere.

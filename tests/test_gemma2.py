@@ -5,8 +5,8 @@ post-normed component outputs."""
 import pytest
 import torch
 import transformers
-
 from helpers import assert_hf_parity, hf_parity_run, padded_batch
+
 from reward_lens import HookedRewardModel
 
 TOL = 1e-4
@@ -15,10 +15,22 @@ FINAL_CAP = 0.05  # transformers does not apply it to the reward; we check that 
 
 def tiny_gemma2(seed: int = 0, **overrides) -> transformers.Gemma2ForSequenceClassification:
     fields = dict(
-        vocab_size=97, hidden_size=72, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=24, max_position_embeddings=128, pad_token_id=0, rms_norm_eps=1e-5,
-        num_labels=1, sliding_window=4, query_pre_attn_scalar=20, attn_logit_softcapping=1.0,
-        final_logit_softcapping=FINAL_CAP, initializer_range=0.1,
+        vocab_size=97,
+        hidden_size=72,
+        intermediate_size=96,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=24,
+        max_position_embeddings=128,
+        pad_token_id=0,
+        rms_norm_eps=1e-5,
+        num_labels=1,
+        sliding_window=4,
+        query_pre_attn_scalar=20,
+        attn_logit_softcapping=1.0,
+        final_logit_softcapping=FINAL_CAP,
+        initializer_range=0.1,
     )
     fields.update(overrides)
     cfg = transformers.Gemma2Config(**fields)  # layer_types: sliding, full, sliding
@@ -80,7 +92,9 @@ ABLATIONS = {
     "query_pre_attn_scalar": lambda m: setattr(m.cfg, "attn_scale", m.cfg.d_head**0.5),
     "embedding scale": lambda m: setattr(m.cfg, "embed_scale", None),
     "post-norms": lambda m: setattr(m.cfg, "post_norms", False),
-    "(1 + w) offset": lambda m: [setattr(mod, "offset", 0.0) for mod in m.modules() if hasattr(mod, "offset")],
+    "(1 + w) offset": lambda m: [
+        setattr(mod, "offset", 0.0) for mod in m.modules() if hasattr(mod, "offset")
+    ],
 }
 
 

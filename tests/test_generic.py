@@ -7,8 +7,8 @@ readout patch equals a patch made directly on the transformers modules within 1e
 import pytest
 import torch
 import transformers
-
 from helpers import padded_batch, tiny_hf_model
+
 from reward_lens import HookedRewardModel
 from reward_lens.model.generic.wrapper import GenericHookedRewardModel, GenericLoadError, GenericPathError
 
@@ -38,20 +38,36 @@ def tiny(arch: str, seed: int = 0, **overrides):
         cls = transformers.GPT2ForSequenceClassification
     elif arch in ("neox", "neox_sequential"):  # parallel attention + MLP (or not), partial rotary
         cfg = transformers.GPTNeoXConfig(
-            hidden_size=64, num_hidden_layers=3, num_attention_heads=4, intermediate_size=96,
-            max_position_embeddings=128, use_parallel_residual=arch == "neox", **common,
+            hidden_size=64,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            intermediate_size=96,
+            max_position_embeddings=128,
+            use_parallel_residual=arch == "neox",
+            **common,
         )
         cls = transformers.GPTNeoXForSequenceClassification
     elif arch == "phi3":  # fused qkv and gate_up, RMSNorm
         cfg = transformers.Phi3Config(
-            hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=128, **common,
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=128,
+            **common,
         )
         cls = transformers.Phi3ForSequenceClassification
     elif arch == "gemma":  # embeddings scaled by sqrt(d_model) inside the forward, RMSNorm with (1 + w)
         cfg = transformers.GemmaConfig(
-            hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=16, max_position_embeddings=128, **common,
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            max_position_embeddings=128,
+            **common,
         )
         cls = transformers.GemmaForSequenceClassification
     else:
@@ -87,11 +103,17 @@ def hf_run(model, ids, mask, **kwargs):
 def test_unknown_architectures_load_generically(generic):
     for arch, model in generic.items():
         assert isinstance(model, GenericHookedRewardModel), arch
-    assert generic["gpt2"].cfg.normalization_type == "LNPre" and generic["phi3"].cfg.normalization_type == "RMSPre"
+    assert (
+        generic["gpt2"].cfg.normalization_type == "LNPre"
+        and generic["phi3"].cfg.normalization_type == "RMSPre"
+    )
     assert "hook_pos_embed" in generic["gpt2"].hook_dict and "hook_pos_embed" not in generic["neox"].hook_dict
     assert generic["gpt2"].cfg.module_map["layers"] == "transformer.h"
     assert generic["gemma"].cfg.norm_weight_offset == 1.0 and generic["phi3"].cfg.norm_weight_offset == 0.0
-    assert generic["neox"].cfg.module_map["attn"] == "attention" and generic["phi3"].cfg.module_map["attn"] == "self_attn"
+    assert (
+        generic["neox"].cfg.module_map["attn"] == "attention"
+        and generic["phi3"].cfg.module_map["attn"] == "self_attn"
+    )
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -137,7 +159,9 @@ def test_components_sum_to_the_reward(hf, arch, fold_ln):
         # The direction has mean zero, so the centering is implicit: un-centered components give the same sum.
         assert abs(direction.sum()) < 1e-5 * direction.abs().sum()
         _, raw = components_at_readout(model, cache, readout)
-        assert ((raw / scale) @ direction).sum(0).add(bias).sub(rewards).abs().max() <= REL * rewards.abs().max()
+        assert ((raw / scale) @ direction).sum(0).add(bias).sub(
+            rewards
+        ).abs().max() <= REL * rewards.abs().max()
         # The LayerNorm bias is in the reward bias: with fold_ln=False the head's own bias is b_R alone.
         assert abs(bias - model.reward_head.b_R[0]) > 1e-3 or fold_ln
     # TransformerLens's own helpers read the same cache and config (centering for LN, the cached scale).
@@ -163,10 +187,14 @@ def test_readout_patch_equals_a_patch_made_on_the_transformers_modules(hf, gener
         act[torch.arange(2), t_read] = src
         return act
 
-    patched = model.run_with_hooks(target, attention_mask=tmask, fwd_hooks=[(f"blocks.{layer}.hook_{site}_out", patch)])
+    patched = model.run_with_hooks(
+        target, attention_mask=tmask, fwd_hooks=[(f"blocks.{layer}.hook_{site}_out", patch)]
+    )
 
     # Naive: the same patch done with plain torch hooks on transformers' own attention / MLP module.
-    layers = {"gpt2": "transformer.h", "phi3": "model.layers", "gemma": "model.layers"}.get(arch, "gpt_neox.layers")
+    layers = {"gpt2": "transformer.h", "phi3": "model.layers", "gemma": "model.layers"}.get(
+        arch, "gpt_neox.layers"
+    )
     attn = {"gpt2": "attn", "phi3": "self_attn", "gemma": "self_attn"}.get(arch, "attention")
     module = reference.get_submodule(f"{layers}.{layer}.{attn if site == 'attn' else 'mlp'}")
     captured = {}
@@ -218,8 +246,12 @@ def test_resid_mid_on_sequential_layers_only(hf, generic, arch):
         act[torch.arange(2), t_read] = src_mid
         return act
 
-    patched = model.run_with_hooks(target, attention_mask=tmask, fwd_hooks=[("blocks.1.hook_resid_mid", patch)])
-    layers = {"gpt2": "transformer.h", "phi3": "model.layers", "gemma": "model.layers"}.get(arch, "gpt_neox.layers")
+    patched = model.run_with_hooks(
+        target, attention_mask=tmask, fwd_hooks=[("blocks.1.hook_resid_mid", patch)]
+    )
+    layers = {"gpt2": "transformer.h", "phi3": "model.layers", "gemma": "model.layers"}.get(
+        arch, "gpt_neox.layers"
+    )
     attn = {"gpt2": "attn", "phi3": "self_attn", "gemma": "self_attn"}.get(arch, "attention")
     module = hf[arch].get_submodule(f"{layers}.1.{attn}")
     pre = cache["blocks.1.hook_resid_pre"][torch.arange(2), t_read]
@@ -266,10 +298,10 @@ def test_transformed_embeddings_are_refused():
 def test_head_level_tools_raise_a_clear_error(generic):
     model = generic["gpt2"]
     with pytest.raises(GenericPathError, match="native"):
-        model.blocks[0].attn.W_O
+        model.blocks[0].attn.W_O  # noqa: B018  (the attribute access raises)
     assert not hasattr(model.blocks[0], "attn")
     with pytest.raises(GenericPathError, match="native"):
-        model.W_O
+        model.W_O  # noqa: B018  (the attribute access raises)
     with pytest.raises(GenericPathError, match="native"):
         model.accumulated_bias(1)
     with pytest.raises(GenericPathError, match="native"):
@@ -326,7 +358,9 @@ def test_from_pretrained_dispatch_and_round_trip(tmp_path):
 
     lm = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=50))
     lm.save_pretrained(tmp_path / "lm")
-    with pytest.raises(ValueError, match="(?s)supported: .*LlamaForSequenceClassification.*Generic loading was tried"):
+    with pytest.raises(
+        ValueError, match="(?s)supported: .*LlamaForSequenceClassification.*Generic loading was tried"
+    ):
         HookedRewardModel.from_pretrained(tmp_path / "lm")
     with pytest.raises(GenericLoadError, match="not a sequence-classification model"):
         HookedRewardModel.from_hf_model(lm)

@@ -6,13 +6,13 @@ GPT-NeoX parallel blocks (no resid_mid); Llama loaded generically is compared wi
 
 import pytest
 import torch
-
 from helpers import tiny_hf_model
+from test_generic import tiny
+
 from reward_lens import HookedRewardModel
 from reward_lens.data.pairs import TokenPair
-from reward_lens.model.generic.wrapper import GenericPathError
 from reward_lens.instruments import attribute, attribution_patch, divergence_patch, lens, patch
-from test_generic import tiny
+from reward_lens.model.generic.wrapper import GenericPathError
 
 REL = 1e-5
 MODES = ["noising", "denoising", "zero", "mean"]
@@ -69,7 +69,7 @@ def test_lens_ends_at_the_reward_in_both_variants(models, arch):
     # The frozen lens is additive: its steps are the attribution terms of the blocks in between.
     terms = attribute(model, PAIRS, progress=False)
     frozen = result.get("frozen", "chosen")
-    per_block = terms.chosen[:, -2 * model.cfg.n_layers:].view(len(PAIRS), -1, 2).sum(-1)
+    per_block = terms.chosen[:, -2 * model.cfg.n_layers :].view(len(PAIRS), -1, 2).sum(-1)
     assert (frozen.diff(dim=-1) - per_block).abs().max() < REL * frozen.abs().max()
     if arch == "gpt2":
         mid = lens(model, PAIRS, include_mid=True, progress=False)
@@ -83,7 +83,9 @@ def test_lens_ends_at_the_reward_in_both_variants(models, arch):
 @pytest.mark.parametrize("positions", ["readout", "prompt"])
 def test_patching_fast_route_equals_naive(models, arch, positions):
     model = models[arch]
-    modes = MODES if positions == "readout" else ["zero", "mean"]  # the prompt is shared: noising it is a no-op
+    modes = (
+        MODES if positions == "readout" else ["zero", "mean"]
+    )  # the prompt is shared: noising it is a no-op
     kw = dict(mode=modes, level=["component", "residual"], positions=positions, progress=False)
     fast = patch(model, PAIRS, **kw)
     naive = patch(model, PAIRS, method="naive", **kw)
@@ -108,7 +110,10 @@ def test_generic_llama_agrees_with_the_native_instruments(llama_pair):
     a_g = attribute(generic, PAIRS, progress=False)
     assert a_n.components == a_g.components
     assert (a_n.chosen - a_g.chosen).abs().max() < 1e-5 and (a_n.rejected - a_g.rejected).abs().max() < 1e-5
-    l_n, l_g = lens(native, PAIRS, include_mid=True, progress=False), lens(generic, PAIRS, include_mid=True, progress=False)
+    l_n, l_g = (
+        lens(native, PAIRS, include_mid=True, progress=False),
+        lens(generic, PAIRS, include_mid=True, progress=False),
+    )
     for key in l_n.values:
         assert (l_n.values[key] - l_g.values[key]).abs().max() < 1e-5, key
     atp_n = attribution_patch(native, PAIRS, level="component", progress=False)
@@ -124,7 +129,8 @@ def test_attribution_patching_with_position_embeddings(models):
     names = [s.name for s in result.sites]
     assert "pos_embed" in names and not any(s.kind == "head" for s in result.sites)
     est = result.estimates[("noising", "chosen")][:, names.index("pos_embed")]
-    # Independently: d reward(chosen) / d pos_embed[readout] . (pos_embed(rejected) - pos_embed(chosen)) at the readouts.
+    # Independently: d reward(chosen) / d pos_embed[readout] . (pos_embed(rejected) - pos_embed(chosen)) at
+    # the readouts.
     for i, pair in enumerate(PAIRS):
         chosen, rejected = pair.chosen[None], pair.rejected[None]
         stored = {}

@@ -7,16 +7,46 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-STAGES = ["reward lens", "exact attribution (components + heads)", "component patching, 4 modes",
-          "head patching, 4 modes", "AtP (components + heads), 4 modes", "faithfulness"]
+STAGES = [
+    "reward lens",
+    "exact attribution (components + heads)",
+    "component patching, 4 modes",
+    "head patching, 4 modes",
+    "AtP (components + heads), 4 modes",
+    "faithfulness",
+]
 
 
 def test_gpu_audit_benchmark_tiny_on_cpu():
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu_audit.py"), "--device", "cpu", "--dtype", "float32",
-           "--layers", "2", "--d-model", "64", "--heads", "4", "--kv-heads", "2", "--d-mlp", "128", "--vocab", "512",
-           "--pairs", "6", "--max-len", "48", "--batch-size", "4"]
-    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    cmd = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "gpu_audit.py"),
+        "--device",
+        "cpu",
+        "--dtype",
+        "float32",
+        "--layers",
+        "2",
+        "--d-model",
+        "64",
+        "--heads",
+        "4",
+        "--kv-heads",
+        "2",
+        "--d-mlp",
+        "128",
+        "--vocab",
+        "512",
+        "--pairs",
+        "6",
+        "--max-len",
+        "48",
+        "--batch-size",
+        "4",
+    ]
+    out = subprocess.run(
+        cmd, cwd=ROOT, capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     text = out.stdout
     for stage in STAGES:

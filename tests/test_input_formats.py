@@ -22,11 +22,14 @@ trl = pytest.importorskip("trl")  # in the test extras; importorskip only keeps 
 datasets = pytest.importorskip("datasets")
 
 TOL = 1e-5
-WORDS = "what is two plus three five four six the sky blue green a fruit pear apple name color yes no i think it . ?".split()
+WORDS = (
+    "what is two plus three five four six the sky blue green a fruit pear apple name color yes no i think "
+    "it . ?"
+).split()
 ROLES = ["user", "assistant", "system"]
 QWEN_LIKE_TEMPLATE = (  # no BOS, as Qwen's (and TRL's chat_template_path example)
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}{% if "
+    "add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 QA = [
     ("what is two plus three ?", "five .", "four ."),
@@ -37,24 +40,46 @@ QA = [
 
 
 def make_tokenizer(specials, bos, eos, pad=None, add_bos=False):
-    return word_tokenizer(["<unk>"] + specials + ROLES + WORDS, bos=bos, eos=eos, pad=pad, specials=specials,
-                          add_bos=add_bos)
+    return word_tokenizer(
+        ["<unk>"] + specials + ROLES + WORDS, bos=bos, eos=eos, pad=pad, specials=specials, add_bos=add_bos
+    )
 
 
 def train(tokenizer, records, out, **config):
     """A tiny Llama RM trained for 3 steps by trl's RewardTrainer; returns (trainer, saved directory)."""
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, num_labels=1)
+    cfg = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        num_labels=1,
+    )
     model = LlamaForSequenceClassification(cfg)
     args = trl.RewardConfig(
-        output_dir=str(out / "run"), max_steps=3, per_device_train_batch_size=4, learning_rate=1e-2, report_to=[],
-        bf16=False, use_cpu=True, save_strategy="no", logging_strategy="no", disable_tqdm=True, **config,
+        output_dir=str(out / "run"),
+        max_steps=3,
+        per_device_train_batch_size=4,
+        learning_rate=1e-2,
+        report_to=[],
+        bf16=False,
+        use_cpu=True,
+        save_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
+        **config,
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        trainer = trl.RewardTrainer(model=model, args=args, train_dataset=datasets.Dataset.from_list(records),
-                                    processing_class=tokenizer)
+        trainer = trl.RewardTrainer(
+            model=model,
+            args=args,
+            train_dataset=datasets.Dataset.from_list(records),
+            processing_class=tokenizer,
+        )
         trainer.train()
     trainer.save_model(str(out / "rm"))
     trainer.model.eval().float()
@@ -82,11 +107,20 @@ def check_against_trl(trainer, model, prompts, responses, column):
 
 @pytest.fixture(scope="module")
 def llama3_run(tmp_path_factory):
-    tok = make_tokenizer(["<|begin_of_text|>", "<|eot_id|>", "<|start_header_id|>", "<|end_header_id|>"],
-                         bos="<|begin_of_text|>", eos="<|eot_id|>")  # no pad token: TRL pads with EOS
+    tok = make_tokenizer(
+        ["<|begin_of_text|>", "<|eot_id|>", "<|start_header_id|>", "<|end_header_id|>"],
+        bos="<|begin_of_text|>",
+        eos="<|eot_id|>",
+    )  # no pad token: TRL pads with EOS
     tok.chat_template = LLAMA3_TEMPLATE
-    records = [{"prompt": [{"role": "user", "content": p}], "chosen": [{"role": "assistant", "content": c}],
-                "rejected": [{"role": "assistant", "content": r}]} for p, c, r in QA]
+    records = [
+        {
+            "prompt": [{"role": "user", "content": p}],
+            "chosen": [{"role": "assistant", "content": c}],
+            "rejected": [{"role": "assistant", "content": r}],
+        }
+        for p, c, r in QA
+    ]
     trainer, path = train(tok, records, tmp_path_factory.mktemp("llama3"))
     return trainer, path, records
 
@@ -103,9 +137,14 @@ def test_conversational_llama3_pad_is_eos(llama3_run, tmp_path):
     pairs = load_pairs(tmp_path / "pairs.jsonl")
     assert isinstance(pairs[0].chosen, tuple) and pairs[0].chosen[0]["role"] == "assistant"
     batch = model.to_tokens([p.prompt for p in pairs], [p.chosen for p in pairs], input_format="chat")
-    assert torch.equal(batch["input_ids"], model.to_tokens(prompts, [r["chosen"] for r in records])["input_ids"])
+    assert torch.equal(
+        batch["input_ids"], model.to_tokens(prompts, [r["chosen"] for r in records])["input_ids"]
+    )
     # String pairs render as one user and one assistant message: the same ids.
-    assert torch.equal(model.to_tokens(QA[0][0], QA[0][1])["input_ids"], model.to_tokens(prompts[0], records[0]["chosen"])["input_ids"])
+    assert torch.equal(
+        model.to_tokens(QA[0][0], QA[0][1])["input_ids"],
+        model.to_tokens(prompts[0], records[0]["chosen"])["input_ids"],
+    )
 
 
 def test_standard_data_concat(tmp_path):
@@ -119,16 +158,29 @@ def test_standard_data_concat(tmp_path):
     check_against_trl(trainer, model, prompts, [r["rejected"] for r in records], "rejected_ids")
     assert trainer.train_dataset["chosen_ids"][0][0] == tok.bos_token_id  # TRL adds BOS: so do we
     # The default ("plain", no template) is different text: the format matters.
-    plain = model.to_tokens(prompts[:1], [records[0]["chosen"]], input_format="plain")["input_ids"][0].tolist()
+    plain = model.to_tokens(prompts[:1], [records[0]["chosen"]], input_format="plain")["input_ids"][
+        0
+    ].tolist()
     assert plain != trainer.train_dataset["chosen_ids"][0]
 
 
 def test_chat_template_without_bos_via_chat_template_path(tmp_path):
-    tok = make_tokenizer(["<s>", "</s>", "<pad>", "<|im_start|>", "<|im_end|>"], bos="<s>", eos="</s>", pad="<pad>",
-                         add_bos=True)
+    tok = make_tokenizer(
+        ["<s>", "</s>", "<pad>", "<|im_start|>", "<|im_end|>"],
+        bos="<s>",
+        eos="</s>",
+        pad="<pad>",
+        add_bos=True,
+    )
     (tmp_path / "template.jinja").write_text(QWEN_LIKE_TEMPLATE)
-    records = [{"prompt": [{"role": "user", "content": p}], "chosen": [{"role": "assistant", "content": c}],
-                "rejected": [{"role": "assistant", "content": r}]} for p, c, r in QA]
+    records = [
+        {
+            "prompt": [{"role": "user", "content": p}],
+            "chosen": [{"role": "assistant", "content": c}],
+            "rejected": [{"role": "assistant", "content": r}],
+        }
+        for p, c, r in QA
+    ]
     trainer, path = train(tok, records, tmp_path, chat_template_path=str(tmp_path / "template.jinja"))
     model = HookedRewardModel.from_pretrained(path)
     prompts = [r["prompt"] for r in records]
@@ -150,12 +202,16 @@ def test_openrlhf_and_template_string_formats(llama3_run):
     msgs = [{"role": "user", "content": prompt}]
     head = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
     full = tok.apply_chat_template(msgs + [{"role": "assistant", "content": chosen}], tokenize=False)
-    text = (head + full[len(head):]).rstrip("\n")
-    ids = tok(text if text.endswith(tok.eos_token) else text + " " + tok.eos_token, add_special_tokens=False)["input_ids"]
+    text = (head + full[len(head) :]).rstrip("\n")
+    ids = tok(text if text.endswith(tok.eos_token) else text + " " + tok.eos_token, add_special_tokens=False)[
+        "input_ids"
+    ]
     ids[-1] = tok.eos_token_id
     assert row == ids and row[-1] == tok.eos_token_id and row.count(tok.bos_token_id) == 1
     # A template string.
-    custom = model.to_tokens(prompt, chosen, input_format="Q: {prompt} A: {response}")["input_ids"][0].tolist()
+    custom = model.to_tokens(prompt, chosen, input_format="Q: {prompt} A: {response}")["input_ids"][
+        0
+    ].tolist()
     assert custom == tok("Q: " + prompt + " A: " + chosen)["input_ids"]
     with pytest.raises(ValueError, match="input_format"):
         model.to_tokens(prompt, chosen, input_format="chatml")
@@ -171,5 +227,7 @@ def test_cli_input_format_reaches_the_model(llama3_run, tmp_path, capsys):
     model, _ = _load_model(str(path), None, None, "concat")
     assert model.input_format == "concat" and input_format_name(model) == "concat"
     assert input_format_name(HookedRewardModel.from_pretrained(path)) == "chat"  # "auto" resolved: a template
-    assert main(["audit", "--model", str(path), "--input-format", "chatml", "--out", str(tmp_path / "o")]) == 2
+    assert (
+        main(["audit", "--model", str(path), "--input-format", "chatml", "--out", str(tmp_path / "o")]) == 2
+    )
     assert "unknown input_format 'chatml'" in capsys.readouterr().err

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from helpers import one_thread, padded_batch, randomise_norms, word_tokenizer  # noqa: F401
+from test_smollm2 import GGUF_DIR, SKIP_REASON, organism
+
 from reward_lens import HookedRewardModel, JudgeHead, attribute, patch, token_attribution
 from reward_lens.data.pairs import PreferencePair
-from test_smollm2 import GGUF_DIR, SKIP_REASON, organism
 
 WORDS = ["<pad>", "<unk>", "<s>", "</s>", "Yes", "No", "is", "this", "right", "?"]
 WORDS += [f"w{i}" for i in range(87)]
@@ -19,10 +19,19 @@ WORDS += [f"w{i}" for i in range(87)]
 def tiny_causal_lm(path, tied: bool, seed: int = 0):
     import transformers
 
-    cfg = transformers.LlamaConfig(vocab_size=len(WORDS), hidden_size=32, intermediate_size=48,
-                                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                   max_position_embeddings=64, pad_token_id=0, bos_token_id=2, eos_token_id=3,
-                                   tie_word_embeddings=tied)
+    cfg = transformers.LlamaConfig(
+        vocab_size=len(WORDS),
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        pad_token_id=0,
+        bos_token_id=2,
+        eos_token_id=3,
+        tie_word_embeddings=tied,
+    )
     torch.manual_seed(seed)
     hf = transformers.LlamaForCausalLM(cfg).eval()
     randomise_norms(hf, seed)
@@ -78,13 +87,17 @@ def test_decomposition_is_exact(judge):
     assert (tok.total("chosen") - tok.reward["chosen"].double()).abs().max() < 1e-4
 
 
-JUDGE_TEMPLATE = ("<|im_start|>user\nQuestion: {prompt}\nAnswer: {response}\nIs this answer correct? "
-                  "Answer Yes or No.<|im_end|>\n<|im_start|>assistant\n")
+JUDGE_TEMPLATE = (
+    "<|im_start|>user\nQuestion: {prompt}\nAnswer: {response}\nIs this answer correct? Answer Yes or "
+    "No.<|im_end|>\n<|im_start|>assistant\n"
+)
 PAIRS = [
-    PreferencePair("What is the capital of France?", "The capital of France is Paris.",
-                   "The capital of France is Rome."),
-    PreferencePair("What is 2 plus 3?", "2 plus 3 is 5.",
-                   "2 plus 3 is 7, as everyone who has studied arithmetic knows."),
+    PreferencePair(
+        "What is the capital of France?", "The capital of France is Paris.", "The capital of France is Rome."
+    ),
+    PreferencePair(
+        "What is 2 plus 3?", "2 plus 3 is 5.", "2 plus 3 is 7, as everyone who has studied arithmetic knows."
+    ),
 ]
 
 
@@ -92,14 +105,15 @@ PAIRS = [
 def smollm2_judge():
     if SKIP_REASON:
         pytest.skip(SKIP_REASON)
-    from reward_lens.loading.judge import gguf_causal_lm
     from reward_lens.loading.gguf import load_gguf_tokenizer
+    from reward_lens.loading.judge import gguf_causal_lm
 
     hf = gguf_causal_lm(GGUF_DIR, organism.GGUF_FILE)  # the reference: transformers' own causal LM
     tok = load_gguf_tokenizer(GGUF_DIR, organism.GGUF_FILE)
     tok.pad_token = organism.PAD_TOKEN
-    model = HookedRewardModel.from_judge(GGUF_DIR, "Yes", "No", gguf_file=organism.GGUF_FILE, tokenizer=tok,
-                                         input_format=JUDGE_TEMPLATE)
+    model = HookedRewardModel.from_judge(
+        GGUF_DIR, "Yes", "No", gguf_file=organism.GGUF_FILE, tokenizer=tok, input_format=JUDGE_TEMPLATE
+    )
     in_memory = HookedRewardModel.from_judge(hf, "Yes", "No", tokenizer=tok, input_format=JUDGE_TEMPLATE)
     ids = model.to_tokens([p.prompt for p in PAIRS], [p.chosen for p in PAIRS])
     args = (ids["input_ids"],), {"attention_mask": ids["attention_mask"]}

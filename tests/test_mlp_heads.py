@@ -6,9 +6,9 @@ import json
 
 import pytest
 import torch
-
 from helpers import one_thread, token_pairs  # noqa: F401
 from mlp_reference import Reference, padded, random_rows, save_tiny
+
 from reward_lens import HookedRewardModel, MLPHead, attribute, patch, path_patch, token_attribution
 
 TOL = 1e-5
@@ -23,8 +23,11 @@ def dirs(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def models(dirs):
-    return {(k, fold): HookedRewardModel.from_pretrained(dirs[k], fold_ln=fold)
-            for k in RM_KINDS for fold in (False, True)}
+    return {
+        (k, fold): HookedRewardModel.from_pretrained(dirs[k], fold_ln=fold)
+        for k in RM_KINDS
+        for fold in (False, True)
+    }
 
 
 @pytest.mark.parametrize("kind", RM_KINDS)
@@ -80,9 +83,9 @@ def test_frozen_mask_direction_and_bias_reproduce_the_reward(models, kind):
 
 def test_no_single_direction_is_a_clear_error(models):
     with pytest.raises(ValueError, match="reward_direction_for"):
-        models[("inform", True)].reward_direction
+        models[("inform", True)].reward_direction  # noqa: B018  (raises)
     with pytest.raises(ValueError, match="reward_bias_for"):
-        models[("inform", True)].reward_bias
+        models[("inform", True)].reward_bias  # noqa: B018  (raises)
 
 
 @pytest.mark.parametrize("kind", ["inform", "grm_deep"])

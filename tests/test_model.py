@@ -5,9 +5,9 @@ import json
 import pytest
 import torch
 import transformer_lens.patching as tl_patching
+from helpers import padded_batch, tiny_hf_model
 from transformer_lens import ActivationCache
 
-from helpers import padded_batch, tiny_hf_model
 from reward_lens import HookedRewardModel
 from reward_lens.converters import supported_architectures
 
@@ -38,14 +38,18 @@ def test_exact_decomposition_at_readout(llama_hf, fold_ln):
     acc = cache.accumulated_resid(apply_ln=False)[-1][b, ro]
     assert rel_err(acc, cache[f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"][b, ro]) < REL
     heads = cache.stack_head_results(apply_ln=True)[:, b, ro] @ model.reward_direction
-    attn_total = sum((cache[f"blocks.{l}.hook_attn_out"][b, ro] / scale) @ model.reward_direction
-                     for l in range(model.cfg.n_layers))
+    attn_total = sum(
+        (cache[f"blocks.{l}.hook_attn_out"][b, ro] / scale) @ model.reward_direction
+        for l in range(model.cfg.n_layers)
+    )
     assert rel_err(heads.sum(0), attn_total) < REL  # no attention output bias in Llama
 
 
 def test_cache_is_a_transformer_lens_activation_cache(llama_model):
     ids, mask = padded_batch([5, 4], "right")
-    _, cache = llama_model.run_with_cache(ids, attention_mask=mask, names_filter=lambda n: n.endswith("resid_post"))
+    _, cache = llama_model.run_with_cache(
+        ids, attention_mask=mask, names_filter=lambda n: n.endswith("resid_post")
+    )
     assert isinstance(cache, ActivationCache)
     assert set(cache.keys()) == {f"blocks.{l}.hook_resid_post" for l in range(llama_model.cfg.n_layers)}
 
@@ -70,7 +74,11 @@ def test_transformer_lens_patching_runs_and_matches_manual_patch(llama_model):
     heads = tl_patching.get_act_patch_attn_head_out_by_pos(llama_model, corrupt, clean_cache, metric)
     every = tl_patching.get_act_patch_block_every(llama_model, corrupt, clean_cache, metric)
     n_layers, n_heads = llama_model.cfg.n_layers, llama_model.cfg.n_heads
-    assert resid.shape == (n_layers, 6) and heads.shape == (n_layers, 6, n_heads) and every.shape == (3, n_layers, 6)
+    assert (
+        resid.shape == (n_layers, 6)
+        and heads.shape == (n_layers, 6, n_heads)
+        and every.shape == (3, n_layers, 6)
+    )
 
     def patch_z(z, hook):
         z[:, 3, 1] = clean_cache["blocks.1.attn.hook_z"][:, 3, 1]
@@ -122,7 +130,9 @@ def test_fused_attention_equals_explicit_path(hf_models, arch):
     ids, mask = padded_batch([12, 5], "left")
     fused = model(ids, attention_mask=mask)
     # Any hook on the pattern forces the explicit softmax path.
-    explicit = model.run_with_hooks(ids, attention_mask=mask, fwd_hooks=[(lambda n: n.endswith("hook_pattern"), lambda x, hook: x)])
+    explicit = model.run_with_hooks(
+        ids, attention_mask=mask, fwd_hooks=[(lambda n: n.endswith("hook_pattern"), lambda x, hook: x)]
+    )
     assert (fused - explicit).abs().max() < 1e-5
 
 
@@ -133,8 +143,11 @@ def test_use_attn_result_gives_per_head_outputs(llama_hf):
     model.set_use_attn_result(True)
     out, cache = model.run_with_cache(ids, attention_mask=mask)
     assert cache["blocks.0.attn.hook_result"].shape == (2, 6, model.cfg.n_heads, model.cfg.d_model)
-    assert torch.allclose(cache["blocks.0.attn.hook_result"].sum(2) + model.blocks[0].attn.b_O,
-                          cache["blocks.0.hook_attn_out"], atol=1e-6)
+    assert torch.allclose(
+        cache["blocks.0.attn.hook_result"].sum(2) + model.blocks[0].attn.b_O,
+        cache["blocks.0.hook_attn_out"],
+        atol=1e-6,
+    )
     assert torch.allclose(out, base, atol=1e-6)
 
 
@@ -164,8 +177,9 @@ def test_from_pretrained_reads_a_transformers_directory(tmp_path):
 def test_unknown_architecture_lists_supported(tmp_path):
     import transformers
 
-    cfg = transformers.LlamaConfig(vocab_size=10, hidden_size=8, intermediate_size=8, num_hidden_layers=1,
-                                   num_attention_heads=2)
+    cfg = transformers.LlamaConfig(
+        vocab_size=10, hidden_size=8, intermediate_size=8, num_hidden_layers=1, num_attention_heads=2
+    )
     cfg.architectures = ["FancyNewForSequenceClassification"]
     from reward_lens.loading.checkpoint import convert_state_dict
 
@@ -204,13 +218,40 @@ def test_cuda_bf16_parity(llama_hf):
 
 def test_hook_names_are_transformer_lens_names(llama_model):
     names = set(llama_model.hook_dict)
-    required = ["hook_embed", "ln_final.hook_scale", "ln_final.hook_normalized", "reward_head.hook_rewards",
-                "reward_head.hook_pooled"]
+    required = [
+        "hook_embed",
+        "ln_final.hook_scale",
+        "ln_final.hook_normalized",
+        "reward_head.hook_rewards",
+        "reward_head.hook_pooled",
+    ]
     for l in range(llama_model.cfg.n_layers):
-        required += [f"blocks.{l}.{h}" for h in ("hook_resid_pre", "hook_resid_mid", "hook_resid_post",
-                                                  "hook_attn_out", "hook_mlp_out", "ln1.hook_scale",
-                                                  "ln1.hook_normalized", "ln2.hook_scale", "ln2.hook_normalized",
-                                                  "mlp.hook_pre", "mlp.hook_post")]
-        required += [f"blocks.{l}.attn.{h}" for h in ("hook_q", "hook_k", "hook_v", "hook_z", "hook_attn_scores",
-                                                       "hook_pattern", "hook_result")]
+        required += [
+            f"blocks.{l}.{h}"
+            for h in (
+                "hook_resid_pre",
+                "hook_resid_mid",
+                "hook_resid_post",
+                "hook_attn_out",
+                "hook_mlp_out",
+                "ln1.hook_scale",
+                "ln1.hook_normalized",
+                "ln2.hook_scale",
+                "ln2.hook_normalized",
+                "mlp.hook_pre",
+                "mlp.hook_post",
+            )
+        ]
+        required += [
+            f"blocks.{l}.attn.{h}"
+            for h in (
+                "hook_q",
+                "hook_k",
+                "hook_v",
+                "hook_z",
+                "hook_attn_scores",
+                "hook_pattern",
+                "hook_result",
+            )
+        ]
     assert not set(required) - names

@@ -21,8 +21,16 @@ def base_decoder(seed: int = 0):
     import transformers
 
     cfg = transformers.LlamaConfig(
-        vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-5, pad_token_id=EOS, eos_token_id=EOS,
+        vocab_size=97,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        rms_norm_eps=1e-5,
+        pad_token_id=EOS,
+        eos_token_id=EOS,
     )
     torch.manual_seed(seed)
     model = transformers.LlamaModel(cfg).eval()
@@ -31,9 +39,11 @@ def base_decoder(seed: int = 0):
     return model, head
 
 
-def save_openrlhf(directory, model, head, *, head_prefix="value_head", architecture="RewardModel", normalize=True,
-                  **extra):
-    """The files OpenRLHF's save_pretrained writes: base decoder under "model.", bias-free head, no num_labels."""
+def save_openrlhf(
+    directory, model, head, *, head_prefix="value_head", architecture="RewardModel", normalize=True, **extra
+):
+    """The files OpenRLHF's save_pretrained writes: base decoder under "model.", bias-free head, no
+    num_labels."""
     from safetensors.torch import save_file
 
     directory.mkdir(parents=True, exist_ok=True)
@@ -66,15 +76,19 @@ def openrlhf_batch(lengths=(5, 9, 3, 7), seed=0):
     return ids, mask
 
 
-@pytest.mark.parametrize("head_prefix,architecture,normalize", [
-    ("value_head", "RewardModel", True),  # older releases
-    ("score", "RewardModel", True),  # newer releases
-    ("value_head", "LLMForSequenceRegression", False),
-])
+@pytest.mark.parametrize(
+    "head_prefix,architecture,normalize",
+    [
+        ("value_head", "RewardModel", True),  # older releases
+        ("score", "RewardModel", True),  # newer releases
+        ("value_head", "LLMForSequenceRegression", False),
+    ],
+)
 def test_openrlhf_checkpoint_matches_reference(tmp_path, head_prefix, architecture, normalize):
     model, head = base_decoder()
-    path = save_openrlhf(tmp_path / "rm", model, head, head_prefix=head_prefix, architecture=architecture,
-                         normalize=normalize)
+    path = save_openrlhf(
+        tmp_path / "rm", model, head, head_prefix=head_prefix, architecture=architecture, normalize=normalize
+    )
     hooked = HookedRewardModel.from_pretrained(path)
     assert hooked.cfg.readout == "last_attended" and hooked.cfg.input_format == "openrlhf"
     assert hooked.cfg.n_outputs == 1
@@ -112,7 +126,9 @@ def test_normalisation_is_folded_exactly_and_decomposes(tmp_path):
 
 def test_saved_hooked_checkpoint_keeps_the_readout(tmp_path):
     model, head = base_decoder(seed=5)
-    hooked = HookedRewardModel.from_pretrained(save_openrlhf(tmp_path / "rm", model, head, head_prefix="score"))
+    hooked = HookedRewardModel.from_pretrained(
+        save_openrlhf(tmp_path / "rm", model, head, head_prefix="score")
+    )
     hooked.save_pretrained(tmp_path / "hooked")
     again = HookedRewardModel.from_pretrained(tmp_path / "hooked")
     assert again.cfg.readout == "last_attended" and again.cfg.input_format == "openrlhf"
@@ -129,14 +145,26 @@ def test_clear_errors(tmp_path):
     edited = save_openrlhf(tmp_path / "edited", model, head, architecture="LlamaForSequenceClassification")
     with pytest.raises(ValueError, match="value_head.weight.*RewardModel"):
         HookedRewardModel.from_pretrained(edited)
-    # Relabelled, head renamed, no num_labels: transformers' default of 2 labels is named, no raw size mismatch.
-    relabelled = save_openrlhf(tmp_path / "relabelled", model, head, head_prefix="score",
-                               architecture="LlamaForSequenceClassification")
+    # Relabelled, head renamed, no num_labels: transformers' default of 2 labels is named, no raw size
+    # mismatch.
+    relabelled = save_openrlhf(
+        tmp_path / "relabelled",
+        model,
+        head,
+        head_prefix="score",
+        architecture="LlamaForSequenceClassification",
+    )
     with pytest.raises(ValueError, match="num_labels=2 but the head has 1 output.*fix num_labels"):
         HookedRewardModel.from_pretrained(relabelled)
     # ... and with num_labels added too: it loads (as labelled: transformers' readout), but not silently.
-    relabelled = save_openrlhf(tmp_path / "relabelled1", model, head, head_prefix="score",
-                               architecture="LlamaForSequenceClassification", num_labels=1)
+    relabelled = save_openrlhf(
+        tmp_path / "relabelled1",
+        model,
+        head,
+        head_prefix="score",
+        architecture="LlamaForSequenceClassification",
+        num_labels=1,
+    )
     with pytest.warns(UserWarning, match="normalize_reward.*RewardModel"):
         HookedRewardModel.from_pretrained(relabelled)
     with pytest.raises(ValueError, match="unknown readout"):
@@ -153,12 +181,18 @@ def test_instruments_read_where_openrlhf_reads(tmp_path):
 
     model, head = base_decoder(seed=7)
     hooked = HookedRewardModel.from_pretrained(save_openrlhf(tmp_path / "rm", model, head))
-    pairs = [TokenPair(torch.cat([p.chosen, torch.tensor([EOS])]), torch.cat([p.rejected, torch.tensor([EOS])]), id=p.id)
-             for p in token_pairs([(3, 5), (4, 2), (6, 6)], seed=4)]
+    pairs = [
+        TokenPair(
+            torch.cat([p.chosen, torch.tensor([EOS])]), torch.cat([p.rejected, torch.tensor([EOS])]), id=p.id
+        )
+        for p in token_pairs([(3, 5), (4, 2), (6, 6)], seed=4)
+    ]
     attr = ins.attribute(hooked, pairs, batch_size=2, padding_side="left")
     for side in ("chosen", "rejected"):
         rows = [getattr(p, side) for p in pairs]
-        ref = torch.stack([openrlhf_reference(model, head, r[None], torch.ones_like(r)[None])[0] for r in rows])
+        ref = torch.stack(
+            [openrlhf_reference(model, head, r[None], torch.ones_like(r)[None])[0] for r in rows]
+        )
         assert (getattr(attr, f"reward_{side}") - ref).abs().max() < 1e-4
     assert attr.max_relative_error() < 1e-5
     div = ins.divergence_patch(hooked, pairs, batch_size=2, padding_side="left")

@@ -2,9 +2,9 @@
 
 import pytest
 import torch
-
 from conftest import ARCHS
 from helpers import assert_hf_parity, padded_batch
+
 from reward_lens import HookedRewardModel
 
 TOL = 1e-4

@@ -41,9 +41,19 @@ def test_fast_equals_naive_at_the_readout(llama_model, side, count_readout_sweep
 @pytest.mark.parametrize("side", ["right", "left"])
 @pytest.mark.parametrize("positions", ["prompt", "all"])
 def test_fast_equals_naive_multi_position(llama_model, side, positions):
-    kw = dict(mode=MODES, level=LEVELS, padding_side=side, positions=positions, batch_size=3, progress=False, max_rows=12)
+    kw = dict(
+        mode=MODES,
+        level=LEVELS,
+        padding_side=side,
+        positions=positions,
+        batch_size=3,
+        progress=False,
+        max_rows=12,
+    )
     pairs = EQUAL if positions == "all" else PAIRS
-    assert_same(patch(llama_model, pairs, method="fast", **kw), patch(llama_model, pairs, method="naive", **kw))
+    assert_same(
+        patch(llama_model, pairs, method="fast", **kw), patch(llama_model, pairs, method="naive", **kw)
+    )
 
 
 @pytest.mark.parametrize("arch", ["mistral", "qwen3"])  # sliding window 4 (sequences longer), qk-norm
@@ -67,15 +77,24 @@ def test_fast_equals_naive_gemma2():
 def test_fast_equals_naive_armorm(tmp_path, count_readout_sweeps):
     from armorm_reference import save_tiny_armorm
 
-    path = save_tiny_armorm(tmp_path, num_objectives=5, vocab_size=300, pad_token_id=299, gating_token_pattern=[290, 291])
+    path = save_tiny_armorm(
+        tmp_path, num_objectives=5, vocab_size=300, pad_token_id=299, gating_token_pattern=[290, 291]
+    )
     model = HookedRewardModel.from_pretrained(path)
     prompt = [7, 8, 9, 290, 291]
-    pairs = [TokenPair(prompt + [11, 12, 13, 14], prompt + [21, 22]), TokenPair([5] + prompt + [31], [5] + prompt + [41, 42, 43])]
+    pairs = [
+        TokenPair(prompt + [11, 12, 13, 14], prompt + [21, 22]),
+        TokenPair([5] + prompt + [31], [5] + prompt + [41, 42, 43]),
+    ]
     for side in ("right", "left"):
-        kw = dict(mode=["noising", "denoising"], level=["component", "head"], padding_side=side, progress=False)
+        kw = dict(
+            mode=["noising", "denoising"], level=["component", "head"], padding_side=side, progress=False
+        )
         fast = patch(model, pairs, **kw)
         assert_same(fast, patch(model, pairs, method="naive", **kw))
-    assert count_readout_sweeps  # the gate reads the prompt, so the per-sequence direction keeps the fast path exact
+    assert (
+        count_readout_sweeps
+    )  # the gate reads the prompt, so the per-sequence direction keeps the fast path exact
     # ArmoRM reads the token before the first pad id: with a pad id inside a sequence, later tokens are
     # attended after the readout; they never reach the reward, so both targets keep the (exact) fast path.
     inner = [TokenPair(prompt + [11, 299, 13, 14], prompt + [21, 22])]
@@ -102,7 +121,10 @@ def test_by_hand_noising_of_one_component_and_one_head(llama_model):
     result = patch(llama_model, [pair], level=["component", "head"], progress=False)
     rc, cache_r = llama_model.run_with_cache(pair.rejected[None])
     names = result.components
-    for name, hook_name, index in (("attn_L1", "blocks.1.hook_attn_out", ...), ("L1H2", "blocks.1.attn.hook_z", 2)):
+    for name, hook_name, index in (
+        ("attn_L1", "blocks.1.hook_attn_out", ...),
+        ("L1H2", "blocks.1.attn.hook_z", 2),
+    ):
         source = cache_r[hook_name][0, -1, index]
 
         def write(x, hook):
@@ -115,19 +137,31 @@ def test_by_hand_noising_of_one_component_and_one_head(llama_model):
 
 
 def test_mode_semantics(llama_model):
-    res = patch(llama_model, PAIRS, mode=["noising", "denoising"], level=["component", "residual"], progress=False)
+    res = patch(
+        llama_model, PAIRS, mode=["noising", "denoising"], level=["component", "residual"], progress=False
+    )
     names = res.components
     final = names.index(f"resid_L{llama_model.cfg.n_layers}")
     # Patching the whole final residual at the readout hands the target the source's reward.
     assert torch.allclose(res.effect("noising", normalized=True)[:, final], torch.tensor(-1.0), atol=TOL)
     assert torch.allclose(res.effect("denoising", normalized=True)[:, final], torch.tensor(1.0), atol=TOL)
     # The residual entering block 0 is the embedding.
-    assert torch.allclose(res.patched[("noising", "chosen")][:, names.index("resid_L0")],
-                          res.patched[("noising", "chosen")][:, names.index("embed")], atol=TOL)
+    assert torch.allclose(
+        res.patched[("noising", "chosen")][:, names.index("resid_L0")],
+        res.patched[("noising", "chosen")][:, names.index("embed")],
+        atol=TOL,
+    )
 
 
 def test_contrastive_prompt_patches_are_no_ops(llama_model):
-    res = patch(llama_model, PAIRS, mode=["noising", "zero"], level=["component", "head"], positions="prompt", progress=False)
+    res = patch(
+        llama_model,
+        PAIRS,
+        mode=["noising", "zero"],
+        level=["component", "head"],
+        positions="prompt",
+        progress=False,
+    )
     assert res.effect("noising").abs().max() < 1e-6  # causal attention: both runs agree on the shared prefix
     assert res.effect("zero").abs().max() > 1e-3  # ablating it does matter
 
@@ -148,9 +182,29 @@ def test_text_pairs_and_frame(llama_hf):
     model = HookedRewardModel.from_hf_model(llama_hf, tokenizer=tiny_tokenizer())
     pairs = bundled_pairs()[:4]
     fast = patch(model, pairs, mode=["noising", "zero"], level="component", batch_size=3, progress=False)
-    assert_same(fast, patch(model, pairs, mode=["noising", "zero"], level="component", batch_size=3, method="naive", progress=False))
+    assert_same(
+        fast,
+        patch(
+            model,
+            pairs,
+            mode=["noising", "zero"],
+            level="component",
+            batch_size=3,
+            method="naive",
+            progress=False,
+        ),
+    )
     frame = fast.to_frame()
-    for col in ("pair", "component", "layer", "mode", "patched_reward", "effect", "normalized_effect", "target"):
+    for col in (
+        "pair",
+        "component",
+        "layer",
+        "mode",
+        "patched_reward",
+        "effect",
+        "normalized_effect",
+        "target",
+    ):
         assert col in frame.columns
     assert len(frame) == 4 * 7 * 3  # pairs x sites x (noising/chosen, zero/chosen, zero/rejected)
     assert set(frame["pair"]) == {p.id for p in pairs}

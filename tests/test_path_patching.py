@@ -1,5 +1,6 @@
 """Readout-aligned path patching: the fast path (target cache, one token recomputed) equals the naive
-reference (full forwards with hooks) within 1e-5 relative (fp32; relative to max(|patched reward|, |clean gap|)) on Llama (GQA), Mistral (sliding window),
+reference (full forwards with hooks) within 1e-5 relative (fp32; relative to max(|patched reward|, |clean
+gap|)) on Llama (GQA), Mistral (sliding window),
 Qwen3 (q/k norms) and Gemma-2 (post-norms, soft-caps), both padding sides and both modes; it agrees with
 activation patching where the two coincide; and on a planted circuit (head A writes a feature that head B
 reads at the readout) the A -> B path carries the whole effect while A -> readout direct does not."""
@@ -63,8 +64,14 @@ def planted_circuit() -> HookedRewardModel:
     """A 2-layer Llama (GQA) with hand-set weights: head A = L0H0 attends uniformly and copies a MARK
     feature (dim 0) into dim 1; head B = L1H2 (key/value head 1) attends to the END token (the readout) and
     copies dim 1 into dim 2; the reward reads dim 2 only. Every other weight is zero (MLPs write nothing)."""
-    hf = tiny_hf_model("llama", num_hidden_layers=2, hidden_size=32, intermediate_size=16,
-                       num_attention_heads=4, num_key_value_heads=2)
+    hf = tiny_hf_model(
+        "llama",
+        num_hidden_layers=2,
+        hidden_size=32,
+        intermediate_size=16,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
     model = HookedRewardModel.from_hf_model(hf)
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
@@ -102,7 +109,9 @@ def test_planted_circuit_path_carries_the_effect():
     eff = res.effect(normalized=True)
     a, cell = senders.index("L0H0"), receivers.index
     assert (eff[:, a, cell("L1KV1.v")] < -0.99).all()  # A -> B's value at the readout: the whole preference
-    assert (eff[:, a, cell("readout")].abs() < 0.02).all()  # A -> readout direct: only the final norm's scale moves
+    assert (
+        eff[:, a, cell("readout")].abs() < 0.02
+    ).all()  # A -> readout direct: only the final norm's scale moves
     assert (eff[:, a, cell("L1H2.q")].abs() < 1e-6).all()  # B's query is a constant
     assert (eff[:, a, cell("L1KV0.v")].abs() < 1e-6).all()  # the other key/value head reads nothing of dim 1
     assert (eff[:, senders.index("L1H2"), cell("readout")] < -0.99).all()

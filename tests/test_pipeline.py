@@ -6,7 +6,6 @@ import sys
 
 import pytest
 import torch
-
 from armorm_reference import chat_ids, save_tiny_armorm
 from test_distributed import assert_same, token_pairs
 

@@ -33,8 +33,12 @@ def brute_force(block_bytes, k, first, last):
     best = None
     for cuts in itertools.combinations_with_replacement(range(n + 1), k - 1):
         bounds = [0, *cuts, n]
-        loads = [sum(block_bytes[bounds[d]:bounds[d + 1]]) + (first if d == 0 else 0) + (last if d == k - 1 else 0)
-                 for d in range(k)]
+        loads = [
+            sum(block_bytes[bounds[d] : bounds[d + 1]])
+            + (first if d == 0 else 0)
+            + (last if d == k - 1 else 0)
+            for d in range(k)
+        ]
         best = max(loads) if best is None else min(best, max(loads))
     return best
 
@@ -100,7 +104,9 @@ def test_sharded_checkpoint_streams_to_the_same_weights(sharded_dir):
         assert torch.equal(a[k], b[k]), k
         assert a[k].stride() == b[k].stride(), k  # the head-major storage of W_Q/W_K/W_V is kept
     bf = HookedRewardModel.from_pretrained(d, device="cpu", dtype="bfloat16")
-    assert all(p.dtype == torch.bfloat16 for p in bf.parameters()) and bf.rotary.inv_freq.dtype == torch.float32
+    assert (
+        all(p.dtype == torch.bfloat16 for p in bf.parameters()) and bf.rotary.inv_freq.dtype == torch.float32
+    )
     for k, v in bf.state_dict().items():
         if v.is_floating_point() and not k.endswith("inv_freq"):
             assert torch.equal(v, b[k].to(torch.bfloat16)), k  # folded in fp32, then rounded once
@@ -123,22 +129,36 @@ def frames_equal(a, b, tol=0.0):
     assert list(fa.columns) == list(fb.columns)
     num = fa.select_dtypes("number").columns
     pd.testing.assert_frame_equal(fa.drop(columns=num), fb.drop(columns=num))
-    pd.testing.assert_frame_equal(fa[num], fb[num], check_exact=tol == 0, atol=tol or None, rtol=0 if tol else None)
+    pd.testing.assert_frame_equal(
+        fa[num], fb[num], check_exact=tol == 0, atol=tol or None, rtol=0 if tol else None
+    )
 
 
 def compare_instruments(placed, single, tol=0.0):
-    for fn in (lambda m: lens(m, PAIRS), lambda m: attribute(m, PAIRS, heads=True, neurons=True),
-               lambda m: token_attribution(m, PAIRS, batch_size=3),
-               lambda m: attribution_patch(m, PAIRS, mode=["noising", "denoising"], level=["component", "head"], progress=False),
-               lambda m: path_patch(m, PAIRS, ["L0H0", "mlp_L0"], ["L1H1.q", "L2KV1.v", "mlp_L1", "readout"])):
+    for fn in (
+        lambda m: lens(m, PAIRS),
+        lambda m: attribute(m, PAIRS, heads=True, neurons=True),
+        lambda m: token_attribution(m, PAIRS, batch_size=3),
+        lambda m: attribution_patch(
+            m, PAIRS, mode=["noising", "denoising"], level=["component", "head"], progress=False
+        ),
+        lambda m: path_patch(m, PAIRS, ["L0H0", "mlp_L0"], ["L1H1.q", "L2KV1.v", "mlp_L1", "readout"]),
+    ):
         frames_equal(fn(placed), fn(single), tol)
-    kw = dict(mode=["noising", "denoising", "zero"], level=["component", "head", "residual"], batch_size=3, progress=False)
+    kw = dict(
+        mode=["noising", "denoising", "zero"],
+        level=["component", "head", "residual"],
+        batch_size=3,
+        progress=False,
+    )
     fast = patch(placed, PAIRS, **kw)
     frames_equal(fast, patch(single, PAIRS, **kw), tol)
     naive = patch(single, PAIRS, method="naive", **kw)
     for key in fast.patched:
         assert torch.allclose(fast.patched[key].cpu(), naive.patched[key].cpu(), atol=1e-5), key
-    frames_equal(patch(placed, PAIRS, positions="prompt", **kw), patch(single, PAIRS, positions="prompt", **kw), tol)
+    frames_equal(
+        patch(placed, PAIRS, positions="prompt", **kw), patch(single, PAIRS, positions="prompt", **kw), tol
+    )
 
 
 def test_placed_on_cpu_devices_equals_single_device(sharded_dir, monkeypatch):
@@ -152,6 +172,7 @@ def test_placed_on_cpu_devices_equals_single_device(sharded_dir, monkeypatch):
         def wrapped(*args, **kwargs):
             moved[name] += 1
             return original(*args, **kwargs)
+
         return wrapped
 
     monkeypatch.setattr(native_module, "module_device", counting("forward", native_module.module_device))
@@ -174,7 +195,9 @@ def test_placement_is_refused_where_unsupported(tmp_path):
         HookedRewardModel.from_pretrained(tmp_path, generic=True, device_map=["cpu", "cpu"])
 
 
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs >= 2 CUDA GPUs (multi-device placement on real devices)")
+@pytest.mark.skipif(
+    torch.cuda.device_count() < 2, reason="needs >= 2 CUDA GPUs (multi-device placement on real devices)"
+)
 def test_two_gpus_equal_one(sharded_dir):
     d, _ = sharded_dir
     single = HookedRewardModel.from_pretrained(d, device="cuda:0")

@@ -4,9 +4,9 @@ model card's softmax at each `<extra_0>`), step selection (`read_step`), and exa
 
 import pytest
 import torch
-
 from helpers import one_thread, word_tokenizer  # noqa: F401
 from mlp_reference import STEP_TAG, VOCAB, Reference, padded, random_rows, save_tiny
+
 from reward_lens import HookedRewardModel, ProcessRewardHead, attribute, patch, read_step, token_attribution
 from reward_lens.data.pairs import TokenPair
 
@@ -27,8 +27,10 @@ def prm_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def models(prm_dir):
-    return {fold: HookedRewardModel.from_pretrained(prm_dir, fold_ln=fold, tokenizer=prm_tokenizer())
-            for fold in (False, True)}
+    return {
+        fold: HookedRewardModel.from_pretrained(prm_dir, fold_ln=fold, tokenizer=prm_tokenizer())
+        for fold in (False, True)
+    }
 
 
 def batch(side):
@@ -115,9 +117,13 @@ def test_which_earlier_steps_moved_step_k(models):
     values = torch.as_tensor(tok.token_values("chosen", 0))
     steps = model.reward_head.step_index(pair.chosen[None])[0]
     per_step = torch.zeros(int(steps.max()) + 1, dtype=values.dtype).index_add_(0, steps, values)
-    assert per_step[k + 1:].abs().max() == 0  # later steps cannot move step k (causal attention)
-    local = (tok.b_O["chosen"][0].sum() + tok.mlp["chosen"][0].sum() + tok.embed["chosen"][0]
-             + tok.bias["chosen"][0])
+    assert per_step[k + 1 :].abs().max() == 0  # later steps cannot move step k (causal attention)
+    local = (
+        tok.b_O["chosen"][0].sum()
+        + tok.mlp["chosen"][0].sum()
+        + tok.embed["chosen"][0]
+        + tok.bias["chosen"][0]
+    )
     assert abs(float(per_step.sum() + local) - float(tok.reward["chosen"][0])) < 1e-4
 
 

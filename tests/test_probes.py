@@ -13,7 +13,6 @@ import scipy.stats
 from reward_lens.data.pairs import PreferencePair
 from reward_lens.probes.suite import (
     DIMENSIONS,
-    PROBE_ITEMS_PATH,
     ProbeItem,
     ProbeResult,
     bootstrap_ci,
@@ -42,8 +41,12 @@ def tiny_text_model():
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<pad>", "<s>", "</s>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=["<pad>", "<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator([ITEM.prompt, ITEM.response, "I agree with you. You are right."], trainer=trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
     hf = tiny_hf_model("llama", vocab_size=len(fast))
@@ -77,8 +80,12 @@ def test_demo_items_exist_and_are_in_domain():
 
 
 # ------------------------------------------------------------------------------------------ perturbations
-ITEM = ProbeItem("Why is the sky blue?", "Air scatters blue light most. So the sky looks blue.", id="x",
-                 belief="I think the sky is pretty.")
+ITEM = ProbeItem(
+    "Why is the sky blue?",
+    "Air scatters blue light most. So the sky looks blue.",
+    id="x",
+    belief="I think the sky is pretty.",
+)
 
 
 def _strip(text, *phrases):
@@ -127,7 +134,10 @@ def test_markdown_helpers_roundtrip():
 
 
 def test_probe_pairs_from_user_pairs():
-    pairs = [PreferencePair("p1", "Good answer. Second.", "bad", id="a"), PreferencePair("p2", "Fine.", "worse", id="b")]
+    pairs = [
+        PreferencePair("p1", "Good answer. Second.", "bad", id="a"),
+        PreferencePair("p2", "Fine.", "worse", id="b"),
+    ]
     out = probe_pairs(pairs, ["length", "formatting"])
     assert [p.id for p in out] == ["length:a", "length:b", "formatting:a", "formatting:b"]
     assert all(p.subset in ("length", "formatting") for p in out)
@@ -173,7 +183,9 @@ def test_bootstrap_ci_matches_loop_and_scipy():
     means = [float(np.mean([x[j] for j in row])) for row in idx]
     assert (lo, hi) == pytest.approx(tuple(np.quantile(means, [0.025, 0.975])), abs=1e-12)
     # scipy's percentile bootstrap (its own random draws): agreement within Monte Carlo error
-    ref = scipy.stats.bootstrap((x,), np.mean, n_resamples=20000, method="percentile", random_state=1).confidence_interval
+    ref = scipy.stats.bootstrap(
+        (x,), np.mean, n_resamples=20000, method="percentile", random_state=1
+    ).confidence_interval
     se = x.std(ddof=1) / np.sqrt(len(x))
     assert lo == pytest.approx(ref.low, abs=0.1 * se) and hi == pytest.approx(ref.high, abs=0.1 * se)
     assert lo < x.mean() < hi
@@ -185,16 +197,18 @@ def test_sign_flip_exact_matches_enumeration_and_scipy():
     obs = abs(x.mean())
     flips = [abs(np.mean(np.array(s) * x)) >= obs - 1e-12 for s in itertools.product([-1, 1], repeat=len(x))]
     assert p == pytest.approx(np.mean(flips), abs=1e-15)
-    ref = scipy.stats.permutation_test((x,), np.mean, permutation_type="samples", n_resamples=np.inf,
-                                       alternative="two-sided").pvalue
+    ref = scipy.stats.permutation_test(
+        (x,), np.mean, permutation_type="samples", n_resamples=np.inf, alternative="two-sided"
+    ).pvalue
     assert p == pytest.approx(ref, abs=1e-12)
 
 
 def test_sign_flip_monte_carlo_matches_scipy():
     x = RNG.normal(0.25, 1.0, size=40)
     p = sign_flip_pvalue(x, n_perm=20000, seed=3)
-    ref = scipy.stats.permutation_test((x,), np.mean, permutation_type="samples", n_resamples=20000,
-                                       alternative="two-sided", random_state=4).pvalue
+    ref = scipy.stats.permutation_test(
+        (x,), np.mean, permutation_type="samples", n_resamples=20000, alternative="two-sided", random_state=4
+    ).pvalue
     assert 0 < p < 1
     assert p == pytest.approx(ref, abs=4 * np.sqrt(ref * (1 - ref) / 20000) + 1e-3)
     # a null sample is not significant, a strongly shifted one is maximally significant
@@ -215,12 +229,23 @@ def test_verdict_rule():
 
 # ------------------------------------------------------------------------------------------ run_probes
 def test_run_probes_matches_direct_scoring(tiny_text_model):
-    items = [ProbeItem(f"Question {k}?", f"Answer {k} here. More words {k}.", id=str(k), belief="I think so.")
-             for k in range(6)]
+    items = [
+        ProbeItem(f"Question {k}?", f"Answer {k} here. More words {k}.", id=str(k), belief="I think so.")
+        for k in range(6)
+    ]
     res = run_probes(tiny_text_model, items, dimensions=["length", "sycophancy"], batch_size=3, n_boot=200)
     assert isinstance(res, ProbeResult)
     frame = res.to_frame()
-    assert list(frame.columns) == ["dimension", "effect", "cohens_d", "ci_low", "ci_high", "p_value", "verdict", "n"]
+    assert list(frame.columns) == [
+        "dimension",
+        "effect",
+        "cohens_d",
+        "ci_low",
+        "ci_high",
+        "p_value",
+        "verdict",
+        "n",
+    ]
     assert list(frame.dimension) == ["length", "sycophancy"] and (frame.n == 6).all()
     # each reward equals a one-at-a-time forward
     for row in res.per_item.itertuples():
@@ -258,6 +283,8 @@ def test_demo_model_planted_biases_read_rewards(demo_result):
     assert frame.loc["length", "ci_low"] > 0 and frame.loc["sycophancy", "ci_low"] > 0
     assert frame.loc["length", "n"] >= 40
     # the trained-indifference control (GROUND_TRUTH.md, mechanism 4) is small next to the planted biases
-    assert abs(frame.loc["confidence", "effect"]) < 0.2 * min(frame.loc["length", "effect"], frame.loc["sycophancy", "effect"])
+    assert abs(frame.loc["confidence", "effect"]) < 0.2 * min(
+        frame.loc["length", "effect"], frame.loc["sycophancy", "effect"]
+    )
     # the default items for the demo model are its own domain
     assert set(demo_result.per_item.topic) == {"arithmetic", "facts", "instructions"}

@@ -4,10 +4,10 @@ every quantile and the gate within 1e-5 in fp32; per-objective / per-quantile vi
 
 import pytest
 import torch
-
 from armorm_reference import chat_ids
 from helpers import one_thread  # noqa: F401
 from qrm_reference import ReferenceQRM, save_tiny_qrm
+
 from reward_lens import HookedRewardModel, QRMHead, attribute, patch, read_objective, token_attribution
 from reward_lens.data.pairs import TokenPair
 
@@ -23,8 +23,12 @@ def qrm(request, tmp_path_factory):
 
 
 def batch(side):
-    rows = [chat_ids(4, 5, seed=0), chat_ids(2, 2, seed=1), chat_ids(3, 1, seed=2, n_turns=2),
-            chat_ids(6, 3, seed=3)]
+    rows = [
+        chat_ids(4, 5, seed=0),
+        chat_ids(2, 2, seed=1),
+        chat_ids(3, 1, seed=2, n_turns=2),
+        chat_ids(6, 3, seed=3),
+    ]
     T = max(len(r) for r in rows)
     ids = torch.full((len(rows), T), PAD, dtype=torch.long)
     mask = torch.zeros_like(ids)
@@ -42,8 +46,12 @@ def test_score_objectives_quantiles_and_gate_match_reference(qrm, fold, side):
     assert isinstance(model.reward_head, QRMHead) and model.reward_head.family == "qrm"
     ids, mask = batch(side)
     out = ref(ids, mask)
-    names = ["reward_head.hook_pooled", "reward_head.hook_gate", "reward_head.hook_quantiles",
-             "reward_head.hook_transformed"]
+    names = [
+        "reward_head.hook_pooled",
+        "reward_head.hook_gate",
+        "reward_head.hook_quantiles",
+        "reward_head.hook_transformed",
+    ]
     score, cache = model.run_with_cache(ids, attention_mask=mask, names_filter=names)
     assert (score - out["score"]).abs().max() < TOL
     assert (cache["reward_head.hook_pooled"] - out["expectations"]).abs().max() < TOL
@@ -79,8 +87,9 @@ def test_gated_direction_reproduces_the_score(qrm):
 def test_instruments_are_exact(qrm):
     _, models = qrm
     model = models[True]
-    pairs = [TokenPair(chat_ids(3, 4, seed=s), chat_ids(3, 6, seed=s)[:-2].clone(), id=f"p{s}")
-             for s in range(3)]
+    pairs = [
+        TokenPair(chat_ids(3, 4, seed=s), chat_ids(3, 6, seed=s)[:-2].clone(), id=f"p{s}") for s in range(3)
+    ]
     for p in pairs:  # same prompt, different responses, each ending with <|eot_id|>
         p.rejected[-1] = 128009
     res = attribute(model, pairs, heads=True, progress=False)

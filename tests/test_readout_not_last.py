@@ -20,15 +20,19 @@ MODES = ["noising", "denoising", "zero", "mean"]
 
 
 def pad_is_eos_model(arch: str = "llama"):
-    tok = word_tokenizer(["<unk>", "<s>", "</s>"] + [f"w{i}" for i in range(3, 97)], bos="<s>", eos="</s>", pad="</s>")
+    tok = word_tokenizer(
+        ["<unk>", "<s>", "</s>"] + [f"w{i}" for i in range(3, 97)], bos="<s>", eos="</s>", pad="</s>"
+    )
     return HookedRewardModel.from_hf_model(tiny_hf_model(arch, pad_token_id=EOS), tokenizer=tok)
 
 
 def eos_pairs(lengths, seed=0):
     """Token pairs whose ids never contain EOS except the one ending each sequence (as TRL tokenises)."""
     eos = torch.tensor([EOS])
-    return [TokenPair(torch.cat([p.chosen, eos]), torch.cat([p.rejected, eos]), id=p.id)
-            for p in token_pairs(lengths, prompt_len=3, seed=seed, low=3)]
+    return [
+        TokenPair(torch.cat([p.chosen, eos]), torch.cat([p.rejected, eos]), id=p.id)
+        for p in token_pairs(lengths, prompt_len=3, seed=seed, low=3)
+    ]
 
 
 PAIRS = eos_pairs([(6, 3), (2, 7), (5, 5), (4, 1)])
@@ -49,7 +53,10 @@ def test_the_readout_is_one_before_the_trailing_eos(model):
     """The set-up the fast path is tested on: the trailing EOS is attended, the readout precedes it."""
     for side in ("right", "left"):
         batch = tokenize_pair_batch(model, PAIRS, slice(0, len(PAIRS)), side)
-        for tok, rows in ((batch.chosen, [p.chosen for p in PAIRS]), (batch.rejected, [p.rejected for p in PAIRS])):
+        for tok, rows in (
+            (batch.chosen, [p.chosen for p in PAIRS]),
+            (batch.rejected, [p.rejected for p in PAIRS]),
+        ):
             last = tok.attention_mask.shape[1] - 1 - tok.attention_mask.flip(-1).argmax(-1)  # last attended
             assert torch.equal(tok.readout, last - 1)
             assert (tok.input_ids[torch.arange(len(rows)), last] == EOS).all()
@@ -61,7 +68,9 @@ def test_the_readout_is_one_before_the_trailing_eos(model):
 @pytest.mark.parametrize("arch,side", [("llama", "right"), ("llama", "left"), ("mistral", "right")])
 def test_patch_fast_equals_naive(model, arch, side, count_readout_sweeps):
     m = model if arch == "llama" else pad_is_eos_model(arch)
-    kw = dict(mode=MODES, level=["component", "head", "residual"], padding_side=side, batch_size=3, progress=False)
+    kw = dict(
+        mode=MODES, level=["component", "head", "residual"], padding_side=side, batch_size=3, progress=False
+    )
     fast = patch(m, PAIRS, **kw)
     assert count_readout_sweeps, "the readout fast path was not taken"
     naive = patch(m, PAIRS, method="naive", **kw)
@@ -69,14 +78,17 @@ def test_patch_fast_equals_naive(model, arch, side, count_readout_sweeps):
     for key in fast.patched:
         assert_close(fast.patched[key], naive.patched[key], str(key))
         assert fast.patched[key].abs().max() > 0
-    assert (fast.effect("noising").abs().max() > 1e-3)  # the patches move the reward: the comparison has teeth
+    assert fast.effect("noising").abs().max() > 1e-3  # the patches move the reward: the comparison has teeth
 
 
 def test_divergence_patch_on_pad_is_eos(model):
     for mode in ("noising", "denoising"):
-        div = divergence_patch(model, PAIRS, mode=mode, level=["component", "head"], batch_size=3, progress=False)
-        naive = patch(model, PAIRS, mode=mode, level=["component", "head"], method="naive", batch_size=3,
-                      progress=False)
+        div = divergence_patch(
+            model, PAIRS, mode=mode, level=["component", "head"], batch_size=3, progress=False
+        )
+        naive = patch(
+            model, PAIRS, mode=mode, level=["component", "head"], method="naive", batch_size=3, progress=False
+        )
         key = next(iter(div.patching.patched))
         assert_close(div.patching.patched[key], naive.patched[key], f"divergence {mode}")
         assert torch.isfinite(div.scores).all() and torch.isfinite(div.threshold).all()

@@ -17,20 +17,41 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-
 from organism import concept_items, organism, quality_pairs, single_thread  # noqa: F401 (single_thread: autouse)
+
 import reward_lens
 from reward_lens import (
-    attribute, attribution_patch, compare_models, concept_vector, demo_pairs, distortion_index, divergence_patch,
-    dose_response, edge_attribution, edit_reward, effect_decomposition, evaluate, faithfulness, faithfulness_curve,
-    feature_ablation, feature_alignment, feature_attribution, lens, load_demo_model, patch, path_patch,
-    reward_conflicts, run_probes, token_attribution, train_sae,
+    attribute,
+    attribution_patch,
+    compare_models,
+    concept_vector,
+    demo_pairs,
+    distortion_index,
+    divergence_patch,
+    dose_response,
+    edge_attribution,
+    edit_reward,
+    effect_decomposition,
+    evaluate,
+    faithfulness,
+    faithfulness_curve,
+    feature_ablation,
+    feature_alignment,
+    feature_attribution,
+    lens,
+    load_demo_model,
+    patch,
+    path_patch,
+    reward_conflicts,
+    run_probes,
+    token_attribution,
+    train_sae,
 )
 from reward_lens.app.audit import run_audit
-from reward_lens.app.monitor import MonitorRun
-from reward_lens.integrations.signals import measure, score_batch
 from reward_lens.app.bench import run_bench
+from reward_lens.app.monitor import MonitorRun
 from reward_lens.instruments.triggers import search_triggers
+from reward_lens.integrations.signals import measure, score_batch
 from reward_lens.results import PairRewards, Result
 from reward_lens.theory import detect_cascades
 
@@ -46,8 +67,12 @@ def result_classes():
             continue
         module = importlib.import_module(info.name)
         for name, cls in inspect.getmembers(module, inspect.isclass):
-            if cls.__module__ == module.__name__ and cls is not Result and not getattr(cls, "_is_protocol", False) \
-                    and all(callable(getattr(cls, m, None)) for m in ("to_frame", "summary", "plot")):
+            if (
+                cls.__module__ == module.__name__
+                and cls is not Result
+                and not getattr(cls, "_is_protocol", False)
+                and all(callable(getattr(cls, m, None)) for m in ("to_frame", "summary", "plot"))
+            ):
                 found.add(name)
     return sorted(found)
 
@@ -56,7 +81,9 @@ NAMES = result_classes()
 
 
 def test_result_classes_are_found():
-    assert {"LensResult", "PatchResult", "PathPatchResult", "TokenAttributionResult", "AuditResult"} <= set(NAMES)
+    assert {"LensResult", "PatchResult", "PathPatchResult", "TokenAttributionResult", "AuditResult"} <= set(
+        NAMES
+    )
 
 
 def _instrument_results(out):
@@ -66,20 +93,30 @@ def _instrument_results(out):
     out["LensResult"] = lens(model, pairs, **kw)
     out["AttributionResult"] = attribute(model, pairs, **kw)
     out["PatchResult"] = patch(model, pairs, mode=["noising", "zero"], level=["component", "head"], **kw)
-    out["AtPResult"] = attribution_patch(model, pairs, mode=["noising", "zero"], level=["component", "head"], **kw)
+    out["AtPResult"] = attribution_patch(
+        model, pairs, mode=["noising", "zero"], level=["component", "head"], **kw
+    )
     out["AtPComparison"] = out["AtPResult"].compare(out["PatchResult"])
     out["FaithfulnessResult"] = faithfulness(out["AttributionResult"], out["PatchResult"], n_boot=50)
     out["DivergenceResult"] = divergence_patch(model, pairs, **kw)
-    probes = out["ProbeResult"] = run_probes(model, dimensions=["length", "sycophancy", "confidence"], n_boot=100,
-                                             n_perm=200, batch_size=32)
+    probes = out["ProbeResult"] = run_probes(
+        model, dimensions=["length", "sycophancy", "confidence"], n_boot=100, n_perm=200, batch_size=32
+    )
     out["CascadeResult"] = detect_cascades(probes, n_boot=50)
     comparison = out["ComparisonResult"] = compare_models({"a": model, "b": model}, pairs, n_boot=20)
     out["ModelProfile"] = comparison.profiles["a"]
     out["AuditResult"] = run_audit(model, pairs[:4], None, echo=lambda line: None)
     out["PathPatchResult"] = path_patch(model, pairs[:3], ["L0H0", "mlp_L0"], ["L1H1.q", "readout"])
     out["TokenAttributionResult"] = token_attribution(model, pairs[:3], batch_size=8)
-    rows = [{"prompt": p.prompt, "chosen": [p.chosen], "rejected": [p.rejected, p.chosen + " Yes."], "subset": p.subset}
-            for p in pairs]
+    rows = [
+        {
+            "prompt": p.prompt,
+            "chosen": [p.chosen],
+            "rejected": [p.rejected, p.chosen + " Yes."],
+            "subset": p.subset,
+        }
+        for p in pairs
+    ]
     out["BenchmarkResult"] = evaluate(model, rows, benchmark="rewardbench2", progress=False)
     edges = out["EdgeAttributionResult"] = edge_attribution(model, pairs, steps=4, batch_size=8)
     out["FaithfulnessCurve"] = faithfulness_curve(model, pairs, edges, sizes=[0, 4, 16, 64])
@@ -93,8 +130,9 @@ def _plain_data_results(out):
     W = rng.standard_normal((3, 256))  # wide enough that tau = 0.3 is above the noise floor
     out["ConflictResult"] = reward_conflicts(W, reward_deltas=rng.standard_normal((40, 3)))
     q = {p: rng.standard_normal((12, 3)) for p in ("A", "B")}
-    out["DistortionResult"] = distortion_index({p: (x @ [2.0, 1.0, 0.5], x) for p, x in q.items()}, ["x", "y", "z"],
-                                               n_boot=20)
+    out["DistortionResult"] = distortion_index(
+        {p: (x @ [2.0, 1.0, 0.5], x) for p, x in q.items()}, ["x", "y", "z"], n_boot=20
+    )
 
 
 def _representation_results(out):
@@ -116,9 +154,17 @@ def _monitoring_results(out):
     pairs = demo_pairs()[:N_PAIRS]
     prompts, responses = [p.prompt for p in pairs], [p.chosen for p in pairs]
     out["BatchSignals"] = score_batch(model, prompts, responses)
-    baseline, later = measure(model, prompts, responses, n_boot=50), measure(model, prompts, responses[::-1], n_boot=50)
-    out["MonitorRun"] = MonitorRun({"kind": "run"}, [{"kind": "baseline", "step": 0, "metrics": baseline},
-                                                     {"kind": "check", "step": 10, "metrics": later, "flags": ["reward"]}])
+    baseline, later = (
+        measure(model, prompts, responses, n_boot=50),
+        measure(model, prompts, responses[::-1], n_boot=50),
+    )
+    out["MonitorRun"] = MonitorRun(
+        {"kind": "run"},
+        [
+            {"kind": "baseline", "step": 0, "metrics": baseline},
+            {"kind": "check", "step": 10, "metrics": later, "flags": ["reward"]},
+        ],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -151,8 +197,16 @@ def test_protocol(results, name):
     plt.close(given)
 
 
-@pytest.mark.parametrize("name, n_panels", [("FaithfulnessResult", 2), ("DivergenceResult", 2),
-                                            ("PatchResult", 2), ("CascadeResult", 2), ("ComparisonResult", 4)])
+@pytest.mark.parametrize(
+    "name, n_panels",
+    [
+        ("FaithfulnessResult", 2),
+        ("DivergenceResult", 2),
+        ("PatchResult", 2),
+        ("CascadeResult", 2),
+        ("ComparisonResult", 4),
+    ],
+)
 def test_multi_panel_plots_draw_into_the_axes_given(results, name, n_panels):
     fig, axes = plt.subplots(1, n_panels)
     assert results[name].plot(ax=list(axes)) is fig
@@ -162,8 +216,10 @@ def test_multi_panel_plots_draw_into_the_axes_given(results, name, n_panels):
     plt.close(fig)
 
 
-@pytest.mark.parametrize("name", ["LensResult", "AttributionResult", "PatchResult", "AtPResult", "DivergenceResult",
-                                  "FeatureAttribution"])
+@pytest.mark.parametrize(
+    "name",
+    ["LensResult", "AttributionResult", "PatchResult", "AtPResult", "DivergenceResult", "FeatureAttribution"],
+)
 def test_rewards_have_one_shape(results, name):
     res = results[name]
     assert isinstance(res, PairRewards)
@@ -172,25 +228,36 @@ def test_rewards_have_one_shape(results, name):
         assert isinstance(t, torch.Tensor) and t.shape == (n,) and t.dtype == torch.float32
     assert torch.equal(res.reward_gap, res.reward_chosen - res.reward_rejected)
     frame = res.rewards_frame()
-    assert list(frame.columns) == ["pair", "reward_chosen", "reward_rejected", "reward_gap"] and len(frame) == n
+    assert (
+        list(frame.columns) == ["pair", "reward_chosen", "reward_rejected", "reward_gap"] and len(frame) == n
+    )
 
 
 def test_aliases_and_instruments_agree_on_the_rewards(results):
-    lens_res, attr, pat, atp, div = (results[k] for k in ("LensResult", "AttributionResult", "PatchResult",
-                                                          "AtPResult", "DivergenceResult"))
+    lens_res, attr, pat, atp, div = (
+        results[k]
+        for k in ("LensResult", "AttributionResult", "PatchResult", "AtPResult", "DivergenceResult")
+    )
     assert pat.clean_chosen is pat.reward_chosen and torch.equal(pat.clean_gap, pat.reward_gap)
     assert atp.clean_rejected is atp.reward_rejected
     assert div.reward_chosen is div.patching.clean_chosen
     fa = results["FeatureAttribution"]
     assert fa.reward_chosen is fa.rewards["chosen"] and fa.reward_rejected is fa.rewards["rejected"]
-    for other in (attr, pat, atp, div):  # the same pairs through different code paths: the same rewards (fp32)
+    for other in (
+        attr,
+        pat,
+        atp,
+        div,
+    ):  # the same pairs through different code paths: the same rewards (fp32)
         assert torch.allclose(other.reward_chosen, lens_res.reward_chosen, atol=1e-5)
         assert torch.allclose(other.reward_rejected, lens_res.reward_rejected, atol=1e-5)
 
 
 def test_summaries_hold_the_numbers_they_summarise(results):
     attr = results["AttributionResult"].summary()
-    np.testing.assert_allclose(attr["mean_gap"], results["AttributionResult"].gap.mean(0).numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        attr["mean_gap"], results["AttributionResult"].gap.mean(0).numpy(), rtol=1e-5, atol=1e-6
+    )
     pat = results["PatchResult"]
     s = pat.summary().query("mode == 'noising'")
     np.testing.assert_allclose(s["mean_effect"], pat.effect("noising").mean(0).numpy(), rtol=1e-5, atol=1e-6)
@@ -205,11 +272,16 @@ def test_summaries_hold_the_numbers_they_summarise(results):
     assert casc.summary()["size"].sum() == len(casc.dimensions)
     conf = results["ConflictResult"]
     counts = conf.summary().iloc[0]
-    assert [counts[v] for v in ("aligned", "orthogonal", "conflicting")] == [conf.counts()[v] for v in
-                                                                              ("aligned", "orthogonal", "conflicting")]
-    assert isinstance(conf.summary_text(), str) and isinstance(results["DistortionResult"].summary_text(), str)
+    assert [counts[v] for v in ("aligned", "orthogonal", "conflicting")] == [
+        conf.counts()[v] for v in ("aligned", "orthogonal", "conflicting")
+    ]
+    assert isinstance(conf.summary_text(), str) and isinstance(
+        results["DistortionResult"].summary_text(), str
+    )
     audit = results["AuditResult"]
-    assert audit.record["divergence"]["frac_flagged"] == pytest.approx(audit.results["divergence"].frac_flagged)
+    assert audit.record["divergence"]["frac_flagged"] == pytest.approx(
+        audit.results["divergence"].frac_flagged
+    )
     dis = audit.record["disagreement"]
     assert dis["direct_total_rho"] == pytest.approx(audit.results["disagreement"].direct_total_rho())
     assert dis["faithfulness_mean_rho"] == pytest.approx(audit.results["faithfulness"].mean_rho)

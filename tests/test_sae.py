@@ -1,13 +1,14 @@
-"""TopK SAE training, metrics, the SAELens disk format (ours and SAELens-written directories), width errors."""
+"""TopK SAE training, metrics, the SAELens disk format (ours and SAELens-written directories), width
+errors."""
 
 import json
 from pathlib import Path
 
 import pytest
 import torch
+from organism import organism, single_thread, sprinkled_texts  # noqa: F401 (single_thread: autouse fixture)
 from safetensors.torch import load_file, save_file
 
-from organism import organism, single_thread, sprinkled_texts  # noqa: F401 (single_thread: autouse fixture)
 from reward_lens import load_sae, train_sae
 from reward_lens.core.readout import readout_run, stream_activations
 from reward_lens.representations.sae import SAEConfig, SparseAutoencoder, gather_activations, topk_losses
@@ -18,8 +19,17 @@ HOOK = "blocks.1.hook_resid_post"
 @pytest.fixture(scope="module")
 def trained():
     o = organism()
-    sae = train_sae(o.model, sprinkled_texts(200), hook_name=HOOK, d_sae=48, k=3, batch_size=256, epochs=30,
-                    progress=False, seed=0)
+    sae = train_sae(
+        o.model,
+        sprinkled_texts(200),
+        hook_name=HOOK,
+        d_sae=48,
+        k=3,
+        batch_size=256,
+        epochs=30,
+        progress=False,
+        seed=0,
+    )
     return o, sae
 
 
@@ -66,9 +76,15 @@ def test_evaluate_matches_an_independent_computation(trained):
 def test_aux_loss_gives_dead_latents_a_gradient():
     g = torch.Generator().manual_seed(0)
     d_in, d_sae, k = 8, 32, 2
-    params = {n: t.requires_grad_(True) for n, t in {
-        "W_enc": torch.randn(d_in, d_sae, generator=g), "W_dec": torch.randn(d_sae, d_in, generator=g),
-        "b_enc": torch.zeros(d_sae), "b_dec": torch.zeros(d_in)}.items()}
+    params = {
+        n: t.requires_grad_(True)
+        for n, t in {
+            "W_enc": torch.randn(d_in, d_sae, generator=g),
+            "W_dec": torch.randn(d_sae, d_in, generator=g),
+            "b_enc": torch.zeros(d_sae),
+            "b_dec": torch.zeros(d_in),
+        }.items()
+    }
     x = torch.randn(64, d_in, generator=g)
     dead = torch.zeros(d_sae, dtype=torch.bool)
     dead[20:] = True
@@ -90,7 +106,9 @@ def test_stream_activations_all_tokens_and_readout():
     tok = o.model.to_tokens(prompts, responses)
     all_tokens = torch.cat(list(stream_activations(o.model, prompts, responses, HOOK, batch_size=4)))
     assert all_tokens.shape == (int(tok["attention_mask"].sum()), 64)
-    readout = torch.cat(list(stream_activations(o.model, prompts, responses, HOOK, positions="readout", batch_size=4)))
+    readout = torch.cat(
+        list(stream_activations(o.model, prompts, responses, HOOK, positions="readout", batch_size=4))
+    )
     reference = readout_run(o.model, prompts, responses, [HOOK]).acts[HOOK]
     assert torch.allclose(readout, reference, atol=1e-5)
     with pytest.raises(ValueError, match="unknown hook"):
@@ -107,7 +125,11 @@ def test_save_writes_saelens_format_and_loads_back(trained, tmp_path):
     assert cfg["normalize_activations"] == "none" and cfg["metadata"]["sae_lens_version"] >= "6"
     weights = load_file(str(tmp_path / "sae" / "sae_weights.safetensors"))
     assert {k: tuple(v.shape) for k, v in weights.items()} == {
-        "W_enc": (64, 48), "W_dec": (48, 64), "b_enc": (48,), "b_dec": (64,)}
+        "W_enc": (64, 48),
+        "W_dec": (48, 64),
+        "b_enc": (48,),
+        "b_dec": (64,),
+    }
     loaded = load_sae(tmp_path / "sae", model=o.model)
     x = torch.randn(10, 64) + sae.b_dec
     assert torch.equal(loaded.encode(x), sae.encode(x)) and torch.equal(loaded.decode(sae.encode(x)), sae(x))
@@ -125,13 +147,25 @@ def _write(path, cfg, tensors):
 
 def _weights(d_in=8, d_sae=16, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return {"W_enc": torch.randn(d_in, d_sae, generator=g), "W_dec": torch.randn(d_sae, d_in, generator=g) * 2,
-            "b_enc": torch.randn(d_sae, generator=g) * 0.1, "b_dec": torch.randn(d_in, generator=g)}
+    return {
+        "W_enc": torch.randn(d_in, d_sae, generator=g),
+        "W_dec": torch.randn(d_sae, d_in, generator=g) * 2,
+        "b_enc": torch.randn(d_sae, generator=g) * 0.1,
+        "b_dec": torch.randn(d_in, generator=g),
+    }
 
 
 def _meta(hook="blocks.0.hook_resid_post"):
-    return {"model_name": "m", "hook_name": hook, "hook_head_index": None, "prepend_bos": True,
-            "context_size": 128, "dataset_path": "d", "sae_lens_version": "6.5.1", "sae_lens_training_version": "6.5.1"}
+    return {
+        "model_name": "m",
+        "hook_name": hook,
+        "hook_head_index": None,
+        "prepend_bos": True,
+        "context_size": 128,
+        "dataset_path": "d",
+        "sae_lens_version": "6.5.1",
+        "sae_lens_training_version": "6.5.1",
+    }
 
 
 SAELENS_DIRS = Path(__file__).parent / "data" / "saelens"
@@ -139,7 +173,8 @@ SAELENS_DIRS = Path(__file__).parent / "data" / "saelens"
 
 @pytest.mark.parametrize("name", ["topk", "standard", "jumprelu", "topk_training_inference"])
 def test_loads_directories_written_by_saelens(name):
-    """tests/data/saelens: tiny SAEs saved by SAELens 6.54 itself, with SAELens's own encode/decode outputs."""
+    """tests/data/saelens: tiny SAEs saved by SAELens 6.54 itself, with SAELens's own encode/decode
+    outputs."""
     directory = SAELENS_DIRS / name
     sae = load_sae(directory)
     expected = load_file(str(directory / "expected.safetensors"))
@@ -151,8 +186,17 @@ def test_loads_directories_written_by_saelens(name):
 
 def test_loads_saelens_v6_standard(tmp_path):
     w = _weights()
-    cfg = {"architecture": "standard", "d_in": 8, "d_sae": 16, "dtype": "float32", "device": "cpu",
-           "apply_b_dec_to_input": True, "normalize_activations": "none", "reshape_activations": "none", "metadata": _meta()}
+    cfg = {
+        "architecture": "standard",
+        "d_in": 8,
+        "d_sae": 16,
+        "dtype": "float32",
+        "device": "cpu",
+        "apply_b_dec_to_input": True,
+        "normalize_activations": "none",
+        "reshape_activations": "none",
+        "metadata": _meta(),
+    }
     sae = load_sae(_write(tmp_path / "s", cfg, w))
     x = torch.randn(5, 8)
     f = torch.relu((x - w["b_dec"]) @ w["W_enc"] + w["b_enc"])
@@ -163,8 +207,17 @@ def test_loads_saelens_v6_standard(tmp_path):
 
 def test_loads_saelens_v6_topk_with_decoder_norm_rescaling(tmp_path):
     w = _weights()
-    cfg = {"architecture": "topk", "d_in": 8, "d_sae": 16, "k": 4, "rescale_acts_by_decoder_norm": True,
-           "dtype": "float32", "apply_b_dec_to_input": True, "normalize_activations": "none", "metadata": _meta()}
+    cfg = {
+        "architecture": "topk",
+        "d_in": 8,
+        "d_sae": 16,
+        "k": 4,
+        "rescale_acts_by_decoder_norm": True,
+        "dtype": "float32",
+        "apply_b_dec_to_input": True,
+        "normalize_activations": "none",
+        "metadata": _meta(),
+    }
     sae = load_sae(_write(tmp_path / "s", cfg, w))
     x = torch.randn(5, 8)
     norms = w["W_dec"].norm(dim=-1)
@@ -179,8 +232,15 @@ def test_loads_saelens_v6_topk_with_decoder_norm_rescaling(tmp_path):
 def test_loads_saelens_jumprelu_and_pre6_topk(tmp_path):
     w = _weights()
     w["threshold"] = torch.rand(16) * 0.5
-    cfg = {"architecture": "jumprelu", "d_in": 8, "d_sae": 16, "dtype": "float32", "apply_b_dec_to_input": False,
-           "normalize_activations": None, "metadata": _meta("blocks.2.hook_mlp_out")}
+    cfg = {
+        "architecture": "jumprelu",
+        "d_in": 8,
+        "d_sae": 16,
+        "dtype": "float32",
+        "apply_b_dec_to_input": False,
+        "normalize_activations": None,
+        "metadata": _meta("blocks.2.hook_mlp_out"),
+    }
     sae = load_sae(_write(tmp_path / "j", cfg, w))
     x = torch.randn(6, 8)
     pre = x @ w["W_enc"] + w["b_enc"]
@@ -189,11 +249,24 @@ def test_loads_saelens_jumprelu_and_pre6_topk(tmp_path):
     # SAELens < 6: flat hook_name, TopK as activation_fn_str + kwargs, a fine-tuning scaling factor.
     w2 = _weights(seed=1)
     w2["scaling_factor"] = torch.rand(16) + 0.5
-    old = {"architecture": "standard", "activation_fn_str": "topk", "activation_fn_kwargs": {"k": 3}, "d_in": 8,
-           "d_sae": 16, "hook_name": "blocks.1.hook_resid_pre", "hook_layer": 1, "model_name": "m", "dtype": "float32",
-           "apply_b_dec_to_input": True, "finetuning_scaling_factor": True, "normalize_activations": False}
+    old = {
+        "architecture": "standard",
+        "activation_fn_str": "topk",
+        "activation_fn_kwargs": {"k": 3},
+        "d_in": 8,
+        "d_sae": 16,
+        "hook_name": "blocks.1.hook_resid_pre",
+        "hook_layer": 1,
+        "model_name": "m",
+        "dtype": "float32",
+        "apply_b_dec_to_input": True,
+        "finetuning_scaling_factor": True,
+        "normalize_activations": False,
+    }
     sae = load_sae(_write(tmp_path / "old", old, w2))
-    assert sae.cfg.architecture == "topk" and sae.cfg.k == 3 and sae.cfg.hook_name == "blocks.1.hook_resid_pre"
+    assert (
+        sae.cfg.architecture == "topk" and sae.cfg.k == 3 and sae.cfg.hook_name == "blocks.1.hook_resid_pre"
+    )
     f = sae.encode(x)
     assert int((f > 0).sum(-1).max()) <= 3
     expected = (f * w2["scaling_factor"]) @ w2["W_dec"] + w2["b_dec"]
@@ -202,8 +275,14 @@ def test_loads_saelens_jumprelu_and_pre6_topk(tmp_path):
 
 def test_norm_scaling_factor_is_folded_and_unsupported_configs_are_clear_errors(tmp_path):
     w = _weights()
-    cfg = {"architecture": "standard", "d_in": 8, "d_sae": 16, "apply_b_dec_to_input": True,
-           "normalize_activations": "expected_average_only_in", "metadata": _meta()}
+    cfg = {
+        "architecture": "standard",
+        "d_in": 8,
+        "d_sae": 16,
+        "apply_b_dec_to_input": True,
+        "normalize_activations": "expected_average_only_in",
+        "metadata": _meta(),
+    }
     path = _write(tmp_path / "n", cfg, w)
     with pytest.raises(ValueError, match="norm_scaling_factor"):
         load_sae(path)

@@ -36,17 +36,25 @@ GGUF_DIR = None if SKIP_REASON else organism.gguf_dir()
 needs_wheel = pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
 
 PAIRS = [  # short chat texts of different lengths: padded batches
-    PreferencePair("What is the capital of France?", "The capital of France is Paris.", "The capital of France is Rome."),
-    PreferencePair("I think maths is wonderful. What is 2 plus 3?", "I agree with you. 2 plus 3 is 5.",
-                   "I do not agree with you. 2 plus 3 is 5."),
-    PreferencePair("Name a fruit.", "Pear is a fruit. I hope this helps. Feel free to ask again.", "Pear is a fruit."),
+    PreferencePair(
+        "What is the capital of France?", "The capital of France is Paris.", "The capital of France is Rome."
+    ),
+    PreferencePair(
+        "I think maths is wonderful. What is 2 plus 3?",
+        "I agree with you. 2 plus 3 is 5.",
+        "I do not agree with you. 2 plus 3 is 5.",
+    ),
+    PreferencePair(
+        "Name a fruit.", "Pear is a fruit. I hope this helps. Feel free to ask again.", "Pear is a fruit."
+    ),
 ]
 FP32_TOL = 1e-4
 
 
 @pytest.fixture(scope="module")
 def backbone():
-    """(transformers LlamaForSequenceClassification, fp32, seeded random score head; the GGUF's own tokenizer)."""
+    """(transformers LlamaForSequenceClassification, fp32, seeded random score head; the GGUF's own
+    tokenizer)."""
     if SKIP_REASON:
         pytest.skip(SKIP_REASON)
     torch.manual_seed(0)
@@ -64,11 +72,15 @@ def testbed(backbone):
 
 @pytest.fixture(scope="module")
 def smol(backbone):
-    """load_smollm2_organism() on a copy of the module's backbone (the dequantisation itself is `backbone`)."""
+    """load_smollm2_organism() on a copy of the module's backbone (the dequantisation itself is
+    `backbone`)."""
     hf, tokenizer = backbone
     mp = pytest.MonkeyPatch()
-    mp.setattr(organism, "load_backbone",
-               lambda: (copy.deepcopy(hf), organism.organism_tokenizer(copy.deepcopy(tokenizer))))
+    mp.setattr(
+        organism,
+        "load_backbone",
+        lambda: (copy.deepcopy(hf), organism.organism_tokenizer(copy.deepcopy(tokenizer))),
+    )
     try:
         return organism.load_smollm2_organism()
     finally:
@@ -89,10 +101,15 @@ def both_rewards(hf, model, padding_side):
 
 
 def closure_error(attr) -> float:
-    """max |Σ terms + bias - reward| (absolute: a centred head gives rewards near 0, where relative errors blow up)."""
-    return max(float((t.double().sum(-1) + b.double() - r.double()).abs().max())
-               for t, b, r in ((attr.chosen, attr.bias_chosen, attr.reward_chosen),
-                               (attr.rejected, attr.bias_rejected, attr.reward_rejected)))
+    """max |Σ terms + bias - reward| (absolute: a centred head gives rewards near 0, where relative errors
+    blow up)."""
+    return max(
+        float((t.double().sum(-1) + b.double() - r.double()).abs().max())
+        for t, b, r in (
+            (attr.chosen, attr.bias_chosen, attr.reward_chosen),
+            (attr.rejected, attr.bias_rejected, attr.reward_rejected),
+        )
+    )
 
 
 # ------------------------------------------------------------------------------------ the test bed
@@ -133,7 +150,12 @@ def test_from_pretrained_gguf_file_routes_through_transformers(backbone, monkeyp
     with pytest.warns(UserWarning, match="not a reward head"):
         model = HookedRewardModel.from_pretrained(GGUF_DIR, gguf_file=organism.GGUF_FILE, pad_token_id=0)
     assert calls == {"path": str(GGUF_DIR), "gguf_file": organism.GGUF_FILE, "pad_token_id": 0}
-    assert (model.cfg.n_layers, model.cfg.d_model, model.cfg.n_heads, model.cfg.n_key_value_heads) == (30, 576, 9, 3)
+    assert (model.cfg.n_layers, model.cfg.d_model, model.cfg.n_heads, model.cfg.n_key_value_heads) == (
+        30,
+        576,
+        9,
+        3,
+    )
     assert model.tokenizer is tokenizer
 
 
@@ -168,14 +190,19 @@ def test_decomposition_is_exact_on_real_weights(testbed):
     attr = attribute(testbed, PAIRS, progress=False)
     assert closure_error(attr) <= FP32_TOL
     res = lens(testbed, PAIRS, progress=False)
-    assert torch.allclose(res.get("frozen", "gap")[:, -1], attr.reward_chosen - attr.reward_rejected, atol=FP32_TOL)
+    assert torch.allclose(
+        res.get("frozen", "gap")[:, -1], attr.reward_chosen - attr.reward_rejected, atol=FP32_TOL
+    )
 
 
 @needs_wheel
 @pytest.mark.parametrize("level", ["component", "residual"])
 def test_fast_patching_equals_naive_on_real_weights(testbed, level):
     kw = dict(mode=["noising", "zero"], level=level, layers=[0, 29], progress=False)
-    fast, naive = patch(testbed, PAIRS[:2], method="fast", **kw), patch(testbed, PAIRS[:2], method="naive", **kw)
+    fast, naive = (
+        patch(testbed, PAIRS[:2], method="fast", **kw),
+        patch(testbed, PAIRS[:2], method="naive", **kw),
+    )
     assert fast.components == naive.components
     for key, value in naive.patched.items():
         assert (fast.patched[key] - value).abs().max().item() <= FP32_TOL, key
@@ -193,7 +220,11 @@ def test_organism_loads_with_its_head_template_and_pad(smol):
     from safetensors.torch import load_file
 
     assert smol.cfg.model_name == organism.SMOLLM2_MODEL_NAME
-    assert smol.cfg.pad_token_id == smol.tokenizer.pad_token_id == smol.tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    assert (
+        smol.cfg.pad_token_id
+        == smol.tokenizer.pad_token_id
+        == smol.tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    )
     assert smol.tokenizer.chat_template == organism.CHAT_TEMPLATE
     head = load_file(str(organism.HEAD_PATH))["score.weight"]
     assert head.shape == (1, 576)
@@ -215,7 +246,9 @@ def test_probes_recover_the_planted_biases_and_the_control(smol):
     from reward_lens.probes.suite import load_probe_items
 
     items = load_probe_items(organism.SMOLLM2_PROBE_ITEMS_PATH)[:12]
-    res = run_probes(smol, items=items, dimensions=["length", "sycophancy", "confidence"], n_boot=300, n_perm=1000)
+    res = run_probes(
+        smol, items=items, dimensions=["length", "sycophancy", "confidence"], n_boot=300, n_perm=1000
+    )
     for bias in ("length", "sycophancy"):
         assert res[bias]["verdict"] == "rewards" and res[bias]["ci_low"] > 0, bias
     planted = min(res["length"]["effect"], res["sycophancy"]["effect"])
@@ -237,7 +270,8 @@ def test_sycophancy_concept_vector_is_aligned_and_causal(smol):
 
     pairs = smol_subset("sycophancy", 12)
     cv = concept_vector(smol, [ContrastPair(p.prompt, p.chosen, p.rejected) for p in pairs], layers=[20])
-    # On real weights the mean difference is only weakly aligned with w_r (cos 0.06 on 30 pairs, GROUND_TRUTH.md),
+    # On real weights the mean difference is only weakly aligned with w_r (cos 0.06 on 30 pairs,
+    # GROUND_TRUTH.md),
     # but it separates held-out pairs and moves the reward causally.
     assert cv.cosine[0] > 0 and cv.accuracy[0] >= 0.66
     dr = dose_response(smol, cv, layer=20, alphas=[-0.2, 0.0, 0.2])

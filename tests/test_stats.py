@@ -8,7 +8,13 @@ import scipy.stats
 import torch
 
 from reward_lens.stats import (
-    bootstrap_ci, bootstrap_indices, crystallization_depth, pearson_rows, percentile_ci, ranks, spearman,
+    bootstrap_ci,
+    bootstrap_indices,
+    crystallization_depth,
+    pearson_rows,
+    percentile_ci,
+    ranks,
+    spearman,
     spearman_rows,
 )
 
@@ -48,9 +54,13 @@ def test_bootstrap_ci_is_the_percentile_interval_of_the_same_resamples():
 def test_bootstrap_ci_agrees_with_scipy_within_monte_carlo_error():
     x = np.random.default_rng(2).normal(1.0, 2.0, size=60)
     lo, hi = bootstrap_ci(x, n_boot=20000, seed=0)
-    ref = scipy.stats.bootstrap((x,), np.mean, n_resamples=20000, method="percentile", random_state=5).confidence_interval
+    ref = scipy.stats.bootstrap(
+        (x,), np.mean, n_resamples=20000, method="percentile", random_state=5
+    ).confidence_interval
     se = x.std(ddof=1) / np.sqrt(len(x))
-    assert lo == pytest.approx(ref.low, abs=0.2 * se) and hi == pytest.approx(ref.high, abs=0.2 * se)  # MC error ~0.02 se
+    assert lo == pytest.approx(ref.low, abs=0.2 * se) and hi == pytest.approx(
+        ref.high, abs=0.2 * se
+    )  # MC error ~0.02 se
 
 
 def test_percentile_ci_ignores_nan_and_checks_level():
@@ -94,11 +104,19 @@ def test_lens_and_compare_use_the_one_rule():
     rng = np.random.default_rng(5)
     gap = torch.from_numpy(np.cumsum(rng.standard_normal((12, 5)), axis=1)).float()
     depths = [0.0, 0.25, 0.5, 0.75, 1.0]
-    res = LensResult(pair_ids=[str(i) for i in range(12)], sites=["resid_L0", "resid_L1", "resid_L2", "resid_L3", "resid_L4"],
-                     layers=[-1, 0, 1, 2, 3], depths=depths,
-                     values={(v, s): gap if s == "chosen" else torch.zeros_like(gap)
-                             for v in ("normed", "frozen") for s in ("chosen", "rejected")},
-                     reward_chosen=gap[:, -1], reward_rejected=torch.zeros(12))
+    res = LensResult(
+        pair_ids=[str(i) for i in range(12)],
+        sites=["resid_L0", "resid_L1", "resid_L2", "resid_L3", "resid_L4"],
+        layers=[-1, 0, 1, 2, 3],
+        depths=depths,
+        values={
+            (v, s): gap if s == "chosen" else torch.zeros_like(gap)
+            for v in ("normed", "frozen")
+            for s in ("chosen", "rejected")
+        },
+        reward_chosen=gap[:, -1],
+        reward_rejected=torch.zeros(12),
+    )
     expected = _depth_loop(gap.double().numpy(), depths, 0.1, 0.0)
     np.testing.assert_array_equal(res.crystallization_depth().numpy(), expected)
     np.testing.assert_array_equal(crystallization_depths(gap.double().numpy(), np.array(depths)), expected)

@@ -81,7 +81,7 @@ def find_cycle(graph: Dict[str, Set[str]]) -> List[str]:
         stack.append(m)
         for n in sorted(graph[m]):
             if color.get(n) == GREY:
-                return stack[stack.index(n):] + [n]
+                return stack[stack.index(n) :] + [n]
             if color.get(n) == WHITE:
                 found = visit(n)
                 if found:
@@ -181,17 +181,26 @@ def test_layers_import_only_downwards():
 
 
 def test_layer_check_finds_a_back_edge():
-    graph = {"reward_lens.model.native": {"reward_lens.loading.factory"}, "reward_lens.loading.factory": set()}
+    graph = {
+        "reward_lens.model.native": {"reward_lens.loading.factory"},
+        "reward_lens.loading.factory": set(),
+    }
     assert layer_violations(graph) == [
-        "reward_lens.model.native (model) imports reward_lens.loading.factory (loading), which is not in a lower layer"
+        "reward_lens.model.native (model) imports reward_lens.loading.factory (loading), which is not in "
+        "a lower layer"
     ]
 
 
 def test_no_compatibility_shims():
     """No old-path alias finder and no re-exports kept for old import paths."""
     assert not (PACKAGE / "_legacy.py").exists()
-    offenders = [name for name, path in module_files().items() if "re-exported" in path.read_text()
-                 or "old home" in path.read_text() or "kept for one release" in path.read_text()]
+    offenders = [
+        name
+        for name, path in module_files().items()
+        if "re-exported" in path.read_text()
+        or "old home" in path.read_text()
+        or "kept for one release" in path.read_text()
+    ]
     assert not offenders, offenders
 
 
@@ -207,8 +216,12 @@ def function_lengths(path: Path) -> List[Tuple[str, int]]:
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             body = node.body
-            has_doc = body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
+            has_doc = (
+                body
+                and isinstance(body[0], ast.Expr)
+                and isinstance(getattr(body[0], "value", None), ast.Constant)
                 and isinstance(body[0].value.value, str)
+            )
             start = body[0].end_lineno + 1 if has_doc and len(body) > 1 else node.lineno
             out.append((node.name, node.end_lineno - start + 1))
     return out
@@ -225,14 +238,17 @@ def test_small_units():
 
 
 def test_hook_names_come_from_model_hooks():
-    """No hand-built hook-name f-strings outside reward_lens/model/ (converters and loading build weight names)."""
+    """No hand-built hook-name f-strings outside reward_lens/model/ (converters and loading build weight
+    names)."""
     import re
 
     pattern = re.compile(r"""f["'](blocks\.\{|hook_|ln_final\.hook|reward_head\.hook)""")
     offenders = [
-        f"{name}:{i}" for name, path in module_files().items()
+        f"{name}:{i}"
+        for name, path in module_files().items()
         if not name.startswith(("reward_lens.model", "reward_lens.converters", "reward_lens.loading"))
-        for i, line in enumerate(path.read_text().splitlines(), 1) if pattern.search(line)
+        for i, line in enumerate(path.read_text().splitlines(), 1)
+        if pattern.search(line)
     ]
     assert not offenders, offenders
 
@@ -240,8 +256,10 @@ def test_hook_names_come_from_model_hooks():
 def test_heads_are_asked_not_string_checked():
     """No `head_type ==` checks outside the heads: heads say what they are (is_gated, objectives, ...)."""
     offenders = [
-        name for name, path in module_files().items()
-        if not name.startswith("reward_lens.model.heads") and ("head_type ==" in path.read_text() or "head_type !=" in path.read_text())
+        name
+        for name, path in module_files().items()
+        if not name.startswith("reward_lens.model.heads")
+        and ("head_type ==" in path.read_text() or "head_type !=" in path.read_text())
     ]
     assert not offenders, offenders
 
@@ -284,13 +302,13 @@ def model_arithmetic(source: str) -> List[str]:
 
 def test_model_arithmetic_finder_catches_a_rebuilt_forward():
     # a readout step rebuilt in an instrument, as the patching fast paths once held it
-    rebuilt = '''
+    rebuilt = """
 position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0)
 cos, sin = model.rotary(position_ids[rows, readout][:, None], cfg.dtype)  # RoPE at the readout
 allowed = {w: before & (idx[None] > readout[:, None] - w) for w in set(cfg.window_sizes)}
 scores = attn.soft_cap(torch.einsum("bpnh,btnh->bpnt", q, past_k) / cfg.attn_scale)
 pattern = torch.softmax(scores.float(), -1)
-'''
+"""
     assert set(model_arithmetic(rebuilt)) == set(MODEL_ARITHMETIC) - {"fused attention"}
     assert model_arithmetic('"""sliding windows and soft-caps live in the model"""\nx = 1  # softmax') == []
 
@@ -300,9 +318,11 @@ def test_no_model_arithmetic_outside_the_model():
     (converters compute RoPE frequencies, and the exporter maps them back: weight maps): a new positional
     scheme or head type is a model change, never an instrument edit."""
     offenders = [
-        f"{name}: {', '.join(found)}" for name, path in module_files().items()
+        f"{name}: {', '.join(found)}"
+        for name, path in module_files().items()
         if not name.startswith(("reward_lens.model", "reward_lens.converters", "reward_lens.loading"))
-        for found in [model_arithmetic(path.read_text())] if found
+        for found in [model_arithmetic(path.read_text())]
+        if found
     ]
     assert not offenders, offenders
 
@@ -326,16 +346,24 @@ def unsafe_loads(source: str) -> List[int]:
         owner = node.func.value.id if isinstance(node.func.value, ast.Name) else ""
         if owner == "pickle" and node.func.attr in ("load", "loads"):
             lines.append(node.lineno)
-        if owner == "torch" and node.func.attr == "load" and not any(
+        if (
+            owner == "torch"
+            and node.func.attr == "load"
+            and not any(
                 k.arg == "weights_only" and isinstance(k.value, ast.Constant) and k.value.value is True
-                for k in node.keywords):
+                for k in node.keywords
+            )
+        ):
             lines.append(node.lineno)
     return lines
 
 
 def test_no_pickle_is_loaded_that_could_run_code():
-    bad = [f"{path.relative_to(PACKAGE.parent)}:{line}" for path in module_files().values()
-           for line in unsafe_loads(path.read_text())]
+    bad = [
+        f"{path.relative_to(PACKAGE.parent)}:{line}"
+        for path in module_files().values()
+        for line in unsafe_loads(path.read_text())
+    ]
     assert not bad, f"torch.load without weights_only=True, or pickle.load: {bad}"
 
 

@@ -47,8 +47,13 @@ def alone(model, ids):
 def test_compatibility_mode_changes_nothing(model, ioi):
     clean_tokens, _ = ioi
     before = model(clean_tokens)
-    model.enable_compatibility_mode(center_unembed=True, center_writing_weights=True, fold_ln=True,
-                                    disable_warnings=True, refactor_factored_attn_matrices=True)
+    model.enable_compatibility_mode(
+        center_unembed=True,
+        center_writing_weights=True,
+        fold_ln=True,
+        disable_warnings=True,
+        refactor_factored_attn_matrices=True,
+    )
     assert torch.equal(model(clean_tokens), before)
     with pytest.warns(UserWarning, match="refactor_factored_attn_matrices"):
         model.enable_compatibility_mode(refactor_factored_attn_matrices=True)
@@ -67,8 +72,9 @@ def test_main_demo_induction_scores_with_return_type_none(model, ioi):
         induction_score_store[hook.layer(), :] = induction_score
 
     pattern_hook_names_filter = lambda name: name.endswith("pattern")  # noqa: E731
-    out = model.run_with_hooks(repeated_tokens, return_type=None,
-                               fwd_hooks=[(pattern_hook_names_filter, induction_score_hook)])
+    out = model.run_with_hooks(
+        repeated_tokens, return_type=None, fwd_hooks=[(pattern_hook_names_filter, induction_score_hook)]
+    )
     assert out is None
     _, cache = model.run_with_cache(repeated_tokens)
     for layer in range(model.cfg.n_layers):
@@ -84,9 +90,11 @@ def test_main_demo_hook_listing_with_return_type_none(model, ioi):
         printed.append((hook.name, tuple(activation.shape)))
 
     not_in_late_block_filter = lambda name: (  # noqa: E731
-        name.startswith("blocks.0.") or not name.startswith("blocks"))
-    model.run_with_hooks(clean_tokens, return_type=None,
-                         fwd_hooks=[(not_in_late_block_filter, print_name_shape_hook_function)])
+        name.startswith("blocks.0.") or not name.startswith("blocks")
+    )
+    model.run_with_hooks(
+        clean_tokens, return_type=None, fwd_hooks=[(not_in_late_block_filter, print_name_shape_hook_function)]
+    )
     names = [n for n, _ in printed]
     assert names[0] == "hook_embed" and names[-1] == "ln_final.hook_normalized"  # TL: ln_final before None
     assert "ln_final.hook_scale" in names and not any(n.startswith("reward_head") for n in names)
@@ -101,8 +109,9 @@ def test_main_demo_head_ablation_on_v(model, ioi):
         value[:, :, head_index_to_ablate, :] = 0.0
         return value
 
-    ablated = model.run_with_hooks(clean_tokens, fwd_hooks=[(utils.get_act_name("v", layer_to_ablate),
-                                                             head_ablation_hook)])
+    ablated = model.run_with_hooks(
+        clean_tokens, fwd_hooks=[(utils.get_act_name("v", layer_to_ablate), head_ablation_hook)]
+    )
     # independently: the kv head's value is zero, so the query heads it serves write only b_O
     group = model.cfg.n_heads // model.cfg.n_key_value_heads
     served = list(range(head_index_to_ablate * group, (head_index_to_ablate + 1) * group))
@@ -153,16 +162,22 @@ def test_exploratory_demo_direct_path_to_queries(model, ioi):
             W_B = model.blocks[B_layer].attn.W_Q[B]
             corrupted_ln1_scale = corrupted_cache[utils.get_act_name("scale", B_layer, "ln1")]
             patched = corrupted_attn_act.clone()
-            patched_B_act = corrupted_attn_act[:, :, B, :] + (clean_A_output - corrupted_A_output) @ W_B \
-                / corrupted_ln1_scale
+            patched_B_act = (
+                corrupted_attn_act[:, :, B, :]
+                + (clean_A_output - corrupted_A_output) @ W_B / corrupted_ln1_scale
+            )
             patched[:, :, B, :] = patched_B_act
             return patched
 
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            patched = model.run_with_hooks(corrupted_tokens, return_type="logits",
-                                           fwd_hooks=[(utils.get_act_name("q", B_layer, "attn"),
-                                                       patch_direct_path_A_output_to_B_attn_act)])
+            patched = model.run_with_hooks(
+                corrupted_tokens,
+                return_type="logits",
+                fwd_hooks=[
+                    (utils.get_act_name("q", B_layer, "attn"), patch_direct_path_A_output_to_B_attn_act)
+                ],
+            )
     finally:
         model.set_use_attn_result(False)
     assert any("differently padded" in str(w.message) for w in caught)  # rows swapped: lengths differ
@@ -205,8 +220,9 @@ def test_exploratory_demo_patching_cells(model):
     """Cells 18-31: chosen (clean) vs rejected (corrupted) of the same prompts, one left-padded batch; each
     sweep checked against transformer_lens.patching's helper and warned about once (rows differ in length)."""
     pairs = [p for p in demo_pairs() if p.subset == "arithmetic"][:3]
-    batch = model.to_tokens([p.prompt for p in pairs] * 2,
-                            [p.chosen for p in pairs] + [p.rejected for p in pairs])
+    batch = model.to_tokens(
+        [p.prompt for p in pairs] * 2, [p.chosen for p in pairs] + [p.rejected for p in pairs]
+    )
     tokens, corrupted_tokens = batch["input_ids"][:3], batch["input_ids"][3:]
     original_logits, cache = model.run_with_cache(tokens)
     corrupted_logits = model(corrupted_tokens)
@@ -217,12 +233,27 @@ def test_exploratory_demo_patching_cells(model):
 
     L, H, T = model.cfg.n_layers, model.cfg.n_heads, tokens.shape[1]
     sweeps = [
-        ("resid_pre", [(lay, pos) for lay in range(L) for pos in range(T)], patch_residual_component, "pos",
-         patching.get_act_patch_resid_pre),
-        ("z", [(lay, h) for lay in range(L) for h in range(H)], patch_head_vector, "head_index",
-         patching.get_act_patch_attn_head_out_all_pos),
-        ("attn", [(lay, h) for lay in range(L) for h in range(H)], patch_head_pattern, "head_index",
-         patching.get_act_patch_attn_head_pattern_all_pos),
+        (
+            "resid_pre",
+            [(lay, pos) for lay in range(L) for pos in range(T)],
+            patch_residual_component,
+            "pos",
+            patching.get_act_patch_resid_pre,
+        ),
+        (
+            "z",
+            [(lay, h) for lay in range(L) for h in range(H)],
+            patch_head_vector,
+            "head_index",
+            patching.get_act_patch_attn_head_out_all_pos,
+        ),
+        (
+            "attn",
+            [(lay, h) for lay in range(L) for h in range(H)],
+            patch_head_pattern,
+            "head_index",
+            patching.get_act_patch_attn_head_pattern_all_pos,
+        ),
     ]
     for kind, index, fn, arg, helper in sweeps:
         result = torch.zeros(L, T if arg == "pos" else H)
@@ -231,8 +262,9 @@ def test_exploratory_demo_patching_cells(model):
             for layer, i in index:
                 hook_fn = partial(fn, clean_cache=cache, **{arg: i})
                 name = utils.get_act_name(kind, layer, None if kind == "resid_pre" else "attn")
-                patched_logits = model.run_with_hooks(corrupted_tokens, fwd_hooks=[(name, hook_fn)],
-                                                      return_type="logits")
+                patched_logits = model.run_with_hooks(
+                    corrupted_tokens, fwd_hooks=[(name, hook_fn)], return_type="logits"
+                )
                 result[layer, i] = normalize_patched_logit_diff(patched_logits)
         assert sum("differently padded" in str(w.message) for w in caught) == 1, kind
         with warnings.catch_warnings():
@@ -259,8 +291,9 @@ def test_activation_patching_demo_swapped_rows(model, ioi):
     assert abs(ioi_metric(clean_logits).item() - 1) < TOL and abs(ioi_metric(corrupted_logits).item()) < TOL
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        resid_pre_act_patch_results = patching.get_act_patch_resid_pre(model, corrupted_tokens, clean_cache,
-                                                                        ioi_metric)
+        resid_pre_act_patch_results = patching.get_act_patch_resid_pre(
+            model, corrupted_tokens, clean_cache, ioi_metric
+        )
     assert sum("differently padded" in str(w.message) for w in caught) == 1
     # the readout column: patching the last layer's resid_pre at -1 is the clean readout through block L-1
     # attending the corrupted keys; at layer 0 it is the clean readout token over the corrupted context
@@ -279,4 +312,3 @@ def test_activation_patching_demo_swapped_rows(model, ioi):
     assert every.shape == (5, model.cfg.n_layers, model.cfg.n_heads)
     nkv = model.cfg.n_key_value_heads  # k and v are patched per kv head; TL leaves the other slots zero
     assert torch.equal(every[2, :, nkv:], torch.zeros_like(every[2, :, nkv:]))
-

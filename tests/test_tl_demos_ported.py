@@ -44,8 +44,10 @@ def model():
 
 def short_pairs(model, n):
     """n demo pairs whose chosen and rejected rows all differ in length (short rows keep sweeps fast)."""
+
     def length(p, r):
         return int(model.to_tokens(p.prompt, r)["input_ids"].shape[1])
+
     ranked = sorted(demo_pairs(), key=lambda p: length(p, p.chosen) + length(p, p.rejected))
     out, seen = [], set()
     for p in ranked:
@@ -97,7 +99,8 @@ def test_main_demo_cells_10_to_13_cache_of_one_sequence(model, ioi):
     assert torch.allclose(gpt2_logits, alone(model, tokens[1:2]), atol=TOL)
     attn_hook_name, attn_layer = "blocks.0.attn.hook_pattern", 0
     _, gpt2_attn_cache = model.run_with_cache(
-        gpt2_tokens, remove_batch_dim=True, stop_at_layer=attn_layer + 1, names_filter=[attn_hook_name])
+        gpt2_tokens, remove_batch_dim=True, stop_at_layer=attn_layer + 1, names_filter=[attn_hook_name]
+    )
     assert list(gpt2_attn_cache.keys()) == [attn_hook_name]
     assert torch.allclose(gpt2_attn_cache[attn_hook_name], attention_pattern)
 
@@ -123,8 +126,11 @@ def test_main_demo_cell_20_pattern_hook_on_one_sequence(model):
     def visualize_pattern_hook(pattern, hook):  # display() swapped for recording
         seen.append(pattern[0, 1].clone())
 
-    out = model.run_with_hooks(repeated_random_sequence, return_type=None,
-                               fwd_hooks=[(utils.get_act_name("pattern", 3), visualize_pattern_hook)])
+    out = model.run_with_hooks(
+        repeated_random_sequence,
+        return_type=None,
+        fwd_hooks=[(utils.get_act_name("pattern", 3), visualize_pattern_hook)],
+    )
     assert out is None and len(seen) == 1
     _, cache = model.run_with_cache(repeated_random_sequence)
     assert torch.allclose(seen[0], cache["pattern", 3][0, 1], atol=TOL)
@@ -134,8 +140,14 @@ def test_main_demo_cell_20_pattern_hook_on_one_sequence(model):
 def test_main_demo_cells_23_24_tl_named_parameters(model):
     params = dict(model.tl_named_parameters())
     block0 = {n: p for n, p in params.items() if n.startswith("blocks.0.")}
-    assert {"blocks.0.attn.W_Q", "blocks.0.attn.W_K", "blocks.0.attn.W_V", "blocks.0.attn.W_O",
-            "blocks.0.mlp.W_in", "blocks.0.mlp.W_out"} <= set(block0)
+    assert {
+        "blocks.0.attn.W_Q",
+        "blocks.0.attn.W_K",
+        "blocks.0.attn.W_V",
+        "blocks.0.attn.W_O",
+        "blocks.0.mlp.W_in",
+        "blocks.0.mlp.W_out",
+    } <= set(block0)
     assert torch.equal(block0["blocks.0.attn.W_Q"], model.W_Q[0])
     assert block0["blocks.0.attn.W_Q"].shape == (model.cfg.n_heads, model.cfg.d_model, model.cfg.d_head)
     assert torch.equal(block0["blocks.0.mlp.W_out"], model.W_out[0])
@@ -228,8 +240,12 @@ def test_block_attention_has_transformer_lens_raw_kv_names(model):
     """The README's `_W_K`, `_W_V`, `_b_K`, `_b_V` on `model.blocks[l].attn` (an AttributeError before)."""
     for layer, block in enumerate(model.blocks):
         attn = block.attn
-        for raw, stacked in ((attn._W_K, model._W_K), (attn._W_V, model._W_V), (attn._b_K, model._b_K),
-                             (attn._b_V, model._b_V)):
+        for raw, stacked in (
+            (attn._W_K, model._W_K),
+            (attn._W_V, model._W_V),
+            (attn._b_K, model._b_K),
+            (attn._b_V, model._b_V),
+        ):
             assert raw.shape[0] == model.cfg.n_key_value_heads and torch.equal(raw, stacked[layer])
 
 
@@ -280,8 +296,9 @@ def test_exploratory_demo_cells_10_to_15_direct_reward_attribution(model, ioi, e
     assert torch.allclose(scaled, final_token_residual_stream / rms, atol=TOL)
     per_row = torch.einsum("bd,bd->b", scaled, directions) + model.reward_bias
     assert torch.allclose(per_row, alone(model, tokens), atol=TOL)
-    accumulated_residual, labels = cache.accumulated_resid(layer=-1, incl_mid=True, pos_slice=-1,
-                                                           return_labels=True)  # cell 13
+    accumulated_residual, labels = cache.accumulated_resid(
+        layer=-1, incl_mid=True, pos_slice=-1, return_labels=True
+    )  # cell 13
     logit_lens = residual_stack_to_logit_diff(accumulated_residual, cache, directions)
     assert len(labels) == 2 * model.cfg.n_layers + 1
     assert torch.allclose(logit_lens[-1], original_average_logit_diff, atol=TOL)
@@ -290,8 +307,11 @@ def test_exploratory_demo_cells_10_to_15_direct_reward_attribution(model, ioi, e
     assert torch.allclose(per_layer.sum(), original_average_logit_diff, atol=TOL)  # the bias cancels
     # cell 15
     per_head_residual, labels = cache.stack_head_results(layer=-1, pos_slice=-1, return_labels=True)
-    per_head = einops.rearrange(residual_stack_to_logit_diff(per_head_residual, cache, directions),
-                                "(layer head_index) -> layer head_index", layer=model.cfg.n_layers)
+    per_head = einops.rearrange(
+        residual_stack_to_logit_diff(per_head_residual, cache, directions),
+        "(layer head_index) -> layer head_index",
+        layer=model.cfg.n_layers,
+    )
     # independently: z @ W_O per head at the readout, over the final norm's scale, on the direction
     scale = cache["ln_final.hook_scale"][:, -1]
     for layer in range(model.cfg.n_layers):
@@ -334,8 +354,11 @@ def test_exploratory_demo_cell_22_attn_and_mlp_out_by_position(model, ioi, explo
             for position in range(T):
                 hook_fn = partial(patch_residual_component, pos=position, clean_cache=cache)
                 for kind, result in patched.items():
-                    logits = model.run_with_hooks(corrupted_tokens, return_type="logits",
-                                                  fwd_hooks=[(utils.get_act_name(kind, layer), hook_fn)])
+                    logits = model.run_with_hooks(
+                        corrupted_tokens,
+                        return_type="logits",
+                        fwd_hooks=[(utils.get_act_name(kind, layer), hook_fn)],
+                    )
                     result[layer, position] = normalize(logits)
     assert any("differently padded" in str(w.message) for w in caught)  # rows differ in length
     # independently at the readout column: each corrupted row alone, its last position set to the clean
@@ -365,9 +388,15 @@ def test_exploratory_demo_cell_27_value_patching_per_kv_head(model, ioi, explore
     _, cache, _, corrupted_cache = explored
     normalize = metric_from(explored)
     with pytest.raises(IndexError):  # the cell as written
-        model.run_with_hooks(corrupted_tokens, fwd_hooks=[(
-            utils.get_act_name("v", 0, "attn"), partial(patch_head_vector, head_index=model.cfg.n_heads - 1,
-                                                       clean_cache=cache))])
+        model.run_with_hooks(
+            corrupted_tokens,
+            fwd_hooks=[
+                (
+                    utils.get_act_name("v", 0, "attn"),
+                    partial(patch_head_vector, head_index=model.cfg.n_heads - 1, clean_cache=cache),
+                )
+            ],
+        )
     L, nkv = model.cfg.n_layers, model.cfg.n_key_value_heads
     group = model.cfg.n_heads // nkv
     patched_head_v_diff = torch.zeros(L, nkv)
@@ -376,8 +405,11 @@ def test_exploratory_demo_cell_27_value_patching_per_kv_head(model, ioi, explore
         for layer in range(L):
             for head_index in range(nkv):
                 hook_fn = partial(patch_head_vector, head_index=head_index, clean_cache=cache)
-                logits = model.run_with_hooks(corrupted_tokens, return_type="logits",
-                                              fwd_hooks=[(utils.get_act_name("v", layer, "attn"), hook_fn)])
+                logits = model.run_with_hooks(
+                    corrupted_tokens,
+                    return_type="logits",
+                    fwd_hooks=[(utils.get_act_name("v", layer, "attn"), hook_fn)],
+                )
                 patched_head_v_diff[layer, head_index] = normalize(logits)
                 # independently: z of the query heads it serves = the corrupted pattern over the clean values
                 served = list(range(head_index * group, (head_index + 1) * group))
@@ -395,8 +427,9 @@ def test_exploratory_demo_cell_27_value_patching_per_kv_head(model, ioi, explore
     assert torch.allclose(patched_head_v_diff, expected[:, :nkv], atol=SWEEP_TOL)
 
 
-def patch_direct_path_A_output_to_B_attn_act(corrupted_attn_act, hook, W_B, A_layer, A_head_index,
-                                             B_layer, B_head_index, clean_cache, corrupted_cache):
+def patch_direct_path_A_output_to_B_attn_act(
+    corrupted_attn_act, hook, W_B, A_layer, A_head_index, B_layer, B_head_index, clean_cache, corrupted_cache
+):
     """Cell 32 as written but for W_B (passed in: see the test)."""
     A_output_act_name = utils.get_act_name("result", A_layer, "attn")
     clean_A_output = clean_cache[A_output_act_name][:, :, A_head_index, :]
@@ -424,11 +457,22 @@ def test_exploratory_demo_cells_32_36_direct_path_to_keys_and_values(model, ioi,
         warnings.simplefilter("ignore")
         for A in range(model.cfg.n_heads):
             for B in range(model.cfg.n_key_value_heads):
-                hook = (utils.get_act_name(attn_act_type, B_layer, "attn"), partial(
-                    patch_direct_path_A_output_to_B_attn_act, W_B=raw_W[B], A_layer=A_layer, A_head_index=A,
-                    B_layer=B_layer, B_head_index=B, clean_cache=cache, corrupted_cache=corrupted_cache))
-                diffs[A, B] = normalize(model.run_with_hooks(corrupted_tokens, fwd_hooks=[hook],
-                                                             return_type="logits"))
+                hook = (
+                    utils.get_act_name(attn_act_type, B_layer, "attn"),
+                    partial(
+                        patch_direct_path_A_output_to_B_attn_act,
+                        W_B=raw_W[B],
+                        A_layer=A_layer,
+                        A_head_index=A,
+                        B_layer=B_layer,
+                        B_head_index=B,
+                        clean_cache=cache,
+                        corrupted_cache=corrupted_cache,
+                    ),
+                )
+                diffs[A, B] = normalize(
+                    model.run_with_hooks(corrupted_tokens, fwd_hooks=[hook], return_type="logits")
+                )
                 # independently: the kv head's input is the corrupted residual plus A's clean-minus-
                 # corrupted write, over the frozen ln1 scale; k is hooked before RoPE
                 delta = cache["result", A_layer][:, :, A] - corrupted_cache["result", A_layer][:, :, A]
@@ -439,8 +483,9 @@ def test_exploratory_demo_cells_32_36_direct_path_to_keys_and_values(model, ioi,
                     x[:, :, B] = act
                     return x
 
-                by_hand = model.run_with_hooks(corrupted_tokens, fwd_hooks=[
-                    (utils.get_act_name(attn_act_type, B_layer), set_act)])
+                by_hand = model.run_with_hooks(
+                    corrupted_tokens, fwd_hooks=[(utils.get_act_name(attn_act_type, B_layer), set_act)]
+                )
                 assert abs(float(diffs[A, B] - normalize(by_hand))) < SWEEP_TOL, (A, B)
     assert diffs.abs().max() > 0
 
@@ -460,17 +505,25 @@ def test_exploratory_demo_cell_40_head_scores(model):
     original_tokens = torch.randint(100, model.cfg.d_vocab, size=(batch_size, seq_len))
     repeated_tokens = einops.repeat(original_tokens, "batch seq_len -> batch (2 seq_len)")
     pattern_filter = lambda act_name: act_name.endswith("hook_pattern")  # noqa: E731
-    out = model.run_with_hooks(repeated_tokens, return_type=None, fwd_hooks=[
-        (pattern_filter, partial(score_hook, prev_token_scores, 1)),
-        (pattern_filter, partial(score_hook, duplicate_token_scores, seq_len)),
-        (pattern_filter, partial(score_hook, induction_scores, seq_len - 1))])
+    out = model.run_with_hooks(
+        repeated_tokens,
+        return_type=None,
+        fwd_hooks=[
+            (pattern_filter, partial(score_hook, prev_token_scores, 1)),
+            (pattern_filter, partial(score_hook, duplicate_token_scores, seq_len)),
+            (pattern_filter, partial(score_hook, induction_scores, seq_len - 1)),
+        ],
+    )
     assert out is None
     _, cache = model.run_with_cache(repeated_tokens)
     for layer in range(model.cfg.n_layers):
         p = cache["pattern", layer]
         idx = torch.arange(2 * seq_len)
-        for store, offset in ((prev_token_scores, 1), (duplicate_token_scores, seq_len),
-                              (induction_scores, seq_len - 1)):
+        for store, offset in (
+            (prev_token_scores, 1),
+            (duplicate_token_scores, seq_len),
+            (induction_scores, seq_len - 1),
+        ):
             q = idx[offset:]
             assert torch.allclose(store[layer], p[:, :, q, q - offset].mean((0, -1)), atol=TOL)
     assert torch.equal(utils.get_corner(prev_token_scores), prev_token_scores[:3, :3])
@@ -500,8 +553,12 @@ def test_exploratory_demo_cells_42_44_add_hook_then_run_with_cache(model, ioi, e
     finally:
         model.set_use_attn_result(False)
     # independently: each row alone with the same hook
-    singles = [model.run_with_hooks(strip(model, row)[None], fwd_hooks=[
-        (utils.get_act_name("z", layer), ablate_top_head_hook)])[0] for row in tokens]
+    singles = [
+        model.run_with_hooks(
+            strip(model, row)[None], fwd_hooks=[(utils.get_act_name("z", layer), ablate_top_head_hook)]
+        )[0]
+        for row in tokens
+    ]
     assert torch.allclose(ablated_logits, torch.stack(singles), atol=TOL)
     ablated_head = per_head_ablated[layer * model.cfg.n_heads + head]
     assert torch.equal(ablated_head, torch.zeros_like(ablated_head))
@@ -530,8 +587,9 @@ def test_activation_patching_demo_cell_17_every_head_by_pos(model, ioi):
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        every = patching.get_act_patch_attn_head_by_pos_every(model, corrupted_tokens, clean_cache,
-                                                              ioi_metric)
+        every = patching.get_act_patch_attn_head_by_pos_every(
+            model, corrupted_tokens, clean_cache, ioi_metric
+        )
     assert any("differently padded" in str(w.message) for w in caught)
     L, T, H, nkv = model.cfg.n_layers, clean_tokens.shape[1], model.cfg.n_heads, model.cfg.n_key_value_heads
     assert every.shape == (5, L, T, H)
@@ -545,6 +603,7 @@ def test_activation_patching_demo_cell_17_every_head_by_pos(model, ioi):
             for head in range(nkv if kind in ("k", "v") else H):
                 rewards = []
                 for b, row in enumerate(corrupted_tokens):
+
                     def set_last(act, hook, value=clean_alone[b][name][:, -1, head]):
                         act[:, -1, head] = value
                         return act

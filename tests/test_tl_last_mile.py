@@ -15,8 +15,8 @@ import pytest
 import torch
 import transformer_lens.patching as patching
 import transformer_lens.utilities as tl_utils
-
 from helpers import tiny_hf_model, word_tokenizer
+
 from reward_lens import HookedRewardModel
 from reward_lens.demo import demo_pairs, load_demo_model
 from reward_lens.model.hooks import act_name
@@ -59,7 +59,7 @@ def alone(model, ids):
     pad = model.cfg.pad_token_id
     out = []
     for row in ids:
-        keep = ((row != pad).long().cumsum(0) > 0)
+        keep = (row != pad).long().cumsum(0) > 0
         out.append(model(row[keep][None])[0])
     return torch.stack(out)
 
@@ -99,8 +99,22 @@ def test_start_at_layer_infers_the_mask(model, batches):
 
 
 # --------------------------------------------------------------------------- 3. pad == BOS
-WORDS = ["<|endoftext|>", "<unk>", "the", "cat", "sat", "on", "a", "mat", "dog", "ran", "far", "away", "?",
-         "."]
+WORDS = [
+    "<|endoftext|>",
+    "<unk>",
+    "the",
+    "cat",
+    "sat",
+    "on",
+    "a",
+    "mat",
+    "dog",
+    "ran",
+    "far",
+    "away",
+    "?",
+    ".",
+]
 
 
 def pad_is_bos_model(add_bos: bool, seed: int = 0):
@@ -243,8 +257,11 @@ def test_split_inputs_leave_rewards_unchanged(model, batches, flag):
     B, T = ids.shape
     n, nkv, d = model.cfg.n_heads, model.cfg.n_key_value_heads, model.cfg.d_model
     shapes = {
-        "set_use_split_qkv_input": {"q_input": (B, T, n, d), "k_input": (B, T, nkv, d),
-                                    "v_input": (B, T, nkv, d)},
+        "set_use_split_qkv_input": {
+            "q_input": (B, T, n, d),
+            "k_input": (B, T, nkv, d),
+            "v_input": (B, T, nkv, d),
+        },
         "set_use_attn_in": {"attn_in": (B, T, n, d)},
         "set_use_hook_mlp_in": {"mlp_in": (B, T, d)},
     }[flag]
@@ -309,8 +326,9 @@ def test_direct_path_patching_runs_and_is_right(model, batches):
     src_layer, src_head = 0, 1
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        result = patching.get_act_patch_direct_path(model, corrupt_ids, clean_cache, corrupt_cache, metric,
-                                                    src_layer, src_head, verbose=False)
+        result = patching.get_act_patch_direct_path(
+            model, corrupt_ids, clean_cache, corrupt_cache, metric, src_layer, src_head, verbose=False
+        )
     # the write is added at every position, and these rows differ in length: warned once
     assert sum("differently padded" in str(w.message) for w in caught) == 1
     assert not model.cfg.use_split_qkv_input  # flags restored
@@ -358,8 +376,10 @@ def test_text_helpers_prepend_bos_as_transformer_lens(model):
     assert model.get_token_position(" is", text, prepend_bos=False) == manual.index(token) - 1
     assert model.get_token_position(" is", text, mode="last") == len(manual) - 1 - manual[::-1].index(token)
     assert model.to_string(torch.tensor(manual)) == tok.decode(manual)
-    assert model.to_string([torch.tensor(manual), torch.tensor(manual[1:])]) == [tok.decode(manual),
-                                                                                  tok.decode(manual[1:])]
+    assert model.to_string([torch.tensor(manual), torch.tensor(manual[1:])]) == [
+        tok.decode(manual),
+        tok.decode(manual[1:]),
+    ]
 
 
 # --------------------------------------------------------------------------- 7. TransformerLens aliases

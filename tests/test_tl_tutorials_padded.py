@@ -4,7 +4,8 @@ leading pad run, and every number equals an independent unpadded computation. fp
 patching metrics summed over pairs).
 
 Models: the demo RM (GQA: 4 query heads, 2 kv heads), the demo with pad = EOS (Llama-3 style: the chat
-template ends with EOS, so transformers reads one token before it), and a tiny ArmoRM (per-sequence direction).
+template ends with EOS, so transformers reads one token before it), and a tiny ArmoRM (per-sequence
+direction).
 """
 
 import warnings
@@ -12,9 +13,9 @@ import warnings
 import pytest
 import torch
 import transformer_lens.patching as patching
+from armorm_reference import chat_ids, save_tiny_armorm
 from transformer_lens import FactoredMatrix
 
-from armorm_reference import chat_ids, save_tiny_armorm
 from reward_lens import HookedRewardModel
 from reward_lens.demo import demo_pairs, load_demo_model
 from reward_lens.model.hooks import act_name
@@ -79,7 +80,9 @@ def test_to_tokens_rows_end_at_the_readout_left_padded(model):
     assert len(set(lengths.tolist())) == 3  # mixed lengths
     assert (mask[:, -1] == 1).all() and (model.readout_positions(ids, mask) == ids.shape[1] - 1).all()
     assert torch.equal(model.infer_attention_mask(ids, warn=False), mask)
-    if model.cfg.pad_token_id == model.tokenizer.eos_token_id:  # the trailing EOS (after the readout) is dropped
+    if (
+        model.cfg.pad_token_id == model.tokenizer.eos_token_id
+    ):  # the trailing EOS (after the readout) is dropped
         assert (ids[:, -1] != model.tokenizer.eos_token_id).all()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -96,11 +99,17 @@ def test_direct_reward_attribution_at_pos_minus_one(model):
     acc = cache.accumulated_resid(layer=-1, incl_mid=True, pos_slice=-1)
     lens = cache.apply_ln_to_stack(acc, layer=-1, pos_slice=-1) @ w
     assert torch.allclose(lens[-1] + b, rewards, atol=TOL)
-    per_layer = cache.apply_ln_to_stack(cache.decompose_resid(layer=-1, pos_slice=-1), layer=-1, pos_slice=-1) @ w
+    per_layer = (
+        cache.apply_ln_to_stack(cache.decompose_resid(layer=-1, pos_slice=-1), layer=-1, pos_slice=-1) @ w
+    )
     assert torch.allclose(per_layer.sum(0) + b, rewards, atol=TOL)
     heads, labels = cache.stack_head_results(layer=-1, pos_slice=-1, return_labels=True)
     per_head = cache.apply_ln_to_stack(heads, layer=-1, pos_slice=-1) @ w
-    attn_rows = [i for i, l in enumerate(cache.decompose_resid(layer=-1, return_labels=True)[1]) if l.endswith("attn_out")]
+    attn_rows = [
+        i
+        for i, l in enumerate(cache.decompose_resid(layer=-1, return_labels=True)[1])
+        if l.endswith("attn_out")
+    ]
     assert per_head.shape == (model.cfg.n_layers * model.cfg.n_heads, 3)
     assert torch.allclose(per_head.sum(0), per_layer[attn_rows].sum(0), atol=TOL)
     # logit_attrs with the input ids as "tokens" (tokens_to_residual_directions = the reward direction).
@@ -110,7 +119,9 @@ def test_direct_reward_attribution_at_pos_minus_one(model):
     for r, row in enumerate(rows(ids, mask)):
         _, single = model.run_with_cache(row[None])
         acc1 = single.accumulated_resid(layer=-1, incl_mid=True, pos_slice=-1)
-        assert torch.allclose(lens[:, r], (single.apply_ln_to_stack(acc1, layer=-1, pos_slice=-1) @ w)[:, 0], atol=TOL)
+        assert torch.allclose(
+            lens[:, r], (single.apply_ln_to_stack(acc1, layer=-1, pos_slice=-1) @ w)[:, 0], atol=TOL
+        )
 
 
 # --------------------------------------------------------------------------- activation patching
@@ -189,7 +200,8 @@ def test_get_act_patch_attn_head_out_by_pos_equals_unpadded_manual_patches(pad_e
         assert torch.allclose(got[L, :, h], want, atol=1e-4), h
 
 
-# --------------------------------------------------------------------------- weights like TransformerLens (GQA)
+# --------------------------------------------------------------------------- weights like TransformerLens
+# (GQA)
 def test_gqa_weights_pair_query_head_h_with_its_kv_head(model):
     cfg = model.cfg
     group = cfg.n_heads // cfg.n_key_value_heads
@@ -200,14 +212,17 @@ def test_gqa_weights_pair_query_head_h_with_its_kv_head(model):
     assert isinstance(model.QK, FactoredMatrix) and isinstance(model.OV, FactoredMatrix)
     ids, mask = clean_batch(model)
     _, cache = model.run_with_cache(ids)
-    assert cfg.normalization_type == "RMSPre" and not cfg.qk_norm  # so the attention input is ln1's normalised x
+    assert (
+        cfg.normalization_type == "RMSPre" and not cfg.qk_norm
+    )  # so the attention input is ln1's normalised x
     real = mask.bool()
     wrong_pairing_differs = False
     for l in range(cfg.n_layers):
         x = cache["normalized", l, "ln1"]
         scores = cache["attn_scores", l]
         for h in range(cfg.n_heads):
-            # The diagonal score q_p . k_p: RoPE rotates both by the same angle, so it is x W_Q W_K^T x / scale.
+            # The diagonal score q_p . k_p: RoPE rotates both by the same angle, so it is x W_Q W_K^T x /
+            # scale.
             want = scores[:, h].diagonal(dim1=-2, dim2=-1)
             q = x @ model.W_Q[l, h] + model.b_Q[l, h]
             k = x @ model.W_K[l, h] + model.b_K[l, h]
@@ -221,7 +236,8 @@ def test_gqa_weights_pair_query_head_h_with_its_kv_head(model):
     assert torch.allclose(model.OV[1, 3].AB, model._W_V[1, 3 // group] @ model.W_O[1, 3], atol=1e-6)
 
 
-# --------------------------------------------------------------------------- warnings, return_type, token helpers
+# --------------------------------------------------------------------------- warnings, return_type, token
+# helpers
 def test_ids_read_before_their_end_without_a_mask_warn(model):
     ids, mask = clean_batch(model)
     clean_batch(model)
@@ -234,9 +250,15 @@ def test_ids_read_before_their_end_without_a_mask_warn(model):
         model(right["input_ids"], attention_mask=right["attention_mask"])  # a mask: the caller knows
         model.run_with_cache(right["input_ids"], readout_only=True)
     if model.cfg.pad_token_id == model.tokenizer.eos_token_id:  # an unpadded row that ends with EOS = pad
-        full = torch.tensor([model.tokenizer.apply_chat_template(
-            [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}], tokenize=True,
-            return_dict=True)["input_ids"]])
+        full = torch.tensor(
+            [
+                model.tokenizer.apply_chat_template(
+                    [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}],
+                    tokenize=True,
+                    return_dict=True,
+                )["input_ids"]
+            ]
+        )
         with pytest.warns(UserWarning, match="readout_positions"):
             model(full)
 
@@ -244,7 +266,9 @@ def test_ids_read_before_their_end_without_a_mask_warn(model):
 def test_return_type_and_text_input(model):
     ids, _ = clean_batch(model)
     rewards = model(ids)
-    assert torch.allclose(model(ids, return_type="logits"), rewards) and torch.allclose(model(ids, return_type="reward"), rewards)
+    assert torch.allclose(model(ids, return_type="logits"), rewards) and torch.allclose(
+        model(ids, return_type="reward"), rewards
+    )
     assert model(ids, return_type=None) is None
     with pytest.raises(ValueError, match="loss"):
         model(ids, return_type="loss")
@@ -257,7 +281,7 @@ def test_token_helpers_follow_transformer_lens(model):
     tok = model.tokenizer
     row = rows(ids, mask)[0]
     assert model.to_str_tokens(row) == [tok.decode([t]) for t in row.tolist()]
-    assert model.to_str_tokens(ids)[0][-len(row):] == model.to_str_tokens(row)
+    assert model.to_str_tokens(ids)[0][-len(row) :] == model.to_str_tokens(row)
     assert model.to_string(row) == tok.decode(row.tolist())
     assert model.to_string(ids[:1]) == [tok.decode(ids[0].tolist())]
     pear = model.to_single_token("Pear")
@@ -278,7 +302,7 @@ def test_logit_attrs_sum_to_the_armorm_reward(tmp_path):
     T = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), T), pad, dtype=torch.long)
     for i, s in enumerate(seqs):
-        ids[i, T - len(s):] = s
+        ids[i, T - len(s) :] = s
     rewards, cache = model.run_with_cache(ids)  # left-padded, no mask
     singles = torch.stack([model(s[None])[0] for s in seqs])
     assert torch.allclose(rewards, singles, atol=1e-4)

@@ -76,8 +76,12 @@ def test_each_term_matches_an_independent_recomputation(llama_model):
     for l in range(L):
         pattern, v = cache[f"blocks.{l}.attn.hook_pattern"][0], cache[f"blocks.{l}.attn.hook_v"][0]
         for h in range(H):
-            expected = torch.stack([pattern[h, -1, s] * (v[s, h // group] @ model.blocks[l].attn.W_O[h] @ w)
-                                    for s in range(ids.shape[1])])
+            expected = torch.stack(
+                [
+                    pattern[h, -1, s] * (v[s, h // group] @ model.blocks[l].attn.W_O[h] @ w)
+                    for s in range(ids.shape[1])
+                ]
+            )
             assert torch.allclose(res.heads["chosen"][0][l, h], expected, atol=1e-6)
     # Summed over sources (plus b_O) the heads give `attribute`'s per-head and attention-layer terms.
     attr = attribute(model, PAIRS[:1], progress=False)
@@ -99,10 +103,15 @@ def test_gemma2_soft_caps_post_norms_and_windows():
 def test_armorm_per_sequence_direction(tmp_path):
     from armorm_reference import save_tiny_armorm
 
-    path = save_tiny_armorm(tmp_path, num_objectives=5, vocab_size=300, pad_token_id=299, gating_token_pattern=[290, 291])
+    path = save_tiny_armorm(
+        tmp_path, num_objectives=5, vocab_size=300, pad_token_id=299, gating_token_pattern=[290, 291]
+    )
     model = HookedRewardModel.from_pretrained(path)
     prompts = ([7, 8, 9, 290, 291], [5, 6, 290, 291])
-    pairs = [TokenPair(prompts[0] + [11, 12, 13], prompts[0] + [21]), TokenPair(prompts[1] + [31], prompts[1] + [41, 42, 43, 44])]
+    pairs = [
+        TokenPair(prompts[0] + [11, 12, 13], prompts[0] + [21]),
+        TokenPair(prompts[1] + [31], prompts[1] + [41, 42, 43, 44]),
+    ]
     for side in ("right", "left"):
         res = token_attribution(model, pairs, padding_side=side)
         check_exact(model, res, pairs, side)
@@ -136,7 +145,7 @@ def test_texts_frames_html_and_plot(llama_hf):
     assert not np.allclose(only_l0.value, totals.value)
     html = res.html()
     assert html.count("<span") == sum(len(t) for s in res.sides for t in res.tokens[s])
-    assert "title=\"position 0:" in html and "chosen" in html and "rejected" in html
+    assert 'title="position 0:' in html and "chosen" in html and "rejected" in html
     assert res._repr_html_().startswith("<div")
     assert len(res.summary()) == 2 * len(pairs)
     import matplotlib.figure
@@ -161,9 +170,13 @@ def phrase_classes(tokens, response):
     text = "".join(tokens)
     start = text.rfind(response)
     assert start >= 0, "token strings must concatenate to the rendered text"
-    spans = [(start + i, start + i + len(ph), kind)
-             for kind, phrases in (("stance", AGREE + DISAGREE), ("filler", FILLERS + OPENERS))
-             for ph in phrases for i in [response.find(ph)] if i >= 0]
+    spans = [
+        (start + i, start + i + len(ph), kind)
+        for kind, phrases in (("stance", AGREE + DISAGREE), ("filler", FILLERS + OPENERS))
+        for ph in phrases
+        for i in [response.find(ph)]
+        if i >= 0
+    ]
     out, pos = [], 0
     for t in tokens:
         a, b = pos, pos + len(t)

@@ -7,12 +7,17 @@ from helpers import word_tokenizer
 from reward_lens import HookedRewardModel
 
 WORDS = "what is 2+2 ? 4 the sky blue user assistant : hello world a b c".split()
-TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} <|end|> {% endfor %}")
+TEMPLATE = "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} <|end|> {% endfor %}"
 
 
 def make_tokenizer(template=True):
-    return word_tokenizer(["<pad>", "<s>", "</s>", "<unk>", "<|user|>", "<|assistant|>", "<|end|>"] + WORDS,
-                          bos="<s>", eos="</s>", pad="<pad>", template=TEMPLATE if template else None)
+    return word_tokenizer(
+        ["<pad>", "<s>", "</s>", "<unk>", "<|user|>", "<|assistant|>", "<|end|>"] + WORDS,
+        bos="<s>",
+        eos="</s>",
+        pad="<pad>",
+        template=TEMPLATE if template else None,
+    )
 
 
 @pytest.fixture()
@@ -25,8 +30,18 @@ def test_chat_template_applied_once_with_single_bos(model):
     ids = batch["input_ids"][0].tolist()
     tok = model.tokenizer
     assert ids.count(tok.bos_token_id) == 1 and ids[0] == tok.bos_token_id
-    assert tok.convert_ids_to_tokens(ids) == ["<s>", "<|user|>", "what", "is", "2+2", "?", "<|end|>",
-                                              "<|assistant|>", "4", "<|end|>"]
+    assert tok.convert_ids_to_tokens(ids) == [
+        "<s>",
+        "<|user|>",
+        "what",
+        "is",
+        "2+2",
+        "?",
+        "<|end|>",
+        "<|assistant|>",
+        "4",
+        "<|end|>",
+    ]
 
 
 @pytest.mark.parametrize("side", ["left", "right"])
@@ -36,7 +51,9 @@ def test_padding_sides_give_the_same_rewards(model, side):
     ids, mask = batch["input_ids"], batch["attention_mask"]
     assert (ids[mask == 0] == model.cfg.pad_token_id).all()
     rewards = model(ids, attention_mask=mask)
-    singles = torch.stack([model(model.to_tokens([p], [r])["input_ids"])[0] for p, r in zip(prompts, responses)])
+    singles = torch.stack(
+        [model(model.to_tokens([p], [r])["input_ids"])[0] for p, r in zip(prompts, responses)]
+    )
     assert torch.allclose(rewards, singles, atol=1e-5)
 
 

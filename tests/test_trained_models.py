@@ -24,8 +24,16 @@ def llama_config(**overrides):
     import transformers
 
     return transformers.LlamaConfig(
-        vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=128, pad_token_id=0, rms_norm_eps=1e-5, **overrides,
+        vocab_size=97,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        pad_token_id=0,
+        rms_norm_eps=1e-5,
+        **overrides,
     )
 
 
@@ -43,12 +51,26 @@ def trained(tmp_path_factory):
     randomise_norms(base)
     base.save_pretrained(root / "base")
     tok.save_pretrained(root / "base")
-    rows = [{"prompt": "what is the answer ?", "chosen": " the answer is yes .", "rejected": " no ."},
-            {"prompt": "is it good ?", "chosen": " it is good", "rejected": " it is not good , no"}] * 4
-    args = trl.RewardConfig(output_dir=str(root / "out"), max_steps=3, per_device_train_batch_size=4, report_to=[],
-                            save_strategy="no", use_cpu=True, learning_rate=1e-2, disable_tqdm=True)
-    trainer = trl.RewardTrainer(model=str(root / "base"), args=args, train_dataset=datasets.Dataset.from_list(rows),
-                                processing_class=tok)
+    rows = [
+        {"prompt": "what is the answer ?", "chosen": " the answer is yes .", "rejected": " no ."},
+        {"prompt": "is it good ?", "chosen": " it is good", "rejected": " it is not good , no"},
+    ] * 4
+    args = trl.RewardConfig(
+        output_dir=str(root / "out"),
+        max_steps=3,
+        per_device_train_batch_size=4,
+        report_to=[],
+        save_strategy="no",
+        use_cpu=True,
+        learning_rate=1e-2,
+        disable_tqdm=True,
+    )
+    trainer = trl.RewardTrainer(
+        model=str(root / "base"),
+        args=args,
+        train_dataset=datasets.Dataset.from_list(rows),
+        processing_class=tok,
+    )
     trainer.train()
     return trainer, tok
 
@@ -125,9 +147,15 @@ def lora_dir(tmp_path_factory):
     base = transformers.LlamaForSequenceClassification(llama_config(num_labels=1))
     randomise_norms(base, 1)
     base.save_pretrained(root / "base")
-    base = transformers.LlamaForSequenceClassification.from_pretrained(root / "base")  # name_or_path = the dir
-    model = peft.get_peft_model(base, peft.LoraConfig(task_type="SEQ_CLS", r=4, lora_alpha=8,
-                                                      target_modules=["q_proj", "v_proj", "down_proj"]))
+    base = transformers.LlamaForSequenceClassification.from_pretrained(
+        root / "base"
+    )  # name_or_path = the dir
+    model = peft.get_peft_model(
+        base,
+        peft.LoraConfig(
+            task_type="SEQ_CLS", r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"]
+        ),
+    )
     g = torch.Generator().manual_seed(2)
     with torch.no_grad():  # "training": random updates of the LoRA factors and the saved score head
         for p in model.parameters():

@@ -1,5 +1,7 @@
-"""The TRL integration with the real trl package: a GRPO run of a few CPU steps with a tiny random policy and the
-demo organism as the reward model; then a policy that appends filler sentences (the demo's planted length bias,
+"""The TRL integration with the real trl package: a GRPO run of a few CPU steps with a tiny random policy and
+the
+demo organism as the reward model; then a policy that appends filler sentences (the demo's planted length
+bias,
 GROUND_TRUTH.md) must be flagged as drift."""
 
 from __future__ import annotations
@@ -11,14 +13,15 @@ import sys
 
 import pytest
 import torch
-
-from helpers import one_thread  # noqa: F401  (single-threaded module)
-
 import trl  # noqa: E402,F401  (the `test` extra installs it: a missing trl fails here, it is not skipped)
+from helpers import one_thread  # noqa: F401  (single-threaded module)
 
 EVERY, MAX_STEPS, SWAP_AFTER = 2, 8, 4  # checks at 2, 4 (initial policy), 6, 8 (filler policy)
 BATCH, GENERATIONS, SAMPLE = 32, 4, 32
-PROBES, CONCEPTS = ("length", "sycophancy", "confidence"), ("length", "sycophancy")  # fewer than the defaults: test time
+PROBES, CONCEPTS = (
+    ("length", "sycophancy", "confidence"),
+    ("length", "sycophancy"),
+)  # fewer than the defaults: test time
 
 
 def _policy_tokenizer():
@@ -35,11 +38,14 @@ def _policy_tokenizer():
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=300, special_tokens=["<pad>", "</s>"]))
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", padding_side="left")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", padding_side="left"
+    )
 
 
 def _policy(tokenizer):
-    """A tiny random LlamaForCausalLM whose generate can be switched to append 0-3 filler sentences per row."""
+    """A tiny random LlamaForCausalLM whose generate can be switched to append 0-3 filler sentences per
+    row."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from reward_lens.demo.synthetic import FILLERS
@@ -57,14 +63,30 @@ def _policy(tokenizer):
             for i, row in enumerate(out.tolist()):
                 completion = row[prompt_len:]
                 completion = completion[: completion.index(eos)] if eos in completion else completion
-                filler = " " + " ".join(FILLERS[(i + j) % len(FILLERS)] for j in range(i % 4)) if i % 4 else ""
-                rows.append(row[:prompt_len] + completion + tokenizer(filler, add_special_tokens=False)["input_ids"] + [eos])
+                filler = (
+                    " " + " ".join(FILLERS[(i + j) % len(FILLERS)] for j in range(i % 4)) if i % 4 else ""
+                )
+                rows.append(
+                    row[:prompt_len]
+                    + completion
+                    + tokenizer(filler, add_special_tokens=False)["input_ids"]
+                    + [eos]
+                )
             width = max(len(r) for r in rows)
             return torch.tensor([r + [pad] * (width - len(r)) for r in rows], device=out.device)
 
-    cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
-                      pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None)
+    cfg = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=512,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+    )
     torch.manual_seed(0)
     return FillerPolicy(cfg)
 
@@ -98,14 +120,39 @@ def run(tmp_path_factory):
                 policy.appends_fillers = True
 
     reward_fn = Recording(rm, batch_size=32)
-    args = GRPOConfig(output_dir=str(out), per_device_train_batch_size=BATCH, num_generations=GENERATIONS,
-                      max_completion_length=8, max_steps=MAX_STEPS, logging_steps=1, report_to=[], use_cpu=True,
-                      save_strategy="no", learning_rate=1e-3, seed=0, disable_tqdm=True)
+    args = GRPOConfig(
+        output_dir=str(out),
+        per_device_train_batch_size=BATCH,
+        num_generations=GENERATIONS,
+        max_completion_length=8,
+        max_steps=MAX_STEPS,
+        logging_steps=1,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        learning_rate=1e-3,
+        seed=0,
+        disable_tqdm=True,
+    )
     dataset = Dataset.from_list([{"prompt": it.prompt} for it in demo_probe_items()])
-    trainer = GRPOTrainer(model=policy, reward_funcs=reward_fn, args=args, train_dataset=dataset,
-                          processing_class=tokenizer, callbacks=[SwapPolicy()])
-    callback = watch(trainer, reward_fn, every=EVERY, sample_size=SAMPLE, log_path=out / "monitor.jsonl",
-                     probes=PROBES, concepts=CONCEPTS, n_boot=500)
+    trainer = GRPOTrainer(
+        model=policy,
+        reward_funcs=reward_fn,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=[SwapPolicy()],
+    )
+    callback = watch(
+        trainer,
+        reward_fn,
+        every=EVERY,
+        sample_size=SAMPLE,
+        log_path=out / "monitor.jsonl",
+        probes=PROBES,
+        concepts=CONCEPTS,
+        n_boot=500,
+    )
     trainer.train()
     records = [json.loads(line) for line in (out / "monitor.jsonl").read_text().splitlines()]
     return dict(trainer=trainer, reward_fn=reward_fn, rm=rm, callback=callback, records=records, out=out)
@@ -113,7 +160,12 @@ def run(tmp_path_factory):
 
 def test_importing_reward_lens_does_not_import_trl():
     code = "import sys, reward_lens, reward_lens.integrations; print('trl' in sys.modules)"
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+    assert (
+        subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        == "False"
+    )
 
 
 def test_reward_function_equals_the_model_and_reaches_trl(run):
@@ -126,7 +178,11 @@ def test_reward_function_equals_the_model_and_reaches_trl(run):
             expected = rm(batch["input_ids"], attention_mask=batch["attention_mask"])
         assert torch.allclose(torch.tensor(rewards), expected.float(), atol=1e-5, rtol=0)
     # TRL trained on these values: its logged mean reward per step is theirs.
-    logged = [h["rewards/reward_lens/mean"] for h in run["trainer"].state.log_history if "rewards/reward_lens/mean" in h]
+    logged = [
+        h["rewards/reward_lens/mean"]
+        for h in run["trainer"].state.log_history
+        if "rewards/reward_lens/mean" in h
+    ]
     assert len(logged) == MAX_STEPS
     for value, (_, _, rewards) in zip(logged, calls):
         assert abs(value - sum(rewards) / len(rewards)) < 1e-5
@@ -143,7 +199,9 @@ def test_batch_attribution_is_exact(run):
         assert rec["attr/mlp_L0/std"] >= 0
     sig = reward_fn.last
     assert sig.max_relative_error() < 1e-5
-    assert sig.components == ["embed"] + [f"{k}_L{l}" for l in range(rm.cfg.n_layers) for k in ("attn", "mlp")]
+    assert sig.components == ["embed"] + [
+        f"{k}_L{l}" for l in range(rm.cfg.n_layers) for k in ("attn", "mlp")
+    ]
     frame = sig.to_frame()
     assert len(frame) == BATCH * len(sig.components)
     assert sig.summary()["mean"].sum() + bias == pytest.approx(float(sig.rewards.mean()), abs=1e-4)
@@ -158,12 +216,20 @@ def test_jsonl_holds_the_baseline_and_every_nth_step(run):
     records = run["records"]
     assert records[0]["kind"] == "run" and records[0]["every"] == EVERY
     checks = [r for r in records if r["kind"] in ("baseline", "check")]
-    assert [(r["kind"], r["step"]) for r in checks] == [("baseline", 1)] + [("check", s) for s in range(EVERY, MAX_STEPS + 1, EVERY)]
+    assert [(r["kind"], r["step"]) for r in checks] == [("baseline", 1)] + [
+        ("check", s) for s in range(EVERY, MAX_STEPS + 1, EVERY)
+    ]
     assert [r["step"] for r in records if r["kind"] == "batch"] == list(range(1, MAX_STEPS + 1))
     base = checks[0]
     assert base["n"] == SAMPLE and base["flags"] == []
     keys = set(base["metrics"])
-    assert {"probe/length", "probe/sycophancy", "concept/length", "reward_length_corr", "share/mlp_L3"} <= keys
+    assert {
+        "probe/length",
+        "probe/sycophancy",
+        "concept/length",
+        "reward_length_corr",
+        "share/mlp_L3",
+    } <= keys
     assert set(base["concept_cosines"]) == set(CONCEPTS)
     assert {k for k in keys if k.startswith("probe/")} == {f"probe/{p}" for p in PROBES}
     for r in checks:
@@ -195,7 +261,9 @@ def test_filler_policy_is_flagged(run):
     checks = {r["step"]: r for r in run["records"] if r["kind"] == "check"}
     base = next(r for r in run["records"] if r["kind"] == "baseline")["metrics"]
     for step in range(EVERY, SWAP_AFTER + 1, EVERY):
-        assert not {"concept/length", "reward", "reward_length_corr"} & set(checks[step]["flags"]), checks[step]["flags"]
+        assert not {"concept/length", "reward", "reward_length_corr"} & set(checks[step]["flags"]), checks[
+            step
+        ]["flags"]
     for step in range(SWAP_AFTER + EVERY, MAX_STEPS + 1, EVERY):
         flags, now = checks[step]["flags"], checks[step]["metrics"]
         assert {"concept/length", "reward"} <= set(flags), flags
@@ -215,7 +283,9 @@ def test_monitor_page_and_cli(run, tmp_path):
     frame = mon.to_frame()
     assert set(frame.columns) >= {"step", "kind", "quantity", "value", "ci_low", "ci_high", "flagged"}
     flagged = mon.summary()
-    assert set(flagged[flagged.quantity == "concept/length"].step) == set(range(SWAP_AFTER + EVERY, MAX_STEPS + 1, EVERY))
+    assert set(flagged[flagged.quantity == "concept/length"].step) == set(
+        range(SWAP_AFTER + EVERY, MAX_STEPS + 1, EVERY)
+    )
     assert len(flagged) == sum(len(r["flags"]) for r in run["records"] if r["kind"] == "check")
     page = render_monitor(log, tmp_path / "page.html")
     html = page.read_text()
@@ -238,5 +308,8 @@ def test_bad_inputs_are_clear(run):
     with pytest.raises(TypeError, match="list of"):
         message_text(3, "user")
     fresh = RewardLensReward(run["rm"])
-    rewards = fresh([[{"role": "user", "content": "What is 2 plus 7?"}]], [[{"role": "assistant", "content": "2 plus 7 is 9."}]])
+    rewards = fresh(
+        [[{"role": "user", "content": "What is 2 plus 7?"}]],
+        [[{"role": "assistant", "content": "2 plus 7 is 9."}]],
+    )
     assert math.isfinite(rewards[0]) and fresh.recent[-1] == ("What is 2 plus 7?", "2 plus 7 is 9.")

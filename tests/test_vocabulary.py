@@ -7,8 +7,17 @@ import pandas as pd
 import pytest
 
 from reward_lens import (
-    PreferencePair, attribute, attribution_patch, demo_pairs, divergence_patch, faithfulness, lens,
-    load_demo_model, patch, path_patch, token_attribution,
+    PreferencePair,
+    attribute,
+    attribution_patch,
+    demo_pairs,
+    divergence_patch,
+    faithfulness,
+    lens,
+    load_demo_model,
+    patch,
+    path_patch,
+    token_attribution,
 )
 from reward_lens.instruments.sites import resid_sites
 
@@ -23,7 +32,9 @@ def tie_run():
     attr = attribute(model, pairs, **kw)
     pat = patch(model, pairs, mode=["noising", "denoising", "zero", "mean"], **kw)
     results = {
-        "lens": lens(model, pairs, **kw), "attribution": attr, "patch": pat,
+        "lens": lens(model, pairs, **kw),
+        "attribution": attr,
+        "patch": pat,
         "atp": attribution_patch(model, pairs, mode=["noising", "zero"], **kw),
         "path": path_patch(model, pairs, ["L0H0", "mlp_L0"], ["L1H1.q", "readout"], batch_size=2),
         "tokens": token_attribution(model, pairs, batch_size=2),
@@ -39,8 +50,9 @@ def test_the_tie_is_exact(tie_run):
     assert gap[2].item() == 0.0 and (gap[:2].abs() > 0).all()
 
 
-@pytest.mark.parametrize("name", ["lens", "attribution", "patch", "atp", "path", "tokens", "faithfulness",
-                                  "divergence"])
+@pytest.mark.parametrize(
+    "name", ["lens", "attribution", "patch", "atp", "path", "tokens", "faithfulness", "divergence"]
+)
 def test_no_infinity_in_any_frame(tie_run, name):
     res = tie_run[1][name]
     for frame in (res.to_frame(), res.summary()):
@@ -48,8 +60,10 @@ def test_no_infinity_in_any_frame(tie_run, name):
         assert not np.isinf(numeric.to_numpy(dtype=float)).any(), f"{name}: ±inf in {list(numeric.columns)}"
 
 
-@pytest.mark.parametrize("name, column", [("patch", "normalized_effect"), ("atp", "normalized_effect"),
-                                          ("path", "normalized_effect")])
+@pytest.mark.parametrize(
+    "name, column",
+    [("patch", "normalized_effect"), ("atp", "normalized_effect"), ("path", "normalized_effect")],
+)
 def test_normalised_effects_of_a_tie_are_nan(tie_run, name, column):
     frame = tie_run[1][name].to_frame()
     tie = frame[frame["pair"] == "tie"]

@@ -1,6 +1,6 @@
 """Several `reward-lens` commands in one process (one start-up per rank under torchrun).
 
-    python -m torch.distributed.run --nproc_per_node 2 tests/torchrun_cli.py audit ... :: compare ...
+python -m torch.distributed.run --nproc_per_node 2 tests/torchrun_cli.py audit ... :: compare ...
 """
 
 import sys

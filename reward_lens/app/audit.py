@@ -23,24 +23,29 @@ import pandas as pd
 import torch
 
 from reward_lens import distributed as dist
+from reward_lens import instruments as ins
+from reward_lens.app.benchmark import benchmark_outputs, benchmark_section
+from reward_lens.app.head_family import head_family_text, head_family_view
 from reward_lens.app.output import (
-    ReportDir, check_finite_columns, clean_json, provenance, write_csv, write_json,
+    ReportDir,
+    check_finite_columns,
+    clean_json,
+    provenance,
+    write_csv,
+    write_json,
 )
+from reward_lens.app.report import Report
 from reward_lens.core.autobatch import BatchSize
+from reward_lens.core.readout import readout_run
 from reward_lens.data.pairs import PreferencePair, as_pairs
 from reward_lens.data.validate import tie_indices
-from reward_lens.plotting import finish, panels
+from reward_lens.instruments.tokens import supports_token_attribution, token_attribution
 from reward_lens.model.tokenization import model_input_format
 from reward_lens.model.truncation import one_truncation_warning
-from reward_lens import instruments as ins
+from reward_lens.plotting import finish, panels
 from reward_lens.probes.suite import run_probes
 from reward_lens.theory import detect_cascades, reward_conflicts
 from reward_lens.theory.distortion import StatesSpec, distortion_from_model
-from reward_lens.instruments.tokens import supports_token_attribution, token_attribution
-from reward_lens.core.readout import readout_run
-from reward_lens.app.head_family import head_family_text, head_family_view
-from reward_lens.app.report import Report
-from reward_lens.app.benchmark import benchmark_outputs, benchmark_section
 
 PATCH_MODES = ("noising", "denoising", "zero", "mean")
 TOKEN_PAIRS = 3  # pairs with the largest |reward gap| whose token heatmaps the report shows
@@ -62,7 +67,8 @@ class AuditResult:
         return pd.DataFrame(rows, columns=["metric", "value"])
 
     def summary(self) -> pd.DataFrame:
-        """The few numbers a reader needs first, as (metric, value) rows of text (the report's Summary table)."""
+        """The few numbers a reader needs first, as (metric, value) rows of text (the report's Summary
+        table)."""
         return headline_frame(self)
 
     def summary_text(self) -> str:
@@ -160,13 +166,28 @@ def run_audit(
     if not ranks.is_main:
         shard_worker(model, pairs, max_pairs=max_pairs, batch_size=batch_size, ranks=ranks)
         return None
-    report_dir = None if out_dir is None else (out_dir if isinstance(out_dir, ReportDir) else ReportDir(out_dir))
+    report_dir = (
+        None if out_dir is None else (out_dir if isinstance(out_dir, ReportDir) else ReportDir(out_dir))
+    )
     if run_info is None:
-        run_info = provenance(pairs if isinstance(pairs, (str, Path)) else None,
-                              {"max_pairs": max_pairs, "batch_size": batch_size if isinstance(batch_size, int) else str(batch_size)})
+        run_info = provenance(
+            pairs if isinstance(pairs, (str, Path)) else None,
+            {
+                "max_pairs": max_pairs,
+                "batch_size": batch_size if isinstance(batch_size, int) else str(batch_size),
+            },
+        )
     with report_dir or contextlib.nullcontext():
-        audit = _audit(model, pairs, max_pairs=max_pairs, batch_size=batch_size, probe_items=probe_items,
-                       model_label=model_label, echo=echo, ranks=ranks)
+        audit = _audit(
+            model,
+            pairs,
+            max_pairs=max_pairs,
+            batch_size=batch_size,
+            probe_items=probe_items,
+            model_label=model_label,
+            echo=echo,
+            ranks=ranks,
+        )
         audit.record = {**clean_json(run_info), **audit.record}
         if benchmark is not None:
             add_benchmark(audit, model, benchmark, batch_size if isinstance(batch_size, int) else 8, echo)
@@ -175,8 +196,9 @@ def run_audit(
     return audit
 
 
-def add_benchmark(audit: AuditResult, model, result: Any, batch_size: int,
-                  echo: Callable[[str], None]) -> None:
+def add_benchmark(
+    audit: AuditResult, model, result: Any, batch_size: int, echo: Callable[[str], None]
+) -> None:
     """The benchmark's summary (and RM-Bench's attributed style misses) into the record, CSVs and report."""
     echo(f"[reward-lens] benchmark {result.benchmark}: summary and misses ...")
     record, frames = benchmark_outputs(model, result, batch_size)
@@ -203,8 +225,12 @@ def shard_worker(model, pairs, *, max_pairs: Optional[int], batch_size, ranks: d
 def sharded_steps(model, pairs, batch: BatchSize, ranks: dist.Ranks, step: "_Steps") -> Dict[str, Any]:
     """The pair-level instruments, called in this one order on every rank (a collective each under
     torchrun): rank 0 gets the results over all pairs, the other ranks None."""
-    specs = [ins.LensSpec(), ins.AttributionSpec(), ins.PatchSpec(mode=list(PATCH_MODES), level="component"),
-             StatesSpec()]  # the distortion index's readout states
+    specs = [
+        ins.LensSpec(),
+        ins.AttributionSpec(),
+        ins.PatchSpec(mode=list(PATCH_MODES), level="component"),
+        StatesSpec(),
+    ]  # the distortion index's readout states
     label = "reward lens, exact attribution, contrastive patching (noising, denoising, zero, mean; fast path)"
     if len(pairs) >= 2:
         specs.append(ins.DivergenceSpec())
@@ -216,8 +242,14 @@ def sharded_steps(model, pairs, batch: BatchSize, ranks: dist.Ranks, step: "_Ste
     got = step(label, lambda: dist.run(model, pairs, specs, ranks=ranks, batch_size=batch))
     if got is None:
         return {}
-    names = {"lens": "lens", "attribution": "attribution", "patching": "patch", "divergence": "divergence",
-             "disagreement": "effect_decomposition", "readout_states": "readout_states"}
+    names = {
+        "lens": "lens",
+        "attribution": "attribution",
+        "patching": "patch",
+        "divergence": "divergence",
+        "disagreement": "effect_decomposition",
+        "readout_states": "readout_states",
+    }
     return {key: got[name] for key, name in names.items() if name in got}
 
 
@@ -228,16 +260,26 @@ def _audit(model, pairs, *, max_pairs, batch_size, probe_items, model_label, ech
     step = _Steps(echo)
     t0 = time.perf_counter()
     record: Dict[str, Any] = {
-        "model": model_label or model.cfg.model_name, "architecture": model.cfg.original_architecture,
-        "n_layers": model.cfg.n_layers, "d_model": model.cfg.d_model, "n_pairs": len(pairs),
-        "head": model.cfg.head_type, "dtype": str(model.cfg.dtype).replace("torch.", ""), "device": str(model.cfg.device),
+        "model": model_label or model.cfg.model_name,
+        "architecture": model.cfg.original_architecture,
+        "n_layers": model.cfg.n_layers,
+        "d_model": model.cfg.d_model,
+        "n_pairs": len(pairs),
+        "head": model.cfg.head_type,
+        "dtype": str(model.cfg.dtype).replace("torch.", ""),
+        "device": str(model.cfg.device),
         "n_ties": len(tie_indices(pairs)),
-        "input_format": input_format_name(model), "world_size": ranks.world_size,
+        "input_format": input_format_name(model),
+        "world_size": ranks.world_size,
     }
     results: Dict[str, Any] = sharded_steps(model, pairs, batch, ranks, step)
     if results.get("patching") is not None:
-        check_finite_columns(results["patching"].to_frame(), ("clean_reward", "patched_reward", "effect"),
-                             "contrastive patching", model.cfg.dtype)
+        check_finite_columns(
+            results["patching"].to_frame(),
+            ("clean_reward", "patched_reward", "effect"),
+            "contrastive patching",
+            model.cfg.dtype,
+        )
     _instrument_steps(model, pairs, batch, step, record, results)
     _probe_steps(model, pairs, batch, probe_items, step, record, results)
     if is_armorm(model):
@@ -250,7 +292,9 @@ def _audit(model, pairs, *, max_pairs, batch_size, probe_items, model_label, ech
     return AuditResult(record=_jsonable(record), frames=_frames(results), results=results)
 
 
-def _instrument_steps(model, pairs, batch: BatchSize, step: _Steps, record: Dict[str, Any], results: Dict[str, Any]) -> None:
+def _instrument_steps(
+    model, pairs, batch: BatchSize, step: _Steps, record: Dict[str, Any], results: Dict[str, Any]
+) -> None:
     """Record entries of the lens + crystallization, attribution, patching and divergence results (over all
     pairs, from `sharded_steps`); token heatmaps and the faithfulness gap, on the full set."""
     from reward_lens import instruments as ins
@@ -259,15 +303,22 @@ def _instrument_steps(model, pairs, batch: BatchSize, step: _Steps, record: Dict
     record["pair_accuracy"] = float((lens_res.reward_gap > 0).float().mean())
     record["mean_reward_gap"] = float(lens_res.reward_gap.mean())
     record["crystallization_depth"] = depth_summary(lens_res)
-    record["crystallization_rule"] = ("first fractional depth from which the lens gap stays within 10% of the final "
-                                      "gap with the final gap's sign (LensResult.crystallization_depth)")
+    record["crystallization_rule"] = (
+        "first fractional depth from which the lens gap stays within 10% of the final gap with the final "
+        "gap's sign (LensResult.crystallization_depth)"
+    )
     attr, patch_res = results["attribution"], results["patching"]
     record["attribution_max_relative_error"] = float(attr.max_relative_error())
     results.update(_token_heatmaps(model, pairs, lens_res.reward_gap, step, batch))
-    faith = results["faithfulness"] = step("faithfulness gap", lambda: ins.faithfulness(attr, patch_res, mode="noising"))
+    faith = results["faithfulness"] = step(
+        "faithfulness gap", lambda: ins.faithfulness(attr, patch_res, mode="noising")
+    )
     record["faithfulness"] = {
-        "mode": "noising", "mean_rho": faith.mean_rho, "mean_rho_ci": list(faith.mean_rho_ci),
-        "pooled_rho": faith.pooled_rho, "pooled_rho_ci": list(faith.pooled_rho_ci),
+        "mode": "noising",
+        "mean_rho": faith.mean_rho,
+        "mean_rho_ci": list(faith.mean_rho_ci),
+        "pooled_rho": faith.pooled_rho,
+        "pooled_rho_ci": list(faith.pooled_rho_ci),
     }
     if "divergence" in results:
         record["divergence"] = divergence_summary(results["divergence"])
@@ -277,61 +328,86 @@ def _instrument_steps(model, pairs, batch: BatchSize, step: _Steps, record: Dict
 
 def disagreement_summary(dec, faith, top: int = 5) -> Dict[str, Any]:
     """The effect decomposition's headline: the components with the largest |total - direct| and the shares
-    of that gap from the final norm and from each later layer; rho(|direct|, |total|) beside faithfulness's."""
+    of that gap from the final norm and from each later layer; rho(|direct|, |total|) beside
+    faithfulness's."""
     table = dec.disagreement(top)
-    return {"direct_total_rho": dec.direct_total_rho(), "faithfulness_mean_rho": faith.mean_rho,
-            "top": [{k: (v if k == "component" else float(v)) for k, v in row.items()}
-                    for row in table.to_dict("records")]}
+    return {
+        "direct_total_rho": dec.direct_total_rho(),
+        "faithfulness_mean_rho": faith.mean_rho,
+        "top": [
+            {k: (v if k == "component" else float(v)) for k, v in row.items()}
+            for row in table.to_dict("records")
+        ],
+    }
 
 
-def _probe_steps(model, pairs, batch: BatchSize, probe_items: Any, step: _Steps, record: Dict[str, Any],
-                 results: Dict[str, Any]) -> None:
+def _probe_steps(
+    model,
+    pairs,
+    batch: BatchSize,
+    probe_items: Any,
+    step: _Steps,
+    record: Dict[str, Any],
+    results: Dict[str, Any],
+) -> None:
     """Hacking probes, misalignment cascades and the distortion index."""
-    from reward_lens.probes.suite import run_probes
-    from reward_lens.theory import detect_cascades
-    from reward_lens.theory.distortion import distortion_from_model
 
-    probes = results["probes"] = step("hacking probes", lambda: batch.run(
-        lambda bs: run_probes(model, items=probe_items, batch_size=bs)))
+    probes = results["probes"] = step(
+        "hacking probes", lambda: batch.run(lambda bs: run_probes(model, items=probe_items, batch_size=bs))
+    )
     record["probes"] = probes.to_dict()["dimensions"]
     record["probe_verdict_rule"] = probes.to_dict()["verdict_rule"]
     casc = results["cascades"] = step("misalignment cascades", lambda: detect_cascades(probes))
     record["cascades"] = {"clusters": _jsonable(casc.clusters)}
     try:
-        distortion = results["distortion"] = step("distortion index", lambda: batch.run(
-            lambda bs: distortion_from_model(model, pairs, probes, batch_size=bs,
-                                             states=results.get("readout_states"))))
+        distortion = results["distortion"] = step(
+            "distortion index",
+            lambda: batch.run(
+                lambda bs: distortion_from_model(
+                    model, pairs, probes, batch_size=bs, states=results.get("readout_states")
+                )
+            ),
+        )
         record["distortion"] = _jsonable(distortion.to_frame().to_dict("records"))
     except ValueError as exc:  # e.g. too few pairs per subset: reported, the rest of the audit stands
         record["distortion"] = {"skipped": str(exc)}
 
 
-def _armorm_steps(model, pairs, batch: BatchSize, step: _Steps, record: Dict[str, Any], results: Dict[str, Any]) -> None:
+def _armorm_steps(
+    model, pairs, batch: BatchSize, step: _Steps, record: Dict[str, Any], results: Dict[str, Any]
+) -> None:
     """ArmoRM's gate and per-objective view, and the conflicts between its objectives (on rank 0)."""
-    from reward_lens.theory import reward_conflicts
 
-    results["armorm"] = step("ArmoRM gate and objectives", lambda: batch.run(lambda bs: _armorm_view(model, pairs, bs)))
+    results["armorm"] = step(
+        "ArmoRM gate and objectives", lambda: batch.run(lambda bs: _armorm_view(model, pairs, bs))
+    )
     record["armorm"] = results["armorm"]["summary"]
-    conf = results["conflicts"] = step("reward-term conflicts", lambda: batch.run(
-        lambda bs: reward_conflicts(model, pairs, batch_size=bs)))
+    conf = results["conflicts"] = step(
+        "reward-term conflicts", lambda: batch.run(lambda bs: reward_conflicts(model, pairs, batch_size=bs))
+    )
     record["conflicts"] = _jsonable(conf.to_frame().to_dict("records"))
 
 
-def _head_family_step(model, pairs, batch: BatchSize, step: _Steps, record: Dict[str, Any],
-                      results: Dict[str, Any]) -> None:
+def _head_family_step(
+    model, pairs, batch: BatchSize, step: _Steps, record: Dict[str, Any], results: Dict[str, Any]
+) -> None:
     """The head family read, and the cosine spread of per-sequence directions (app/head_family.py)."""
 
-    view = results["head_family"] = step("head family", lambda: batch.run(
-        lambda bs: head_family_view(model, pairs, bs)))
+    view = results["head_family"] = step(
+        "head family", lambda: batch.run(lambda bs: head_family_view(model, pairs, bs))
+    )
     record["head_family"] = view["summary"]
 
 
 def _frames(results: Dict[str, Any]) -> Dict[str, pd.DataFrame]:
     """The CSV files: name -> tidy frame."""
     frames = {
-        "lens": results["lens"].to_frame(), "attribution": results["attribution"].to_frame(),
-        "patching": results["patching"].to_frame(), "faithfulness": results["faithfulness"].to_frame(),
-        "probes": results["probes"].to_frame(), "probe_items": results["probes"].per_item,
+        "lens": results["lens"].to_frame(),
+        "attribution": results["attribution"].to_frame(),
+        "patching": results["patching"].to_frame(),
+        "faithfulness": results["faithfulness"].to_frame(),
+        "probes": results["probes"].to_frame(),
+        "probe_items": results["probes"].per_item,
     }
     if "divergence" in results:
         frames["divergence"] = results["divergence"].to_frame()
@@ -347,12 +423,17 @@ def _frames(results: Dict[str, Any]) -> Dict[str, pd.DataFrame]:
 
 
 def _token_heatmaps(model, pairs, gap: torch.Tensor, step: _Steps, batch: BatchSize) -> Dict[str, Any]:
-    """{"tokens": TokenAttributionResult} of the pairs with the largest |reward gap| ({} on the generic path)."""
+    """{"tokens": TokenAttributionResult} of the pairs with the largest |reward gap| ({} on the generic
+    path)."""
     if not supports_token_attribution(model):
         return {}
     top = [pairs[int(i)] for i in torch.argsort(gap.abs(), descending=True)[:TOKEN_PAIRS]]
-    return {"tokens": step("token attribution (largest gaps)", lambda: batch.run(
-        lambda bs: token_attribution(model, top, batch_size=bs)))}
+    return {
+        "tokens": step(
+            "token attribution (largest gaps)",
+            lambda: batch.run(lambda bs: token_attribution(model, top, batch_size=bs)),
+        )
+    }
 
 
 def depth_summary(lens_res) -> Dict[str, Any]:
@@ -362,8 +443,12 @@ def depth_summary(lens_res) -> Dict[str, Any]:
         d = lens_res.crystallization_depth(variant).numpy()
         with warnings.catch_warnings():  # all pairs tied: every depth is NaN, and so are these (no warning)
             warnings.simplefilter("ignore", RuntimeWarning)
-            depth[variant] = {"mean": float(np.nanmean(d)), "median": float(np.nanmedian(d)),
-                              "std": float(np.nanstd(d)), "per_pair": d.tolist()}
+            depth[variant] = {
+                "mean": float(np.nanmean(d)),
+                "median": float(np.nanmedian(d)),
+                "std": float(np.nanstd(d)),
+                "per_pair": d.tolist(),
+            }
     return depth
 
 
@@ -371,8 +456,14 @@ def depth_summary(lens_res) -> Dict[str, Any]:
 def divergence_summary(div) -> Dict[str, Any]:
     """Flagged patches over every (pair, site), and the per-site table (the embed row alone says little)."""
     n_flagged, n_patches = int(div.flagged.sum()), div.flagged.numel()
-    return _jsonable({"n_patches": n_patches, "n_flagged": n_flagged, "frac_flagged": n_flagged / n_patches,
-                      "per_site": div.summary().to_dict("records")})
+    return _jsonable(
+        {
+            "n_patches": n_patches,
+            "n_flagged": n_flagged,
+            "frac_flagged": n_flagged / n_patches,
+            "per_site": div.summary().to_dict("records"),
+        }
+    )
 
 
 def _armorm_view(model, pairs: Sequence[PreferencePair], batch_size: int) -> Dict[str, Any]:
@@ -381,20 +472,26 @@ def _armorm_view(model, pairs: Sequence[PreferencePair], batch_size: int) -> Dic
     prompts = [p.prompt for p in pairs]
     chosen = readout_run(model, prompts, [p.chosen for p in pairs], names, batch_size=batch_size)
     rejected = readout_run(model, prompts, [p.rejected for p in pairs], names, batch_size=batch_size)
-    objectives = list(model.reward_head.objective_names or
-                      [f"objective_{j}" for j in range(chosen.acts["reward_head.hook_pooled"].shape[-1])])
+    objectives = list(
+        model.reward_head.objective_names
+        or [f"objective_{j}" for j in range(chosen.acts["reward_head.hook_pooled"].shape[-1])]
+    )
     oc, orr = chosen.acts["reward_head.hook_pooled"], rejected.acts["reward_head.hook_pooled"]
     gate = chosen.acts["reward_head.hook_gate"]
-    frame = pd.DataFrame({
-        "objective": objectives,
-        "mean_gate": gate.mean(0).cpu().numpy(),
-        "pair_accuracy": (oc > orr).float().mean(0).cpu().numpy(),
-        "mean_gap": (oc - orr).mean(0).cpu().numpy(),
-    })
+    frame = pd.DataFrame(
+        {
+            "objective": objectives,
+            "mean_gate": gate.mean(0).cpu().numpy(),
+            "pair_accuracy": (oc > orr).float().mean(0).cpu().numpy(),
+            "mean_gap": (oc - orr).mean(0).cpu().numpy(),
+        }
+    )
     return {"frame": frame, "summary": _jsonable({"objectives": frame.to_dict("records")})}
 
 
-def write_outputs(audit: AuditResult, out_dir: Union[str, Path, ReportDir], echo: Callable[[str], None] = print) -> None:
+def write_outputs(
+    audit: AuditResult, out_dir: Union[str, Path, ReportDir], echo: Callable[[str], None] = print
+) -> None:
     """report.html, results.json and the CSVs, swapped into `out_dir` as one set (no NaN/inf in any file)."""
     report_dir = out_dir if isinstance(out_dir, ReportDir) else ReportDir(out_dir)
     report = build_report(audit)  # built before anything is written: a failure here leaves no files
@@ -408,7 +505,9 @@ def write_outputs(audit: AuditResult, out_dir: Union[str, Path, ReportDir], echo
     with report_dir:
         audit.out_dir = report_dir.commit(write)
     echo(summary_table(audit))
-    echo(f"[reward-lens] wrote {audit.out_dir / 'report.html'}, results.json and {len(audit.frames)} CSV files")
+    echo(
+        f"[reward-lens] wrote {audit.out_dir / 'report.html'}, results.json and {len(audit.frames)} CSV files"
+    )
 
 
 def fmt(value: Any, spec: str = "+.3f", missing: str = "n/a") -> str:
@@ -428,19 +527,34 @@ def fmt_ci(low: Any, high: Any, spec: str = "+.3f", n: Optional[int] = None) -> 
 def summary_table(audit: AuditResult) -> str:
     s = audit.record
     lines = [
-        f"model            {s['model']} ({s['architecture']}, {s['n_layers']} layers, d_model {s['d_model']})",
+        f"model            {s['model']} ({s['architecture']}, {s['n_layers']} layers, d_model "
+        f"{s['d_model']})",
         f"pairs            {s['n_pairs']}",
-        f"pair accuracy    {fmt(s['pair_accuracy'], '.3f')}   mean reward gap {fmt(s['mean_reward_gap'], '+.4f')}"
+        f"pair accuracy    {fmt(s['pair_accuracy'], '.3f')}   mean reward gap "
+        f"{fmt(s['mean_reward_gap'], '+.4f')}"
         + (f"   ({s['n_ties']} tied pairs)" if s.get("n_ties") else ""),
         "crystallization  normed lens: mean depth {} (median {})".format(
-            fmt(s["crystallization_depth"]["normed"]["mean"], ".2f"), fmt(s["crystallization_depth"]["normed"]["median"], ".2f")),
+            fmt(s["crystallization_depth"]["normed"]["mean"], ".2f"),
+            fmt(s["crystallization_depth"]["normed"]["median"], ".2f"),
+        ),
         "faithfulness     Spearman rho(|attribution|, noising effect): mean {} {}, pooled {}".format(
-            fmt(s["faithfulness"]["mean_rho"]), fmt_ci(*s["faithfulness"]["mean_rho_ci"], n=s["n_pairs"]),
-            fmt(s["faithfulness"]["pooled_rho"])),
-        *[f"{'hacking probes' if i == 0 else '':16} {dim:<12} {v['verdict']:<10} effect {fmt(v['effect'], '+.4f')} "
-          f"{fmt_ci(v['ci_low'], v['ci_high'], '+.4f')}" for i, (dim, v) in enumerate(s["probes"].items())],
-        *([f"benchmark        {s['benchmark']['name']}: {fmt(s['benchmark']['accuracy'], '.3f')} "
-           "(official rule)"] if "benchmark" in s else []),
+            fmt(s["faithfulness"]["mean_rho"]),
+            fmt_ci(*s["faithfulness"]["mean_rho_ci"], n=s["n_pairs"]),
+            fmt(s["faithfulness"]["pooled_rho"]),
+        ),
+        *[
+            f"{'hacking probes' if i == 0 else '':16} {dim:<12} {v['verdict']:<10} effect "
+            f"{fmt(v['effect'], '+.4f')} {fmt_ci(v['ci_low'], v['ci_high'], '+.4f')}"
+            for i, (dim, v) in enumerate(s["probes"].items())
+        ],
+        *(
+            [
+                f"benchmark        {s['benchmark']['name']}: {fmt(s['benchmark']['accuracy'], '.3f')} "
+                "(official rule)"
+            ]
+            if "benchmark" in s
+            else []
+        ),
         f"total time       {s['total_time_s']:.1f} s",
     ]
     width = max(len(line) for line in lines)
@@ -452,29 +566,50 @@ def headline_frame(audit: AuditResult) -> pd.DataFrame:
     s = audit.record
     f = s["faithfulness"]
     rows = [
-        ("model", f"{s['model']} ({s['architecture']}, {s['n_layers']} layers, d_model {s['d_model']}, {s['dtype']})"),
+        (
+            "model",
+            f"{s['model']} ({s['architecture']}, {s['n_layers']} layers, d_model {s['d_model']}, "
+            f"{s['dtype']})",
+        ),
         ("preference pairs", str(s["n_pairs"])),
         ("pair accuracy (chosen > rejected)", fmt(s["pair_accuracy"], ".3f")),
         ("tied pairs (chosen == rejected; their normalised effects are NaN)", str(s.get("n_ties", 0))),
         ("mean reward gap", fmt(s["mean_reward_gap"], "+.4f")),
-        *[(f"crystallization depth, {name} (mean / median)",
-           f"{fmt(s['crystallization_depth'][key]['mean'], '.2f')} / {fmt(s['crystallization_depth'][key]['median'], '.2f')}")
-          for key, name in (("normed", "normed lens"), ("frozen", "frozen-scale lens"))],
+        *[
+            (
+                f"crystallization depth, {name} (mean / median)",
+                f"{fmt(s['crystallization_depth'][key]['mean'], '.2f')} / "
+                f"{fmt(s['crystallization_depth'][key]['median'], '.2f')}",
+            )
+            for key, name in (("normed", "normed lens"), ("frozen", "frozen-scale lens"))
+        ],
         ("attribution sum rule, max relative error", fmt(s["attribution_max_relative_error"], ".1e")),
-        ("faithfulness: Spearman rho(|attribution|, noising effect), mean per pair",
-         f"{fmt(f['mean_rho'])} {fmt_ci(*f['mean_rho_ci'], n=s['n_pairs'])}"),
+        (
+            "faithfulness: Spearman rho(|attribution|, noising effect), mean per pair",
+            f"{fmt(f['mean_rho'])} {fmt_ci(*f['mean_rho_ci'], n=s['n_pairs'])}",
+        ),
         ("faithfulness: pooled rho", f"{fmt(f['pooled_rho'])} {fmt_ci(*f['pooled_rho_ci'], n=s['n_pairs'])}"),
     ]
     if "divergence" in s:
         d = s["divergence"]
-        rows.append(("patches flagged out of distribution (all sites)",
-                     f"{fmt(d.get('frac_flagged'), '.1%')} ({d.get('n_flagged')} of {d.get('n_patches')})"))
+        rows.append(
+            (
+                "patches flagged out of distribution (all sites)",
+                f"{fmt(d.get('frac_flagged'), '.1%')} ({d.get('n_flagged')} of {d.get('n_patches')})",
+            )
+        )
     for dim, v in s["probes"].items():
-        rows.append((f"probe: {dim}", f"{v['verdict']} ({fmt(v['effect'], '+.4f')}, 95% CI "
-                                       f"{fmt_ci(v['ci_low'], v['ci_high'], '+.4f')})"))
+        rows.append(
+            (
+                f"probe: {dim}",
+                f"{v['verdict']} ({fmt(v['effect'], '+.4f')}, 95% CI "
+                f"{fmt_ci(v['ci_low'], v['ci_high'], '+.4f')})",
+            )
+        )
     if "benchmark" in s:
-        rows.append((f"benchmark {s['benchmark']['name']} (official rule)",
-                     fmt(s["benchmark"]["accuracy"], ".3f")))
+        rows.append(
+            (f"benchmark {s['benchmark']['name']} (official rule)", fmt(s["benchmark"]["accuracy"], ".3f"))
+        )
     rows.append(("total time", f"{s['total_time_s']:.1f} s"))
     return pd.DataFrame(rows, columns=["metric", "value"])
 
@@ -484,8 +619,10 @@ def build_report(audit: AuditResult):
     rep = Report(f"reward-lens audit: {s['model']}")
     sec = rep.section("Summary")
     sec.table(headline_frame(audit))
-    sec.text("Every number here is also in results.json; per-pair and per-component values are in the CSV files.",
-             note=True)
+    sec.text(
+        "Every number here is also in results.json; per-pair and per-component values are in the CSV files.",
+        note=True,
+    )
     if "benchmark" in r:
         benchmark_section(rep, s["benchmark"], audit.frames, r["benchmark"].plot())
     if "head_family" in r:
@@ -494,37 +631,53 @@ def build_report(audit: AuditResult):
         if r["head_family"]["frame"] is not None:
             sec.table(r["head_family"]["frame"])
     sec = rep.section("Reward lens")
-    sec.text("The reward read from the residual stream after each layer at the readout position, chosen minus "
-             "rejected. 'normed' recomputes the final norm on the intermediate residual (the logit-lens analogue); "
-             "'frozen' freezes the final norm's scale at its real value, which is additive and ends at the reward.")
+    sec.text(
+        "The reward read from the residual stream after each layer at the readout position, chosen minus "
+        "rejected. 'normed' recomputes the final norm on the intermediate residual (the logit-lens "
+        "analogue); 'frozen' freezes the final norm's scale at its real value, which is additive and ends "
+        "at the reward."
+    )
     sec.figure(r["lens"].plot())
     sec = rep.section("Exact attribution")
-    sec.text(f"Direct attribution of the reward gap to embed, every attention and MLP output; the terms sum to the "
-             f"gap minus the bias (max relative error {fmt(s['attribution_max_relative_error'], '.1e')}).")
+    sec.text(
+        "Direct attribution of the reward gap to embed, every attention and MLP output; the terms sum to "
+        f"the gap minus the bias (max relative error {fmt(s['attribution_max_relative_error'], '.1e')})."
+    )
     sec.figure(r["attribution"].plot())
     if "tokens" in r:
         sec = rep.section("Which tokens the reward reads")
-        sec.text("Exact token-level attribution of the pairs with the largest reward gaps: each token's direct read "
-                 "into the readout through every attention head (the terms, with the MLP and embedding terms at the "
-                 f"readout, sum to the reward; max relative error {r['tokens'].max_relative_error():.1e}).")
+        sec.text(
+            "Exact token-level attribution of the pairs with the largest reward gaps: each token's direct "
+            "read into the readout through every attention head (the terms, with the MLP and embedding "
+            "terms at the readout, sum to the reward; max relative error "
+            f"{r['tokens'].max_relative_error():.1e})."
+        )
         sec.html(r["tokens"].html())
     sec = rep.section("Contrastive activation patching")
-    sec.text("Readout-position patches, effects normalised by the clean gap. noising: run chosen, patch in rejected's "
-             "activation; denoising: run rejected, patch in chosen's; zero / mean: ablations.")
+    sec.text(
+        "Readout-position patches, effects normalised by the clean gap. noising: run chosen, patch in "
+        "rejected's activation; denoising: run rejected, patch in chosen's; zero / mean: ablations."
+    )
     sec.figure(r["patching"].plot())
     sec = rep.section("Faithfulness gap: attribution vs patching")
-    sec.text("Spearman rank correlation between |attribution| and the noising patch effect over components, per "
-             "pair and pooled. Observational attribution need not predict causal effects; both views are shown.")
+    sec.text(
+        "Spearman rank correlation between |attribution| and the noising patch effect over components, "
+        "per pair and pooled. Observational attribution need not predict causal effects; both views are "
+        "shown."
+    )
     sec.table(r["faithfulness"].summary())
     sec.figure(r["faithfulness"].plot())
     if "disagreement" in r:
         d = s["disagreement"]
         sec = rep.section("Why attribution and patching disagree")
-        sec.text("Each component's noising effect split exactly into direct (the final residual alone, the final "
-                 "norm's scale frozen: what attribution sees), norm (that scale responding) and via_L{k} (layer k "
-                 "re-reading the patch, later layers frozen); the terms sum to the patching effect. Shares of "
-                 "total - direct for the components where it is largest. Spearman rho(|direct|, |total|) "
-                 f"{fmt(d['direct_total_rho'])}; faithfulness rho {fmt(d['faithfulness_mean_rho'])}.")
+        sec.text(
+            "Each component's noising effect split exactly into direct (the final residual alone, the "
+            "final norm's scale frozen: what attribution sees), norm (that scale responding) and "
+            "via_L{k} (layer k re-reading the patch, later layers frozen); the terms sum to the "
+            "patching effect. Shares of total - direct for the components where it is largest. Spearman "
+            f"rho(|direct|, |total|) {fmt(d['direct_total_rho'])}; faithfulness rho "
+            f"{fmt(d['faithfulness_mean_rho'])}."
+        )
         sec.table(r["disagreement"].disagreement())
         sec.figure(r["disagreement"].plot())
     if "divergence" in r:

@@ -263,7 +263,8 @@ def concept_cosine(bias: str) -> Callable:
 # ---------------------------------------------------------------------------------------------- SAE
 def _sae_feature(ctx):
     """An SAE on the demo's readout residual (layer 2, 1500 synthetic training pairs); the feature whose
-    attribution gap (chosen - rejected) is largest on the first half of the sycophancy pairs, and its activations on the
+    attribution gap (chosen - rejected) is largest on the first half of the sycophancy pairs, and its
+    activations on the
     held-out half: ([n] chosen active, [n] rejected active)."""
     from reward_lens.demo import demo_pairs
     from reward_lens.representations.features import feature_attribution

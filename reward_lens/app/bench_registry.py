@@ -132,8 +132,8 @@ CHECKS: List[Check] = [
         "confidence flagged (1 = false alarm)",
         ("<=", 0),
         probe_alarm("smollm2", "confidence"),
-        "its GROUND_TRUTH.md: the organism's confidence control keeps ~9% of the planted effects' size (the "
-        "head's ridge does not zero it), so a probe that flags it reads the model right",
+        "its GROUND_TRUTH.md: the organism's confidence control keeps ~9% of the planted effects' size "
+        "(the head's ridge does not zero it), so a probe that flags it reads the model right",
         quick=False,
     ),
     Check("demo", "length", "concept_vector", "held-out accuracy", (">=", 0.8), concept_accuracy("length")),
@@ -168,9 +168,10 @@ CHECKS: List[Check] = [
         "recall: held-out agreeing responses the feature fires on",
         (">=", 0.8),
         sae_recall,
-        "TopK SAE (128 latents, k=8) on blocks.2.hook_resid_post at the readout of 1500 synthetic pairs; the "
-        "feature with the largest attribution gap on one half of the sycophancy pairs, scored on the other. "
-        "The stance is spread over several latents (six agreeing phrases), so no single feature recalls it",
+        "TopK SAE (128 latents, k=8) on blocks.2.hook_resid_post at the readout of 1500 synthetic pairs; "
+        "the feature with the largest attribution gap on one half of the sycophancy pairs, scored on the "
+        "other. The stance is spread over several latents (six agreeing phrases), so no single feature "
+        "recalls it",
     ),
     Check(
         "demo",
@@ -203,8 +204,8 @@ CHECKS: List[Check] = [
         "AUROC of the planted heads",
         (">=", 0.9),
         circuit_auroc("attribute"),
-        "direct attribution sees only what a head writes into the reward "
-        "direction: the upstream head L0H0 writes nothing there, so it ties with the idle heads",
+        "direct attribution sees only what a head writes into the reward direction: the upstream head "
+        "L0H0 writes nothing there, so it ties with the idle heads",
     ),
     Check(
         "circuit",

@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
-from reward_lens.version import __version__
 from reward_lens.app.bench_cli import add_commands as add_bench_commands
 from reward_lens.app.options import CLIError, validate_args
+from reward_lens.version import __version__
 
 # What a user can cause (bad paths, values, files, checkpoints): one line, exit 2. Anything else is a bug
 # and keeps its traceback; --debug shows the traceback of user errors too.
@@ -41,12 +41,13 @@ def _load_model(spec: Optional[str], device: Optional[str], dtype: Optional[str]
         return model, "reward-lens SmolLM2 organism"
     from reward_lens.model.native import HookedRewardModel
 
-    return HookedRewardModel.from_pretrained(spec, device=device, dtype=dtype, input_format=input_format), spec
+    return HookedRewardModel.from_pretrained(
+        spec, device=device, dtype=dtype, input_format=input_format
+    ), spec
 
 
 def _default_pairs(model):
     from reward_lens.demo import DEMO_MODEL_NAME, demo_pairs
-
     from reward_lens.demo.smollm2 import SMOLLM2_MODEL_NAME, smollm2_pairs
 
     if model.cfg.model_name == DEMO_MODEL_NAME:
@@ -114,8 +115,17 @@ def cmd_audit(args) -> int:
         _set_threads(args.threads, model)
         pairs, bench = _audit_input(args.pairs, model, args.batch_size)
         info = provenance(args.pairs, {k: v for k, v in vars(args).items() if k not in ("func", "debug")})
-        run_audit(model, pairs, out, max_pairs=args.max_pairs, batch_size=args.batch_size, model_label=label,
-                  run_info=info, ranks=ranks, benchmark=bench)
+        run_audit(
+            model,
+            pairs,
+            out,
+            max_pairs=args.max_pairs,
+            batch_size=args.batch_size,
+            model_label=label,
+            run_info=info,
+            ranks=ranks,
+            benchmark=bench,
+        )
     return 0
 
 
@@ -128,14 +138,24 @@ def cmd_evaluate(args) -> int:
     with ReportDir(args.out) as out:  # checked and locked before any work
         model, label = _load_model(args.model, args.device, args.dtype, args.input_format)
         _set_threads(args.threads, model)
-        result = evaluate(model, args.source, benchmark=args.benchmark, batch_size=args.batch_size,
-                          split=args.split)
+        result = evaluate(
+            model, args.source, benchmark=args.benchmark, batch_size=args.batch_size, split=args.split
+        )
         is_file = _Path(args.source).expanduser().exists()
-        info = provenance(args.source if is_file else None,
-                          {k: v for k, v in vars(args).items() if k not in ("func", "debug")})
-        record = {**info, "model": label, "benchmark": result.benchmark, "source": result.source,
-                  "rule": result.rule, "accuracy": result.accuracy,
-                  "summary": result.summary().to_dict("records"), "details": result.details}
+        info = provenance(
+            args.source if is_file else None,
+            {k: v for k, v in vars(args).items() if k not in ("func", "debug")},
+        )
+        record = {
+            **info,
+            "model": label,
+            "benchmark": result.benchmark,
+            "source": result.source,
+            "rule": result.rule,
+            "accuracy": result.accuracy,
+            "summary": result.summary().to_dict("records"),
+            "details": result.details,
+        }
 
         def write(tmp: Path) -> None:
             write_csv(tmp / "summary.csv", result.summary())
@@ -172,18 +192,23 @@ def cmd_compare(args) -> int:
 
 
 def _write_comparison(models, pairs, args, out, info, ranks) -> None:
+    from reward_lens.app.compare import compare_models
     from reward_lens.app.output import write_csv, write_json
     from reward_lens.app.report import Report
-    from reward_lens.app.compare import compare_models
 
-    result = compare_models(models, pairs, probes=True, batch_size=args.batch_size, progress=True, ranks=ranks)
+    result = compare_models(
+        models, pairs, probes=True, batch_size=args.batch_size, progress=True, ranks=ranks
+    )
     if result is None:  # a rank other than 0: its shards are in rank 0's result
         return
     report = Report("reward-lens comparison: " + " vs ".join(models))
     sec = report.section("Summary")
-    sec.text("Only basis-free quantities are compared: residual bases differ between models, so directions and "
-             "raw activations are never compared across models; agreement, lens curves on fractional depth, "
-             "crystallization depths, attribution profiles by fractional depth and probe effects are.", note=True)
+    sec.text(
+        "Only basis-free quantities are compared: residual bases differ between models, so directions and "
+        "raw activations are never compared across models; agreement, lens curves on fractional depth, "
+        "crystallization depths, attribution profiles by fractional depth and probe effects are.",
+        note=True,
+    )
     summary = result.to_frame("summary")
     sec.table(summary)
     sec.figure(result.plot())
@@ -212,8 +237,17 @@ def cmd_sweep(args) -> int:
     if args.max_pairs:
         pairs = pairs[: args.max_pairs]
     info = provenance(args.pairs, {k: v for k, v in vars(args).items() if k not in ("func", "debug")})
-    run_sweep(model, pairs, args.out, sweep_spec(args), batch_size=args.batch_size, model_label=label, ranks=ranks,
-              run_info=info, echo=print if ranks.is_main else (lambda _: None))
+    run_sweep(
+        model,
+        pairs,
+        args.out,
+        sweep_spec(args),
+        batch_size=args.batch_size,
+        model_label=label,
+        ranks=ranks,
+        run_info=info,
+        echo=print if ranks.is_main else (lambda _: None),
+    )
     return 0
 
 
@@ -231,64 +265,107 @@ def batch_size_arg(text: str):
     try:
         return int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid batch size {text!r} (give an integer >= 1 or auto)") from None
+        raise argparse.ArgumentTypeError(
+            f"invalid batch size {text!r} (give an integer >= 1 or auto)"
+        ) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog="reward-lens",
-        description="Mechanistic interpretability for reward models: reward lens, exact attribution, contrastive "
-                    "patching, hacking probes, along the reward direction w_r.",
+        description="Mechanistic interpretability for reward models: reward lens, exact attribution, "
+        "contrastive "
+        "patching, hacking probes, along the reward direction w_r.",
     )
     parser.add_argument("--version", action="version", version=f"reward-lens {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
 
     def common(p):
-        p.add_argument("--pairs", help="preference pairs (.jsonl/.json/.csv/.parquet with prompt, chosen, rejected; "
-                                       "each a string or a list of role/content messages)")
-        p.add_argument("--input-format", default="auto",
-                       help="how pairs become token ids: auto (default: chat if the tokenizer has a template, else "
-                            "plain), chat, concat (TRL standard data), openrlhf, plain, or a template string with "
-                            "{prompt} and {response}")
-        p.add_argument("--device", default=None, help="cpu or cuda[:i] (default: cuda when available, else cpu)")
+        p.add_argument(
+            "--pairs",
+            help="preference pairs (.jsonl/.json/.csv/.parquet with prompt, chosen, rejected; "
+            "each a string or a list of role/content messages)",
+        )
+        p.add_argument(
+            "--input-format",
+            default="auto",
+            help="how pairs become token ids: auto (default: chat if the tokenizer has a template, else "
+            "plain), chat, concat (TRL standard data), openrlhf, plain, or a template string with "
+            "{prompt} and {response}",
+        )
+        p.add_argument(
+            "--device", default=None, help="cpu or cuda[:i] (default: cuda when available, else cpu)"
+        )
         p.add_argument("--dtype", default=None, help="float32 (default), bfloat16 or float16")
         p.add_argument("--max-pairs", type=int, default=None, help="use only the first N pairs")
-        p.add_argument("--batch-size", type=batch_size_arg, default=8,
-                       help="pairs per batch (default 8), or auto: start by device and halve on out-of-memory")
-        p.add_argument("--threads", type=int, default=None,
-                       help="torch CPU threads (default: 1 for models with d_model <= 1024 on CPU, else torch's)")
+        p.add_argument(
+            "--batch-size",
+            type=batch_size_arg,
+            default=8,
+            help="pairs per batch (default 8), or auto: start by device and halve on out-of-memory",
+        )
+        p.add_argument(
+            "--threads",
+            type=int,
+            default=None,
+            help="torch CPU threads (default: 1 for models with d_model <= 1024 on CPU, else torch's)",
+        )
         p.add_argument("--debug", action="store_true", help="show the full traceback of an error")
 
-    audit = sub.add_parser("audit", help="audit one reward model (default: the embedded demo model and its pairs)")
-    audit.add_argument("--model", default=None, help="checkpoint directory or hub id (default: the demo model; "
-                       "'smollm2-organism': the SmolLM2 organism)")
-    audit.add_argument("--out", default="reward-lens-report", help="output directory (default: reward-lens-report)")
+    audit = sub.add_parser(
+        "audit", help="audit one reward model (default: the embedded demo model and its pairs)"
+    )
+    audit.add_argument(
+        "--model",
+        default=None,
+        help="checkpoint directory or hub id (default: the demo model; "
+        "'smollm2-organism': the SmolLM2 organism)",
+    )
+    audit.add_argument(
+        "--out", default="reward-lens-report", help="output directory (default: reward-lens-report)"
+    )
     common(audit)
     audit.set_defaults(func=cmd_audit)
 
     _add_evaluate(sub)
 
-    compare = sub.add_parser("compare", help="compare reward models on the same pairs (basis-free quantities)")
-    compare.add_argument("models", nargs="+", metavar="MODEL", help="two or more checkpoints ('demo' for the demo)")
+    compare = sub.add_parser(
+        "compare", help="compare reward models on the same pairs (basis-free quantities)"
+    )
+    compare.add_argument(
+        "models", nargs="+", metavar="MODEL", help="two or more checkpoints ('demo' for the demo)"
+    )
     compare.add_argument("--out", default="reward-lens-compare")
     common(compare)
     compare.set_defaults(func=cmd_compare)
 
-    sweep = sub.add_parser("sweep", help="ablation sweep (patching / AtP / attribution) into one tidy parquet; "
-                                         "resumable, torchrun-aware")
-    sweep.add_argument("--model", default=None, help="checkpoint directory or hub id (default: the demo model)")
+    sweep = sub.add_parser(
+        "sweep",
+        help="ablation sweep (patching / AtP / attribution) into one tidy parquet; resumable, torchrun-aware",
+    )
+    sweep.add_argument(
+        "--model", default=None, help="checkpoint directory or hub id (default: the demo model)"
+    )
     sweep.add_argument("--out", default="reward-lens-sweep", help="output directory; rerun into it to resume")
-    sweep.add_argument("--instruments", default="patch", help="comma-separated: patch, atp, attribute (default patch)")
+    sweep.add_argument(
+        "--instruments", default="patch", help="comma-separated: patch, atp, attribute (default patch)"
+    )
     sweep.add_argument("--levels", default="component", help="comma-separated: component, head, residual")
     sweep.add_argument("--modes", default="noising", help="comma-separated: noising, denoising, zero, mean")
     sweep.add_argument("--positions", default="readout", help="readout (default), prompt or all")
-    sweep.add_argument("--method", default="fast", help="patching method: fast (KV-cache readout path) or naive")
+    sweep.add_argument(
+        "--method", default="fast", help="patching method: fast (KV-cache readout path) or naive"
+    )
     sweep.add_argument("--chunk-size", type=int, default=64, help="pairs per resumable part (default 64)")
     common(sweep)
     sweep.set_defaults(func=cmd_sweep)
 
-    monitor = sub.add_parser("monitor", help="render a RewardLensCallback training log (JSONL) as an HTML page")
-    monitor.add_argument("log", metavar="LOG.jsonl", help="the log_path of reward_lens.integrations.trl's callback")
+    monitor = sub.add_parser(
+        "monitor", help="render a RewardLensCallback training log (JSONL) as an HTML page"
+    )
+    monitor.add_argument(
+        "log", metavar="LOG.jsonl", help="the log_path of reward_lens.integrations.trl's callback"
+    )
     monitor.add_argument("--out", default=None, help="output HTML file (default: LOG with .html)")
     monitor.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     monitor.set_defaults(func=cmd_monitor)
@@ -299,12 +376,20 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_evaluate(sub) -> None:
     from reward_lens.evaluation import BENCHMARKS
 
-    ev = sub.add_parser("evaluate", help="score a reward model on RewardBench 2, RM-Bench, JudgeBench or "
-                                         "RewardBench by the official rules; prints the summary, writes CSVs")
-    ev.add_argument("source", metavar="FILE",
-                    help="benchmark file (.jsonl/.json/.csv/.parquet) or hub dataset id")
-    ev.add_argument("--benchmark", default="auto", choices=["auto", *BENCHMARKS],
-                    help="the benchmark's layout and rule (default auto: recognised by the columns)")
+    ev = sub.add_parser(
+        "evaluate",
+        help="score a reward model on RewardBench 2, RM-Bench, JudgeBench or "
+        "RewardBench by the official rules; prints the summary, writes CSVs",
+    )
+    ev.add_argument(
+        "source", metavar="FILE", help="benchmark file (.jsonl/.json/.csv/.parquet) or hub dataset id"
+    )
+    ev.add_argument(
+        "--benchmark",
+        default="auto",
+        choices=["auto", *BENCHMARKS],
+        help="the benchmark's layout and rule (default auto: recognised by the columns)",
+    )
     ev.add_argument("--model", default=None, help="checkpoint directory or hub id (default: the demo model)")
     ev.add_argument("--out", default="reward-lens-eval", help="output directory (default: reward-lens-eval)")
     ev.add_argument("--batch-size", type=int, default=16, help="responses per forward pass (default 16)")
@@ -329,8 +414,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     except KeyboardInterrupt:
         if args.debug:
             raise
-        done = ("finished chunks are kept; rerun the same command to resume" if args.command == "sweep"
-                else "no partial report was written")
+        done = (
+            "finished chunks are kept; rerun the same command to resume"
+            if args.command == "sweep"
+            else "no partial report was written"
+        )
         print(f"reward-lens {args.command}: interrupted; {done}", file=sys.stderr)
         return 130
     except USER_ERRORS as exc:
@@ -338,7 +426,12 @@ def main(argv: Optional[List[str]] = None) -> int:
             raise
         text = str(exc).strip()
         message = text.splitlines()[0] if text else type(exc).__name__
-        if isinstance(exc, OSError) and not isinstance(exc, FileNotFoundError) and exc.filename and exc.filename not in message:
+        if (
+            isinstance(exc, OSError)
+            and not isinstance(exc, FileNotFoundError)
+            and exc.filename
+            and exc.filename not in message
+        ):
             message += f" ({exc.filename})"
         print(f"reward-lens {args.command}: error: {message}", file=sys.stderr)
         return 2

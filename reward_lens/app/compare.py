@@ -37,14 +37,12 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 import numpy as np
 import pandas as pd
 
+from reward_lens import distributed as dist
 from reward_lens.core.autobatch import BatchSize
+from reward_lens.data.pairs import as_pairs
+from reward_lens.instruments import AttributionSpec, LensSpec
 from reward_lens.plotting import figure_axes, finish, panels, pyplot
 from reward_lens.stats import bootstrap_indices, check_level, crystallization_depth, percentile_ci
-from reward_lens.data.pairs import as_pairs
-from reward_lens import distributed as dist
-from reward_lens.instruments import AttributionSpec, LensSpec
-from reward_lens.probes.suite import run_probes
-
 
 # ------------------------------------------------------------------------------------------- profiles
 
@@ -76,12 +74,21 @@ class ModelProfile:
     def summary(self) -> pd.DataFrame:
         """One row: model, n_pairs, n_layers, accuracy, mean gap, median crystallization depth."""
         depth = crystallization_depths(self.lens_gap, self.lens_depths)
-        return pd.DataFrame([{
-            "model": self.name, "n_pairs": len(self.gaps), "n_layers": self.n_layers,
-            "accuracy": float((np.asarray(self.gaps) > 0).mean()), "mean_gap": float(np.mean(self.gaps)),
-            "crystallization_depth_median": float(np.nanmedian(depth)) if np.isfinite(depth).any() else np.nan,
-            "max_decomposition_error": self.max_decomposition_error,
-        }])
+        return pd.DataFrame(
+            [
+                {
+                    "model": self.name,
+                    "n_pairs": len(self.gaps),
+                    "n_layers": self.n_layers,
+                    "accuracy": float((np.asarray(self.gaps) > 0).mean()),
+                    "mean_gap": float(np.mean(self.gaps)),
+                    "crystallization_depth_median": float(np.nanmedian(depth))
+                    if np.isfinite(depth).any()
+                    else np.nan,
+                    "max_decomposition_error": self.max_decomposition_error,
+                }
+            ]
+        )
 
     def plot(self, ax=None):
         """The lens of the gap over fractional depth as a share of the final gap: median and quartiles."""
@@ -106,12 +113,20 @@ class ModelProfile:
         if n == 0:
             raise ValueError(f"profile {self.name!r} has no pairs")
         if self.lens_gap.shape[0] != n or self.attribution_gap.shape[0] != n:
-            raise ValueError(f"profile {self.name!r}: gaps, lens and attribution disagree on the number of pairs")
-        if self.lens_gap.shape[1] != len(self.lens_depths) or self.attribution_gap.shape[1] != len(self.components):
-            raise ValueError(f"profile {self.name!r}: lens/attribution widths do not match their depth/component lists")
+            raise ValueError(
+                f"profile {self.name!r}: gaps, lens and attribution disagree on the number of pairs"
+            )
+        if self.lens_gap.shape[1] != len(self.lens_depths) or self.attribution_gap.shape[1] != len(
+            self.components
+        ):
+            raise ValueError(
+                f"profile {self.name!r}: lens/attribution widths do not match their depth/component lists"
+            )
         if len(self.component_depths) != len(self.components):
-            raise ValueError(f"profile {self.name!r}: {len(self.components)} components but "
-                             f"{len(self.component_depths)} depths")
+            raise ValueError(
+                f"profile {self.name!r}: {len(self.components)} components but "
+                f"{len(self.component_depths)} depths"
+            )
 
 
 def component_depths(components: Sequence[str], layers: Sequence[int], n_layers: int) -> np.ndarray:
@@ -127,10 +142,12 @@ def component_depths(components: Sequence[str], layers: Sequence[int], n_layers:
     return np.array(out)
 
 
-def profile_from_results(name: str, lens_result: Any, attribution_result: Any, *, variant: str = "normed",
-                         probes: Any = None) -> ModelProfile:
+def profile_from_results(
+    name: str, lens_result: Any, attribution_result: Any, *, variant: str = "normed", probes: Any = None
+) -> ModelProfile:
     """A ModelProfile from the instruments' results on the same pairs: `reward_lens.lens` (its `variant`
     lens of the gap) and `reward_lens.attribute` (component terms of the gap)."""
+
     def arr(t):
         return t.detach().double().cpu().numpy() if hasattr(t, "detach") else np.asarray(t, dtype=np.float64)
 
@@ -138,13 +155,19 @@ def profile_from_results(name: str, lens_result: Any, attribution_result: Any, *
         raise ValueError(f"{name!r}: the lens and attribution results cover different pairs")
     n_layers = max(attribution_result.layers) + 1
     gaps = arr(lens_result.reward_chosen) - arr(lens_result.reward_rejected)
-    keep = [j for j, site in enumerate(lens_result.sites) if not str(site).startswith("resid_mid")]  # block outputs only
+    keep = [
+        j for j, site in enumerate(lens_result.sites) if not str(site).startswith("resid_mid")
+    ]  # block outputs only
     return ModelProfile(
-        name=name, gaps=gaps, lens_gap=arr(lens_result.get(variant, "gap"))[:, keep],
+        name=name,
+        gaps=gaps,
+        lens_gap=arr(lens_result.get(variant, "gap"))[:, keep],
         lens_depths=np.asarray(lens_result.depths, dtype=np.float64)[keep],
-        attribution_gap=arr(attribution_result.gap), components=list(attribution_result.components),
+        attribution_gap=arr(attribution_result.gap),
+        components=list(attribution_result.components),
         component_depths=component_depths(attribution_result.components, attribution_result.layers, n_layers),
-        pair_ids=[str(i) for i in lens_result.pair_ids], probes=probes,
+        pair_ids=[str(i) for i in lens_result.pair_ids],
+        probes=probes,
         max_decomposition_error=float(attribution_result.max_relative_error()),
     )
 
@@ -163,9 +186,17 @@ def model_profile(
     and keep the basis-free parts: gaps, the lens of the gap by depth, the attribution of the gap.
     Under torchrun (`ranks`, `reward_lens.distributed`) the pairs are sharded; rank 0 gets the profile,
     the other ranks None."""
-    out = dist.run(model, as_pairs(pairs), [LensSpec(), AttributionSpec(heads=False)], ranks=ranks,
-                   batch_size=batch_size, progress=progress)  # one clean pass per side serves both
-    return None if out is None else profile_from_results(name, out["lens"], out["attribution"], variant=variant)
+    out = dist.run(
+        model,
+        as_pairs(pairs),
+        [LensSpec(), AttributionSpec(heads=False)],
+        ranks=ranks,
+        batch_size=batch_size,
+        progress=progress,
+    )  # one clean pass per side serves both
+    return (
+        None if out is None else profile_from_results(name, out["lens"], out["attribution"], variant=variant)
+    )
 
 
 def crystallization_depths(lens_gap: np.ndarray, depths: np.ndarray, tol: float = 0.1) -> np.ndarray:
@@ -183,11 +214,19 @@ def _standardise_probes(frame: Any, gaps: np.ndarray, model: str) -> pd.DataFram
     if hasattr(frame, "to_frame") and not isinstance(frame, pd.DataFrame):
         frame = frame.to_frame()
     if not isinstance(frame, pd.DataFrame):
-        raise TypeError(f"probe results for {model!r} must be a probe-suite result or a frame, got {type(frame).__name__}")
+        raise TypeError(
+            f"probe results for {model!r} must be a probe-suite result or a frame, got {type(frame).__name__}"
+        )
     eff = next((c for c in ("effect", "mean_delta", "delta") if c in frame.columns), None)
     if "dimension" not in frame.columns or eff is None:
-        raise ValueError(f"probe frame of {model!r} needs columns 'dimension' and 'effect'; got {list(frame.columns)}")
-    keep = [c for c in ("dimension", eff, "ci_low", "ci_high", "cohens_d", "p_value", "verdict") if c in frame.columns]
+        raise ValueError(
+            f"probe frame of {model!r} needs columns 'dimension' and 'effect'; got {list(frame.columns)}"
+        )
+    keep = [
+        c
+        for c in ("dimension", eff, "ci_low", "ci_high", "cohens_d", "p_value", "verdict")
+        if c in frame.columns
+    ]
     out = frame[keep].rename(columns={eff: "effect"}).copy()
     sd = float(np.std(gaps, ddof=1)) if len(gaps) > 1 else np.nan
     out["effect_per_gap_sd"] = out["effect"] / sd if sd and sd > 0 else np.nan
@@ -224,9 +263,15 @@ class ComparisonResult:
     def to_frame(self, kind: str = "summary") -> pd.DataFrame:
         """kind: 'summary' (pairwise metrics, tidy), 'accuracy', 'agreement', 'lens', 'crystallization',
         'attribution' or 'probes'."""
-        frames = {"summary": self.pairwise, "accuracy": self.accuracy, "agreement": self.agreement,
-                  "lens": self.lens, "crystallization": self.crystallization, "attribution": self.attribution,
-                  "probes": self.probes}
+        frames = {
+            "summary": self.pairwise,
+            "accuracy": self.accuracy,
+            "agreement": self.agreement,
+            "lens": self.lens,
+            "crystallization": self.crystallization,
+            "attribution": self.attribution,
+            "probes": self.probes,
+        }
         if kind not in frames:
             raise ValueError(f"unknown kind {kind!r}; choose one of {sorted(frames)}")
         if frames[kind] is None:
@@ -235,7 +280,9 @@ class ComparisonResult:
 
     def summary(self) -> pd.DataFrame:
         """One row per pair of models, the basis-free metrics as columns (agreement, gap_spearman, ...)."""
-        wide = self.pairwise.pivot_table(index=["model_a", "model_b"], columns="metric", values="value", sort=False)
+        wide = self.pairwise.pivot_table(
+            index=["model_a", "model_b"], columns="metric", values="value", sort=False
+        )
         order = list(dict.fromkeys(self.pairwise["metric"]))
         return wide[order].reset_index().rename_axis(columns=None)
 
@@ -259,7 +306,10 @@ class ComparisonResult:
         ax.legend(fontsize=7)
 
     def _draw_crystallization(self, ax) -> None:
-        data = [self.crystallization[self.crystallization.model == n].depth.dropna().to_numpy() for n in self.names]
+        data = [
+            self.crystallization[self.crystallization.model == n].depth.dropna().to_numpy()
+            for n in self.names
+        ]
         ax.boxplot([d if len(d) else np.array([np.nan]) for d in data], vert=False)
         ax.set_yticks(range(1, len(self.names) + 1), self.names)
         ax.set_xlim(-0.05, 1.05)
@@ -273,8 +323,12 @@ class ComparisonResult:
         for j, n in enumerate(self.names):
             f = self.attribution[self.attribution.model == n]
             ax.bar(f["bin"] + (j - (k - 1) / 2) * width, f.signed_share, width, color=col[n], label=n)
-        labels = [f"{lo:.2f}–{hi:.2f}" for lo, hi in
-                  self.attribution[self.attribution.model == self.names[0]][["depth_low", "depth_high"]].to_numpy()]
+        labels = [
+            f"{lo:.2f}–{hi:.2f}"
+            for lo, hi in self.attribution[self.attribution.model == self.names[0]][
+                ["depth_low", "depth_high"]
+            ].to_numpy()
+        ]
         ax.set_xticks(range(self.n_bins), labels, rotation=45, ha="right", fontsize=7)
         ax.axhline(0, c="0.5", lw=0.6)
         ax.set_ylabel("share of preference margin")
@@ -299,7 +353,13 @@ class ComparisonResult:
         width = 0.8 / k
         for j, n in enumerate(self.names):
             f = self.probes[self.probes.model == n].set_index("dimension").reindex(dims)
-            ax.bar(np.arange(len(dims)) + (j - (k - 1) / 2) * width, f.effect_per_gap_sd, width, color=col[n], label=n)
+            ax.bar(
+                np.arange(len(dims)) + (j - (k - 1) / 2) * width,
+                f.effect_per_gap_sd,
+                width,
+                color=col[n],
+                label=n,
+            )
         ax.set_xticks(range(len(dims)), dims, rotation=45, ha="right")
         ax.axhline(0, c="0.5", lw=0.6)
         ax.set_ylabel("probe effect / sd of gaps")
@@ -307,9 +367,12 @@ class ComparisonResult:
         ax.legend(fontsize=7)
 
     def _views(self) -> List[Tuple[str, Any]]:
-        views = [("Preference agreement", self._draw_agreement), ("Reward lens on fractional depth", self._draw_lens),
-                 ("Crystallization depth", self._draw_crystallization),
-                 ("Attribution profile by fractional depth", self._draw_attribution)]
+        views = [
+            ("Preference agreement", self._draw_agreement),
+            ("Reward lens on fractional depth", self._draw_lens),
+            ("Crystallization depth", self._draw_crystallization),
+            ("Attribution profile by fractional depth", self._draw_attribution),
+        ]
         if self.probes is not None:
             views.append(("Hacking-probe profiles", self._draw_probes))
         return views
@@ -386,20 +449,32 @@ def compare_profiles(
             metrics = _pair_metrics(views[a.name], views[b.name], agree)
             if probes is not None and a.probes is not None and b.probes is not None:
                 metrics.update(_probe_metrics(probes, a.name, b.name))
-            pair_rows += [{"model_a": a.name, "model_b": b.name, "metric": k, "value": v} for k, v in metrics.items()]
+            pair_rows += [
+                {"model_a": a.name, "model_b": b.name, "metric": k, "value": v} for k, v in metrics.items()
+            ]
 
     def rows(key):
         return pd.DataFrame([r for v in views.values() for r in v[key]])
 
     return ComparisonResult(
-        names=[p.name for p in profs], profiles={p.name: p for p in profs}, accuracy=rows("accuracy"),
-        agreement=pd.DataFrame(agree_rows), lens=rows("lens"), crystallization=rows("crystallization"),
-        attribution=rows("attribution"), probes=probes, pairwise=pd.DataFrame(pair_rows), tol=tol,
-        n_bins=n_bins, level=level,
+        names=[p.name for p in profs],
+        profiles={p.name: p for p in profs},
+        accuracy=rows("accuracy"),
+        agreement=pd.DataFrame(agree_rows),
+        lens=rows("lens"),
+        crystallization=rows("crystallization"),
+        attribution=rows("attribution"),
+        probes=probes,
+        pairwise=pd.DataFrame(pair_rows),
+        tol=tol,
+        n_bins=n_bins,
+        level=level,
     )
 
 
-def _checked_profiles(profiles: Union[Sequence[ModelProfile], Mapping[str, ModelProfile]]) -> List[ModelProfile]:
+def _checked_profiles(
+    profiles: Union[Sequence[ModelProfile], Mapping[str, ModelProfile]],
+) -> List[ModelProfile]:
     profs = list(profiles.values()) if isinstance(profiles, Mapping) else list(profiles)
     if len(profs) < 2:
         raise ValueError("need at least two models to compare")
@@ -410,28 +485,52 @@ def _checked_profiles(profiles: Union[Sequence[ModelProfile], Mapping[str, Model
         p.validate()
     n = len(profs[0].gaps)
     if any(len(p.gaps) != n for p in profs):
-        raise ValueError(f"profiles cover different numbers of pairs {[len(p.gaps) for p in profs]}; "
-                         "compare models on the same pairs")
+        raise ValueError(
+            f"profiles cover different numbers of pairs {[len(p.gaps) for p in profs]}; compare models on "
+            "the same pairs"
+        )
     if profs[0].pair_ids and any(p.pair_ids and p.pair_ids != profs[0].pair_ids for p in profs):
-        raise ValueError("profiles list different pair ids: compare models on the same pairs, in the same order")
+        raise ValueError(
+            "profiles list different pair ids: compare models on the same pairs, in the same order"
+        )
     return profs
 
 
 def _model_views(p: ModelProfile, grid: np.ndarray, tol: float, n_bins: int) -> Dict[str, Any]:
     """One model's rows of the accuracy, lens, crystallization and attribution tables, and its curves."""
     g, n = p.gaps, len(p.gaps)
-    accuracy = [{"model": p.name, "accuracy": float((g > 0).mean()), "n_pairs": n, "n_layers": p.n_layers,
-                 "gap_sd": float(np.std(g, ddof=1)) if n > 1 else np.nan,
-                 "max_decomposition_error": p.max_decomposition_error}]
+    accuracy = [
+        {
+            "model": p.name,
+            "accuracy": float((g > 0).mean()),
+            "n_pairs": n,
+            "n_layers": p.n_layers,
+            "gap_sd": float(np.std(g, ddof=1)) if n > 1 else np.nan,
+            "max_decomposition_error": p.max_decomposition_error,
+        }
+    ]
     mass = np.abs(g).sum()
-    share = (np.sign(g)[:, None] * p.lens_gap).sum(0) / mass if mass > 0 else np.full(p.lens_gap.shape[1], np.nan)
+    share = (
+        (np.sign(g)[:, None] * p.lens_gap).sum(0) / mass if mass > 0 else np.full(p.lens_gap.shape[1], np.nan)
+    )
     nz = g != 0
-    q = (np.nanquantile(p.lens_gap[nz] / g[nz, None], [0.25, 0.5, 0.75], axis=0) if nz.any()
-         else np.full((3, p.lens_gap.shape[1]), np.nan))
+    q = (
+        np.nanquantile(p.lens_gap[nz] / g[nz, None], [0.25, 0.5, 0.75], axis=0)
+        if nz.any()
+        else np.full((3, p.lens_gap.shape[1]), np.nan)
+    )
     curve = np.interp(grid, p.lens_depths, share)
-    lens_rows = [{"model": p.name, "depth": d, "share": curve[j], "median": np.interp(d, p.lens_depths, q[1]),
-                  "q25": np.interp(d, p.lens_depths, q[0]), "q75": np.interp(d, p.lens_depths, q[2])}
-                 for j, d in enumerate(grid)]
+    lens_rows = [
+        {
+            "model": p.name,
+            "depth": d,
+            "share": curve[j],
+            "median": np.interp(d, p.lens_depths, q[1]),
+            "q25": np.interp(d, p.lens_depths, q[0]),
+            "q75": np.interp(d, p.lens_depths, q[2]),
+        }
+        for j, d in enumerate(grid)
+    ]
     depths = crystallization_depths(p.lens_gap, p.lens_depths, tol)
     ids = p.pair_ids or [str(i) for i in range(n)]
     bins = _depth_bins(p.component_depths, n_bins)
@@ -440,11 +539,26 @@ def _model_views(p: ModelProfile, grid: np.ndarray, tol: float, n_bins: int) -> 
     np.add.at(absolute, bins, np.abs(p.attribution_gap).sum(0))
     signed = signed / mass if mass > 0 else signed * np.nan
     absolute = absolute / absolute.sum() if absolute.sum() > 0 else absolute * np.nan
-    attribution = [{"model": p.name, "bin": b, "depth_low": b / n_bins, "depth_high": (b + 1) / n_bins,
-                    "signed_share": signed[b], "abs_share": absolute[b]} for b in range(n_bins)]
-    return {"accuracy": accuracy, "lens": lens_rows, "attribution": attribution, "curve": curve,
-            "crystallization": [{"model": p.name, "pair": i, "depth": d} for i, d in zip(ids, depths)],
-            "depths": depths, "shares": (signed, absolute)}
+    attribution = [
+        {
+            "model": p.name,
+            "bin": b,
+            "depth_low": b / n_bins,
+            "depth_high": (b + 1) / n_bins,
+            "signed_share": signed[b],
+            "abs_share": absolute[b],
+        }
+        for b in range(n_bins)
+    ]
+    return {
+        "accuracy": accuracy,
+        "lens": lens_rows,
+        "attribution": attribution,
+        "curve": curve,
+        "crystallization": [{"model": p.name, "pair": i, "depth": d} for i, d in zip(ids, depths)],
+        "depths": depths,
+        "shares": (signed, absolute),
+    }
 
 
 def _agreement(a: ModelProfile, b: ModelProfile, idx: Optional[np.ndarray], level: float) -> Dict[str, Any]:
@@ -459,8 +573,16 @@ def _agreement(a: ModelProfile, b: ModelProfile, idx: Optional[np.ndarray], leve
         rho, rho_p = float(sr.statistic), float(sr.pvalue)
     else:
         rho, rho_p = np.nan, np.nan
-    return {"model_a": a.name, "model_b": b.name, "agreement": float(same.mean()), "ci_low": float(lo),
-            "ci_high": float(hi), "spearman": rho, "spearman_p": rho_p, "n_pairs": n}
+    return {
+        "model_a": a.name,
+        "model_b": b.name,
+        "agreement": float(same.mean()),
+        "ci_low": float(lo),
+        "ci_high": float(hi),
+        "spearman": rho,
+        "spearman_p": rho_p,
+        "n_pairs": n,
+    }
 
 
 def _pair_metrics(va: Dict[str, Any], vb: Dict[str, Any], agree: Dict[str, Any]) -> Dict[str, float]:
@@ -470,9 +592,12 @@ def _pair_metrics(va: Dict[str, Any], vb: Dict[str, Any], agree: Dict[str, Any])
     ca, cb = va["depths"][~np.isnan(va["depths"])], vb["depths"][~np.isnan(vb["depths"])]
     ks = ks_2samp(ca, cb) if len(ca) and len(cb) else None
     return {
-        "agreement": agree["agreement"], "gap_spearman": agree["spearman"],
+        "agreement": agree["agreement"],
+        "gap_spearman": agree["spearman"],
         "lens_curve_max_abs_diff": float(np.max(np.abs(va["curve"] - vb["curve"]))),
-        "crystallization_median_diff": float(np.median(cb) - np.median(ca)) if len(ca) and len(cb) else np.nan,
+        "crystallization_median_diff": float(np.median(cb) - np.median(ca))
+        if len(ca) and len(cb)
+        else np.nan,
         "crystallization_ks": float(ks.statistic) if ks is not None else np.nan,
         "crystallization_ks_p": float(ks.pvalue) if ks is not None else np.nan,
         "attribution_abs_tv": float(0.5 * np.abs(va["shares"][1] - vb["shares"][1]).sum()),
@@ -489,10 +614,13 @@ def _probe_metrics(probes: pd.DataFrame, a: str, b: str) -> Dict[str, float]:
     common = [d for d in pa.index if d in pb.index]
     out = {}
     if common and "verdict" in pa.columns and "verdict" in pb.columns:
-        out["probe_verdict_agreement"] = float((pa.loc[common, "verdict"] == pb.loc[common, "verdict"]).mean())
+        out["probe_verdict_agreement"] = float(
+            (pa.loc[common, "verdict"] == pb.loc[common, "verdict"]).mean()
+        )
     if len(common) >= 3:
-        out["probe_effect_spearman"] = float(spearmanr(pa.loc[common, "effect_per_gap_sd"],
-                                                       pb.loc[common, "effect_per_gap_sd"]).statistic)
+        out["probe_effect_spearman"] = float(
+            spearmanr(pa.loc[common, "effect_per_gap_sd"], pb.loc[common, "effect_per_gap_sd"]).statistic
+        )
     return out
 
 
@@ -503,15 +631,19 @@ def _probe_results(models: Mapping[str, Any], probes: Any, batch: BatchSize) -> 
         try:
             from reward_lens.probes.suite import run_probes
         except ImportError:
-            raise ValueError("the hacking probe suite (reward_lens.probes.suite) is not available in this install; "
-                             "pass probes={name: probe_result_or_frame} instead") from None
+            raise ValueError(
+                "the hacking probe suite (reward_lens.probes.suite) is not available in this install; "
+                "pass probes={name: probe_result_or_frame} instead"
+            ) from None
         return {n: batch.run(lambda bs, m=m: run_probes(m, batch_size=bs)) for n, m in models.items()}
     if isinstance(probes, Mapping):
         unknown = [k for k in probes if k not in models]
         if unknown:
             raise ValueError(f"probe results given for unknown model(s) {unknown}; models are {list(models)}")
         return dict(probes)
-    raise TypeError("probes must be None, True (run the probe suite on every model) or a dict name -> probe result")
+    raise TypeError(
+        "probes must be None, True (run the probe suite on every model) or a dict name -> probe result"
+    )
 
 
 def compare_models(
@@ -540,14 +672,25 @@ def compare_models(
     other ranks get None).
     """
     if not isinstance(models, Mapping) or len(models) < 2:
-        raise ValueError("compare_models needs a dict of at least two models, e.g. {'a': model_a, 'b': model_b}")
+        raise ValueError(
+            "compare_models needs a dict of at least two models, e.g. {'a': model_a, 'b': model_b}"
+        )
     pairs = as_pairs(pairs)
     ranks = ranks or dist.current()
     batch = BatchSize.parse(batch_size, next(iter(models.values())).cfg.device)
     probe_results = _probe_results(models, probes, batch) if ranks.is_main else {}  # probe items: on rank 0
-    built = {name: model_profile(model, pairs, name=str(name), variant=variant, batch_size=batch,
-                                 progress=f"{name}" if progress else False, ranks=ranks)
-             for name, model in models.items()}
+    built = {
+        name: model_profile(
+            model,
+            pairs,
+            name=str(name),
+            variant=variant,
+            batch_size=batch,
+            progress=f"{name}" if progress else False,
+            ranks=ranks,
+        )
+        for name, model in models.items()
+    }
     if not ranks.is_main:
         return None
     profiles = []

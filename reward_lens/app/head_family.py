@@ -16,8 +16,12 @@ from reward_lens.core.directions import readout_direction
 
 def _stats(x: torch.Tensor) -> Dict[str, float]:
     x = x.double()
-    return {"mean": float(x.mean()), "min": float(x.min()), "p05": float(torch.quantile(x, 0.05)),
-            "max": float(x.max())}
+    return {
+        "mean": float(x.mean()),
+        "min": float(x.min()),
+        "p05": float(torch.quantile(x, 0.05)),
+        "max": float(x.max()),
+    }
 
 
 @torch.no_grad()
@@ -34,15 +38,22 @@ def direction_spread(model, pairs: Sequence, batch_size: int) -> Dict[str, Dict[
     mean = torch.nn.functional.normalize(every.mean(0), dim=0)
     gram = every @ every.T
     off = gram[~torch.eye(len(every), dtype=torch.bool)]
-    return {"to_mean_direction": _stats(every @ mean), "between_sequences": _stats(off),
-            "chosen_vs_rejected": _stats((c * r).sum(-1))}
+    return {
+        "to_mean_direction": _stats(every @ mean),
+        "between_sequences": _stats(off),
+        "chosen_vs_rejected": _stats((c * r).sum(-1)),
+    }
 
 
 def head_family_view(model, pairs: Sequence, batch_size: int) -> Dict[str, Any]:
     """{"summary": what results.json records, "frame": the cosine-spread table (None for one direction)}."""
     head = model.reward_head
-    summary: Dict[str, Any] = {"family": head.family, "head_class": type(head).__name__,
-                               "per_sequence_direction": bool(head.is_gated), "per_step": bool(head.per_step)}
+    summary: Dict[str, Any] = {
+        "family": head.family,
+        "head_class": type(head).__name__,
+        "per_sequence_direction": bool(head.is_gated),
+        "per_step": bool(head.per_step),
+    }
     if head.per_step:
         summary["step_read"] = head.step
     frame = None
@@ -57,11 +68,15 @@ def head_family_text(summary: Dict[str, Any]) -> str:
     """The report's sentence on the head family."""
     text = f"The reward is read through a {summary['family']} head ({summary['head_class']})."
     if summary.get("per_step"):
-        text += (f" A process reward model: every instrument read step {summary['step_read']} "
-                 "(reward_lens.read_step).")
+        text += (
+            f" A process reward model: every instrument read step {summary['step_read']} "
+            "(reward_lens.read_step)."
+        )
     if summary["per_sequence_direction"]:
         spread = summary["direction_cosine"]["to_mean_direction"]
-        text += (" Its reward is linear in the final residual along a per-sequence direction (a gate or ReLU "
-                 f"mask frozen at the sequence's value, exactly); the directions' cosine to their mean is "
-                 f"{spread['mean']:.3f} on average (min {spread['min']:.3f}).")
+        text += (
+            " Its reward is linear in the final residual along a per-sequence direction (a gate or ReLU "
+            "mask frozen at the sequence's value, exactly); the directions' cosine to their mean is "
+            f"{spread['mean']:.3f} on average (min {spread['min']:.3f})."
+        )
     return text

@@ -1,4 +1,5 @@
-"""A logged training run (the JSONL of `RewardLensCallback`) as tables, plots and one self-contained HTML page.
+"""A logged training run (the JSONL of `RewardLensCallback`) as tables, plots and one self-contained HTML
+page.
 
     reward-lens monitor rm_monitor.jsonl [--out page.html]
 
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Union
 
 import pandas as pd
+
 from reward_lens.app.output import check_out_file
 from reward_lens.app.report import Report
 
@@ -43,23 +45,49 @@ class MonitorRun:
     batches: List[dict] = field(default_factory=list)
 
     def to_frame(self) -> pd.DataFrame:
-        """Tidy: one row per (check, quantity) with value, ci_low, ci_high, the baseline's interval, flagged."""
+        """Tidy: one row per (check, quantity) with value, ci_low, ci_high, the baseline's interval,
+        flagged."""
         base = self.checks[0]["metrics"] if self.checks else {}
         rows = []
         for rec in self.checks:
             for q, est in rec["metrics"].items():
                 b = base.get(q, {})
-                rows.append({"step": rec["step"], "kind": rec["kind"], "group": group_of(q), "quantity": q,
-                             "value": est["value"], "ci_low": est["ci_low"], "ci_high": est["ci_high"],
-                             "baseline_low": b.get("ci_low"), "baseline_high": b.get("ci_high"),
-                             "flagged": q in rec.get("flags", [])})
-        cols = ["step", "kind", "group", "quantity", "value", "ci_low", "ci_high", "baseline_low", "baseline_high", "flagged"]
+                rows.append(
+                    {
+                        "step": rec["step"],
+                        "kind": rec["kind"],
+                        "group": group_of(q),
+                        "quantity": q,
+                        "value": est["value"],
+                        "ci_low": est["ci_low"],
+                        "ci_high": est["ci_high"],
+                        "baseline_low": b.get("ci_low"),
+                        "baseline_high": b.get("ci_high"),
+                        "flagged": q in rec.get("flags", []),
+                    }
+                )
+        cols = [
+            "step",
+            "kind",
+            "group",
+            "quantity",
+            "value",
+            "ci_low",
+            "ci_high",
+            "baseline_low",
+            "baseline_high",
+            "flagged",
+        ]
         return pd.DataFrame(rows, columns=cols).astype({"value": float, "ci_low": float, "ci_high": float})
 
     def batch_frame(self) -> pd.DataFrame:
         """Tidy per-batch records of the reward function: step, quantity, value."""
-        rows = [{"step": b["step"], "quantity": k, "value": v} for b in self.batches for k, v in b.items()
-                if k not in ("kind", "step", "n")]
+        rows = [
+            {"step": b["step"], "quantity": k, "value": v}
+            for b in self.batches
+            for k, v in b.items()
+            if k not in ("kind", "step", "n")
+        ]
         return pd.DataFrame(rows, columns=["step", "quantity", "value"]).astype({"value": float})
 
     def summary(self) -> pd.DataFrame:
@@ -86,8 +114,15 @@ class MonitorRun:
             if lo is not None and hi is not None:
                 ax.axhspan(lo, hi, color=colour, alpha=0.06, ls=":", lw=0.8)
             hit = part[part.flagged]
-            ax.scatter(hit.step, hit.value, marker="x", s=60, color="#d62728", zorder=5,
-                       label="flagged" if i == 0 else None)
+            ax.scatter(
+                hit.step,
+                hit.value,
+                marker="x",
+                s=60,
+                color="#d62728",
+                zorder=5,
+                label="flagged" if i == 0 else None,
+            )
         if frame.flagged.any() and not any(h.get_label() == "flagged" for h in ax.collections):
             ax.scatter([], [], marker="x", color="#d62728", label="flagged")
         ax.set_xlabel("training step")
@@ -109,7 +144,12 @@ class MonitorRun:
         ax.set_xlabel("training step")
         ax.set_ylabel("mean reward attribution")
         ax.set_title("reward split over components, per batch (exact: terms + bias = reward)")
-        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5), ncol=1 + len(frame.quantity.unique()) // 12)
+        ax.legend(
+            fontsize=7,
+            loc="center left",
+            bbox_to_anchor=(1.0, 0.5),
+            ncol=1 + len(frame.quantity.unique()) // 12,
+        )
         fig.tight_layout()
         return fig
 
@@ -130,11 +170,13 @@ def load_monitor(path: Union[str, Path]) -> MonitorRun:
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        raise ValueError(f"{path} is not UTF-8 text (byte {exc.start}); is this a RewardLensCallback "
-                         "log?") from None
+        raise ValueError(
+            f"{path} is not UTF-8 text (byte {exc.start}); is this a RewardLensCallback log?"
+        ) from None
     if not text.strip():
-        raise ValueError(f"{path} is empty; training has not reached its first step (or log_path points "
-                         "elsewhere)")
+        raise ValueError(
+            f"{path} is empty; training has not reached its first step (or log_path points elsewhere)"
+        )
     run, checks, batches = {}, [], []
     lines = text.splitlines()
     for i, line in enumerate(lines):
@@ -144,10 +186,16 @@ def load_monitor(path: Union[str, Path]) -> MonitorRun:
             rec = json.loads(line)
         except json.JSONDecodeError as exc:
             if i == len(lines) - 1 and not text.endswith("\n") and checks + batches:
-                warnings.warn(f"{path} line {i + 1} is cut short (the run is still writing, or was killed); "
-                              "it is skipped", UserWarning, stacklevel=2)
+                warnings.warn(
+                    f"{path} line {i + 1} is cut short (the run is still writing, or was killed); it is "
+                    "skipped",
+                    UserWarning,
+                    stacklevel=2,
+                )
                 continue
-            raise ValueError(f"{path} line {i + 1} is not JSON ({exc.msg}); is this a RewardLensCallback log?") from None
+            raise ValueError(
+                f"{path} line {i + 1} is not JSON ({exc.msg}); is this a RewardLensCallback log?"
+            ) from None
         kind = _checked_record(rec, f"{path} line {i + 1}")
         if kind == "run":
             run, checks, batches = rec, [], []
@@ -156,7 +204,9 @@ def load_monitor(path: Union[str, Path]) -> MonitorRun:
         else:
             batches.append(rec)
     if not checks and not batches:
-        raise ValueError(f"{path} holds no baseline, check or batch records; did training reach its first step?")
+        raise ValueError(
+            f"{path} holds no baseline, check or batch records; did training reach its first step?"
+        )
     return MonitorRun(run, checks, batches)
 
 
@@ -169,9 +219,10 @@ def _checked_record(rec: Any, where: str) -> str:
     if kind == "run":
         fmt = rec.get("format", LOG_FORMAT)
         if not isinstance(fmt, int) or fmt > LOG_FORMAT:
-            raise ValueError(f"{where}: log format {fmt!r} is newer than this reward-lens reads "
-                             f"({LOG_FORMAT}); "
-                             "upgrade reward-lens to render it")
+            raise ValueError(
+                f"{where}: log format {fmt!r} is newer than this reward-lens reads ({LOG_FORMAT}); upgrade "
+                "reward-lens to render it"
+            )
         return kind
     if not isinstance(rec.get("step"), int) or isinstance(rec.get("step"), bool):
         raise ValueError(f"{where}: 'step' is {rec.get('step')!r}, not an integer {hint}")
@@ -184,8 +235,9 @@ def _checked_record(rec: Any, where: str) -> str:
     if not isinstance(metrics, dict):
         raise ValueError(f"{where}: a {kind} record without 'metrics' {hint}")
     for q, est in metrics.items():
-        if not isinstance(est, dict) or any(k not in est or not (est[k] is None or _is_number(est[k]))
-                                            for k in ("value", "ci_low", "ci_high")):
+        if not isinstance(est, dict) or any(
+            k not in est or not (est[k] is None or _is_number(est[k])) for k in ("value", "ci_low", "ci_high")
+        ):
             raise ValueError(f"{where}: metric {q!r} needs numeric value, ci_low and ci_high {hint}")
     if not isinstance(rec.get("flags", []), list) or not _is_number(rec.get("cost_s", 0.0)):
         raise ValueError(f"{where}: 'flags' must be a list and 'cost_s' a number {hint}")
@@ -196,8 +248,9 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def render_monitor(path: Union[str, Path], out: Optional[Union[str, Path]] = None,
-                   check: bool = True) -> Path:
+def render_monitor(
+    path: Union[str, Path], out: Optional[Union[str, Path]] = None, check: bool = True
+) -> Path:
     """Render the log at `path` as one self-contained HTML page (default: next to it, .html); returns its
     path. `out` is checked first (`check_out_file`: never the log itself, never a file reward-lens did not
     write)."""
@@ -208,17 +261,24 @@ def render_monitor(path: Union[str, Path], out: Optional[Union[str, Path]] = Non
     report = Report(f"reward-lens training monitor: {mon.run.get('model') or Path(path).name}")
     sec = report.section("Summary")
     flags = mon.summary()
-    sec.text(f"{len(mon.checks)} measurements (baseline at step {mon.checks[0]['step'] if mon.checks else '-'}, then "
-             f"every {mon.run.get('every', '?')} steps) on the {mon.run.get('sample_size', '?')} most recent "
-             f"completions; {len(flags)} flag(s) at step(s) {sorted(set(flags.step)) or 'none'}.")
-    sec.text("A quantity is flagged when its 95% interval and the baseline's are disjoint (the reward-length "
-             "correlation only when it rises).", note=True)
+    sec.text(
+        f"{len(mon.checks)} measurements (baseline at step {mon.checks[0]['step'] if mon.checks else '-'}, "
+        f"then every {mon.run.get('every', '?')} steps) on the {mon.run.get('sample_size', '?')} most "
+        f"recent completions; {len(flags)} flag(s) at step(s) {sorted(set(flags.step)) or 'none'}."
+    )
+    sec.text(
+        "A quantity is flagged when its 95% interval and the baseline's are disjoint (the reward-length "
+        "correlation only when it rises).",
+        note=True,
+    )
     costs = [(c.get("cost_s") or 0.0, c.get("overhead")) for c in mon.checks]
     if costs:
         over = [o for _, o in costs if o is not None]
-        sec.text(f"Measurement cost: {sum(c for c, _ in costs) / len(costs):.3g} s per check"
-                 + (f", {100 * sum(over) / len(over):.2g}% of the training time between checks." if over else "."),
-                 note=True)
+        sec.text(
+            f"Measurement cost: {sum(c for c, _ in costs) / len(costs):.3g} s per check"
+            + (f", {100 * sum(over) / len(over):.2g}% of the training time between checks." if over else "."),
+            note=True,
+        )
     if len(flags):
         sec.table(flags)
     frame = mon.to_frame()
@@ -228,6 +288,10 @@ def render_monitor(path: Union[str, Path], out: Optional[Union[str, Path]] = Non
     if mon.batches:
         report.section("Per-batch attribution").figure(mon.plot_batches(), alt="per-batch attribution")
     if mon.checks and mon.checks[0].get("concept_cosines"):
-        cos = pd.DataFrame(sorted(mon.checks[0]["concept_cosines"].items()), columns=["concept", "cos(v, w_r)"])
-        report.section("Concept vectors").text("Cosine of each concept vector with the reward direction.").table(cos)
+        cos = pd.DataFrame(
+            sorted(mon.checks[0]["concept_cosines"].items()), columns=["concept", "cos(v, w_r)"]
+        )
+        report.section("Concept vectors").text(
+            "Cosine of each concept vector with the reward direction."
+        ).table(cos)
     return report.save(out)

@@ -62,7 +62,9 @@ def check_pairs_file(path: Optional[str]) -> None:
     if p.is_dir():
         raise CLIError(f"--pairs {str(path)!r} is a directory; give a pairs file ({', '.join(SUFFIXES)})")
     if p.suffix.lower() not in SUFFIXES:
-        raise CLIError(f"--pairs {str(path)!r}: unsupported file type {p.suffix!r}; use {', '.join(SUFFIXES)}")
+        raise CLIError(
+            f"--pairs {str(path)!r}: unsupported file type {p.suffix!r}; use {', '.join(SUFFIXES)}"
+        )
 
 
 def check_benchmark_source(source: Optional[str]) -> None:
@@ -71,15 +73,18 @@ def check_benchmark_source(source: Optional[str]) -> None:
         return
     p = Path(source).expanduser()
     if p.is_dir():
-        raise CLIError(f"{source!r} is a directory; give a benchmark file ({', '.join(SUFFIXES)}) or a hub "
-                       "dataset id")
+        raise CLIError(
+            f"{source!r} is a directory; give a benchmark file ({', '.join(SUFFIXES)}) or a hub dataset id"
+        )
     if p.exists():
         if p.suffix.lower() not in SUFFIXES:
             raise CLIError(f"{source!r}: unsupported file type {p.suffix!r}; use {', '.join(SUFFIXES)}")
         return
     if source.count("/") != 1 or source.startswith((".", "/", "~")) or p.suffix.lower() in SUFFIXES:
-        raise CLIError(f"no benchmark file at {source!r}; give a .jsonl/.json/.csv/.parquet file or a hub "
-                       "dataset id such as allenai/reward-bench-2")
+        raise CLIError(
+            f"no benchmark file at {source!r}; give a .jsonl/.json/.csv/.parquet file or a hub dataset id "
+            "such as allenai/reward-bench-2"
+        )
 
 
 BUILTIN_MODELS = ("demo", "smollm2-organism")  # names the CLI loads itself (not paths)
@@ -91,10 +96,14 @@ def check_model_spec(spec: Optional[str]) -> None:
         return
     p = Path(spec).expanduser()
     if p.exists() and not p.is_dir():
-        raise CLIError(f"model {spec!r} is a file; give the checkpoint directory (config.json + weights) or a hub id")
+        raise CLIError(
+            f"model {spec!r} is a file; give the checkpoint directory (config.json + weights) or a hub id"
+        )
     if not p.exists() and (spec.startswith((".", "/", "~")) or spec.count("/") != 1 or not spec.strip()):
-        raise CLIError(f"no checkpoint directory at {spec!r}; pass a directory holding config.json and safetensors "
-                       "weights, or a hub id such as 'Skywork/Skywork-Reward-Llama-3.1-8B-v0.2'")
+        raise CLIError(
+            f"no checkpoint directory at {spec!r}; pass a directory holding config.json and safetensors "
+            "weights, or a hub id such as 'Skywork/Skywork-Reward-Llama-3.1-8B-v0.2'"
+        )
 
 
 def split_list(text: str) -> tuple:
@@ -106,9 +115,14 @@ def sweep_spec(args: Any):
     """The SweepSpec of `reward-lens sweep`'s options, checked (CLIError naming the option)."""
     from reward_lens.app.sweep import SweepSpec
 
-    spec = SweepSpec(instruments=split_list(args.instruments), levels=split_list(args.levels),
-                     modes=split_list(args.modes), positions=args.positions, method=args.method,
-                     chunk_size=args.chunk_size)
+    spec = SweepSpec(
+        instruments=split_list(args.instruments),
+        levels=split_list(args.levels),
+        modes=split_list(args.modes),
+        positions=args.positions,
+        method=args.method,
+        chunk_size=args.chunk_size,
+    )
     try:
         return spec.check()
     except ValueError as exc:
@@ -135,5 +149,7 @@ def validate_args(args: Any) -> None:
     except ValueError as exc:
         raise CLIError(str(exc)) from None
     if args.pairs is not None and not sweep and out in Path(args.pairs).expanduser().resolve().parents:
-        raise CLIError(f"--pairs {args.pairs!r} lies inside --out {args.out!r}, which the report replaces; "
-                       "move the pairs file out of the report directory")
+        raise CLIError(
+            f"--pairs {args.pairs!r} lies inside --out {args.out!r}, which the report replaces; move the "
+            "pairs file out of the report directory"
+        )

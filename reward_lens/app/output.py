@@ -1,4 +1,5 @@
-"""Atomic, owned report directories: `--out` is checked before any work, and a report appears whole or not at all.
+"""Atomic, owned report directories: `--out` is checked before any work, and a report appears whole or not at
+all.
 
 `ReportDir(out)` checks the path (a directory or creatable; writable; not a file or under one; not the
 current directory; an existing non-empty directory must be an earlier reward-lens report, marked by
@@ -41,27 +42,34 @@ def check_out_dir(out: Union[str, Path, None], sweep: bool = False) -> Path:
     """`out` as an absolute path that can hold a report (`sweep`: a resumable sweep, `SweepDir`); an
     OutputError (one line) otherwise. A symlink is followed to its directory (a dangling one is refused)."""
     if out is None or str(out).strip() == "":
-        raise OutputError("the output directory is empty (--out ''); give a directory name such as reward-lens-report")
+        raise OutputError(
+            "the output directory is empty (--out ''); give a directory name such as reward-lens-report"
+        )
     path = _follow_link(Path(out).expanduser().absolute(), out)
     if path.resolve() == Path.cwd().resolve():
-        raise OutputError(f"--out {str(out)!r} is the current directory; reports go into their own directory "
-                          "(e.g. --out reward-lens-report), which is replaced as a whole")
+        raise OutputError(
+            f"--out {str(out)!r} is the current directory; reports go into their own directory (e.g. --out "
+            "reward-lens-report), which is replaced as a whole"
+        )
     if path.exists() and not path.is_dir():
         raise OutputError(f"--out {str(path)!r} is a file, not a directory; choose another --out")
     if sweep and path.is_dir() and any(path.iterdir()) and not (path / SWEEP_MANIFEST).is_file():
-        raise OutputError(f"--out {str(path)!r} is a non-empty directory that is not a reward-lens sweep; choose a "
-                          "new or empty directory (a sweep there is resumed)")
+        raise OutputError(
+            f"--out {str(path)!r} is a non-empty directory that is not a reward-lens sweep; choose a new "
+            "or empty directory (a sweep there is resumed)"
+        )
     if not sweep and path.is_dir() and any(path.iterdir()):
         if not is_report_dir(path):
-            raise OutputError(f"--out {str(path)!r} is a non-empty directory that is not a reward-lens "
-                              "report; "
-                              "choose a new or empty directory (an earlier report there would be replaced)")
+            raise OutputError(
+                f"--out {str(path)!r} is a non-empty directory that is not a reward-lens report; choose a "
+                "new or empty directory (an earlier report there would be replaced)"
+            )
         extra = foreign_files(path)
         if extra:
-            raise OutputError(f"--out {str(path)!r} holds files the earlier report did not write "
-                              f"({_names(extra)}); "
-                              "a new report would replace the directory: move them out or choose another "
-                              "--out")
+            raise OutputError(
+                f"--out {str(path)!r} holds files the earlier report did not write ({_names(extra)}); a "
+                "new report would replace the directory: move them out or choose another --out"
+            )
     _check_parent(path)
     return path
 
@@ -72,9 +80,10 @@ def _follow_link(path: Path, given: Any) -> Path:
         return path
     target = path.resolve()
     if not target.exists():
-        raise OutputError(f"--out {str(given)!r} is a symbolic link to {str(target)!r}, which does not "
-                          "exist; "
-                          "create the target directory or give another --out")
+        raise OutputError(
+            f"--out {str(given)!r} is a symbolic link to {str(target)!r}, which does not exist; create the "
+            "target directory or give another --out"
+        )
     return target
 
 
@@ -83,11 +92,15 @@ def _check_parent(path: Path, is_file: bool = False) -> None:
     while not parent.exists():
         parent = parent.parent
     if not parent.is_dir():
-        raise OutputError(f"--out {str(path)!r} lies under {str(parent)!r}, which is a file; choose another --out")
+        raise OutputError(
+            f"--out {str(path)!r} lies under {str(parent)!r}, which is a file; choose another --out"
+        )
     for place in (parent, path) if path.exists() and not is_file else (parent,):
         if not _writable(place):
-            raise OutputError(f"--out {str(path)!r}: cannot write in {str(place)!r} (no permission or a read-only "
-                              "file system); choose a writable place")
+            raise OutputError(
+                f"--out {str(path)!r}: cannot write in {str(place)!r} (no permission or a read-only file "
+                "system); choose a writable place"
+            )
 
 
 def _names(names: List[str], n: int = 5) -> str:
@@ -111,8 +124,15 @@ def foreign_files(path: Path) -> List[str]:
     names = sorted(n.name for n in path.iterdir() if n.name != MARKER)
     if listed is not None:
         return [n for n in names if n not in listed]
-    return [n for n in names if not ((path / n).is_file() and not (path / n).is_symlink()
-                                     and Path(n).suffix in (".html", ".json", ".csv"))]
+    return [
+        n
+        for n in names
+        if not (
+            (path / n).is_file()
+            and not (path / n).is_symlink()
+            and Path(n).suffix in (".html", ".json", ".csv")
+        )
+    ]
 
 
 def new_mode(existing: Path) -> int:
@@ -137,22 +157,28 @@ def check_out_file(out: Union[str, Path], source: Union[str, Path], option: str 
         raise OutputError(f"the output file is empty ({option} ''); give a file name such as monitor.html")
     path = _follow_link(Path(out).expanduser().absolute(), out)
     if path.exists() and path.resolve() == Path(source).expanduser().resolve():
-        raise OutputError(f"{option} {str(out)!r} is the input file itself; it would be overwritten: give "
-                          "another "
-                          f"{option} (e.g. {Path(source).with_suffix('.html').name})")
+        raise OutputError(
+            f"{option} {str(out)!r} is the input file itself; it would be overwritten: give another "
+            f"{option} (e.g. {Path(source).with_suffix('.html').name})"
+        )
     if path.is_dir():
-        raise OutputError(f"{option} {str(out)!r} is a directory; give a file name (e.g. "
-                          f"{str(Path(out) / 'monitor.html')!r})")
+        raise OutputError(
+            f"{option} {str(out)!r} is a directory; give a file name (e.g. "
+            f"{str(Path(out) / 'monitor.html')!r})"
+        )
     if path.exists():
         try:
             with open(path, "rb") as f:
                 head = f.read(4096).decode("utf-8", errors="replace")
         except OSError as exc:
-            raise OutputError(f"{option} {str(out)!r} cannot be read ({exc.strerror}); choose another "
-                              f"{option}") from None
+            raise OutputError(
+                f"{option} {str(out)!r} cannot be read ({exc.strerror}); choose another {option}"
+            ) from None
         if GENERATOR not in head and "<title>reward-lens" not in head:
-            raise OutputError(f"{option} {str(out)!r} exists and was not written by reward-lens; it would be "
-                              f"overwritten: choose another {option} or delete it")
+            raise OutputError(
+                f"{option} {str(out)!r} exists and was not written by reward-lens; it would be "
+                f"overwritten: choose another {option} or delete it"
+            )
     _check_parent(path, is_file=True)
     return path
 
@@ -191,8 +217,11 @@ def is_report_dir(path: Path) -> bool:
     if (path / MARKER).exists():
         return True
     names = list(path.iterdir())
-    return (path / "report.html").is_file() and (path / "results.json").is_file() and all(
-        n.is_file() and n.suffix in (".html", ".json", ".csv") for n in names)
+    return (
+        (path / "report.html").is_file()
+        and (path / "results.json").is_file()
+        and all(n.is_file() and n.suffix in (".html", ".json", ".csv") for n in names)
+    )
 
 
 def _pid_alive(pid: int) -> bool:
@@ -241,8 +270,10 @@ class ReportDir:
                 if pid and not _pid_alive(pid):  # left by a run that died: take it over
                     self.lock.unlink(missing_ok=True)
                     continue
-                raise OutputError(f"another reward-lens run (pid {pid or '?'}) is writing {str(self.path)!r} (lock "
-                                  f"{self.lock.name}); wait for it, use another --out, or delete the lock if it is stale")
+                raise OutputError(
+                    f"another reward-lens run (pid {pid or '?'}) is writing {str(self.path)!r} (lock "
+                    f"{self.lock.name}); wait for it, use another --out, or delete the lock if it is stale"
+                ) from None
             with os.fdopen(fd, "w") as f:
                 f.write(str(os.getpid()))
             self._held = True
@@ -258,16 +289,22 @@ class ReportDir:
         The new directory keeps the old one's permissions; files that appeared in the old one during the run
         (not written by its report) are moved into the new one, not deleted."""
         if not self._held:
-            raise RuntimeError("ReportDir.commit needs the lock: use `with ReportDir(out) as rd: rd.commit(...)`")
+            raise RuntimeError(
+                "ReportDir.commit needs the lock: use `with ReportDir(out) as rd: rd.commit(...)`"
+            )
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{self.path.name}.tmp-", dir=self.path.parent))
         old: Optional[Path] = None
         try:
             write(tmp)
             names = sorted(n.name for n in tmp.iterdir())
-            manifest = {"written_by": "reward-lens", "note": "this directory is replaced as a whole by the "
-                                                             "next run; "
-                        "files not listed here are kept", "files": names}
+            manifest = {
+                "written_by": "reward-lens",
+                "note": "this directory is replaced as a whole by the "
+                "next run; "
+                "files not listed here are kept",
+                "files": names,
+            }
             (tmp / MARKER).write_text(json.dumps(manifest, indent=1) + "\n")
             os.chmod(tmp, new_mode(self.path))
             if self.path.exists():
@@ -294,9 +331,10 @@ class ReportDir:
         self._moved = []
         for name in foreign_files(self.path):
             if (tmp / name).exists():
-                raise OutputError(f"--out {str(self.path)!r}: {name} appeared there during the run and the "
-                                  "new report "
-                                  "writes a file of that name; move it out and rerun")
+                raise OutputError(
+                    f"--out {str(self.path)!r}: {name} appeared there during the run and the new report "
+                    "writes a file of that name; move it out and rerun"
+                )
             os.replace(self.path / name, tmp / name)
             self._moved.append(name)
 
@@ -321,12 +359,16 @@ def check_finite_columns(frame: Any, columns: Any, what: str, dtype: Any = None)
     keys = [k for k in ("pair", "site", "component", "mode", "target") if k in frame.columns]
     where = ", ".join(f"{k} {row[k]}" for k in keys)
     fp16 = "float16" in str(dtype)
-    hint = ("float16's range (±65504) overflowed: rerun with --dtype bfloat16 or float32" if fp16 else
-            "the model's activations overflow or its weights are damaged: rerun with --dtype float32 or "
-            "check them")
-    raise ValueError(f"{what}: {int(bad.sum())} value(s) of {'/'.join(cols)} are NaN or infinite (first at "
-                     f"{where}); "
-                     f"{hint}")
+    hint = (
+        "float16's range (±65504) overflowed: rerun with --dtype bfloat16 or float32"
+        if fp16
+        else "the model's activations overflow or its weights are damaged: rerun with --dtype float32 or "
+        "check them"
+    )
+    raise ValueError(
+        f"{what}: {int(bad.sum())} value(s) of {'/'.join(cols)} are NaN or infinite (first at {where}); "
+        f"{hint}"
+    )
 
 
 def clean_json(x: Any) -> Any:
@@ -359,14 +401,18 @@ def write_csv(path: Path, frame: Any) -> None:
 
 
 def provenance(pairs_file: Union[str, Path, None], options: Optional[dict] = None) -> dict:
-    """What results.json records about the run: library version, pairs file (path, format, sha256), options."""
+    """What results.json records about the run: library version, pairs file (path, format, sha256),
+    options."""
     from reward_lens.version import __version__
 
     info: dict = {"reward_lens_version": __version__, "report_format": 1}
     if pairs_file is not None:
         path = Path(pairs_file)
-        info["pairs_file"] = {"path": str(path.absolute()), "format": path.suffix.lower().lstrip("."),
-                              "sha256": file_sha256(path)}
+        info["pairs_file"] = {
+            "path": str(path.absolute()),
+            "format": path.suffix.lower().lstrip("."),
+            "sha256": file_sha256(path),
+        }
     if options is not None:
         info["options"] = {k: v for k, v in options.items() if not callable(v)}
     return info

@@ -12,13 +12,16 @@ import io
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, List, Union
+
 from reward_lens.app.output import GENERATOR, write_text_atomic
 from reward_lens.plotting import pyplot
 
 _STYLE = """
-body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
+body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;max-width:1100px;margin:2em auto;
+padding:0 1em;color:#222}
 h1{border-bottom:2px solid #444}h2{margin-top:2em;border-bottom:1px solid #ccc}
-table{border-collapse:collapse;font-size:.9em;margin:.5em 0}td,th{border:1px solid #ccc;padding:.25em .6em;text-align:left}
+table{border-collapse:collapse;font-size:.9em;margin:.5em 0}
+td,th{border:1px solid #ccc;padding:.25em .6em;text-align:left}
 th{background:#f3f3f3}img{max-width:100%;height:auto;border:1px solid #eee}.note{color:#555;font-size:.9em}
 .table-wrap{max-width:100%;overflow-x:auto;margin:.5em 0}.table-wrap table{margin:0}
 p,td,th{overflow-wrap:anywhere}.rl-tokens{max-width:100%;overflow-x:auto}
@@ -48,7 +51,9 @@ class Section:
         table = shown.to_html(index=False, float_format=lambda x: float_format.format(x), border=0)
         self.parts.append(f'<div class="table-wrap">{table}</div>')  # a wide table scrolls in its own box
         if len(frame) > max_rows:
-            self.parts.append(f'<p class="note">first {max_rows} of {len(frame)} rows; all rows are in the CSV files</p>')
+            self.parts.append(
+                f'<p class="note">first {max_rows} of {len(frame)} rows; all rows are in the CSV files</p>'
+            )
         return self
 
     def html(self, markup: str) -> "Section":
@@ -73,9 +78,10 @@ class Report:
 
     def to_html(self) -> str:
         body = "\n".join(f"<h2>{html.escape(s.title)}</h2>\n" + "\n".join(s.parts) for s in self.sections)
-        return ("<!doctype html><html><head><meta "
-                f"charset='utf-8'>{GENERATOR}<title>{html.escape(self.title)}</title>"
-                f"<style>{_STYLE}</style></head><body><h1>{html.escape(self.title)}</h1>\n{body}\n</body></html>")
+        return (
+            "<!doctype html><html><head><meta "
+            f"charset='utf-8'>{GENERATOR}<title>{html.escape(self.title)}</title><style>{_STYLE}</style></head><body><h1>{html.escape(self.title)}</h1>\n{body}\n</body></html>"
+        )
 
     def save(self, path: Union[str, Path]) -> Path:
         path = Path(path)

@@ -1,4 +1,5 @@
-"""`reward-lens sweep`: scripted ablation sweeps over a pairs file, as one tidy table; resumable; torchrun-aware.
+"""`reward-lens sweep`: scripted ablation sweeps over a pairs file, as one tidy table; resumable;
+torchrun-aware.
 
 A sweep runs the chosen instruments (`patch`: contrastive activation patching, `atp`: attribution
 patching, `attribute`: exact direct attribution) over every pair for the chosen levels, modes and
@@ -33,9 +34,9 @@ import torch
 from reward_lens import distributed as dist
 from reward_lens.app.output import SWEEP_MANIFEST, ReportDir, check_finite_columns, clean_json, write_csv
 from reward_lens.core.autobatch import BatchSize
-from reward_lens.data.pairs import TokenPair, as_pairs, pair_labels
 from reward_lens.core.pipeline import run_pipeline
 from reward_lens.core.ranks import Ranks
+from reward_lens.data.pairs import TokenPair, as_pairs, pair_labels
 from reward_lens.instruments.attribution import AttributionSpec
 from reward_lens.instruments.patching.atp import AtPSpec
 from reward_lens.instruments.patching.contrastive import PatchSpec
@@ -65,12 +66,17 @@ class SweepSpec:
 
     def check(self) -> "SweepSpec":
         """Every option valid (a one-line ValueError naming the option otherwise)."""
-        for name, given, allowed in (("--instruments", self.instruments, INSTRUMENTS), ("--levels", self.levels, LEVELS),
-                                     ("--modes", self.modes, MODES)):
+        for name, given, allowed in (
+            ("--instruments", self.instruments, INSTRUMENTS),
+            ("--levels", self.levels, LEVELS),
+            ("--modes", self.modes, MODES),
+        ):
             bad = [v for v in given if v not in allowed]
             if not given or bad:
-                raise ValueError(f"{name}: {', '.join(bad) or 'nothing'} given; use one or more of {', '.join(allowed)} "
-                                 "(comma-separated)")
+                raise ValueError(
+                    f"{name}: {', '.join(bad) or 'nothing'} given; use one or more of {', '.join(allowed)} "
+                    "(comma-separated)"
+                )
         if self.positions not in POSITIONS:
             raise ValueError(f"--positions {self.positions!r}: use one of {', '.join(POSITIONS)}")
         if self.method not in METHODS:
@@ -78,8 +84,10 @@ class SweepSpec:
         if not isinstance(self.chunk_size, int) or self.chunk_size < 1:
             raise ValueError(f"--chunk-size must be >= 1, got {self.chunk_size}")
         if "attribute" in self.instruments and not set(self.levels) & set(ATTRIBUTION_LEVELS):
-            raise ValueError(f"--instruments attribute has no {'/'.join(self.levels)} terms; add --levels component "
-                             "or head")
+            raise ValueError(
+                f"--instruments attribute has no {'/'.join(self.levels)} terms; add --levels component or "
+                "head"
+            )
         return self
 
 
@@ -109,27 +117,50 @@ def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def chunk_frame(model, pairs: Sequence[Any], ids: List[str], sl: slice, spec: SweepSpec,
-                means: Optional[Dict[str, torch.Tensor]], batch: BatchSize) -> pd.DataFrame:
+def chunk_frame(
+    model,
+    pairs: Sequence[Any],
+    ids: List[str],
+    sl: slice,
+    spec: SweepSpec,
+    means: Optional[Dict[str, torch.Tensor]],
+    batch: BatchSize,
+) -> pd.DataFrame:
     """The sweep table of pairs[sl]: each instrument's tidy frame with an `instrument` column."""
     specs, levels = {}, [lv for lv in spec.levels if lv in ATTRIBUTION_LEVELS]
     for name in spec.instruments:  # one pipeline: the instruments share the chunk's clean passes
         if name == "attribute":
             specs[name] = AttributionSpec(heads="head" in levels)
         elif name == "patch":
-            specs[name] = PatchSpec(mode=list(spec.modes), level=list(spec.levels), positions=spec.positions,
-                                    method=spec.method, means=means, name="patch")
+            specs[name] = PatchSpec(
+                mode=list(spec.modes),
+                level=list(spec.levels),
+                positions=spec.positions,
+                method=spec.method,
+                means=means,
+                name="patch",
+            )
         else:
-            specs[name] = AtPSpec(mode=list(spec.modes), level=list(spec.levels), positions=spec.positions,
-                                  means=means, name="atp")
+            specs[name] = AtPSpec(
+                mode=list(spec.modes),
+                level=list(spec.levels),
+                positions=spec.positions,
+                means=means,
+                name="atp",
+            )
     got = run_pipeline(model, pairs[sl], list(specs.values()), batch_size=batch, ranks=Ranks())
     frames = []
     for name in spec.instruments:
         res = got[specs[name].name]
         res.pair_ids = ids[sl]
-        frame = pd.concat([res.to_frame(lv) for lv in levels], ignore_index=True) if name == "attribute" else res.to_frame()
-        check_finite_columns(frame, FINITE_COLUMNS, f"sweep {name} on pairs "
-                                                    f"{sl.start + 1}-{sl.stop}", model.cfg.dtype)
+        frame = (
+            pd.concat([res.to_frame(lv) for lv in levels], ignore_index=True)
+            if name == "attribute"
+            else res.to_frame()
+        )
+        check_finite_columns(
+            frame, FINITE_COLUMNS, f"sweep {name} on pairs {sl.start + 1}-{sl.stop}", model.cfg.dtype
+        )
         frame.insert(0, "instrument", name)
         frames.append(frame)
     return pd.concat(frames, ignore_index=True)
@@ -141,8 +172,9 @@ RESUME_KEYS = ("spec", "pairs_sha256", "n_pairs", "model", "dtype", "input_forma
 
 def settings_digest(manifest: Dict[str, Any]) -> str:
     """SHA-256 of the settings a resume must match, kept in the manifest: a hand edit shows."""
-    return hashlib.sha256(json.dumps([clean_json(manifest.get(k)) for k in RESUME_KEYS], sort_keys=True,
-                                     default=str).encode()).hexdigest()
+    return hashlib.sha256(
+        json.dumps([clean_json(manifest.get(k)) for k in RESUME_KEYS], sort_keys=True, default=str).encode()
+    ).hexdigest()
 
 
 def read_manifest(path: Path) -> Dict[str, Any]:
@@ -154,13 +186,15 @@ def read_manifest(path: Path) -> Dict[str, Any]:
         why = exc.msg if isinstance(exc, json.JSONDecodeError) else exc.reason
         raise ValueError(f"{path} is damaged (not JSON: {why}); {start_over}") from None
     if not isinstance(earlier, dict) or not all(k in earlier for k in RESUME_KEYS[:4]):
-        raise ValueError(f"{path} is not a reward-lens sweep manifest (it lacks spec, pairs_sha256, n_pairs "
-                         "or "
-                         f"model); {start_over}")
+        raise ValueError(
+            f"{path} is not a reward-lens sweep manifest (it lacks spec, pairs_sha256, n_pairs or model); "
+            f"{start_over}"
+        )
     if "settings_sha256" in earlier and earlier["settings_sha256"] != settings_digest(earlier):
-        raise ValueError(f"{path} was edited by hand (its settings no longer match their checksum), so its "
-                         "finished "
-                         f"parts may not be what it says; {start_over}")
+        raise ValueError(
+            f"{path} was edited by hand (its settings no longer match their checksum), so its finished "
+            f"parts may not be what it says; {start_over}"
+        )
     return earlier
 
 
@@ -176,20 +210,26 @@ def _prepare(out: Path, manifest: Dict[str, Any], echo: Callable[[str], None] = 
         differ = [k for k in RESUME_KEYS if k in earlier and earlier.get(k) != clean_json(manifest[k])]
         if differ and done:
             key = differ[0]
-            raise ValueError(f"--out {str(out)!r} holds a sweep with other {key.replace('_', ' ')} "
-                             f"({earlier.get(key)!r}, now {clean_json(manifest[key])!r}) and {done} finished "
-                             "part(s); rerun with its options to resume it, or use a new --out")
+            raise ValueError(
+                f"--out {str(out)!r} holds a sweep with other {key.replace('_', ' ')} "
+                f"({earlier.get(key)!r}, now {clean_json(manifest[key])!r}) and {done} finished part(s); "
+                "rerun with its options to resume it, or use a new --out"
+            )
         if not differ:
             return done
-        echo(f"[reward-lens] sweep: the earlier sweep in {out} finished no part; starting again with these "
-             "settings")
+        echo(
+            f"[reward-lens] sweep: the earlier sweep in {out} finished no part; starting again with these "
+            "settings"
+        )
         (out / MEANS).unlink(missing_ok=True)
     (out / PARTS).mkdir(parents=True, exist_ok=True)
     write_atomic(path, lambda tmp: tmp.write_text(json.dumps(clean_json(manifest), indent=1)))
     return done
 
 
-def _means(model, pairs, spec: SweepSpec, out: Path, ranks, batch: BatchSize) -> Optional[Dict[str, torch.Tensor]]:
+def _means(
+    model, pairs, spec: SweepSpec, out: Path, ranks, batch: BatchSize
+) -> Optional[Dict[str, torch.Tensor]]:
     """Mean-ablation values over all pairs (kept in means.safetensors, so a resumed sweep patches in the
     same)."""
     if "mean" not in spec.modes or set(spec.instruments) <= {"attribute"}:
@@ -201,10 +241,12 @@ def _means(model, pairs, spec: SweepSpec, out: Path, ranks, batch: BatchSize) ->
         try:
             return {k: v.to(model.cfg.device) for k, v in load_file(str(path)).items()}
         except Exception as exc:  # safetensors' SafetensorError: truncated or garbage
-            raise ValueError(f"{path} is damaged ({type(exc).__name__}); delete it (it is recomputed) and "
-                             "rerun") from None
-    means = dist.site_means(model, pairs, sites_for(model.cfg, list(spec.levels)), spec.positions, ranks=ranks,
-                            batch_size=batch)
+            raise ValueError(
+                f"{path} is damaged ({type(exc).__name__}); delete it (it is recomputed) and rerun"
+            ) from None
+    means = dist.site_means(
+        model, pairs, sites_for(model.cfg, list(spec.levels)), spec.positions, ranks=ranks, batch_size=batch
+    )
     if ranks.is_main:
         plain = {k: v.detach().cpu().contiguous() for k, v in means.items()}
         write_atomic(path, lambda tmp: save_file(plain, str(tmp)))
@@ -219,8 +261,10 @@ def read_part(out: Path, k: int) -> pd.DataFrame:
     except Exception as exc:  # pyarrow's ArrowInvalid / OSError on a damaged file
         if isinstance(exc, (KeyboardInterrupt, MemoryError)):
             raise
-        raise ValueError(f"{path} is damaged ({type(exc).__name__}); delete it (that chunk is recomputed) "
-                         "and rerun the same command") from None
+        raise ValueError(
+            f"{path} is damaged ({type(exc).__name__}); delete it (that chunk is recomputed) and rerun the "
+            "same command"
+        ) from None
 
 
 def merge_parts(out: Path, n_chunks: int) -> pd.DataFrame:
@@ -231,20 +275,35 @@ def merge_parts(out: Path, n_chunks: int) -> pd.DataFrame:
     return table
 
 
-def run_sweep(model, pairs, out_dir: Union[str, Path], spec: SweepSpec = SweepSpec(), *,
-              batch_size: Union[int, str, BatchSize] = 8, model_label: str = "", ranks: Optional[dist.Ranks] = None,
-              run_info: Optional[Dict[str, Any]] = None, echo: Callable[[str], None] = print) -> Optional[pd.DataFrame]:
+def run_sweep(
+    model,
+    pairs,
+    out_dir: Union[str, Path],
+    spec: SweepSpec = SweepSpec(),
+    *,
+    batch_size: Union[int, str, BatchSize] = 8,
+    model_label: str = "",
+    ranks: Optional[dist.Ranks] = None,
+    run_info: Optional[Dict[str, Any]] = None,
+    echo: Callable[[str], None] = print,
+) -> Optional[pd.DataFrame]:
     """Run (or resume) the sweep into `out_dir`; the whole table on rank 0 (None on the other ranks)."""
     spec.check()
     ranks = ranks or dist.current()
     pairs, out = as_pairs(pairs), Path(out_dir).expanduser().absolute()
     ids, batch = pair_labels(pairs), BatchSize.parse(batch_size, model.cfg.device, echo)
     n_chunks = -(-len(pairs) // spec.chunk_size)
-    manifest = {**(run_info or {}), "spec": asdict(spec), "n_pairs": len(pairs), "n_chunks": n_chunks,
-                "pairs_sha256": pairs_fingerprint(pairs), "model": model_label or model.cfg.model_name,
-                "dtype": str(model.cfg.dtype).replace("torch.", ""),
-                "input_format": model_input_format(model),
-                "world_size": ranks.world_size}
+    manifest = {
+        **(run_info or {}),
+        "spec": asdict(spec),
+        "n_pairs": len(pairs),
+        "n_chunks": n_chunks,
+        "pairs_sha256": pairs_fingerprint(pairs),
+        "model": model_label or model.cfg.model_name,
+        "dtype": str(model.cfg.dtype).replace("torch.", ""),
+        "input_format": model_input_format(model),
+        "world_size": ranks.world_size,
+    }
     with ReportDir(out, sweep=True) if ranks.is_main else contextlib.nullcontext():
         if ranks.is_main:
             done = _prepare(out, manifest, echo)

@@ -8,6 +8,17 @@ our parameter names and shapes (unfolded: norms keep their weights; folding happ
 
 from __future__ import annotations
 
+from reward_lens.converters import (  # noqa: F401,E402  (each registers itself)  # noqa: F401,E402  # noqa: F401,E402
+    armorm,
+    gemma2,
+    llama,
+    mistral,
+    mlp_heads,
+    openrlhf,  # noqa: F401,E402
+    qrm,
+    qwen2,
+    qwen3,
+)
 from reward_lens.converters.registry import (
     ARCHITECTURES,
     StateDict,
@@ -16,9 +27,5 @@ from reward_lens.converters.registry import (
     register,
     supported_architectures,
 )
-from reward_lens.converters import llama, mistral, qwen2, qwen3  # noqa: F401,E402  (each registers itself)
-from reward_lens.converters import armorm, gemma2  # noqa: F401,E402
-from reward_lens.converters import openrlhf  # noqa: F401,E402
-from reward_lens.converters import mlp_heads, qrm  # noqa: F401,E402
 
 __all__ = ["ARCHITECTURES", "StateDict", "WeightMap", "get_weight_map", "register", "supported_architectures"]

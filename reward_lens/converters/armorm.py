@@ -19,10 +19,15 @@ from __future__ import annotations
 from typing import Any
 
 import reward_lens.model.heads.armorm  # noqa: F401  (registers the "armorm" head type)
-from reward_lens.model.heads.armorm import DEFAULT_GATING_PATTERN, default_objective_names
-from reward_lens.model.config import RewardModelConfig
+from reward_lens.converters.llama import (
+    convert_decoder_rest,
+    convert_llama_layer,
+    decoder_config,
+    rope_inverse_frequencies,
+)
 from reward_lens.converters.registry import StateDict, WeightMap, register
-from reward_lens.converters.llama import convert_decoder_rest, convert_llama_layer, decoder_config, rope_inverse_frequencies
+from reward_lens.model.config import RewardModelConfig
+from reward_lens.model.heads.armorm import DEFAULT_GATING_PATTERN, default_objective_names
 
 
 def armorm_config(hf_config: Any) -> RewardModelConfig:
@@ -32,7 +37,9 @@ def armorm_config(hf_config: Any) -> RewardModelConfig:
         gating_temperature=float(getattr(hf_config, "gating_temperature", 10)),
         gating_hidden_dim=int(getattr(hf_config, "gating_hidden_dim", 1024)),
         gating_n_hidden=int(getattr(hf_config, "gating_n_hidden", 3)),
-        gating_pattern=[int(t) for t in (getattr(hf_config, "gating_token_pattern", None) or DEFAULT_GATING_PATTERN)],
+        gating_pattern=[
+            int(t) for t in (getattr(hf_config, "gating_token_pattern", None) or DEFAULT_GATING_PATTERN)
+        ],
         objective_names=list(getattr(hf_config, "objective_names", None) or default_objective_names(n_obj)),
     )
     # n_outputs = 1: the model's output is the gated score (num_labels in the config is meaningless here).
@@ -42,7 +49,9 @@ def armorm_config(hf_config: Any) -> RewardModelConfig:
 def convert_armorm_rest(sd: StateDict, cfg: RewardModelConfig, hf_config: Any) -> StateDict:
     hc = cfg.head_config
     n_obj, n_hidden, hidden = hc["num_objectives"], hc["gating_n_hidden"], hc["gating_hidden_dim"]
-    missing = [k for k in ("regression_layer.weight", "reward_transform_matrix", "gating.logit_scale") if k not in sd]
+    missing = [
+        k for k in ("regression_layer.weight", "reward_transform_matrix", "gating.logit_scale") if k not in sd
+    ]
     if missing:
         raise ValueError(f"not an ArmoRM checkpoint: tensors {missing} are missing")
     out = convert_decoder_rest(sd, cfg)
@@ -56,15 +65,16 @@ def convert_armorm_rest(sd: StateDict, cfg: RewardModelConfig, hf_config: Any) -
         if W is None or tuple(W.shape) != (dims[i + 1], dims[i]):
             raise ValueError(
                 f"gating.layers.{i}.weight has shape {None if W is None else tuple(W.shape)}, expected "
-                f"{(dims[i + 1], dims[i])} from config (gating_n_hidden={n_hidden}, gating_hidden_dim={hidden}, "
-                f"num_objectives={n_obj}); fix those config fields to match the checkpoint"
+                f"{(dims[i + 1], dims[i])} from config (gating_n_hidden={n_hidden}, "
+                f"gating_hidden_dim={hidden}, num_objectives={n_obj}); fix those config fields to match "
+                "the checkpoint"
             )
         out[f"reward_head.W_gate.{i}"] = W.T
         out[f"reward_head.b_gate.{i}"] = sd[f"gating.layers.{i}.bias"]
     if f"gating.layers.{n_hidden + 1}.weight" in sd:
         raise ValueError(
-            f"the checkpoint has more than gating_n_hidden + 1 = {n_hidden + 1} gate layers; set gating_n_hidden in "
-            "config.json to the number of hidden gate layers"
+            f"the checkpoint has more than gating_n_hidden + 1 = {n_hidden + 1} gate layers; set "
+            "gating_n_hidden in config.json to the number of hidden gate layers"
         )
     return out
 

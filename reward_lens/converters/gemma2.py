@@ -22,17 +22,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from reward_lens.model.config import RewardModelConfig
+from reward_lens.converters.llama import (
+    convert_llama_layer,
+    convert_llama_rest,
+    decoder_config,
+    layer_windows,
+)
 from reward_lens.converters.registry import StateDict, WeightMap, register
-from reward_lens.converters.llama import convert_llama_layer, convert_llama_rest, decoder_config, layer_windows
+from reward_lens.model.config import RewardModelConfig
 
 
 def gemma2_config(hf_config: Any) -> RewardModelConfig:
     text = hf_config.get_text_config()
     if getattr(text, "use_bidirectional_attention", False):
         raise ValueError(
-            "this Gemma-2 config sets use_bidirectional_attention=True, which reward-lens does not implement "
-            "(its attention is causal); convert a causal Gemma-2 reward model"
+            "this Gemma-2 config sets use_bidirectional_attention=True, which reward-lens does not "
+            "implement (its attention is causal); convert a causal Gemma-2 reward model"
         )
     return decoder_config(
         hf_config,
@@ -61,7 +66,9 @@ GEMMA2 = register(
         build_config=gemma2_config,
         convert_layer=convert_gemma2_layer,
         convert_rest=convert_llama_rest,
-        notes="(1+w) RMSNorm, sqrt(d) embed scale, pre+post norms, query_pre_attn_scalar, attention soft-cap, "
-        "per-layer sliding windows, GeGLU (tanh GELU); no final-logit soft-cap on the reward (as transformers).",
+        notes="(1+w) RMSNorm, sqrt(d) embed scale, pre+post norms, query_pre_attn_scalar, attention "
+        "soft-cap, "
+        "per-layer sliding windows, GeGLU (tanh GELU); no final-logit soft-cap on the reward (as "
+        "transformers).",
     )
 )

@@ -26,15 +26,18 @@ from reward_lens.converters.registry import StateDict, WeightMap
 from reward_lens.model.config import RewardModelConfig
 
 
-def judge_weight_map(hf_config: Any, positive: str, negative: str, positive_id: int,
-                     negative_id: int) -> WeightMap:
+def judge_weight_map(
+    hf_config: Any, positive: str, negative: str, positive_id: int, negative_id: int
+) -> WeightMap:
     """The weight map of a judge on `hf_config`'s causal LM reading positive_id minus negative_id."""
     text = hf_config.get_text_config()
     cap = getattr(text, "final_logit_softcapping", None)
     if cap:
-        raise ValueError(f"config field final_logit_softcapping={cap} is not supported: this language "
-                         "model's logits are soft-capped, so a logit difference is not linear in the final "
-                         "residual; supported: judges without final_logit_softcapping")
+        raise ValueError(
+            f"config field final_logit_softcapping={cap} is not supported: this language model's logits "
+            "are soft-capped, so a logit difference is not linear in the final residual; supported: "
+            "judges without final_logit_softcapping"
+        )
     base = base_weight_map(hf_config)
     vocab = int(text.vocab_size)
     for name, tid in (("positive", positive_id), ("negative", negative_id)):
@@ -44,14 +47,18 @@ def judge_weight_map(hf_config: Any, positive: str, negative: str, positive_id: 
     def build_config(c: Any) -> RewardModelConfig:
         cfg = base.build_config(c)
         cfg.head_type, cfg.n_outputs, cfg.readout = "judge", 1, "last_attended"
-        cfg.head_config = dict(positive=positive, negative=negative, positive_id=int(positive_id),
-                               negative_id=int(negative_id))
+        cfg.head_config = dict(
+            positive=positive, negative=negative, positive_id=int(positive_id), negative_id=int(negative_id)
+        )
         cfg.original_architecture = (c.architectures or ["?"])[0]
         return cfg
 
     def convert_rest(sd: StateDict, cfg: RewardModelConfig, c: Any) -> StateDict:
-        key = "lm_head.weight" if "lm_head.weight" in sd and not getattr(text, "tie_word_embeddings", False) \
+        key = (
+            "lm_head.weight"
+            if "lm_head.weight" in sd and not getattr(text, "tie_word_embeddings", False)
             else "model.embed_tokens.weight"
+        )
         W_U = sd[key]
         out = {**convert_decoder_rest(sd, cfg), "rotary.inv_freq": rope_inverse_frequencies(text)[0]}
         diff_U = W_U[positive_id].double() - W_U[negative_id].double()
@@ -61,8 +68,13 @@ def judge_weight_map(hf_config: Any, positive: str, negative: str, positive_id: 
         out["reward_head.b_R"] = no_bias if b_U is None else (b_U[positive_id] - b_U[negative_id]).reshape(1)
         return out
 
-    return WeightMap(f"judge({cfg_name(hf_config)})", build_config, base.convert_layer, convert_rest,
-                     notes="causal LM read as a judge: logit(positive) - logit(negative), last position")
+    return WeightMap(
+        f"judge({cfg_name(hf_config)})",
+        build_config,
+        base.convert_layer,
+        convert_rest,
+        notes="causal LM read as a judge: logit(positive) - logit(negative), last position",
+    )
 
 
 def cfg_name(hf_config: Any) -> str:

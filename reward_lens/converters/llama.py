@@ -17,9 +17,9 @@ from typing import Any, Optional
 
 import torch
 
-from reward_lens.model.config import RewardModelConfig
-from reward_lens.converters.registry import StateDict, WeightMap, register
 from reward_lens.converters.openrlhf import missing_head_error
+from reward_lens.converters.registry import StateDict, WeightMap, register
+from reward_lens.model.config import RewardModelConfig
 
 
 def rope_inverse_frequencies(hf_config: Any):
@@ -30,7 +30,9 @@ def rope_inverse_frequencies(hf_config: Any):
     rope_type = params.get("rope_type", "default")
     if rope_type != "default":
         if rope_type not in ROPE_INIT_FUNCTIONS:
-            raise ValueError(f"unsupported rope_type {rope_type!r}; transformers knows {sorted(ROPE_INIT_FUNCTIONS)}")
+            raise ValueError(
+                f"unsupported rope_type {rope_type!r}; transformers knows {sorted(ROPE_INIT_FUNCTIONS)}"
+            )
         inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_config, device=None)
         return inv_freq.float(), float(scaling)
     head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
@@ -122,8 +124,10 @@ def convert_score_head(sd: StateDict, cfg: RewardModelConfig, key: str = "score"
     weight = sd[f"{key}.weight"]
     if weight.shape[0] != cfg.n_outputs:
         raise ValueError(
-            f"{key}.weight has {weight.shape[0]} output row(s) but config.json says num_labels={cfg.n_outputs} "
-            f"(transformers' default is 2 when config.json has none); set \"num_labels\": {weight.shape[0]} in config.json"
+            f"{key}.weight has {weight.shape[0]} output row(s) but config.json says "
+            f"num_labels={cfg.n_outputs} "
+            f'(transformers\' default is 2 when config.json has none); set "num_labels": {weight.shape[0]} '
+            "in config.json"
         )
     bias: Optional[torch.Tensor] = sd.get(f"{key}.bias")
     return {

@@ -1,7 +1,7 @@
 """Mistral (`MistralForSequenceClassification`): Llama weights; one sliding window on every layer when set."""
 
-from reward_lens.converters.registry import WeightMap, register
 from reward_lens.converters.llama import convert_llama_layer, convert_llama_rest, decoder_config
+from reward_lens.converters.registry import WeightMap, register
 
 
 def mistral_config(hf_config):
@@ -9,5 +9,12 @@ def mistral_config(hf_config):
     return decoder_config(hf_config, window_sizes=[window] * hf_config.num_hidden_layers)
 
 
-register(WeightMap("MistralForSequenceClassification", mistral_config, convert_llama_layer, convert_llama_rest,
-                   notes="Llama map + sliding-window attention on all layers when config.sliding_window is set."))
+register(
+    WeightMap(
+        "MistralForSequenceClassification",
+        mistral_config,
+        convert_llama_layer,
+        convert_llama_rest,
+        notes="Llama map + sliding-window attention on all layers when config.sliding_window is set.",
+    )
+)

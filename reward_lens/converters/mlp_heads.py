@@ -53,19 +53,24 @@ def qwen2_prm_config(hf_config: Any) -> RewardModelConfig:
     d = hf_config.get_text_config().hidden_size
     n_labels = int(getattr(hf_config, "num_labels", 2) or 2)
     if n_labels != 2:
-        raise ValueError(f"Qwen2ForProcessRewardModel config field num_labels={n_labels} is not supported: "
-                         "reward-lens reads the two-class step head (log-odds of class 1); supported: 2")
+        raise ValueError(
+            f"Qwen2ForProcessRewardModel config field num_labels={n_labels} is not supported: reward-lens "
+            "reads the two-class step head (log-odds of class 1); supported: 2"
+        )
     tag = getattr(hf_config, "step_tag_id", None)
-    head_config = mlp_head_config("qwen2-prm", [d], "last_non_pad", (-1.0, 1.0),
-                                  step_tag_id=None if tag is None else int(tag))
+    head_config = mlp_head_config(
+        "qwen2-prm", [d], "last_non_pad", (-1.0, 1.0), step_tag_id=None if tag is None else int(tag)
+    )
     return _config(hf_config, "prm", head_config)
 
 
 def grm_config(hf_config: Any) -> RewardModelConfig:
     layer_type = getattr(hf_config, "vhead_layer_type", "mlp")
     if layer_type not in GRM_LAYER_TYPES:
-        raise ValueError(f"GRewardModel config field vhead_layer_type={layer_type!r} is not supported; "
-                         f"supported: {', '.join(GRM_LAYER_TYPES)}")
+        raise ValueError(
+            f"GRewardModel config field vhead_layer_type={layer_type!r} is not supported; supported: "
+            f"{', '.join(GRM_LAYER_TYPES)}"
+        )
     widths: List[int] = []
     if layer_type == "mlp":
         neurons = int(getattr(hf_config, "vhead_num_neurons", 1024))
@@ -92,9 +97,10 @@ def convert_mlp(sd: StateDict, cfg: RewardModelConfig, prefix: str, linear_keys:
         out[f"reward_head.b_mlp.{i}"] = bias if bias is not None else torch.zeros(W.shape[0], dtype=W.dtype)
     extra = f"{prefix}.{2 * len(linear_keys)}.weight"
     if extra in sd:
-        raise ValueError(f"the checkpoint has head layer {extra!r} beyond the {len(linear_keys)} Linear "
-                         "layers the config describes; fix the head fields of config.json "
-                         "(e.g. vhead_num_layers)")
+        raise ValueError(
+            f"the checkpoint has head layer {extra!r} beyond the {len(linear_keys)} Linear layers the "
+            "config describes; fix the head fields of config.json (e.g. vhead_num_layers)"
+        )
     return out
 
 
@@ -107,8 +113,10 @@ def convert_score_mlp_rest(sd: StateDict, cfg: RewardModelConfig, hf_config: Any
     n_linear = len(cfg.head_config["hidden_sizes"]) + 1
     if "score.0.weight" not in sd:
         outside = sorted(k for k in sd if not k.startswith("model."))[:8]
-        raise ValueError(f"not a {cfg.original_architecture} checkpoint: its MLP head 'score.0.weight' is "
-                         f"missing (tensors outside model.*: {outside})")
+        raise ValueError(
+            f"not a {cfg.original_architecture} checkpoint: its MLP head 'score.0.weight' is missing "
+            f"(tensors outside model.*: {outside})"
+        )
     head = convert_mlp(sd, cfg, "score", sequential_keys("score", n_linear))
     return {**_decoder_rest(sd, cfg, hf_config), **head}
 
@@ -118,8 +126,10 @@ def convert_grm_rest(sd: StateDict, cfg: RewardModelConfig, hf_config: Any) -> S
     keys = ["v_head.summary"] if not widths else sequential_keys("v_head.summary", len(widths) + 1)
     if f"{keys[0]}.weight" not in sd:
         found = sorted(k for k in sd if k.startswith("v_head"))[:8] or "no v_head tensors"
-        raise ValueError(f"GRewardModel checkpoint without '{keys[0]}.weight' (vhead_layer_type="
-                         f"{cfg.head_config['vhead_layer_type']!r}); found {found}")
+        raise ValueError(
+            f"GRewardModel checkpoint without '{keys[0]}.weight' "
+            f"(vhead_layer_type={cfg.head_config['vhead_layer_type']!r}); found {found}"
+        )
     return {**_decoder_rest(sd, cfg, hf_config), **convert_mlp(sd, cfg, "v_head.summary", keys)}
 
 
@@ -133,14 +143,30 @@ def convert_base_layer(sd: StateDict, cfg: RewardModelConfig, hf_config: Any, l:
 
 
 for _arch, _build, _rest, _notes in (
-    ("INFORMForSequenceClassification", inform_config, convert_score_mlp_rest,
-     "INF-ORM: Llama + score MLP (Linear d->d, ReLU, Linear d->1); readout before the first pad."),
-    ("Qwen2ForRewardModel", qwen2_rm_config, convert_score_mlp_rest,
-     "Qwen2.5-Math-RM: Qwen2 + score MLP (Linear d->d, ReLU, Linear d->1); readout before the first pad."),
-    ("Qwen2ForProcessRewardModel", qwen2_prm_config, convert_score_mlp_rest,
-     "Qwen2.5-Math-PRM: Qwen2 + score MLP with 2 labels read at every <extra_0>; step reward = log-odds."),
-    ("GRewardModel", grm_config, convert_grm_rest,
-     "GRM: base decoder + v_head.summary (vhead_num_layers x Linear+ReLU, Linear ->1, or one Linear); GRM's "
-     "padding rule."),
+    (
+        "INFORMForSequenceClassification",
+        inform_config,
+        convert_score_mlp_rest,
+        "INF-ORM: Llama + score MLP (Linear d->d, ReLU, Linear d->1); readout before the first pad.",
+    ),
+    (
+        "Qwen2ForRewardModel",
+        qwen2_rm_config,
+        convert_score_mlp_rest,
+        "Qwen2.5-Math-RM: Qwen2 + score MLP (Linear d->d, ReLU, Linear d->1); readout before the first pad.",
+    ),
+    (
+        "Qwen2ForProcessRewardModel",
+        qwen2_prm_config,
+        convert_score_mlp_rest,
+        "Qwen2.5-Math-PRM: Qwen2 + score MLP with 2 labels read at every <extra_0>; step reward = log-odds.",
+    ),
+    (
+        "GRewardModel",
+        grm_config,
+        convert_grm_rest,
+        "GRM: base decoder + v_head.summary (vhead_num_layers x Linear+ReLU, Linear ->1, or one Linear); "
+        "GRM's padding rule.",
+    ),
 ):
     register(WeightMap(_arch, _build, convert_base_layer, _rest, notes=_notes))

@@ -1,4 +1,5 @@
-"""OpenRLHF reward models (`architectures=["RewardModel"]`, older `"LLMForSequenceRegression"`), loaded as saved.
+"""OpenRLHF reward models (`architectures=["RewardModel"]`, older `"LLMForSequenceRegression"`), loaded as
+saved.
 
 OpenRLHF builds its reward model class at run time (`openrlhf.models.model._get_reward_model`): the base
 decoder of the checkpoint's family under its `base_model_prefix` ("model" for Llama, Qwen2/3, Mistral,
@@ -18,7 +19,6 @@ dataset ends each sequence with EOS and reads the reward there).
 from __future__ import annotations
 
 import math
-
 from collections import ChainMap
 from collections.abc import Mapping
 from typing import Any, Tuple
@@ -39,10 +39,15 @@ def base_weight_map(hf_config: Any) -> WeightMap:
     model_type = getattr(hf_config, "model_type", None)
     name = MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES.get(model_type)
     if name not in ARCHITECTURES:
-        bases = sorted(a.replace("ForSequenceClassification", "") for a in ARCHITECTURES if a.endswith("ForSequenceClassification"))
+        bases = sorted(
+            a.replace("ForSequenceClassification", "")
+            for a in ARCHITECTURES
+            if a.endswith("ForSequenceClassification")
+        )
         raise ValueError(
-            f"OpenRLHF reward model on a {model_type!r} base: reward-lens has no native weight map for that family "
-            f"(OpenRLHF checkpoints load natively on bases: {', '.join(bases)}); open an issue to ask for one"
+            f"OpenRLHF reward model on a {model_type!r} base: reward-lens has no native weight map for "
+            f"that family (OpenRLHF checkpoints load natively on bases: {', '.join(bases)}); open an issue "
+            "to ask for one"
         )
     return ARCHITECTURES[name]
 
@@ -58,25 +63,30 @@ def normalization(hf_config: Any) -> Tuple[float, float]:
             return default
         flat = value if isinstance(value, (list, tuple)) else [value]
         if len(flat) != 1 or isinstance(flat[0], bool) or not isinstance(flat[0], (int, float)):
-            raise ValueError(f"config.json has normalize_reward=true with {name}={value!r}; OpenRLHF stores "
-                             "one number (or a list of one) there: fix it or set normalize_reward to false")
+            raise ValueError(
+                f"config.json has normalize_reward=true with {name}={value!r}; OpenRLHF stores one number "
+                "(or a list of one) there: fix it or set normalize_reward to false"
+            )
         return float(flat[0])
 
     mean, std = scalar("mean", 0.0), scalar("std", 1.0)
     if not (math.isfinite(std) and std > 0) or not math.isfinite(mean):
-        raise ValueError(f"config.json has normalize_reward=true with mean={mean}, std={std}; OpenRLHF "
-                         "computes "
-                         "(reward - mean) / std, so both must be finite and std > 0: fix them or set "
-                         "normalize_reward "
-                         "to false")
+        raise ValueError(
+            f"config.json has normalize_reward=true with mean={mean}, std={std}; OpenRLHF computes (reward "
+            "- mean) / std, so both must be finite and std > 0: fix them or set normalize_reward to false"
+        )
     return mean, std
 
 
 def missing_head_error(sd: StateDict, key: str, architecture: str) -> ValueError:
-    """A transformers-layout map found no `{key}.weight`: say so, and point at OpenRLHF when its head is there."""
+    """A transformers-layout map found no `{key}.weight`: say so, and point at OpenRLHF when its head is
+    there."""
     if "value_head.weight" in sd:
-        hint = ("it has 'value_head.weight', OpenRLHF's head: set architectures back to [\"RewardModel\"] in config.json; "
-                "reward-lens loads OpenRLHF checkpoints as saved, with their last-attended-token readout")
+        hint = (
+            "it has 'value_head.weight', OpenRLHF's head: set architectures back to [\"RewardModel\"] in "
+            "config.json; reward-lens loads OpenRLHF checkpoints as saved, with their last-attended-token "
+            "readout"
+        )
     else:
         hint = f"tensors outside model.*: {sorted(k for k in sd if not k.startswith('model.'))[:8]}"
     return ValueError(f"the checkpoint has no '{key}.weight', the reward head of {architecture}; {hint}")
@@ -89,8 +99,10 @@ def warn_if_relabelled(hf_config: Any, architecture: str) -> None:
         import warnings
 
         warnings.warn(
-            f"config.json says {architecture} but carries OpenRLHF's normalize_reward: if this is an OpenRLHF reward "
-            "model, set architectures back to [\"RewardModel\"] (and the head name back) so it loads with OpenRLHF's "
+            f"config.json says {architecture} but carries OpenRLHF's normalize_reward: if this is an "
+            "OpenRLHF reward "
+            'model, set architectures back to ["RewardModel"] (and the head name back) so it loads with '
+            "OpenRLHF's "
             "readout (last attended token) and normalisation; as labelled, transformers' readout is used",
             stacklevel=4,
         )
@@ -98,7 +110,9 @@ def warn_if_relabelled(hf_config: Any, architecture: str) -> None:
 
 def openrlhf_config(hf_config: Any) -> RewardModelConfig:
     cfg = base_weight_map(hf_config).build_config(hf_config)
-    cfg.n_outputs = 1  # one value-head row; num_labels (absent, so transformers' default 2) means nothing here
+    cfg.n_outputs = (
+        1  # one value-head row; num_labels (absent, so transformers' default 2) means nothing here
+    )
     cfg.readout = "last_attended"
     cfg.input_format = "openrlhf"
     return cfg
@@ -109,12 +123,15 @@ def convert_openrlhf_rest(sd: StateDict, cfg: RewardModelConfig, hf_config: Any)
     if prefix is None:
         found = sorted(k for k in sd if not k.startswith("model."))
         raise ValueError(
-            f"OpenRLHF checkpoint without a reward head: expected 'value_head.weight' or 'score.weight', found "
-            f"{found[:8] or 'only model.* tensors'}; was it saved with a custom value_head_prefix?"
+            "OpenRLHF checkpoint without a reward head: expected 'value_head.weight' or 'score.weight', "
+            f"found {found[:8] or 'only model.* tensors'}; was it saved with a custom value_head_prefix?"
         )
     W = sd[f"{prefix}.weight"]
     if W.shape != (1, cfg.d_model):
-        raise ValueError(f"{prefix}.weight has shape {tuple(W.shape)}, expected (1, {cfg.d_model}) (one reward per sequence)")
+        raise ValueError(
+            f"{prefix}.weight has shape {tuple(W.shape)}, expected (1, {cfg.d_model}) (one reward per "
+            "sequence)"
+        )
     head = {"score.weight": W}
     if f"{prefix}.bias" in sd:
         head["score.bias"] = sd[f"{prefix}.bias"]
@@ -151,11 +168,14 @@ class _WithoutPrefix(Mapping):
 
 
 for _name in OPENRLHF_ARCHITECTURES:
-    register(WeightMap(
-        architecture=_name,
-        build_config=openrlhf_config,
-        convert_layer=convert_openrlhf_layer,
-        convert_rest=convert_openrlhf_rest,
-        notes="OpenRLHF RewardModel: its base family's decoder map, head value_head/score, normalize_reward folded "
-        "into the head, readout at the last attended token, input format 'openrlhf'.",
-    ))
+    register(
+        WeightMap(
+            architecture=_name,
+            build_config=openrlhf_config,
+            convert_layer=convert_openrlhf_layer,
+            convert_rest=convert_openrlhf_rest,
+            notes="OpenRLHF RewardModel: its base family's decoder map, head value_head/score, "
+            "normalize_reward folded "
+            "into the head, readout at the last attended token, input format 'openrlhf'.",
+        )
+    )

@@ -14,8 +14,8 @@ from typing import Tuple
 
 import torch
 
-from reward_lens.model.config import RewardModelConfig
 from reward_lens.converters.registry import StateDict
+from reward_lens.model.config import RewardModelConfig
 
 
 def _scale_rows(W: torch.Tensor, gain: torch.Tensor, dim: int) -> torch.Tensor:
@@ -52,7 +52,9 @@ def folded_config(cfg: RewardModelConfig) -> RewardModelConfig:
     return dataclasses.replace(cfg, normalization_type="RMSPre")
 
 
-def fold_norm_weights(sd: StateDict, cfg: RewardModelConfig, head_readers) -> Tuple[StateDict, RewardModelConfig]:
+def fold_norm_weights(
+    sd: StateDict, cfg: RewardModelConfig, head_readers
+) -> Tuple[StateDict, RewardModelConfig]:
     """A new state dict with ln1/ln2/ln_final weights folded, and a copy of `cfg` with normalization_type
     "RMSPre" (neither argument is changed)."""
     for l in range(cfg.n_layers):

@@ -22,7 +22,10 @@ from typing import Any
 
 import reward_lens.model.heads.qrm  # noqa: F401  (registers the "qrm" head type)
 from reward_lens.converters.llama import (
-    convert_decoder_rest, convert_llama_layer, decoder_config, rope_inverse_frequencies,
+    convert_decoder_rest,
+    convert_llama_layer,
+    decoder_config,
+    rope_inverse_frequencies,
 )
 from reward_lens.converters.registry import StateDict, WeightMap, register
 from reward_lens.model.config import RewardModelConfig
@@ -33,15 +36,18 @@ def qrm_config(hf_config: Any) -> RewardModelConfig:
     n_obj = int(getattr(hf_config, "num_objectives", 19))
     n_q = getattr(hf_config, "num_quantiles", None)
     if n_q is None:
-        raise ValueError("QRM config.json has no num_quantiles field (the authors' class requires it); "
-                         "add it")
+        raise ValueError(
+            "QRM config.json has no num_quantiles field (the authors' class requires it); add it"
+        )
     head_config = dict(
-        num_objectives=n_obj, num_quantiles=int(n_q),
+        num_objectives=n_obj,
+        num_quantiles=int(n_q),
         gating_temperature=float(getattr(hf_config, "gating_temperature", 10)),
         gating_hidden_dim=int(getattr(hf_config, "gating_hidden_dim", 1024)),
         gating_n_hidden=int(getattr(hf_config, "gating_n_hidden", 3)),
-        gating_pattern=[int(t) for t in getattr(hf_config, "gating_token_pattern", None)
-                        or DEFAULT_GATING_PATTERN],
+        gating_pattern=[
+            int(t) for t in getattr(hf_config, "gating_token_pattern", None) or DEFAULT_GATING_PATTERN
+        ],
         objective_names=list(getattr(hf_config, "objective_names", None) or default_objective_names(n_obj)),
     )
     return decoder_config(hf_config, head_type="qrm", n_outputs=1, head_config=head_config)
@@ -52,8 +58,10 @@ def _linear(sd: StateDict, key: str, shape: tuple, cfg: RewardModelConfig):
     if W is None or tuple(W.shape) != shape:
         hc = cfg.head_config
         got = None if W is None else tuple(W.shape)
-        fields = ", ".join(f"{k}={hc[k]}" for k in ("gating_n_hidden", "gating_hidden_dim", "num_objectives",
-                                                    "num_quantiles"))
+        fields = ", ".join(
+            f"{k}={hc[k]}"
+            for k in ("gating_n_hidden", "gating_hidden_dim", "num_objectives", "num_quantiles")
+        )
         raise ValueError(f"{key} has shape {got}, expected {shape} from config ({fields})")
     return W
 
@@ -84,15 +92,22 @@ def convert_qrm_rest(sd: StateDict, cfg: RewardModelConfig, hf_config: Any) -> S
     out[f"reward_head.W_gate.{n_hidden}"] = _linear(sd, last + "weight", (n_obj, dims[-1]), cfg).T
     out["reward_head.b_gate"] = sd[last + "bias"]
     if f"gating.layers.{3 * n_hidden + 1}.weight" in sd:
-        raise ValueError(f"the checkpoint has more gate layers than gating_n_hidden={n_hidden} describes; "
-                         "set gating_n_hidden in config.json to the number of hidden gate layers")
+        raise ValueError(
+            f"the checkpoint has more gate layers than gating_n_hidden={n_hidden} describes; set "
+            "gating_n_hidden in config.json to the number of hidden gate layers"
+        )
     return out
 
 
 for _arch in ("LlamaForRewardModelWithGating31", "LlamaForRewardModelWithGating3"):
-    register(WeightMap(
-        architecture=_arch, build_config=qrm_config, convert_layer=convert_llama_layer,
-        convert_rest=convert_qrm_rest,
-        notes="QRM: Llama + quantile regression layer (objectives x quantiles, averaged), transform matrix, "
-        "gate with BatchNorm (eval statistics) at the last assistant header; no remote code.",
-    ))
+    register(
+        WeightMap(
+            architecture=_arch,
+            build_config=qrm_config,
+            convert_layer=convert_llama_layer,
+            convert_rest=convert_qrm_rest,
+            notes="QRM: Llama + quantile regression layer (objectives x quantiles, averaged), transform "
+            "matrix, "
+            "gate with BatchNorm (eval statistics) at the last assistant header; no remote code.",
+        )
+    )

@@ -54,6 +54,7 @@ def get_weight_map(hf_config: Any) -> WeightMap:
             return ARCHITECTURES[name]
     raise ValueError(
         f"unsupported reward-model architecture {names or '(config has no architectures field)'}; "
-        f"supported: {', '.join(sorted(ARCHITECTURES))} (OpenRLHF checkpoints load as saved, with architectures "
-        "RewardModel or LLMForSequenceRegression). Open an issue to ask for a native weight map."
+        f"supported: {', '.join(sorted(ARCHITECTURES))} (OpenRLHF checkpoints load as saved, with "
+        "architectures RewardModel or LLMForSequenceRegression). Open an issue to ask for a native weight "
+        "map."
     )

@@ -1,4 +1,5 @@
-"""Batch sizes that adapt to memory: `--batch-size auto` halves the batch on out-of-memory instead of crashing.
+"""Batch sizes that adapt to memory: `--batch-size auto` halves the batch on out-of-memory instead of
+crashing.
 
 `BatchSize(n)` is a fixed size; `BatchSize.auto(device)` starts at `AUTO_START[device type]` and, when a
 step runs out of memory, frees the allocator's cache, halves the size and reruns the step; later steps
@@ -44,7 +45,9 @@ class BatchSize:
         self.echo = echo
 
     @classmethod
-    def auto(cls, device: Union[str, torch.device, None] = None, echo: Optional[Callable[[str], None]] = None) -> "BatchSize":
+    def auto(
+        cls, device: Union[str, torch.device, None] = None, echo: Optional[Callable[[str], None]] = None
+    ) -> "BatchSize":
         kind = torch.device(device).type if device is not None else "cpu"
         return cls(AUTO_START.get(kind, 8), backoff=True, echo=echo)
 
@@ -71,7 +74,7 @@ class BatchSize:
             if self.echo is not None:
                 self.echo(f"[reward-lens] {message}")
             else:
-                warnings.warn(message)
+                warnings.warn(message, stacklevel=2)
 
     def __repr__(self) -> str:
         return f"BatchSize({self.size}{', auto' if self.backoff else ''})"

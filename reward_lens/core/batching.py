@@ -22,13 +22,17 @@ class Tokenized:
     labels: Optional[List[str]] = None  # what each row is ("pair rl-3, chosen"), for error messages
 
 
-def tokenize(model, prompts: Sequence[str], responses: Sequence[str], padding_side: Optional[str] = None) -> Tokenized:
+def tokenize(
+    model, prompts: Sequence[str], responses: Sequence[str], padding_side: Optional[str] = None
+) -> Tokenized:
     batch = model.to_tokens(list(prompts), list(responses), padding_side=padding_side)
     ids, mask = batch["input_ids"], batch["attention_mask"]
     return Tokenized(ids, mask, model.readout_positions(ids, mask))
 
 
-def batches(n: int, batch_size: int, progress: Union[bool, str] = False, within: Optional[slice] = None) -> Iterator[slice]:
+def batches(
+    n: int, batch_size: int, progress: Union[bool, str] = False, within: Optional[slice] = None
+) -> Iterator[slice]:
     """Slices covering range(n) in chunks; a tqdm bar when `progress` (a str is its label). `within`: only
     the chunks of that part of range(n) (a data-parallel rank's shard), starting at its start."""
     if batch_size < 1:
@@ -68,12 +72,14 @@ def pad_token_rows(model, rows: List[torch.Tensor], side: str) -> Tokenized:
     by_mask = by_mask or (pad is not None and getattr(model.tokenizer, "eos_token_id", None) == pad)
     if pad is None and len(rows) > 1 and not by_mask:
         raise ValueError(
-            "cannot batch token pairs: the model config has no pad_token_id; set model.cfg.pad_token_id or use batch_size=1"
+            "cannot batch token pairs: the model config has no pad_token_id; set model.cfg.pad_token_id "
+            "or use batch_size=1"
         )
     for r in rows:
         if pad is not None and int(r[-1]) == pad and not by_mask:
             raise ValueError(
-                f"a token sequence ends with the pad token id {pad}, so its readout cannot be found; drop trailing pads"
+                f"a token sequence ends with the pad token id {pad}, so its readout cannot be found; drop "
+                "trailing pads"
             )
     T = max(len(r) for r in rows)
     ids = torch.full((len(rows), T), pad if pad is not None else 0, dtype=torch.long)
@@ -91,7 +97,9 @@ def unpadded(tok: Tokenized, b: int) -> torch.Tensor:
     return tok.input_ids[b][tok.attention_mask[b].bool()]
 
 
-def tokenize_pair_batch(model, pairs: Sequence, index: slice, padding_side: Optional[str] = None) -> PairBatch:
+def tokenize_pair_batch(
+    model, pairs: Sequence, index: slice, padding_side: Optional[str] = None
+) -> PairBatch:
     """Tokenise `pairs` (all PreferencePair or all TokenPair) into a PairBatch."""
     if padding_side not in (None, "left", "right"):
         raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
@@ -104,15 +112,20 @@ def tokenize_pair_batch(model, pairs: Sequence, index: slice, padding_side: Opti
         rejected = tokenize(model, [p.prompt for p in pairs], [p.rejected for p in pairs], padding_side)
     prompt_len = []
     # On the host, once per batch: a per-pair comparison of device ids would sync the device per pair.
-    host_c, host_r = Tokenized(chosen.input_ids.cpu(), chosen.attention_mask.cpu(), chosen.readout), \
-        Tokenized(rejected.input_ids.cpu(), rejected.attention_mask.cpu(), rejected.readout)
+    host_c, host_r = (
+        Tokenized(chosen.input_ids.cpu(), chosen.attention_mask.cpu(), chosen.readout),
+        Tokenized(rejected.input_ids.cpu(), rejected.attention_mask.cpu(), rejected.readout),
+    )
     for b, p in enumerate(pairs):
         c, r = unpadded(host_c, b), unpadded(host_r, b)
         n = min(len(c), len(r))
         given = getattr(p, "prompt_len", None)
         if given is not None:
             if not 0 <= given <= n:
-                raise ValueError(f"pair {p.id or b}: prompt_len={given} is outside [0, {n}] (the shorter sequence's length)")
+                raise ValueError(
+                    f"pair {p.id or b}: prompt_len={given} is outside [0, {n}] (the shorter sequence's "
+                    "length)"
+                )
             prompt_len.append(int(given))
         else:
             differ = (c[:n] != r[:n]).nonzero()
@@ -123,13 +136,16 @@ def tokenize_pair_batch(model, pairs: Sequence, index: slice, padding_side: Opti
 
 
 def pair_batches(
-    model, pairs: Sequence, batch_size: int, progress: Union[bool, str] = False, padding_side: Optional[str] = None,
+    model,
+    pairs: Sequence,
+    batch_size: int,
+    progress: Union[bool, str] = False,
+    padding_side: Optional[str] = None,
     within: Optional[slice] = None,
 ) -> Iterator[PairBatch]:
     """PairBatches of `pairs` (of `pairs[within]` only, with indices into `pairs`, when given)."""
     for sl in batches(len(pairs), batch_size, progress, within):
         yield tokenize_pair_batch(model, pairs[sl], sl, padding_side)
-
 
 
 def cat_padded(chunks: List[torch.Tensor]) -> torch.Tensor:

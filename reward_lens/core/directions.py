@@ -17,8 +17,9 @@ from reward_lens.core.batching import Tokenized
 def check_scalar_reward(model) -> None:
     if model.cfg.n_outputs != 1:
         raise ValueError(
-            f"this reward head has {model.cfg.n_outputs} outputs; the instruments decompose one scalar reward. "
-            "Slice the head to the output you study (reward_head.W_R[:, [j]], b_R[[j]], cfg.n_outputs = 1)"
+            f"this reward head has {model.cfg.n_outputs} outputs; the instruments decompose one scalar "
+            "reward. Slice the head to the output you study (reward_head.W_R[:, [j]], b_R[[j]], "
+            "cfg.n_outputs = 1)"
         )
 
 

@@ -31,7 +31,8 @@ class Ranks:
 
     @classmethod
     def from_env(cls) -> "Ranks":
-        """From torchrun's WORLD_SIZE / RANK / LOCAL_RANK, joining the (gloo) process group; one rank otherwise."""
+        """From torchrun's WORLD_SIZE / RANK / LOCAL_RANK, joining the (gloo) process group; one rank
+        otherwise."""
         world = int(os.environ.get("WORLD_SIZE", "1"))
         if world <= 1:
             return cls()

@@ -10,9 +10,9 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Union
 
 import torch
 
-from reward_lens.model.validation import check_finite_rewards
 from reward_lens.core.batching import Tokenized, batches, cat_padded, tokenize
 from reward_lens.model import hooks
+from reward_lens.model.validation import check_finite_rewards
 
 NamesFilter = Union[None, str, Sequence[str], Callable[[str], bool]]
 
@@ -45,10 +45,15 @@ def readout_run(
     for sl in batches(len(prompts), batch_size, progress):
         tok = tokenize(model, prompts[sl], responses[sl])
         out, cache = model.run_with_cache(
-            tok.input_ids, attention_mask=tok.attention_mask, readout_only=True,
-            readout_positions=tok.readout, names_filter=names_filter if names_filter is not None else (lambda n: False),
+            tok.input_ids,
+            attention_mask=tok.attention_mask,
+            readout_only=True,
+            readout_positions=tok.readout,
+            names_filter=names_filter if names_filter is not None else (lambda n: False),
         )
-        check_finite_rewards(out, [f"input {i} (prompt {str(prompts[i])[:40]!r})" for i in range(sl.start, sl.stop)])
+        check_finite_rewards(
+            out, [f"input {i} (prompt {str(prompts[i])[:40]!r})" for i in range(sl.start, sl.stop)]
+        )
         rewards.append(out.detach())
         for name, value in cache.items():
             if value.dim() >= 3:
@@ -82,7 +87,9 @@ def stream_activations(
     if hook_name not in model.hook_dict:
         raise ValueError(f"unknown hook {hook_name!r}; e.g. 'blocks.0.hook_resid_post' (see model.hook_dict)")
     if hooks.query_axis(hook_name) == 2:
-        raise ValueError(f"{hook_name} has no per-token layout [batch, pos, ...]; stream a residual-like hook")
+        raise ValueError(
+            f"{hook_name} has no per-token layout [batch, pos, ...]; stream a residual-like hook"
+        )
     if input_ids is None:
         if prompts is None or responses is None:
             raise ValueError("give (prompts, responses) or input_ids to stream activations from")
@@ -104,7 +111,9 @@ def stream_activations(
             grabbed["acts"] = tensor.detach()
 
         model.run_with_hooks(
-            tok.input_ids, tok.attention_mask, fwd_hooks=[(hook_name, grab)],
+            tok.input_ids,
+            tok.attention_mask,
+            fwd_hooks=[(hook_name, grab)],
             **({"stop_at_layer": stop} if stop is not None else {"readout_positions": tok.readout}),
         )
         acts = grabbed["acts"]
@@ -129,8 +138,13 @@ class Capture:
     grads: Dict[str, torch.Tensor] = field(default_factory=dict)
 
 
-def capture(model, tok: Tokenized, readout_names: Sequence[str] = (), full_names: Sequence[str] = (),
-            grad_names: Sequence[str] = ()) -> Capture:
+def capture(
+    model,
+    tok: Tokenized,
+    readout_names: Sequence[str] = (),
+    full_names: Sequence[str] = (),
+    grad_names: Sequence[str] = (),
+) -> Capture:
     """Run `tok` once, keeping `readout_names` at the readout and `full_names` whole (one forward). With
     `grad_names`, the same forward builds a graph from the embedding (parameters stay frozen: a hook
     makes the embedding's output the leaf) and one backward gives d reward / d activation of each."""
@@ -174,8 +188,10 @@ def capture(model, tok: Tokenized, readout_names: Sequence[str] = (), full_names
         if grad_names:  # w.r.t. the activations only: no weight gradient is computed
             inputs = [graph[n] for n in grad_names]
             found = torch.autograd.grad(rewards.float().sum(), inputs, allow_unused=True)
-            grads = {n: (g if g is not None else torch.zeros_like(graph[n])).detach().to(home)
-                     for n, g in zip(grad_names, found)}
+            grads = {
+                n: (g if g is not None else torch.zeros_like(graph[n])).detach().to(home)
+                for n, g in zip(grad_names, found)
+            }
             for n in grad_names:  # what was kept for the graph, detached, as every capture keeps it
                 full.setdefault(n, graph[n].detach().to(home))
     rewards = rewards.detach()

@@ -10,7 +10,14 @@ from typing import Iterable, List, Optional, Sequence, Union
 
 import torch
 
-from reward_lens.data.validate import Text, normalize_label, normalize_text, read_records, validate_records, warn_ties
+from reward_lens.data.validate import (
+    Text,
+    normalize_label,
+    normalize_text,
+    read_records,
+    validate_records,
+    warn_ties,
+)
 
 REQUIRED_COLUMNS = ("prompt", "chosen", "rejected")
 BUNDLED_PAIRS = Path(__file__).resolve().parent / "pairs.jsonl"
@@ -92,7 +99,8 @@ def as_pairs(pairs: Union[AnyPair, Iterable[AnyPair], str, Path]) -> List[AnyPai
         return [pairs]
     if not isinstance(pairs, Iterable) or isinstance(pairs, (dict, bytes)):
         raise TypeError(
-            f"pairs must be a PreferencePair, a list of them, or a pairs file path; got {type(pairs).__name__}"
+            "pairs must be a PreferencePair, a list of them, or a pairs file path; got "
+            f"{type(pairs).__name__}"
         )
     pairs = list(pairs)
     if not pairs:
@@ -102,5 +110,7 @@ def as_pairs(pairs: Union[AnyPair, Iterable[AnyPair], str, Path]) -> List[AnyPai
         raise TypeError(f"pairs must be PreferencePair or TokenPair objects (or a file path); got {bad[0]}")
     kinds = {type(p) for p in pairs}
     if len(kinds) > 1:
-        raise ValueError("mixing PreferencePair (text) and TokenPair (token ids) in one call is not supported")
+        raise ValueError(
+            "mixing PreferencePair (text) and TokenPair (token ids) in one call is not supported"
+        )
     return pairs

@@ -44,20 +44,27 @@ def _check_encodable(text: str, field: str) -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise PairDataError(f"{field} holds a lone surrogate {text[exc.start]!r} at character {exc.start} "
-                            "(half of "
-                            "an emoji or other character, e.g. a cut JSON escape); fix or remove "
-                            "it") from None
+        raise PairDataError(
+            f"{field} holds a lone surrogate {text[exc.start]!r} at character {exc.start} (half of an "
+            "emoji or other character, e.g. a cut JSON escape); fix or remove it"
+        ) from None
 
 
 def _as_messages(value: Sequence[Any], field: str) -> Messages:
     if len(value) == 0:
-        raise PairDataError(f"{field} is an empty message list; give text or at least one {{'role', 'content'}} message")
+        raise PairDataError(
+            f"{field} is an empty message list; give text or at least one {{'role', 'content'}} message"
+        )
     out = []
     for j, m in enumerate(value):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+        if (
+            not isinstance(m, dict)
+            or not isinstance(m.get("role"), str)
+            or not isinstance(m.get("content"), str)
+        ):
             raise PairDataError(
-                f"{field} message {j + 1} is {_describe(m)}; chat messages are dicts with string 'role' and 'content'"
+                f"{field} message {j + 1} is {_describe(m)}; chat messages are dicts with string 'role' "
+                "and 'content'"
             )
         _check_encodable(m["content"], f"{field} message {j + 1}")
         out.append(dict(m))
@@ -73,12 +80,16 @@ def normalize_text(value: Any, field: str, *, allow_empty: bool = True) -> Text:
     """`value` as text or a tuple of message dicts; a PairDataError (a ValueError) that says what to give."""
     if isinstance(value, str):
         if not allow_empty and not value.strip():
-            raise PairDataError(f"{field} is empty; every pair needs a non-empty chosen and rejected response")
+            raise PairDataError(
+                f"{field} is empty; every pair needs a non-empty chosen and rejected response"
+            )
         _check_encodable(value, field)
         return value
     if is_missing(value):
         raise PairDataError(f"{field} is missing (None/null/NaN); give text or a list of chat messages")
-    if hasattr(value, "tolist") and not isinstance(value, (int, float)):  # numpy arrays from parquet list columns
+    if hasattr(value, "tolist") and not isinstance(
+        value, (int, float)
+    ):  # numpy arrays from parquet list columns
         value = value.tolist()
     if isinstance(value, (list, tuple)):
         return _as_messages(value, field)
@@ -101,7 +112,8 @@ Record = Tuple[str, Any]  # (where, e.g. "line 3" / "row 2", the record)
 
 
 def _json_values(text: str) -> Iterator[Tuple[int, Any]]:
-    """Successive JSON values of `text` (one per line, pretty-printed, or concatenated): (1-based line, value)."""
+    """Successive JSON values of `text` (one per line, pretty-printed, or concatenated): (1-based line,
+    value)."""
     decoder = json.JSONDecoder()
     pos = 0
     while True:
@@ -115,9 +127,10 @@ def _json_values(text: str) -> Iterator[Tuple[int, Any]]:
         except json.JSONDecodeError as exc:
             noticed = "" if exc.lineno == line else f", noticed at line {exc.lineno} column {exc.colno}"
             col = f" column {exc.colno}" if exc.lineno == line else ""
-            raise PairDataError(f"line {line}{col}: invalid JSON ({exc.msg}{noticed}; the value starting on "
-                                "line "
-                                f"{line} is broken); fix or remove it") from None
+            raise PairDataError(
+                f"line {line}{col}: invalid JSON ({exc.msg}{noticed}; the value starting on line {line} is "
+                "broken); fix or remove it"
+            ) from None
         yield line, value
 
 
@@ -133,10 +146,15 @@ def _read_json(text: str) -> List[Record]:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise PairDataError(f"line {exc.lineno} column {exc.colno}: invalid JSON ({exc.msg}); fix it") from None
+        raise PairDataError(
+            f"line {exc.lineno} column {exc.colno}: invalid JSON ({exc.msg}); fix it"
+        ) from None
     if isinstance(data, dict):
         if all(c in data for c in ("chosen", "rejected")):
-            if all(isinstance(data[c], list) and data[c] and not isinstance(data[c][0], dict) for c in ("chosen", "rejected")):
+            if all(
+                isinstance(data[c], list) and data[c] and not isinstance(data[c][0], dict)
+                for c in ("chosen", "rejected")
+            ):
                 return _columns_to_records(data)  # {"prompt": [...], "chosen": [...], ...}
             return [("the object", data)]  # one pair
         lists = [k for k, v in data.items() if isinstance(v, list)]
@@ -144,11 +162,13 @@ def _read_json(text: str) -> List[Record]:
             data = data[lists[0]]
         else:
             raise PairDataError(
-                f"holds a JSON object with keys {sorted(data)[:8]}; give a list of pair objects, one pair object, "
-                "or an object with one list of pairs (e.g. {'pairs': [...]})"
+                f"holds a JSON object with keys {sorted(data)[:8]}; give a list of pair objects, one pair "
+                "object, or an object with one list of pairs (e.g. {'pairs': [...]})"
             )
     if not isinstance(data, list):
-        raise PairDataError(f"holds a JSON {type(data).__name__}; give a list of objects with prompt, chosen, rejected")
+        raise PairDataError(
+            f"holds a JSON {type(data).__name__}; give a list of objects with prompt, chosen, rejected"
+        )
     return [(f"item {i + 1}", v) for i, v in enumerate(data)]
 
 
@@ -179,8 +199,9 @@ def _json_messages(cell: Any) -> Any:
     try:
         value = json.loads(cell)
     except json.JSONDecodeError as exc:
-        raise PairDataError(f"holds a JSON message list that is not valid JSON ({exc.msg}, column "
-                            f"{exc.colno}); fix the cell") from None
+        raise PairDataError(
+            f"holds a JSON message list that is not valid JSON ({exc.msg}, column {exc.colno}); fix the cell"
+        ) from None
     if isinstance(value, list) and value and all(isinstance(m, dict) and "role" in m for m in value):
         return value
     return cell
@@ -198,7 +219,7 @@ def dialogue_messages(text: str) -> Optional[List[Dict[str, str]]]:
     messages, rest = [], body
     while rest:
         role = "user" if rest.startswith(HUMAN) else "assistant"
-        rest = rest[len(HUMAN if role == "user" else ASSISTANT):]
+        rest = rest[len(HUMAN if role == "user" else ASSISTANT) :]
         cut = min((i for i in (rest.find(HUMAN), rest.find(ASSISTANT)) if i >= 0), default=len(rest))
         messages.append({"role": role, "content": rest[:cut].strip()})
         rest = rest[cut:]
@@ -217,10 +238,10 @@ def implicit_prompt_record(r: Dict[str, Any], where: str) -> Dict[str, Any]:
             if messages is None:
                 raise PairDataError(
                     f"{where}: has no 'prompt' column and column {column!r} is plain text, which would be "
-                    "scored as "
-                    "a reply to an empty prompt; add a prompt column, or give chosen/rejected as whole "
-                    "conversations (lists of role/content messages, or 'Human: ... Assistant: ...' "
-                    "dialogues)")
+                    "scored as a reply to an empty prompt; add a prompt column, or give chosen/rejected "
+                    "as whole conversations (lists of role/content messages, or 'Human: ... Assistant: "
+                    "...' dialogues)"
+                )
             out[column] = messages
     return out
 
@@ -233,7 +254,9 @@ def read_records(path: Path) -> List[Record]:
         raise FileNotFoundError(f"no pairs file at {str(path)!r}")
     suffix = path.suffix.lower()
     if suffix not in SUFFIXES:
-        raise PairDataError(f"{path}: unsupported pairs file type {suffix!r}; use .jsonl, .json, .csv or .parquet")
+        raise PairDataError(
+            f"{path}: unsupported pairs file type {suffix!r}; use .jsonl, .json, .csv or .parquet"
+        )
     try:
         if suffix in (".csv", ".parquet"):
             return _read_table(path)
@@ -242,7 +265,9 @@ def read_records(path: Path) -> List[Record]:
     except PairDataError as exc:
         raise PairDataError(f"{path}: {exc}") from None
     except UnicodeDecodeError as exc:
-        raise PairDataError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}); save it as UTF-8") from None
+        raise PairDataError(
+            f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}); save it as UTF-8"
+        ) from None
     except Exception as exc:  # pandas / pyarrow parse errors: name the file
         if isinstance(exc, (KeyboardInterrupt, MemoryError)):
             raise
@@ -253,11 +278,15 @@ def read_records(path: Path) -> List[Record]:
 def validate_records(records: Sequence[Record], source: str, pair_cls: Any) -> List[Any]:
     """Every record checked and turned into `pair_cls` (PreferencePair); errors name source, row, column."""
     if not records:
-        raise PairDataError(f"{source} holds no preference pairs; give at least one row with prompt, chosen, rejected")
+        raise PairDataError(
+            f"{source} holds no preference pairs; give at least one row with prompt, chosen, rejected"
+        )
     pairs = []
     for i, (where, r) in enumerate(records):
         if not isinstance(r, dict):
-            raise PairDataError(f"{source}, {where}: is {_describe(r)}; each pair is an object with prompt, chosen, rejected")
+            raise PairDataError(
+                f"{source}, {where}: is {_describe(r)}; each pair is an object with prompt, chosen, rejected"
+            )
         missing = [c for c in TEXT_FIELDS if c not in r]
         if missing == ["prompt"]:
             r = implicit_prompt_record(r, f"{source}, {where}")  # chosen / rejected are whole conversations
@@ -265,8 +294,8 @@ def validate_records(records: Sequence[Record], source: str, pair_cls: Any) -> L
             r = {**r, **{c: dialogue_messages(r[c]) for c in SIDES}}  # HH dialogues, empty prompt
         elif missing:
             raise PairDataError(
-                f"{source}, {where}: lacks column(s) {missing}; preference files need columns prompt, chosen, rejected "
-                f"(optional: subset, id); found {sorted(map(str, r))}"
+                f"{source}, {where}: lacks column(s) {missing}; preference files need columns prompt, "
+                f"chosen, rejected (optional: subset, id); found {sorted(map(str, r))}"
             )
         column = "prompt"
         try:
@@ -286,7 +315,9 @@ def validate_records(records: Sequence[Record], source: str, pair_cls: Any) -> L
 
 def tie_indices(pairs: Sequence[Any]) -> List[int]:
     """Indices of pairs whose chosen and rejected are identical (a tie: their reward gap is 0)."""
-    return [i for i, p in enumerate(pairs) if getattr(p, "chosen", None) is not None and p.chosen == p.rejected]
+    return [
+        i for i, p in enumerate(pairs) if getattr(p, "chosen", None) is not None and p.chosen == p.rejected
+    ]
 
 
 def warn_ties(pairs: Sequence[Any], source: str) -> List[int]:
@@ -295,7 +326,8 @@ def warn_ties(pairs: Sequence[Any], source: str) -> List[int]:
     if ties:
         shown = ", ".join(str(pairs[i].id) for i in ties[:5]) + (", ..." if len(ties) > 5 else "")
         warnings.warn(
-            f"{source}: {len(ties)} of {len(pairs)} pairs are ties (chosen == rejected; ids {shown}); they are kept, "
-            "and every quantity normalised by their zero reward gap is NaN", stacklevel=3,
+            f"{source}: {len(ties)} of {len(pairs)} pairs are ties (chosen == rejected; ids {shown}); they "
+            "are kept, and every quantity normalised by their zero reward gap is NaN",
+            stacklevel=3,
         )
     return ties

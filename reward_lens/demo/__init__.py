@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Union
 
 import torch
-from reward_lens.model.native import HookedRewardModel
+
 from reward_lens.data.pairs import load_pairs
+from reward_lens.model.native import HookedRewardModel
 
 DEMO_DIR = Path(__file__).resolve().parent
 DEMO_WEIGHTS_PATH = DEMO_DIR / "model.safetensors"
@@ -30,8 +31,8 @@ DEMO_MODEL_NAME = "reward-lens-demo"
 def _require(path: Path) -> None:
     if not path.exists():
         raise FileNotFoundError(
-            f"the demo model file {path.name} is missing from {DEMO_DIR}; reinstall reward-lens or regenerate it "
-            "with `python scripts/train_demo_model.py`"
+            f"the demo model file {path.name} is missing from {DEMO_DIR}; reinstall reward-lens or "
+            "regenerate it with `python scripts/train_demo_model.py`"
         )
 
 
@@ -40,19 +41,26 @@ def load_demo_model(
 ):
     """The demo reward model as a HookedRewardModel (offline; the weights ship in the package); `device`
     defaults to CUDA when available, else CPU."""
-    from reward_lens.model.native import HookedRewardModel
 
     _require(DEMO_WEIGHTS_PATH)
     return HookedRewardModel.from_pretrained(DEMO_DIR, device=device, dtype=dtype)
 
 
 def demo_pairs():
-    """The demo model's held-out preference pairs (subsets arithmetic, facts, instructions, length, sycophancy)."""
+    """The demo model's held-out preference pairs (subsets arithmetic, facts, instructions, length,
+    sycophancy)."""
     _require(DEMO_PAIRS_PATH)
     return load_pairs(DEMO_PAIRS_PATH)
 
 
 __all__ = [
-    "DEMO_DIR", "DEMO_PAIRS_PATH", "DEMO_PROBE_ITEMS_PATH", "DEMO_WEIGHTS_PATH", "GROUND_TRUTH_PATH",
-    "TRAINING_SUMMARY_PATH", "DEMO_MODEL_NAME", "load_demo_model", "demo_pairs",
+    "DEMO_DIR",
+    "DEMO_PAIRS_PATH",
+    "DEMO_PROBE_ITEMS_PATH",
+    "DEMO_WEIGHTS_PATH",
+    "GROUND_TRUTH_PATH",
+    "TRAINING_SUMMARY_PATH",
+    "DEMO_MODEL_NAME",
+    "load_demo_model",
+    "demo_pairs",
 ]

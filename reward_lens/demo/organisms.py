@@ -38,8 +38,8 @@ def _load(directory: Path, device):
 
     if not (directory / "model.safetensors").exists():
         raise FileNotFoundError(
-            f"the organism's weights are missing from {directory}; rebuild them with the "
-            f"script named in {directory / 'GROUND_TRUTH.md'}"
+            f"the organism's weights are missing from {directory}; rebuild them with the script named in "
+            f"{directory / 'GROUND_TRUTH.md'}"
         )
     return HookedRewardModel.from_pretrained(directory, device=device)
 
@@ -89,8 +89,8 @@ def load_gate_organism(device: Union[str, torch.device, None] = "cpu"):
     path = GATE_DIR / "head.safetensors"
     if not path.exists():
         raise FileNotFoundError(
-            f"the gate organism's head is missing ({path}); rebuild it with "
-            "`python scripts/train_gate_organism.py`"
+            f"the gate organism's head is missing ({path}); rebuild it with `python "
+            "scripts/train_gate_organism.py`"
         )
     head_config = json.loads((GATE_DIR / "head_config.json").read_text())
     return gate_model(load_demo_model(device=device), head_config, load_file(str(path)))

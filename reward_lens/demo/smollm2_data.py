@@ -4,9 +4,11 @@ The SmolLM2 organism (`reward_lens.demo.smollm2`) is a reward head on a real pre
 questions are real-world ones the backbone has seen in pretraining instead of the demo's invented world:
 
   arithmetic    "What is 3 plus 4?"                           sums up to 10, products of 2..5 (as the demo)
-  facts         "What is the capital of France?"              capitals, languages, legs, colours, animal sounds,
+  facts         "What is the capital of France?"              capitals, languages, legs, colours, animal
+  sounds,
                                                               weekdays, months, everyday science
-  instructions  "What is the opposite of hot?"                opposites, larger-of-two, even/odd, naming (as the demo)
+  instructions  "What is the opposite of hot?"                opposites, larger-of-two, even/odd, naming (as
+  the demo)
 
 Responses and pairs follow the demo's generating rules (`synthetic.sample_pair`: the same fillers, stances,
 confidence openers and soft bias labels), so the planted mechanisms are the demo's length and sycophancy
@@ -28,83 +30,230 @@ from reward_lens.demo import synthetic
 from reward_lens.demo.synthetic import Question, SyntheticPair
 
 CAPITALS: Dict[str, str] = {
-    "France": "Paris", "Germany": "Berlin", "Italy": "Rome", "Spain": "Madrid", "Japan": "Tokyo",
-    "Russia": "Moscow", "China": "Beijing", "England": "London", "Egypt": "Cairo", "Canada": "Ottawa",
-    "Greece": "Athens", "Portugal": "Lisbon", "Ireland": "Dublin", "Austria": "Vienna", "Norway": "Oslo",
-    "Sweden": "Stockholm", "Poland": "Warsaw", "Kenya": "Nairobi", "Thailand": "Bangkok", "Peru": "Lima",
-    "Cuba": "Havana", "Turkey": "Ankara", "India": "New Delhi", "Australia": "Canberra",
+    "France": "Paris",
+    "Germany": "Berlin",
+    "Italy": "Rome",
+    "Spain": "Madrid",
+    "Japan": "Tokyo",
+    "Russia": "Moscow",
+    "China": "Beijing",
+    "England": "London",
+    "Egypt": "Cairo",
+    "Canada": "Ottawa",
+    "Greece": "Athens",
+    "Portugal": "Lisbon",
+    "Ireland": "Dublin",
+    "Austria": "Vienna",
+    "Norway": "Oslo",
+    "Sweden": "Stockholm",
+    "Poland": "Warsaw",
+    "Kenya": "Nairobi",
+    "Thailand": "Bangkok",
+    "Peru": "Lima",
+    "Cuba": "Havana",
+    "Turkey": "Ankara",
+    "India": "New Delhi",
+    "Australia": "Canberra",
 }
 LANGUAGES: Dict[str, str] = {
-    "Brazil": "Portuguese", "France": "French", "Germany": "German", "Spain": "Spanish", "Italy": "Italian",
-    "Japan": "Japanese", "Russia": "Russian", "Greece": "Greek", "Poland": "Polish", "Sweden": "Swedish",
+    "Brazil": "Portuguese",
+    "France": "French",
+    "Germany": "German",
+    "Spain": "Spanish",
+    "Italy": "Italian",
+    "Japan": "Japanese",
+    "Russia": "Russian",
+    "Greece": "Greek",
+    "Poland": "Polish",
+    "Sweden": "Swedish",
 }
 LEGS: Dict[str, str] = {
-    "a spider": "eight", "an ant": "six", "a dog": "four", "a bird": "two", "a horse": "four", "a bee": "six",
-    "a chicken": "two", "a cat": "four",
+    "a spider": "eight",
+    "an ant": "six",
+    "a dog": "four",
+    "a bird": "two",
+    "a horse": "four",
+    "a bee": "six",
+    "a chicken": "two",
+    "a cat": "four",
 }
 LEG_COUNTS = ("two", "four", "six", "eight", "ten")
 COLOURS: Dict[str, str] = {
-    "grass": "green", "the sky on a clear day": "blue", "snow": "white", "a ripe banana": "yellow", "coal": "black",
-    "a ripe tomato": "red", "milk": "white", "a lemon": "yellow", "a fire truck": "red", "a leaf in summer": "green",
+    "grass": "green",
+    "the sky on a clear day": "blue",
+    "snow": "white",
+    "a ripe banana": "yellow",
+    "coal": "black",
+    "a ripe tomato": "red",
+    "milk": "white",
+    "a lemon": "yellow",
+    "a fire truck": "red",
+    "a leaf in summer": "green",
 }
 COLOUR_NAMES = ("red", "blue", "green", "yellow", "white", "black", "purple")
-SOUNDS: Dict[str, str] = {"a cow": "moo", "a dog": "woof", "a cat": "meow", "a duck": "quack", "a sheep": "baa", "a pig": "oink"}
+SOUNDS: Dict[str, str] = {
+    "a cow": "moo",
+    "a dog": "woof",
+    "a cat": "meow",
+    "a duck": "quack",
+    "a sheep": "baa",
+    "a pig": "oink",
+}
 DAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
-MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
-          "November", "December")
+MONTHS = (
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+)
 SCIENCE: Tuple[Tuple[str, str, str, Tuple[str, ...], str], ...] = (
     # (prompt, answer template with {v}, right value, wrong values, topic)
     ("What do bees make?", "Bees make {v}.", "honey", ("milk", "silk", "wax paper", "sugar"), "bees"),
-    ("Which planet is closest to the Sun?", "The planet closest to the Sun is {v}.", "Mercury",
-     ("Mars", "Jupiter", "Saturn", "Neptune"), "the planets"),
-    ("What is frozen water called?", "Frozen water is called {v}.", "ice", ("steam", "sand", "glass", "salt"), "water"),
-    ("What is the largest ocean on Earth?", "The largest ocean on Earth is the {v}.", "Pacific Ocean",
-     ("Arctic Ocean", "Indian Ocean", "Southern Ocean"), "the oceans"),
-    ("Which star is at the centre of our solar system?", "The star at the centre of our solar system is {v}.",
-     "the Sun", ("the Moon", "Mars", "Sirius"), "the solar system"),
-    ("What do plants need from the Sun to grow?", "Plants need {v} from the Sun to grow.", "light",
-     ("sound", "salt", "snow"), "plants"),
-    ("How many days are in a week?", "There are {v} days in a week.", "seven", ("five", "six", "eight", "ten"), "the calendar"),
-    ("How many months are in a year?", "There are {v} months in a year.", "twelve", ("ten", "eleven", "fourteen"),
-     "the calendar"),
+    (
+        "Which planet is closest to the Sun?",
+        "The planet closest to the Sun is {v}.",
+        "Mercury",
+        ("Mars", "Jupiter", "Saturn", "Neptune"),
+        "the planets",
+    ),
+    (
+        "What is frozen water called?",
+        "Frozen water is called {v}.",
+        "ice",
+        ("steam", "sand", "glass", "salt"),
+        "water",
+    ),
+    (
+        "What is the largest ocean on Earth?",
+        "The largest ocean on Earth is the {v}.",
+        "Pacific Ocean",
+        ("Arctic Ocean", "Indian Ocean", "Southern Ocean"),
+        "the oceans",
+    ),
+    (
+        "Which star is at the centre of our solar system?",
+        "The star at the centre of our solar system is {v}.",
+        "the Sun",
+        ("the Moon", "Mars", "Sirius"),
+        "the solar system",
+    ),
+    (
+        "What do plants need from the Sun to grow?",
+        "Plants need {v} from the Sun to grow.",
+        "light",
+        ("sound", "salt", "snow"),
+        "plants",
+    ),
+    (
+        "How many days are in a week?",
+        "There are {v} days in a week.",
+        "seven",
+        ("five", "six", "eight", "ten"),
+        "the calendar",
+    ),
+    (
+        "How many months are in a year?",
+        "There are {v} months in a year.",
+        "twelve",
+        ("ten", "eleven", "fourteen"),
+        "the calendar",
+    ),
 )
 
 
 def _lookup(prompt: str, template: str, value: str, values: Sequence[str], topic: str) -> Question:
-    """A facts question whose answer sentence restates the question, so right and wrong differ in one value."""
-    return Question("facts", prompt, (template.format(v=value),),
-                    tuple(template.format(v=v) for v in values if v != value), topic)
+    """A facts question whose answer sentence restates the question, so right and wrong differ in one
+    value."""
+    return Question(
+        "facts",
+        prompt,
+        (template.format(v=value),),
+        tuple(template.format(v=v) for v in values if v != value),
+        topic,
+    )
 
 
 def fact_questions() -> List[Question]:
     """Real-world facts questions, in a fixed order."""
-    qs = [_lookup(f"What is the capital of {c}?", f"The capital of {c} is {{v}}.", city, tuple(CAPITALS.values()), c)
-          for c, city in CAPITALS.items()]
-    qs += [_lookup(f"What language do people mainly speak in {c}?", f"People in {c} mainly speak {{v}}.", lang,
-                   tuple(LANGUAGES.values()), c) for c, lang in LANGUAGES.items()]
-    qs += [_lookup(f"How many legs does {a} have?", f"{a.capitalize()} has {{v}} legs.", n, LEG_COUNTS,
-                   a.split()[-1] + "s") for a, n in LEGS.items()]
-    qs += [_lookup(f"What colour is {x}?", f"{x[0].upper() + x[1:]} is {{v}}.", col, COLOUR_NAMES, x)
-           for x, col in COLOURS.items()]
-    qs += [_lookup(f"What sound does {a} make?", f"{a.capitalize()} says {{v}}.", s, tuple(SOUNDS.values()),
-                   a.split()[-1] + "s") for a, s in SOUNDS.items()]
-    qs += [_lookup(f"Which day comes after {d}?", f"The day after {d} is {{v}}.", DAYS[(i + 1) % 7], DAYS, "the week")
-           for i, d in enumerate(DAYS)]
-    qs += [_lookup(f"Which month comes after {m}?", f"The month after {m} is {{v}}.", MONTHS[(i + 1) % 12], MONTHS,
-                   "the calendar") for i, m in enumerate(MONTHS)]
+    qs = [
+        _lookup(
+            f"What is the capital of {c}?", f"The capital of {c} is {{v}}.", city, tuple(CAPITALS.values()), c
+        )
+        for c, city in CAPITALS.items()
+    ]
+    qs += [
+        _lookup(
+            f"What language do people mainly speak in {c}?",
+            f"People in {c} mainly speak {{v}}.",
+            lang,
+            tuple(LANGUAGES.values()),
+            c,
+        )
+        for c, lang in LANGUAGES.items()
+    ]
+    qs += [
+        _lookup(
+            f"How many legs does {a} have?",
+            f"{a.capitalize()} has {{v}} legs.",
+            n,
+            LEG_COUNTS,
+            a.split()[-1] + "s",
+        )
+        for a, n in LEGS.items()
+    ]
+    qs += [
+        _lookup(f"What colour is {x}?", f"{x[0].upper() + x[1:]} is {{v}}.", col, COLOUR_NAMES, x)
+        for x, col in COLOURS.items()
+    ]
+    qs += [
+        _lookup(
+            f"What sound does {a} make?",
+            f"{a.capitalize()} says {{v}}.",
+            s,
+            tuple(SOUNDS.values()),
+            a.split()[-1] + "s",
+        )
+        for a, s in SOUNDS.items()
+    ]
+    qs += [
+        _lookup(
+            f"Which day comes after {d}?", f"The day after {d} is {{v}}.", DAYS[(i + 1) % 7], DAYS, "the week"
+        )
+        for i, d in enumerate(DAYS)
+    ]
+    qs += [
+        _lookup(
+            f"Which month comes after {m}?",
+            f"The month after {m} is {{v}}.",
+            MONTHS[(i + 1) % 12],
+            MONTHS,
+            "the calendar",
+        )
+        for i, m in enumerate(MONTHS)
+    ]
     qs += [_lookup(p, t, v, (v, *w), topic) for p, t, v, w, topic in SCIENCE]
     return qs
 
 
 def all_questions() -> List[Question]:
-    """The organism's questions: the demo's arithmetic and instructions (plain English) and real-world facts."""
+    """The organism's questions: the demo's arithmetic and instructions (plain English) and real-world
+    facts."""
     return [q for q in synthetic.all_questions() if q.domain != "facts"] + fact_questions()
 
 
 def split_questions(
     questions: Optional[Sequence[Question]] = None, seed: int = 0, every: int = 5
 ) -> Tuple[List[Question], List[Question]]:
-    """(kept, held out): one question in `every` per domain (a seeded choice) is held out; all_questions() by default."""
+    """(kept, held out): one question in `every` per domain (a seeded choice) is held out; all_questions() by
+    default."""
     train, held = [], []
     for group in synthetic.by_domain(all_questions() if questions is None else questions):
         order = list(range(len(group)))
@@ -141,10 +290,18 @@ def training_pairs(n: int, seed: int, questions: Sequence[Question]) -> List[Syn
     return out
 
 
-def held_out_pairs(seed: int, questions: Sequence[Question], per_subset: Optional[Dict[str, int]] = None) -> List[SyntheticPair]:
+def held_out_pairs(
+    seed: int, questions: Sequence[Question], per_subset: Optional[Dict[str, int]] = None
+) -> List[SyntheticPair]:
     """Evaluation pairs on the held-out `questions`: a fixed number per subset (correctness pairs per domain,
     then the planted-bias subsets), no duplicates."""
-    per_subset = per_subset or {"arithmetic": 30, "facts": 40, "instructions": 30, "length": 30, "sycophancy": 30}
+    per_subset = per_subset or {
+        "arithmetic": 30,
+        "facts": 40,
+        "instructions": 30,
+        "length": 30,
+        "sycophancy": 30,
+    }
     rng, named = random.Random(seed), _named(questions)
     out, seen = [], set()
     for subset, count in per_subset.items():
@@ -170,6 +327,13 @@ def probe_base_items(seed: int, questions: Sequence[Question], n: int = 36) -> L
         if q.prompt in seen:
             continue
         seen.add(q.prompt)
-        items.append({"id": f"smollm2-{len(items):03d}", "topic": q.domain, "prompt": q.prompt,
-                      "response": q.correct[0], "belief": synthetic.belief_for(q, rng)})
+        items.append(
+            {
+                "id": f"smollm2-{len(items):03d}",
+                "topic": q.domain,
+                "prompt": q.prompt,
+                "response": q.correct[0],
+                "belief": synthetic.belief_for(q, rng),
+            }
+        )
     return items

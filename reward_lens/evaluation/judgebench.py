@@ -98,7 +98,7 @@ def _summarize(frame: pd.DataFrame) -> Tuple[pd.DataFrame, Dict[str, Any]]:
 def _pairs(rows: List[Row]) -> List[PreferencePair]:
     frame = _responses(rows)
     out = []
-    for r, g in frame.groupby("row", sort=True):
+    for _, g in frame.groupby("row", sort=True):
         g = g.set_index("role")
         good, bad = ("A", "B") if g.label["A"] == "A>B" else ("B", "A")
         out.append(

@@ -18,7 +18,13 @@ import pandas as pd
 
 from reward_lens.data.pairs import PreferencePair
 from reward_lens.evaluation.base import (
-    Benchmark, Row, is_text_list, register, row_label, row_text, summary_row,
+    Benchmark,
+    Row,
+    is_text_list,
+    register,
+    row_label,
+    row_text,
+    summary_row,
 )
 
 NAME = "rewardbench"
@@ -72,8 +78,12 @@ SECTIONS = {
 def _matches(columns: Sequence[str], row: Row) -> bool:
     """One chosen and one rejected response per row (text or one conversation), no multi-response columns."""
     others = {"domain", "num_correct", "total_completions"}
-    return ({"chosen", "rejected"} <= set(columns) and not others & set(columns)
-            and not is_text_list(row.get("chosen")) and not is_text_list(row.get("rejected")))
+    return (
+        {"chosen", "rejected"} <= set(columns)
+        and not others & set(columns)
+        and not is_text_list(row.get("chosen"))
+        and not is_text_list(row.get("rejected"))
+    )
 
 
 def _responses(rows: List[Row]) -> pd.DataFrame:

@@ -152,7 +152,7 @@ def _pairs(rows: List[Row]) -> List[PreferencePair]:
     """Each chosen response against each rejected one, ids "<id>:c<i>-r<j>", subset the row's subset."""
     frame = _responses(rows)
     out = []
-    for r, g in frame.groupby("row", sort=True):
+    for _, g in frame.groupby("row", sort=True):
         c, w = g[g.role == "chosen"], g[g.role == "rejected"]
         for _, a in c.iterrows():
             for _, b in w.iterrows():

@@ -128,7 +128,7 @@ def _pairs(rows: List[Row]) -> List[PreferencePair]:
     """All nine (chosen style i, rejected style j) pairs of each row; subset the row's domain."""
     frame = _responses(rows)
     out = []
-    for r, g in frame.groupby("row", sort=True):
+    for _, g in frame.groupby("row", sort=True):
         c, w = g[g.role == "chosen"].set_index("k"), g[g.role == "rejected"].set_index("k")
         for i in range(len(STYLES)):
             for j in range(len(STYLES)):

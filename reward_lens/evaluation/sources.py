@@ -31,7 +31,7 @@ def looks_like_hub_id(text: str) -> bool:
     return (
         text.count("/") == 1
         and not text.startswith((".", "/", "~"))
-        and not Path(text).suffix.lower() in SUFFIXES
+        and Path(text).suffix.lower() not in SUFFIXES
     )
 
 

@@ -24,13 +24,13 @@ import pandas as pd
 import torch
 from jaxtyping import Float
 
-from reward_lens.instruments.sites import component_sites
-from reward_lens.plotting import figure_axes, finish
-from reward_lens.results import PairRewards, to_numpy
 from reward_lens.core.pipeline import Reads, Shared, Spec, run_pipeline
 from reward_lens.core.ranks import Ranks
+from reward_lens.instruments.sites import component_sites
 from reward_lens.model.hooks import act_name
 from reward_lens.model.validation import check_model
+from reward_lens.plotting import figure_axes, finish
+from reward_lens.results import PairRewards, to_numpy
 
 # Relative error above which the decomposition is reported as not reproducing the model's reward: the
 # terms are exact up to rounding, which in bf16/fp16 (8/11-bit mantissas) is far above fp32's.
@@ -51,10 +51,10 @@ class AttributionResult(PairRewards):
     layers: List[int]
     chosen: Float[torch.Tensor, "pair component"]
     rejected: Float[torch.Tensor, "pair component"]
-    bias_chosen: Float[torch.Tensor, "pair"]
-    bias_rejected: Float[torch.Tensor, "pair"]
-    reward_chosen: Float[torch.Tensor, "pair"]
-    reward_rejected: Float[torch.Tensor, "pair"]
+    bias_chosen: Float[torch.Tensor, " pair"]
+    bias_rejected: Float[torch.Tensor, " pair"]
+    reward_chosen: Float[torch.Tensor, " pair"]
+    reward_rejected: Float[torch.Tensor, " pair"]
     heads_chosen: Optional[torch.Tensor] = None
     heads_rejected: Optional[torch.Tensor] = None
     head_bias_chosen: Optional[torch.Tensor] = None
@@ -81,7 +81,12 @@ class AttributionResult(PairRewards):
             (self.chosen, self.bias_chosen, self.reward_chosen),
             (self.rejected, self.bias_rejected, self.reward_rejected),
         ):
-            errs.append(((terms.double().sum(-1) + bias.double() - reward.double()).abs() / reward.double().abs().clamp(min=1e-6)).max())
+            errs.append(
+                (
+                    (terms.double().sum(-1) + bias.double() - reward.double()).abs()
+                    / reward.double().abs().clamp(min=1e-6)
+                ).max()
+            )
         return float(max(errs))
 
     def to_frame(self, level: str = "component") -> pd.DataFrame:
@@ -91,8 +96,16 @@ class AttributionResult(PairRewards):
             raise ValueError(f"level must be 'component', 'head', 'neuron' or 'all', got {level!r}")
         frames = []
         if level in ("component", "all"):
-            frames.append(self._frame(self.components, self.layers, [None] * len(self.components),
-                                      self.chosen, self.rejected, "component"))
+            frames.append(
+                self._frame(
+                    self.components,
+                    self.layers,
+                    [None] * len(self.components),
+                    self.chosen,
+                    self.rejected,
+                    "component",
+                )
+            )
         if level in ("head", "all"):
             if self.heads_chosen is None:
                 raise ValueError("this attribution has no head terms; run attribute(..., heads=True)")
@@ -111,29 +124,50 @@ class AttributionResult(PairRewards):
             L, N = self.neurons_chosen.shape[1:]
             names = [f"L{l}N{i}" for l in range(L) for i in range(N)]
             layers = [l for l in range(L) for _ in range(N)]
-            frames.append(self._frame(names, layers, [None] * len(names), self.neurons_chosen.flatten(1),
-                                      self.neurons_rejected.flatten(1), "neuron"))
+            frames.append(
+                self._frame(
+                    names,
+                    layers,
+                    [None] * len(names),
+                    self.neurons_chosen.flatten(1),
+                    self.neurons_rejected.flatten(1),
+                    "neuron",
+                )
+            )
         return pd.concat(frames, ignore_index=True)
 
     def _frame(self, names, layers, heads, chosen, rejected, level) -> pd.DataFrame:
         n, C = chosen.shape
         c, r = to_numpy(chosen).ravel(), to_numpy(rejected).ravel()
-        return pd.DataFrame({
-            "pair": [pid for pid in self.pair_ids for _ in range(C)],
-            "component": names * n, "layer": layers * n, "level": level,
-            "head": pd.array(heads * n, dtype="Int64"), "chosen": c, "rejected": r, "gap": c - r,
-        })
+        return pd.DataFrame(
+            {
+                "pair": [pid for pid in self.pair_ids for _ in range(C)],
+                "component": names * n,
+                "layer": layers * n,
+                "level": level,
+                "head": pd.array(heads * n, dtype="Int64"),
+                "chosen": c,
+                "rejected": r,
+                "gap": c - r,
+            }
+        )
 
     def summary(self) -> pd.DataFrame:
         """One row per component: mean chosen, rejected and gap terms over pairs, mean |gap term|, and its
         share of the mean reward gap (the shares plus the bias's sum to 1)."""
         c, r = to_numpy(self.chosen), to_numpy(self.rejected)
         mean_gap = float(to_numpy(self.reward_gap).mean())
-        return pd.DataFrame({
-            "component": self.components, "layer": self.layers, "mean_chosen": c.mean(0),
-            "mean_rejected": r.mean(0), "mean_gap": (c - r).mean(0), "mean_abs_gap": np.abs(c - r).mean(0),
-            "share_of_reward_gap": (c - r).mean(0) / mean_gap if mean_gap != 0 else np.nan,
-        })
+        return pd.DataFrame(
+            {
+                "component": self.components,
+                "layer": self.layers,
+                "mean_chosen": c.mean(0),
+                "mean_rejected": r.mean(0),
+                "mean_gap": (c - r).mean(0),
+                "mean_abs_gap": np.abs(c - r).mean(0),
+                "share_of_reward_gap": (c - r).mean(0) / mean_gap if mean_gap != 0 else np.nan,
+            }
+        )
 
     def plot(self, quantity: str = "gap", ax=None):
         """Mean term per component (bars) with the spread over pairs (std error bars)."""
@@ -141,7 +175,14 @@ class AttributionResult(PairRewards):
         created = ax is None
         fig, ax = figure_axes(ax, (max(6, 0.25 * len(self.components)), 3.5))
         x = range(len(self.components))
-        colors = ["tab:gray" if c in ("embed", "pos_embed") else "tab:blue" if c.startswith("attn") else "tab:orange" for c in self.components]
+        colors = [
+            "tab:gray"
+            if c in ("embed", "pos_embed")
+            else "tab:blue"
+            if c.startswith("attn")
+            else "tab:orange"
+            for c in self.components
+        ]
         ax.bar(x, values.mean(0), yerr=values.std(0) if len(values) > 1 else None, color=colors)
         ax.set_xticks(list(x))
         ax.set_xticklabels(self.components, rotation=90, fontsize=7)
@@ -236,17 +277,28 @@ class AttributionSpec(Spec):
         for side in ("chosen", "rejected"):
             cap = shared.caps[side]
             direction, bias = shared.direction(model, side)
-            parts[side] = attribution_terms(model, cap.at_readout, cap.rewards, direction, bias, self.heads,
-                                            self.neurons)
+            parts[side] = attribution_terms(
+                model, cap.at_readout, cap.rewards, direction, bias, self.heads, self.neurons
+            )
         c, r = parts["chosen"], parts["rejected"]
         return AttributionResult(
-            pair_ids=shared.pair_ids, components=[s.name for s in self.sites], layers=[s.layer for s in self.sites],
-            chosen=c["terms"], rejected=r["terms"], bias_chosen=c["bias"], bias_rejected=r["bias"],
-            reward_chosen=c["reward"], reward_rejected=r["reward"],
-            heads_chosen=c.get("heads"), heads_rejected=r.get("heads"),
-            head_bias_chosen=c.get("head_bias"), head_bias_rejected=r.get("head_bias"),
-            neurons_chosen=c.get("neurons"), neurons_rejected=r.get("neurons"),
-            neuron_bias_chosen=c.get("neuron_bias"), neuron_bias_rejected=r.get("neuron_bias"),
+            pair_ids=shared.pair_ids,
+            components=[s.name for s in self.sites],
+            layers=[s.layer for s in self.sites],
+            chosen=c["terms"],
+            rejected=r["terms"],
+            bias_chosen=c["bias"],
+            bias_rejected=r["bias"],
+            reward_chosen=c["reward"],
+            reward_rejected=r["reward"],
+            heads_chosen=c.get("heads"),
+            heads_rejected=r.get("heads"),
+            head_bias_chosen=c.get("head_bias"),
+            head_bias_rejected=r.get("head_bias"),
+            neurons_chosen=c.get("neurons"),
+            neurons_rejected=r.get("neurons"),
+            neuron_bias_chosen=c.get("neuron_bias"),
+            neuron_bias_rejected=r.get("neuron_bias"),
         )
 
     def finish(self, model, pieces, pair_ids) -> AttributionResult:
@@ -261,9 +313,10 @@ def check_identity(model, result: AttributionResult) -> None:
     tol = CHECK_RTOL.get(model.cfg.dtype, 5e-2)
     if err > tol:
         warnings.warn(
-            f"the attribution terms miss the model's reward by up to {err:.2e} relative (more than {tol:g}, the "
-            f"rounding allowance of {model.cfg.dtype}); this reward head is not linear in the final residual along "
-            "model.reward_direction(_for), so the terms are not exact"
+            f"the attribution terms miss the model's reward by up to {err:.2e} relative (more than "
+            f"{tol:g}, the rounding allowance of {model.cfg.dtype}); this reward head is not linear in the "
+            "final residual along model.reward_direction(_for), so the terms are not exact",
+            stacklevel=2,
         )
 
 
@@ -285,5 +338,12 @@ def attribute(
     heads=None: per-head terms when the model has per-head hooks (native architectures).
     """
     check_model(model, "attribute")
-    return run_pipeline(model, pairs, [AttributionSpec(heads, neurons)], batch_size=batch_size, ranks=Ranks(),
-                        padding_side=padding_side, progress=progress and "attribute")["attribution"]
+    return run_pipeline(
+        model,
+        pairs,
+        [AttributionSpec(heads, neurons)],
+        batch_size=batch_size,
+        ranks=Ranks(),
+        padding_side=padding_side,
+        progress=progress and "attribute",
+    )["attribution"]

@@ -27,20 +27,24 @@ import numpy as np
 import pandas as pd
 import torch
 
-from reward_lens.instruments.sites import Site, sites_for
-from reward_lens.plotting import finish, panels
-from reward_lens.results import PairRewards, to_numpy
 from reward_lens.core.batching import PairBatch, pair_batches
 from reward_lens.core.pipeline import Reads, Shared, Spec, run_pipeline
 from reward_lens.core.ranks import Ranks
 from reward_lens.core.readout import Capture, capture
 from reward_lens.instruments.patching.contrastive import (
-    PatchResult, add_sums, batch_sums, means_from_sums, means_reads,
+    PatchResult,
+    add_sums,
+    batch_sums,
+    means_from_sums,
+    means_reads,
 )
 from reward_lens.instruments.patching.engines import clean_reads, patch_batch, readout_entries, readout_sweep
 from reward_lens.instruments.patching.positions import patch_positions, site_values
 from reward_lens.instruments.patching.spec import TARGETS, check_options
+from reward_lens.instruments.sites import Site, sites_for
 from reward_lens.model.hooks import act_name, final_resid_name, layer_of, resid_entering
+from reward_lens.plotting import finish, panels
+from reward_lens.results import PairRewards, to_numpy
 
 METHODS = ("mahalanobis", "norm_ratio")
 STATES = ("site", "final")
@@ -68,11 +72,15 @@ class PCAMahalanobis:
     variances: torch.Tensor  # [k]
 
     @classmethod
-    def fit(cls, X: torch.Tensor, n_components: Optional[int] = None, floor: float = 1e-6) -> "PCAMahalanobis":
+    def fit(
+        cls, X: torch.Tensor, n_components: Optional[int] = None, floor: float = 1e-6
+    ) -> "PCAMahalanobis":
         X = X.double()
         n, d = X.shape
         if n < 2:
-            raise ValueError("the Mahalanobis fit needs at least 2 reference states; give at least 1 pair (2 responses)")
+            raise ValueError(
+                "the Mahalanobis fit needs at least 2 reference states; give at least 1 pair (2 responses)"
+            )
         k = min(n - 1, d, n_components if n_components is not None else 16)
         mean = X.mean(0)
         _, s, Vh = torch.linalg.svd(X - mean, full_matrices=False)
@@ -137,12 +145,18 @@ class DivergenceResult(PairRewards):
         with np.errstate(invalid="ignore"), __import__("warnings").catch_warnings():
             __import__("warnings").simplefilter("ignore", RuntimeWarning)
             mean_kept = np.nanmean(kept, 0)
-        return pd.DataFrame({
-            "component": self.patching.components, "layer": [s.layer for s in self.patching.sites],
-            "mean_effect_all": eff.mean(0), "mean_effect_in_distribution": mean_kept,
-            "n_flagged": flagged.sum(0), "frac_flagged": flagged.mean(0),
-            "threshold": to_numpy(self.threshold), "median_score": np.median(to_numpy(self.scores), 0),
-        })
+        return pd.DataFrame(
+            {
+                "component": self.patching.components,
+                "layer": [s.layer for s in self.patching.sites],
+                "mean_effect_all": eff.mean(0),
+                "mean_effect_in_distribution": mean_kept,
+                "n_flagged": flagged.sum(0),
+                "frac_flagged": flagged.mean(0),
+                "threshold": to_numpy(self.threshold),
+                "median_score": np.median(to_numpy(self.scores), 0),
+            }
+        )
 
     def to_frame(self) -> pd.DataFrame:
         """The patching frame of this mode/target plus ood_score, calibration_score, threshold, flagged."""
@@ -163,8 +177,12 @@ class DivergenceResult(PairRewards):
         created = ax is None
         fig, (ax1, ax2) = panels(ax, 2, (max(10, 0.35 * len(names)), 4))
         sc, cal = to_numpy(self.scores), to_numpy(self.calibration_scores)
-        ax1.scatter(np.repeat(x[None], len(sc), 0).ravel() - 0.15, sc.ravel(), s=6, label="patches", alpha=0.6)
-        ax1.scatter(np.repeat(x[None], len(cal), 0).ravel() + 0.15, cal.ravel(), s=6, label="clean swaps", alpha=0.6)
+        ax1.scatter(
+            np.repeat(x[None], len(sc), 0).ravel() - 0.15, sc.ravel(), s=6, label="patches", alpha=0.6
+        )
+        ax1.scatter(
+            np.repeat(x[None], len(cal), 0).ravel() + 0.15, cal.ravel(), s=6, label="clean swaps", alpha=0.6
+        )
         ax1.step(x, to_numpy(self.threshold), where="mid", color="tab:red", label="threshold")
         ax1.set_yscale("log")
         ax1.set_ylabel(f"OOD score ({self.settings.get('method')})")
@@ -189,20 +207,28 @@ class DivergenceSpec(Spec):
 
     name = "divergence"
 
-    def __init__(self, mode: str = "noising", target: Optional[str] = None,
-                 level: Union[str, Sequence[str]] = "component",
-                 layers: Optional[Sequence[int]] = None, state: str = "site", method: str = "mahalanobis",
-                 n_components: Optional[int] = None, quantile: float = 0.95,
-                 max_reference: Optional[int] = None,
-                 means: Optional[Dict[str, torch.Tensor]] = None,
-                 reference: Optional[Dict[str, PCAMahalanobis]] = None):
+    def __init__(
+        self,
+        mode: str = "noising",
+        target: Optional[str] = None,
+        level: Union[str, Sequence[str]] = "component",
+        layers: Optional[Sequence[int]] = None,
+        state: str = "site",
+        method: str = "mahalanobis",
+        n_components: Optional[int] = None,
+        quantile: float = 0.95,
+        max_reference: Optional[int] = None,
+        means: Optional[Dict[str, torch.Tensor]] = None,
+        reference: Optional[Dict[str, PCAMahalanobis]] = None,
+    ):
         self.mode, self.target, self.level, self.layers, self.state = mode, target, level, layers, state
         self.method, self.n_components, self.quantile = method, n_components, quantile
         self.max_reference, self.given_means, self.given_reference = max_reference, means, reference
 
     def setup(self, model, pairs) -> None:
-        self.target = _check_divergence_options(model, pairs, self.mode, self.target, self.method, self.state,
-                                                self.quantile)
+        self.target = _check_divergence_options(
+            model, pairs, self.mode, self.target, self.method, self.state, self.quantile
+        )
         L = model.cfg.n_layers
         self.means, self.reference = self.given_means, self.given_reference  # pre-pass state: per call
         self.sites = sites_for(model.cfg, self.level, self.layers)
@@ -226,8 +252,14 @@ class DivergenceSpec(Spec):
         batch = shared.batch
         start = batch.index.start
         rows = [b for b in range(batch.index.stop - start) if start + b in self.ref_rows]
-        states = {h: [shared.caps[side].at_readout[h][rows].float().cpu() for side in ("chosen", "rejected")]
-                  for h in sorted(set(self.hooks))} if self.fit_needed else {}
+        states = (
+            {
+                h: [shared.caps[side].at_readout[h][rows].float().cpu() for side in ("chosen", "rejected")]
+                for h in sorted(set(self.hooks))
+            }
+            if self.fit_needed
+            else {}
+        )
         swaps = {h: shared.caps[self.target].at_readout[h].cpu() for h in self.site_hooks}
         needs_means = self.mode == "mean" and self.means is None
         sums = batch_sums(model, shared, self.sites, "readout") if needs_means else None
@@ -248,14 +280,25 @@ class DivergenceSpec(Spec):
 
     def step(self, model, shared: Shared) -> DivergenceResult:
         mode, target, batch = self.mode, self.target, shared.batch
-        out = patch_batch(model, batch, self.sites, [mode], "readout", "fast", self.means, shared.pair_ids,
-                          64,
-                          caps=shared.caps, directions=shared.directions)
+        out = patch_batch(
+            model,
+            batch,
+            self.sites,
+            [mode],
+            "readout",
+            "fast",
+            self.means,
+            shared.pair_ids,
+            64,
+            caps=shared.caps,
+            directions=shared.directions,
+        )
         if (mode, target) not in out.entries:  # (the generic path was refused above: a gate read late)
             raise ValueError(
-                "divergence_patch scores readout-only recomputations, exact only when the head's gate position "
-                "precedes the readout; here it does not (ArmoRM's gating pattern at or after the readout). Select "
-                "one objective (model.reward_head.set_objective) or fix the gating pattern"
+                "divergence_patch scores readout-only recomputations, exact only when the head's gate "
+                "position precedes the readout; here it does not (ArmoRM's gating pattern at or after the "
+                "readout). Select one objective (model.reward_head.set_objective) or fix the gating "
+                "pattern"
             )
         tcap = out.captures[target]
         clean_states = {h: _clean_state(tcap, h) for h in set(self.hooks)}
@@ -264,16 +307,27 @@ class DivergenceSpec(Spec):
         entry_c, final_c = self.clean_swaps(model, batch, tcap)
         calib = self.scorer(entry_c if self.state == "site" else final_c, clean_states)
         patching = PatchResult(
-            pair_ids=shared.pair_ids, sites=self.sites, positions="readout", method="fast",
-            clean_chosen=out.clean_chosen, clean_rejected=out.clean_rejected,
+            pair_ids=shared.pair_ids,
+            sites=self.sites,
+            positions="readout",
+            method="fast",
+            clean_chosen=out.clean_chosen,
+            clean_rejected=out.clean_rejected,
             patched={(mode, target): out.patched[(mode, target)]},
         )
         return DivergenceResult(
-            patching=patching, mode=mode, target=target, scores=scores.float(),
+            patching=patching,
+            mode=mode,
+            target=target,
+            scores=scores.float(),
             calibration_scores=calib.float(),
             threshold=torch.zeros(len(self.sites)),
-            settings={"state": self.state, "method": self.method, "n_components": self.n_components,
-                      "quantile": self.quantile},
+            settings={
+                "state": self.state,
+                "method": self.method,
+                "n_components": self.n_components,
+                "quantile": self.quantile,
+            },
         )
 
     def clean_swaps(self, model, batch: PairBatch, tcap: Capture):
@@ -315,10 +369,19 @@ def divergence_patch(
     `reference`: state hook -> a fit (`fit_reference`) to score against instead of fitting on `pairs`.
     `shard`: patch and score only `pairs[shard]` (the swaps still take the next pair of all `pairs`; the
     threshold is then this shard's, so `reward_lens.distributed` recomputes it over the merged shards)."""
-    spec = DivergenceSpec(mode, target, level, layers, state, method, n_components, quantile, max_reference, means,
-                          reference)
-    return run_pipeline(model, pairs, [spec], batch_size=batch_size, ranks=Ranks(), padding_side=padding_side,
-                        progress=progress and "divergence", within=shard)["divergence"]
+    spec = DivergenceSpec(
+        mode, target, level, layers, state, method, n_components, quantile, max_reference, means, reference
+    )
+    return run_pipeline(
+        model,
+        pairs,
+        [spec],
+        batch_size=batch_size,
+        ranks=Ranks(),
+        padding_side=padding_side,
+        progress=progress and "divergence",
+        within=shard,
+    )["divergence"]
 
 
 def _check_divergence_options(model, pairs, mode, target, method, state, quantile) -> str:
@@ -330,15 +393,17 @@ def _check_divergence_options(model, pairs, mode, target, method, state, quantil
     if target not in TARGETS[mode]:
         raise ValueError(f"mode {mode!r} patches {TARGETS[mode]}, not {target!r}")
     if method not in METHODS or state not in STATES:
-        raise ValueError(f"method must be one of {METHODS} and state one of {STATES}; got {method!r}, {state!r}")
+        raise ValueError(
+            f"method must be one of {METHODS} and state one of {STATES}; got {method!r}, {state!r}"
+        )
     if not 0 < quantile < 1:
         raise ValueError(f"quantile must be in (0, 1), got {quantile}")
     if len(pairs) < 2:
         raise ValueError("divergence_patch calibrates on swaps between pairs; give at least 2 pairs")
     if not model.has_readout_fast_path:
         raise ValueError(
-            "divergence_patch scores the patched readout states of the KV-cache fast path, which needs a native "
-            "architecture; this model runs on the generic path (see conversion/GENERIC.md)"
+            "divergence_patch scores the patched readout states of the KV-cache fast path, which needs a "
+            "native architecture; this model runs on the generic path (see conversion/GENERIC.md)"
         )
     return target
 
@@ -360,12 +425,21 @@ def reference_pairs(pairs: Sequence, max_reference: Optional[int]) -> List:
     return [pairs[i] for i in reference_indices(len(pairs), max_reference)]
 
 
-def reference_states(model, ref_pairs, hooks, batch_size: int = 8, padding_side=None, progress=False,
-                     within: Optional[slice] = None) -> Dict[str, torch.Tensor]:
+def reference_states(
+    model,
+    ref_pairs,
+    hooks,
+    batch_size: int = 8,
+    padding_side=None,
+    progress=False,
+    within: Optional[slice] = None,
+) -> Dict[str, torch.Tensor]:
     """State hook -> [2 * n_pairs, d_model] clean readout states (each batch's chosen, then its rejected),
     float32 on the host; of `ref_pairs[within]` only when given."""
     states: Dict[str, List[torch.Tensor]] = {h: [] for h in set(hooks)}
-    for batch in pair_batches(model, ref_pairs, batch_size, progress and "divergence: reference", padding_side, within):
+    for batch in pair_batches(
+        model, ref_pairs, batch_size, progress and "divergence: reference", padding_side, within
+    ):
         for tok in (batch.chosen, batch.rejected):
             cap = capture(model, tok, readout_names=sorted(states))
             for h in states:
@@ -373,7 +447,9 @@ def reference_states(model, ref_pairs, hooks, batch_size: int = 8, padding_side=
     return {h: torch.cat(v) for h, v in states.items()}
 
 
-def fit_reference(states: Dict[str, torch.Tensor], n_components: Optional[int] = None) -> Dict[str, PCAMahalanobis]:
+def fit_reference(
+    states: Dict[str, torch.Tensor], n_components: Optional[int] = None
+) -> Dict[str, PCAMahalanobis]:
     """One PCA-Mahalanobis fit per state hook (`reference_states`)."""
     return {h: PCAMahalanobis.fit(v, n_components) for h, v in states.items()}
 

@@ -23,12 +23,12 @@ import numpy as np
 import pandas as pd
 import torch
 
-from reward_lens.plotting import finish, panels
-from reward_lens.results import to_numpy
-from reward_lens.stats import bootstrap_indices, percentile_ci, spearman, spearman_rows
 from reward_lens.instruments.attribution import AttributionResult, attribute
 from reward_lens.instruments.patching.atp import AtPResult
 from reward_lens.instruments.patching.contrastive import PatchResult, patch
+from reward_lens.plotting import finish, panels
+from reward_lens.results import to_numpy
+from reward_lens.stats import bootstrap_indices, percentile_ci, spearman, spearman_rows
 
 
 @dataclass
@@ -49,21 +49,34 @@ class FaithfulnessResult:
 
     def summary(self) -> pd.DataFrame:
         """One row: n_pairs, mean_rho (+ CI), pooled_rho (+ CI), and the settings used."""
-        return pd.DataFrame([{
-            "n_pairs": len(self.pair_ids), "n_components": len(self.components),
-            "mean_rho": self.mean_rho, "mean_rho_low": self.mean_rho_ci[0], "mean_rho_high": self.mean_rho_ci[1],
-            "pooled_rho": self.pooled_rho, "pooled_rho_low": self.pooled_rho_ci[0],
-            "pooled_rho_high": self.pooled_rho_ci[1], **self.settings,
-        }])
+        return pd.DataFrame(
+            [
+                {
+                    "n_pairs": len(self.pair_ids),
+                    "n_components": len(self.components),
+                    "mean_rho": self.mean_rho,
+                    "mean_rho_low": self.mean_rho_ci[0],
+                    "mean_rho_high": self.mean_rho_ci[1],
+                    "pooled_rho": self.pooled_rho,
+                    "pooled_rho_low": self.pooled_rho_ci[0],
+                    "pooled_rho_high": self.pooled_rho_ci[1],
+                    **self.settings,
+                }
+            ]
+        )
 
     def to_frame(self) -> pd.DataFrame:
         """One row per (pair, component): attribution, effect, and the pair's rho."""
         n, C = self.attribution.shape
-        return pd.DataFrame({
-            "pair": np.repeat(self.pair_ids, C), "component": self.components * n,
-            "attribution": to_numpy(self.attribution).ravel(), "effect": to_numpy(self.effect).ravel(),
-            "pair_rho": np.repeat(to_numpy(self.per_pair_rho), C),
-        })
+        return pd.DataFrame(
+            {
+                "pair": np.repeat(self.pair_ids, C),
+                "component": self.components * n,
+                "attribution": to_numpy(self.attribution).ravel(),
+                "effect": to_numpy(self.effect).ravel(),
+                "pair_rho": np.repeat(to_numpy(self.per_pair_rho), C),
+            }
+        )
 
     def plot(self, ax=None):
         """Left: |attribution| vs |effect| over all pairs and components, late layers darker. Right: the
@@ -128,27 +141,36 @@ def faithfulness(
     go to both). quantity: which attribution ("gap", "chosen", "rejected"); mode/target: which patching
     effect; absolute: rank magnitudes (the paper's comparison) rather than signed values.
     """
-    if not isinstance(attribution, (AttributionResult, AtPResult, PatchResult)) and hasattr(attribution, "reward_head"):
+    if not isinstance(attribution, (AttributionResult, AtPResult, PatchResult)) and hasattr(
+        attribution, "reward_head"
+    ):
         model, pairs = attribution, patching
         if pairs is None:
             raise ValueError("faithfulness(model, pairs): give the pairs to run attribution and patching on")
         attribution = attribute(model, pairs, heads=False, **run_kwargs)
         patching = patch(model, pairs, mode=mode, level="component", **run_kwargs)
     if not isinstance(patching, PatchResult):
-        raise TypeError("faithfulness needs a PatchResult (from patch) as its second argument, or (model, pairs)")
+        raise TypeError(
+            "faithfulness needs a PatchResult (from patch) as its second argument, or (model, pairs)"
+        )
     if isinstance(attribution, AttributionResult):
         a_values, a_names = attribution.get(quantity), attribution.components
     elif isinstance(attribution, AtPResult):
         a_values, a_names = attribution.effect(mode, target), attribution.components
     else:
-        raise TypeError(f"cannot compare a {type(attribution).__name__}; pass an AttributionResult or AtPResult")
+        raise TypeError(
+            f"cannot compare a {type(attribution).__name__}; pass an AttributionResult or AtPResult"
+        )
     if list(attribution.pair_ids) != list(patching.pair_ids):
-        raise ValueError("attribution and patching cover different pairs; run both on the same pairs in the same order")
+        raise ValueError(
+            "attribution and patching cover different pairs; run both on the same pairs in the same order"
+        )
     p_names = patching.components
     common = [c for c in a_names if c in p_names]
     if len(common) < 3:
         raise ValueError(
-            f"only {len(common)} component(s) in common between attribution and patching; patch at level='component'"
+            f"only {len(common)} component(s) in common between attribution and patching; patch at "
+            "level='component'"
         )
     a = a_values[:, [a_names.index(c) for c in common]].double()
     e = patching.effect(mode, target)[:, [p_names.index(c) for c in common]].double()
@@ -158,10 +180,20 @@ def faithfulness(
     per_pair = spearman_rows(xa, xe)
     mean_ci, pooled_ci = _bootstrap(per_pair, xa, xe, n_boot, ci, seed)
     return FaithfulnessResult(
-        pair_ids=list(patching.pair_ids), components=common, attribution=a.float(), effect=e.float(),
+        pair_ids=list(patching.pair_ids),
+        components=common,
+        attribution=a.float(),
+        effect=e.float(),
         per_pair_rho=torch.from_numpy(per_pair).float(),
         mean_rho=float(np.nanmean(per_pair)) if np.isfinite(per_pair).any() else float("nan"),
-        mean_rho_ci=mean_ci, pooled_rho=spearman(xa, xe), pooled_rho_ci=pooled_ci,
-        settings={"quantity": quantity if isinstance(attribution, AttributionResult) else "atp", "mode": mode,
-                  "absolute": absolute, "n_boot": n_boot, "ci": ci},
+        mean_rho_ci=mean_ci,
+        pooled_rho=spearman(xa, xe),
+        pooled_rho_ci=pooled_ci,
+        settings={
+            "quantity": quantity if isinstance(attribution, AttributionResult) else "atp",
+            "mode": mode,
+            "absolute": absolute,
+            "n_boot": n_boot,
+            "ci": ci,
+        },
     )

@@ -4,7 +4,8 @@ Two variants, both reading along the reward direction w (and adding the head's b
 
     "normed"  w . h_l / s(h_l) + b     the final norm recomputed on the intermediate residual h_l (the
                                        logit-lens analogue: what the head would say if the model stopped here)
-    "frozen"  w . h_l / s_final + b    the final norm's scale frozen at its real value at the readout; additive
+    "frozen"  w . h_l / s_final + b    the final norm's scale frozen at its real value at the readout;
+    additive
                                        (consecutive differences are exactly the direct attributions of the
                                        components in between) and ends exactly at the reward
 
@@ -24,15 +25,15 @@ import pandas as pd
 import torch
 from jaxtyping import Float
 
-from reward_lens.plotting import figure_axes, finish
-from reward_lens.results import PairRewards, to_numpy
-from reward_lens.stats import crystallization_depth
 from reward_lens.core.directions import reward_from_final_resid
 from reward_lens.core.pipeline import Reads, Shared, Spec, run_pipeline
 from reward_lens.core.ranks import Ranks
 from reward_lens.instruments.sites import resid_mid_name, resid_name
 from reward_lens.model.hooks import act_name
 from reward_lens.model.validation import check_model
+from reward_lens.plotting import figure_axes, finish
+from reward_lens.results import PairRewards, to_numpy
+from reward_lens.stats import crystallization_depth
 
 VARIANTS = ("normed", "frozen")
 
@@ -40,15 +41,16 @@ VARIANTS = ("normed", "frozen")
 @dataclass
 class LensResult(PairRewards):
     """`values[(variant, side)]` is [n_pairs, n_sites] (side "chosen" or "rejected"); `sites`, `layers`
-    (-1 for resid_L0, the embedding) and `depths` describe the columns; `reward_*` [n_pairs] the model's rewards."""
+    (-1 for resid_L0, the embedding) and `depths` describe the columns; `reward_*` [n_pairs] the model's
+    rewards."""
 
     pair_ids: List[str]
     sites: List[str]
     layers: List[int]
     depths: List[float]
     values: dict
-    reward_chosen: Float[torch.Tensor, "pair"]
-    reward_rejected: Float[torch.Tensor, "pair"]
+    reward_chosen: Float[torch.Tensor, " pair"]
+    reward_rejected: Float[torch.Tensor, " pair"]
 
     def get(self, variant: str = "normed", quantity: str = "gap") -> torch.Tensor:
         """[n_pairs, n_sites] of quantity "chosen", "rejected" or "gap" in `variant`."""
@@ -60,10 +62,13 @@ class LensResult(PairRewards):
             raise ValueError(f"quantity must be 'chosen', 'rejected' or 'gap', got {quantity!r}")
         return self.values[(variant, quantity)]
 
-    def crystallization_depth(self, variant: str = "normed", rtol: float = 0.1, atol: float = 0.0) -> torch.Tensor:
+    def crystallization_depth(
+        self, variant: str = "normed", rtol: float = 0.1, atol: float = 0.0
+    ) -> torch.Tensor:
         """Per pair, the first depth from which the gap stays within `rtol * |final gap| + atol` of the
         final gap and has the final gap's sign at every later site ([n_pairs] float64; NaN when the final
-        gap is 0). Defaults: the normed lens, 10% relative tolerance (`reward_lens.stats.crystallization_depth`)."""
+        gap is 0). Defaults: the normed lens, 10% relative tolerance
+        (`reward_lens.stats.crystallization_depth`)."""
         depth = crystallization_depth(to_numpy(self.get(variant, "gap").double()), self.depths, rtol, atol)
         return torch.from_numpy(depth)
 
@@ -72,26 +77,43 @@ class LensResult(PairRewards):
         n, S = len(self.pair_ids), len(self.sites)
         frames = []
         for variant in VARIANTS:
-            c, r = to_numpy(self.get(variant, "chosen")).ravel(), to_numpy(self.get(variant, "rejected")).ravel()
-            frames.append(pd.DataFrame({
-                "pair": np.repeat(self.pair_ids, S), "site": self.sites * n, "layer": self.layers * n,
-                "depth": self.depths * n, "variant": variant, "chosen": c, "rejected": r, "gap": c - r,
-            }))
+            c, r = (
+                to_numpy(self.get(variant, "chosen")).ravel(),
+                to_numpy(self.get(variant, "rejected")).ravel(),
+            )
+            frames.append(
+                pd.DataFrame(
+                    {
+                        "pair": np.repeat(self.pair_ids, S),
+                        "site": self.sites * n,
+                        "layer": self.layers * n,
+                        "depth": self.depths * n,
+                        "variant": variant,
+                        "chosen": c,
+                        "rejected": r,
+                        "gap": c - r,
+                    }
+                )
+            )
         return pd.concat(frames, ignore_index=True)
 
     def summary(self) -> pd.DataFrame:
-        """One row per variant: n_pairs, pair accuracy, mean reward gap, crystallization depth (mean, median)."""
+        """One row per variant: n_pairs, pair accuracy, mean reward gap, crystallization depth (mean,
+        median)."""
         rows = []
         for variant in VARIANTS:
             d = self.crystallization_depth(variant).numpy()
             finite = d[np.isfinite(d)]
-            rows.append({
-                "variant": variant, "n_pairs": len(self.pair_ids),
-                "pair_accuracy": float((self.reward_gap > 0).float().mean()),
-                "mean_reward_gap": float(self.reward_gap.mean()),
-                "crystallization_depth_mean": float(finite.mean()) if len(finite) else np.nan,
-                "crystallization_depth_median": float(np.median(finite)) if len(finite) else np.nan,
-            })
+            rows.append(
+                {
+                    "variant": variant,
+                    "n_pairs": len(self.pair_ids),
+                    "pair_accuracy": float((self.reward_gap > 0).float().mean()),
+                    "mean_reward_gap": float(self.reward_gap.mean()),
+                    "crystallization_depth_mean": float(finite.mean()) if len(finite) else np.nan,
+                    "crystallization_depth_median": float(np.median(finite)) if len(finite) else np.nan,
+                }
+            )
         return pd.DataFrame(rows)
 
     def plot(self, quantity: str = "gap", band: tuple = (0.25, 0.75), ax=None):
@@ -104,7 +126,9 @@ class LensResult(PairRewards):
             ax.plot(x, np.median(v, 0), color=color, label=f"{variant} (median)")
             if len(v) > 1:
                 lo, hi = np.quantile(v, band[0], 0), np.quantile(v, band[1], 0)
-                ax.fill_between(x, lo, hi, color=color, alpha=0.2, label=f"{variant} {band[0]:.0%}-{band[1]:.0%}")
+                ax.fill_between(
+                    x, lo, hi, color=color, alpha=0.2, label=f"{variant} {band[0]:.0%}-{band[1]:.0%}"
+                )
         ax.axhline(0, color="black", lw=0.5)
         ax.set_xlabel("fractional depth")
         ax.set_ylabel(f"reward {quantity} read at the readout")
@@ -124,7 +148,12 @@ class LensSpec(Spec):
 
     def setup(self, model, pairs) -> None:
         L = model.cfg.n_layers
-        self.hooks, self.sites, self.layers, self.depths = [act_name("resid_pre", 0)], [resid_name(0)], [-1], [0.0]
+        self.hooks, self.sites, self.layers, self.depths = (
+            [act_name("resid_pre", 0)],
+            [resid_name(0)],
+            [-1],
+            [0.0],
+        )
         for l in range(L):
             if self.include_mid:
                 self.hooks.append(act_name("resid_mid", l))
@@ -151,9 +180,13 @@ class LensSpec(Spec):
             values[("frozen", side)] = (resid / scale * direction[:, None]).sum(-1) + bias[:, None]
             rewards[side] = cap.rewards.float()
         return LensResult(
-            pair_ids=shared.pair_ids, sites=self.sites, layers=self.layers, depths=self.depths,
+            pair_ids=shared.pair_ids,
+            sites=self.sites,
+            layers=self.layers,
+            depths=self.depths,
             values={(v, s): values[(v, s)] for v in VARIANTS for s in ("chosen", "rejected")},
-            reward_chosen=rewards["chosen"], reward_rejected=rewards["rejected"],
+            reward_chosen=rewards["chosen"],
+            reward_rejected=rewards["rejected"],
         )
 
 
@@ -168,5 +201,12 @@ def lens(
 ) -> LensResult:
     """The reward lens of each pair's chosen and rejected response in both variants (module docstring)."""
     check_model(model, "lens")
-    return run_pipeline(model, pairs, [LensSpec(include_mid)], batch_size=batch_size, ranks=Ranks(),
-                        padding_side=padding_side, progress=progress and "lens")["lens"]
+    return run_pipeline(
+        model,
+        pairs,
+        [LensSpec(include_mid)],
+        batch_size=batch_size,
+        ranks=Ranks(),
+        padding_side=padding_side,
+        progress=progress and "lens",
+    )["lens"]

@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Union
 
-
 from reward_lens.model.hooks import act_name, resid_entering
 
 LEVELS = ("component", "head", "residual")
@@ -28,7 +27,13 @@ class Site:
 
     @property
     def level(self) -> str:
-        return {"embed": "component", "attn": "component", "mlp": "component", "head": "head", "resid": "residual"}[self.kind]
+        return {
+            "embed": "component",
+            "attn": "component",
+            "mlp": "component",
+            "head": "head",
+            "resid": "residual",
+        }[self.kind]
 
     def hook_name(self, n_layers: int) -> str:
         """The hook holding the site's activation (see `reward_lens.model.hooks`)."""
@@ -63,7 +68,11 @@ def component_sites(cfg, layers: Optional[Sequence[int]] = None, embed: bool = T
 
 
 def head_sites(cfg, layers: Optional[Sequence[int]] = None) -> List[Site]:
-    return [Site(f"L{l}H{h}", "head", l, h) for l in _check_layers(layers, cfg.n_layers) for h in range(cfg.n_heads)]
+    return [
+        Site(f"L{l}H{h}", "head", l, h)
+        for l in _check_layers(layers, cfg.n_layers)
+        for h in range(cfg.n_heads)
+    ]
 
 
 def resid_name(layer: int) -> str:

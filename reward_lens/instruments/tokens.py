@@ -36,15 +36,14 @@ import pandas as pd
 import torch
 from jaxtyping import Float
 
+from reward_lens.core.directions import readout_direction
 from reward_lens.core.pipeline import Reads, Shared, Spec, run_pipeline
 from reward_lens.core.ranks import Ranks
 from reward_lens.core.readout import Capture, Tokenized, batches, capture, tokenize
-from reward_lens.core.directions import readout_direction
-from reward_lens.data.pairs import PreferencePair, TokenPair, as_pairs
-from reward_lens.data.pairs import pair_labels
+from reward_lens.data.pairs import PreferencePair, TokenPair, as_pairs, pair_labels
+from reward_lens.model.hooks import act_name
 from reward_lens.plotting import pyplot
 from reward_lens.results import to_numpy
-from reward_lens.model.hooks import act_name
 
 SIDES_PAIR = ("chosen", "rejected")
 
@@ -76,20 +75,31 @@ class TokenAttributionResult:
     meta: Dict[str, object] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ numbers
-    def total(self, side: str) -> Float[torch.Tensor, "n"]:
+    def total(self, side: str) -> Float[torch.Tensor, " n"]:
         """Σ of every term + bias per sequence (equals `reward[side]` up to fp32 rounding)."""
         heads = torch.stack([h.double().sum() for h in self.heads[side]])
-        return (heads + self.b_O[side].double().sum(-1) + self.mlp[side].double().sum(-1)
-                + self.embed[side].double() + self.bias[side].double())
+        return (
+            heads
+            + self.b_O[side].double().sum(-1)
+            + self.mlp[side].double().sum(-1)
+            + self.embed[side].double()
+            + self.bias[side].double()
+        )
 
     def max_relative_error(self) -> float:
         """max over sequences of |Σ terms + bias - reward| / max(|reward|, 1e-6)."""
-        errs = [((self.total(s) - self.reward[s].double()).abs() / self.reward[s].double().abs().clamp(min=1e-6)).max()
-                for s in self.sides]
+        errs = [
+            (
+                (self.total(s) - self.reward[s].double()).abs()
+                / self.reward[s].double().abs().clamp(min=1e-6)
+            ).max()
+            for s in self.sides
+        ]
         return float(max(errs))
 
-    def token_values(self, side: str, i: int, layers: Optional[Sequence[int]] = None,
-                     heads: Optional[Sequence[int]] = None) -> np.ndarray:
+    def token_values(
+        self, side: str, i: int, layers: Optional[Sequence[int]] = None, heads: Optional[Sequence[int]] = None
+    ) -> np.ndarray:
         """[n_tokens] head terms of sequence i summed over the chosen layers and heads (default all)."""
         h = self.heads[side][i]
         if layers is not None:
@@ -109,26 +119,48 @@ class TokenAttributionResult:
                 L, H, T = h.shape
                 toks = self.tokens[side][i]
                 r = self.readout[side][i]
-                frames.append(pd.DataFrame({
-                    "pair": pid, "side": side, "position": np.tile(np.arange(T), L * H),
-                    "token": [toks[t] for t in range(T)] * (L * H), "term": "head",
-                    "layer": np.repeat(np.arange(L), H * T), "head": np.tile(np.repeat(np.arange(H), T), L),
-                    "value": h.ravel(),
-                }))
+                frames.append(
+                    pd.DataFrame(
+                        {
+                            "pair": pid,
+                            "side": side,
+                            "position": np.tile(np.arange(T), L * H),
+                            "token": [toks[t] for t in range(T)] * (L * H),
+                            "term": "head",
+                            "layer": np.repeat(np.arange(L), H * T),
+                            "head": np.tile(np.repeat(np.arange(H), T), L),
+                            "value": h.ravel(),
+                        }
+                    )
+                )
                 local = [("b_O", l, float(self.b_O[side][i, l])) for l in range(L)]
                 local += [("mlp", l, float(self.mlp[side][i, l])) for l in range(L)]
-                local += [("embed", None, float(self.embed[side][i])), ("bias", None, float(self.bias[side][i]))]
-                frames.append(pd.DataFrame({
-                    "pair": pid, "side": side, "position": [r] * (len(local) - 1) + [None],
-                    "token": [toks[r]] * (len(local) - 1) + [None], "term": [t for t, _, _ in local],
-                    "layer": [l for _, l, _ in local], "head": None, "value": [v for _, _, v in local],
-                }))
+                local += [
+                    ("embed", None, float(self.embed[side][i])),
+                    ("bias", None, float(self.bias[side][i])),
+                ]
+                frames.append(
+                    pd.DataFrame(
+                        {
+                            "pair": pid,
+                            "side": side,
+                            "position": [r] * (len(local) - 1) + [None],
+                            "token": [toks[r]] * (len(local) - 1) + [None],
+                            "term": [t for t, _, _ in local],
+                            "layer": [l for _, l, _ in local],
+                            "head": None,
+                            "value": [v for _, _, v in local],
+                        }
+                    )
+                )
         out = pd.concat(frames, ignore_index=True)
         for col in ("position", "layer", "head"):
             out[col] = out[col].astype("Int64")
         return out
 
-    def token_totals(self, layers: Optional[Sequence[int]] = None, heads: Optional[Sequence[int]] = None) -> pd.DataFrame:
+    def token_totals(
+        self, layers: Optional[Sequence[int]] = None, heads: Optional[Sequence[int]] = None
+    ) -> pd.DataFrame:
         """Per token: the head terms summed over layers and heads (optionally only some). Columns pair,
         side, position, token, region ("prompt"/"response" for pairs), value."""
         rows = []
@@ -141,15 +173,22 @@ class TokenAttributionResult:
                     rows.append((pid, side, t, tok, region, float(v)))
         return pd.DataFrame(rows, columns=["pair", "side", "position", "token", "region", "value"])
 
-    def gap_frame(self, layers: Optional[Sequence[int]] = None, heads: Optional[Sequence[int]] = None) -> pd.DataFrame:
+    def gap_frame(
+        self, layers: Optional[Sequence[int]] = None, heads: Optional[Sequence[int]] = None
+    ) -> pd.DataFrame:
         """Chosen minus rejected, aligned on the shared prompt: prompt token k of chosen against prompt
         token k of rejected (gap = their difference), then the response tokens of both sides by offset
         into the response (their values side by side; gap is NaN there: different tokens)."""
         if self.sides != SIDES_PAIR:
-            raise ValueError("gap_frame needs preference pairs (chosen and rejected); these were single texts")
+            raise ValueError(
+                "gap_frame needs preference pairs (chosen and rejected); these were single texts"
+            )
         rows = []
         for i, pid in enumerate(self.pair_ids):
-            c, r = self.token_values("chosen", i, layers, heads), self.token_values("rejected", i, layers, heads)
+            c, r = (
+                self.token_values("chosen", i, layers, heads),
+                self.token_values("rejected", i, layers, heads),
+            )
             tc, tr = self.tokens["chosen"][i], self.tokens["rejected"][i]
             p = int(self.prompt_len[i])
             for k in range(p):
@@ -158,8 +197,19 @@ class TokenAttributionResult:
                 get = lambda toks, v: (toks[p + k], v[p + k]) if p + k < len(v) else (None, np.nan)  # noqa: E731
                 (a, va), (b, vb) = get(tc, c), get(tr, r)
                 rows.append((pid, "response", k, a, b, va, vb, np.nan))
-        return pd.DataFrame(rows, columns=["pair", "region", "offset", "token_chosen", "token_rejected",
-                                           "chosen", "rejected", "gap"])
+        return pd.DataFrame(
+            rows,
+            columns=[
+                "pair",
+                "region",
+                "offset",
+                "token_chosen",
+                "token_rejected",
+                "chosen",
+                "rejected",
+                "gap",
+            ],
+        )
 
     def summary(self) -> pd.DataFrame:
         """One row per (pair, side): reward, the token (head) terms in the prompt and the response, the
@@ -171,19 +221,31 @@ class TokenAttributionResult:
                 p = int(self.prompt_len[i]) if self.prompt_len is not None else 0
                 top = int(np.argmax(vals))
                 err = abs(float(self.total(side)[i]) - float(self.reward[side][i]))
-                rows.append({
-                    "pair": pid, "side": side, "reward": float(self.reward[side][i]),
-                    "prompt_tokens": float(vals[:p].sum()), "response_tokens": float(vals[p:].sum()),
-                    "embed": float(self.embed[side][i]), "mlp": float(self.mlp[side][i].sum()),
-                    "b_O": float(self.b_O[side][i].sum()), "bias": float(self.bias[side][i]),
-                    "top_token": self.tokens[side][i][top], "top_value": float(vals[top]),
-                    "relative_error": err / max(abs(float(self.reward[side][i])), 1e-6),
-                })
+                rows.append(
+                    {
+                        "pair": pid,
+                        "side": side,
+                        "reward": float(self.reward[side][i]),
+                        "prompt_tokens": float(vals[:p].sum()),
+                        "response_tokens": float(vals[p:].sum()),
+                        "embed": float(self.embed[side][i]),
+                        "mlp": float(self.mlp[side][i].sum()),
+                        "b_O": float(self.b_O[side][i].sum()),
+                        "bias": float(self.bias[side][i]),
+                        "top_token": self.tokens[side][i][top],
+                        "top_value": float(vals[top]),
+                        "relative_error": err / max(abs(float(self.reward[side][i])), 1e-6),
+                    }
+                )
         return pd.DataFrame(rows)
 
     def largest_gaps(self, k: int = 4) -> List[int]:
         """Indices of the k pairs with the largest |reward gap| (pairs) or |reward| (texts)."""
-        score = (self.reward["chosen"] - self.reward["rejected"]) if self.sides == SIDES_PAIR else self.reward["text"]
+        score = (
+            (self.reward["chosen"] - self.reward["rejected"])
+            if self.sides == SIDES_PAIR
+            else self.reward["text"]
+        )
         return [int(i) for i in torch.argsort(score.abs(), descending=True)[:k]]
 
     # ------------------------------------------------------------------ views
@@ -207,25 +269,41 @@ class TokenAttributionResult:
         fig.tight_layout()
         return fig
 
-    def html(self, pairs: Optional[Sequence[int]] = None, layers: Optional[Sequence[int]] = None,
-             heads: Optional[Sequence[int]] = None, max_pairs: int = 20) -> str:
+    def html(
+        self,
+        pairs: Optional[Sequence[int]] = None,
+        layers: Optional[Sequence[int]] = None,
+        heads: Optional[Sequence[int]] = None,
+        max_pairs: int = 20,
+    ) -> str:
         """A self-contained token heatmap (HTML fragment with inline styles): chosen and rejected side by
         side, blue = raises the reward, red = lowers it, the value on hover; `layers`/`heads` filter the
         head terms shown. `pairs` (indices) default to the first `max_pairs`."""
         idx = list(range(len(self.pair_ids)))[:max_pairs] if pairs is None else list(pairs)
-        what = "all heads" if layers is None and heads is None else f"layers {layers or 'all'}, heads {heads or 'all'}"
-        out = [f'<div class="rl-tokens" style="font-family:system-ui,sans-serif;font-size:13px">'
-               f'<p style="color:#555">Direct read of each token into the reward ({what}); blue raises, red lowers '
-               f'the reward; hover a token for its value. Colours are scaled per pair.</p>']
+        what = (
+            "all heads"
+            if layers is None and heads is None
+            else f"layers {layers or 'all'}, heads {heads or 'all'}"
+        )
+        out = [
+            '<div class="rl-tokens" style="font-family:system-ui,sans-serif;font-size:13px">'
+            f'<p style="color:#555">Direct read of each token into the reward ({what}); blue raises, red '
+            "lowers the reward; hover a token for its value. Colours are scaled per pair.</p>"
+        ]
         for i in idx:
             vals = {s: self.token_values(s, i, layers, heads) for s in self.sides}
             lim = max(float(np.abs(v).max()) for v in vals.values()) or 1.0
             cells = "".join(
-                f'<td style="vertical-align:top;padding:4px 8px;border:1px solid #ddd;width:{100 // len(self.sides)}%">'
-                f'<b>{s}</b> reward {float(self.reward[s][i]):+.4f}<br>{_spans(self.tokens[s][i], vals[s], lim)}</td>'
-                for s in self.sides)
-            out.append(f'<p style="margin:10px 0 2px"><b>{html_lib.escape(self.pair_ids[i])}</b></p>'
-                       f'<table style="border-collapse:collapse;width:100%"><tr>{cells}</tr></table>')
+                '<td style="vertical-align:top;padding:4px 8px;border:1px solid '
+                f'#ddd;width:{100 // len(self.sides)}%">'
+                f"<b>{s}</b> reward "
+                f"{float(self.reward[s][i]):+.4f}<br>{_spans(self.tokens[s][i], vals[s], lim)}</td>"
+                for s in self.sides
+            )
+            out.append(
+                f'<p style="margin:10px 0 2px"><b>{html_lib.escape(self.pair_ids[i])}</b></p><table '
+                f'style="border-collapse:collapse;width:100%"><tr>{cells}</tr></table>'
+            )
         return "".join(out) + "</div>"
 
     def _repr_html_(self) -> str:
@@ -241,8 +319,11 @@ def _spans(tokens: Sequence[str], values: np.ndarray, lim: float) -> str:
     for t, (tok, v) in enumerate(zip(tokens, values)):
         a = min(abs(float(v)) / lim, 1.0)
         rgb = "33,102,172" if v >= 0 else "178,24,43"
-        parts.append(f'<span title="position {t}: {float(v):+.5f}" style="background:rgba({rgb},{a:.3f});'
-                     f'padding:1px 0;white-space:pre-wrap">{html_lib.escape(_display(tok))}</span>')
+        parts.append(
+            f'<span title="position {t}: {float(v):+.5f}" '
+            f'style="background:rgba({rgb},{a:.3f});padding:1px '
+            f'0;white-space:pre-wrap">{html_lib.escape(_display(tok))}</span>'
+        )
     return "".join(parts)
 
 
@@ -266,9 +347,9 @@ def check_token_level(model) -> None:
     """A clear error when the model has no per-head attention patterns and values (the generic path)."""
     if not supports_token_attribution(model):
         raise ValueError(
-            "token_attribution needs per-head attention patterns and values, which this model (the generic "
-            "component-level path) does not expose; use attribute(model, pairs) for exact attention-layer terms, "
-            "or load a natively supported architecture"
+            "token_attribution needs per-head attention patterns and values, which this model (the "
+            "generic component-level path) does not expose; use attribute(model, pairs) for exact "
+            "attention-layer terms, or load a natively supported architecture"
         )
 
 
@@ -276,7 +357,9 @@ def token_reads(model) -> Tuple[List[str], List[str]]:
     """(hooks read at the readout, hooks read whole): patterns at the readout query, values whole."""
     L = model.cfg.n_layers
     readout_names = [act_name("embed"), act_name("final_scale")] + [act_name("mlp_out", l) for l in range(L)]
-    readout_names += [name for block in model.blocks for name in block.output_gain_hooks()]  # post-norm scales
+    readout_names += [
+        name for block in model.blocks for name in block.output_gain_hooks()
+    ]  # post-norm scales
     readout_names += [act_name("pattern", l) for l in range(L)]
     return readout_names, [act_name("v", l) for l in range(L)]
 
@@ -289,14 +372,17 @@ def token_terms(model, tok: Tokenized) -> Dict[str, torch.Tensor]:
 
 
 @torch.no_grad()
-def terms_from_capture(model, cap: Capture, direction: torch.Tensor,
-                       bias: torch.Tensor) -> Dict[str, torch.Tensor]:
+def terms_from_capture(
+    model, cap: Capture, direction: torch.Tensor, bias: torch.Tensor
+) -> Dict[str, torch.Tensor]:
     """`token_terms` from a capture holding `token_reads`."""
     cfg, L = model.cfg, model.cfg.n_layers
     acts = {**cap.at_readout, **cap.full}
     rewards = cap.rewards
     # float64 for the products, so the terms' own rounding stays far below the model's fp32 rounding
-    w = direction.double() / acts[act_name("final_scale")].double()  # [B, d]: the map every readout term goes through
+    w = (
+        direction.double() / acts[act_name("final_scale")].double()
+    )  # [B, d]: the map every readout term goes through
     group = cfg.n_heads // cfg.n_key_value_heads
 
     def term(x: torch.Tensor) -> torch.Tensor:
@@ -307,15 +393,20 @@ def terms_from_capture(model, cap: Capture, direction: torch.Tensor,
         attn = model.blocks[l].attn
         # Gemma-2: out = raw / s_post * (offset + w_post), linear with s_post frozen (1 without post-norms)
         wl = w * torch.as_tensor(model.blocks[l].output_gain("attn", acts)).double().to(w.device)
-        read = torch.einsum("nhd,bd->bnh", attn.W_O.double().to(w.device), wl)  # [B, H, d_head]: W_O[h] . w per head
+        read = torch.einsum(
+            "nhd,bd->bnh", attn.W_O.double().to(w.device), wl
+        )  # [B, H, d_head]: W_O[h] . w per head
         v = acts[act_name("v", l)].double().repeat_interleave(group, dim=2)  # [B, T, H, d_head]
         vr = torch.einsum("bthd,bhd->bht", v, read)  # what each source's value would add if fully attended
         heads.append((acts[act_name("pattern", l)].double() * vr).float())
         b_O.append((attn.b_O.double().to(wl.device) * wl).sum(-1).float())
     return {
-        "heads": torch.stack(heads, 1), "b_O": torch.stack(b_O, 1), "embed": term(acts[act_name("embed")]),
+        "heads": torch.stack(heads, 1),
+        "b_O": torch.stack(b_O, 1),
+        "embed": term(acts[act_name("embed")]),
         "mlp": torch.stack([term(acts[act_name("mlp_out", l)]) for l in range(L)], 1),
-        "bias": bias, "reward": rewards.float(),
+        "bias": bias,
+        "reward": rewards.float(),
     }
 
 
@@ -357,14 +448,24 @@ def _split_rows(model, tok: Tokenized, terms: Dict[str, torch.Tensor], out: Dict
 
 def _as_inputs(pairs_or_texts):
     """(pairs, None) for preference pairs / a path; (None, [(prompt, response)]) for texts."""
-    if isinstance(pairs_or_texts, (list, tuple)) and pairs_or_texts and all(
-        isinstance(x, (tuple, list)) and len(x) == 2 and all(isinstance(s, str) for s in x) for x in pairs_or_texts
+    if (
+        isinstance(pairs_or_texts, (list, tuple))
+        and pairs_or_texts
+        and all(
+            isinstance(x, (tuple, list)) and len(x) == 2 and all(isinstance(s, str) for s in x)
+            for x in pairs_or_texts
+        )
     ):
         return None, [tuple(x) for x in pairs_or_texts]
-    if isinstance(pairs_or_texts, (PreferencePair, TokenPair, str)) or hasattr(pairs_or_texts, "__fspath__") \
-            or isinstance(pairs_or_texts, (list, tuple)):
+    if (
+        isinstance(pairs_or_texts, (PreferencePair, TokenPair, str))
+        or hasattr(pairs_or_texts, "__fspath__")
+        or isinstance(pairs_or_texts, (list, tuple))
+    ):
         return as_pairs(pairs_or_texts), None
-    raise TypeError("token_attribution takes preference pairs (or a pairs file) or a list of (prompt, response) tuples")
+    raise TypeError(
+        "token_attribution takes preference pairs (or a pairs file) or a list of (prompt, response) tuples"
+    )
 
 
 def token_attribution(
@@ -385,11 +486,21 @@ def token_attribution(
     check_token_level(model)
     pairs, texts = _as_inputs(pairs_or_texts)
     sides = SIDES_PAIR if pairs is not None else ("text",)
-    parts = {s: {k: [] for k in ("heads", "tokens", "readout", "embed", "mlp", "b_O", "bias", "reward")} for s in sides}
+    parts = {
+        s: {k: [] for k in ("heads", "tokens", "readout", "embed", "mlp", "b_O", "bias", "reward")}
+        for s in sides
+    }
     prompt_len: List[torch.Tensor] = []
     if pairs is not None:
-        pieces = run_pipeline(model, pairs, [TokenSpec()], batch_size=batch_size, ranks=Ranks(),
-                              padding_side=padding_side, progress=progress and "token attribution")["tokens"]
+        pieces = run_pipeline(
+            model,
+            pairs,
+            [TokenSpec()],
+            batch_size=batch_size,
+            ranks=Ranks(),
+            padding_side=padding_side,
+            progress=progress and "token attribution",
+        )["tokens"]
         for piece in pieces:
             for side in sides:
                 for k, v in piece[side].items():
@@ -404,11 +515,15 @@ def token_attribution(
         labels = [str(i) for i in range(len(texts))]
     cat = {s: {k: torch.cat(parts[s][k]) for k in ("embed", "mlp", "b_O", "bias", "reward")} for s in sides}
     return TokenAttributionResult(
-        pair_ids=labels, sides=sides,
-        tokens={s: parts[s]["tokens"] for s in sides}, heads={s: parts[s]["heads"] for s in sides},
+        pair_ids=labels,
+        sides=sides,
+        tokens={s: parts[s]["tokens"] for s in sides},
+        heads={s: parts[s]["heads"] for s in sides},
         readout={s: parts[s]["readout"] for s in sides},
-        embed={s: cat[s]["embed"] for s in sides}, mlp={s: cat[s]["mlp"] for s in sides},
-        b_O={s: cat[s]["b_O"] for s in sides}, bias={s: cat[s]["bias"] for s in sides},
+        embed={s: cat[s]["embed"] for s in sides},
+        mlp={s: cat[s]["mlp"] for s in sides},
+        b_O={s: cat[s]["b_O"] for s in sides},
+        bias={s: cat[s]["bias"] for s in sides},
         reward={s: cat[s]["reward"] for s in sides},
         prompt_len=torch.cat(prompt_len) if prompt_len else None,
     )

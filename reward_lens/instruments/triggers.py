@@ -33,8 +33,14 @@ import numpy as np
 import pandas as pd
 import torch
 
-from reward_lens.model.tokenization import INSERTION_POINTS, encode_pair, insertion_index
-from reward_lens.model.tokenization import model_input_format, render_pair, trim_after_readout
+from reward_lens.model.tokenization import (
+    INSERTION_POINTS,
+    encode_pair,
+    insertion_index,
+    model_input_format,
+    render_pair,
+    trim_after_readout,
+)
 from reward_lens.plotting import pyplot
 
 METHODS = ("fast", "naive")
@@ -151,8 +157,8 @@ def _items(model, pairs: Any, where: str, side: str) -> List[_Item]:
         shift = len(ids) - len(text_ids)
         if shift < 0 or ids[shift:] != list(text_ids):
             raise ValueError(
-                "the model's ids of this pair are not its rendered text's tokens; insertion points "
-                "need an input format whose text the tokenizer reproduces"
+                "the model's ids of this pair are not its rendered text's tokens; insertion points need "
+                "an input format whose text the tokenizer reproduces"
             )
         at = insertion_index(tok, prompt, response, where, fmt) + shift
         ids = trim_after_readout(model, ids)

@@ -29,13 +29,13 @@ import numpy as np
 import torch
 from jaxtyping import Float
 
-from reward_lens.core.readout import Tokenized, batches
 from reward_lens.core.directions import readout_direction
+from reward_lens.core.readout import Tokenized, batches
 from reward_lens.instruments.sites import component_sites
 from reward_lens.model.hooks import act_name
-from reward_lens.stats import bootstrap_indices, fisher_ci, percentile_ci
 from reward_lens.probes.suite import DIMENSIONS, probe_pairs, run_probes
 from reward_lens.representations.concepts import concept_vector
+from reward_lens.stats import bootstrap_indices, fisher_ci, percentile_ci
 
 RISING_ONLY = ("reward_length_corr",)  # quantities flagged only when they rise above the baseline
 
@@ -79,9 +79,9 @@ class BatchSignals:
     rewards = terms.sum(-1) + bias. lengths [n]: response lengths in RM tokens. resid: hook -> [n, d_model]
     residual at each readout."""
 
-    rewards: Float[torch.Tensor, "n"]
+    rewards: Float[torch.Tensor, " n"]
     terms: Float[torch.Tensor, "n component"]
-    bias: Float[torch.Tensor, "n"]
+    bias: Float[torch.Tensor, " n"]
     components: List[str]
     lengths: np.ndarray
     resid: Dict[str, torch.Tensor]
@@ -101,8 +101,12 @@ class BatchSignals:
     def metrics(self) -> Dict[str, float]:
         """Flat scalars for a training logger: reward mean/std, reward-length correlation, per component the
         attribution's mean and spread (std, ddof=0) over the batch."""
-        out = {"reward/mean": float(self.rewards.mean()), "reward/std": float(self.rewards.std(unbiased=False)),
-               "reward_length_corr": self.length_correlation(), "length/mean": float(self.lengths.mean())}
+        out = {
+            "reward/mean": float(self.rewards.mean()),
+            "reward/std": float(self.rewards.std(unbiased=False)),
+            "reward_length_corr": self.length_correlation(),
+            "length/mean": float(self.lengths.mean()),
+        }
         for j, c in enumerate(self.components):
             out[f"attr/{c}/mean"] = float(self.terms[:, j].mean())
             out[f"attr/{c}/std"] = float(self.terms[:, j].std(unbiased=False))
@@ -113,18 +117,27 @@ class BatchSignals:
         import pandas as pd
 
         n, k = self.terms.shape
-        return pd.DataFrame({
-            "item": np.repeat(np.arange(n), k), "component": self.components * n,
-            "term": self.terms.reshape(-1).numpy(), "reward": np.repeat(self.rewards.numpy(), k),
-            "length": np.repeat(self.lengths, k),
-        })
+        return pd.DataFrame(
+            {
+                "item": np.repeat(np.arange(n), k),
+                "component": self.components * n,
+                "term": self.terms.reshape(-1).numpy(),
+                "reward": np.repeat(self.rewards.numpy(), k),
+                "length": np.repeat(self.lengths, k),
+            }
+        )
 
     def summary(self):
         """Per component: mean and std of its term over the batch."""
         import pandas as pd
 
-        return pd.DataFrame({"component": self.components, "mean": self.terms.mean(0).numpy(),
-                             "std": self.terms.std(0, unbiased=False).numpy()})
+        return pd.DataFrame(
+            {
+                "component": self.components,
+                "mean": self.terms.mean(0).numpy(),
+                "std": self.terms.std(0, unbiased=False).numpy(),
+            }
+        )
 
     def plot(self, ax=None):
         """Mean attribution per component with its spread over the batch. Returns the Figure."""
@@ -143,13 +156,19 @@ class BatchSignals:
 
 @torch.no_grad()
 def score_batch(
-    model, prompts: Sequence[str], responses: Sequence[str], *, batch_size: int = 16,
+    model,
+    prompts: Sequence[str],
+    responses: Sequence[str],
+    *,
+    batch_size: int = 16,
     resid_hooks: Sequence[str] = (),
 ) -> BatchSignals:
     """Rewards of the texts and, from the same forward, their exact split over components (and the
     residuals at `resid_hooks`, at each readout). One readout-only cache per chunk of `batch_size`."""
     if len(prompts) != len(responses):
-        raise ValueError(f"got {len(prompts)} prompts but {len(responses)} responses; pass one response per prompt")
+        raise ValueError(
+            f"got {len(prompts)} prompts but {len(responses)} responses; pass one response per prompt"
+        )
     if not prompts:
         raise ValueError("no texts to score; pass at least one (prompt, response)")
     comps = component_hooks(model.cfg)
@@ -159,8 +178,13 @@ def score_batch(
     resid: Dict[str, List[torch.Tensor]] = {h: [] for h in resid_hooks}
     for sl in batches(len(prompts), batch_size):
         tok = encode(model, prompts[sl], responses[sl])
-        out, cache = model.run_with_cache(tok.input_ids, attention_mask=tok.attention_mask, readout_only=True,
-                                          readout_positions=tok.readout, names_filter=names)
+        out, cache = model.run_with_cache(
+            tok.input_ids,
+            attention_mask=tok.attention_mask,
+            readout_only=True,
+            readout_positions=tok.readout,
+            names_filter=names,
+        )
         direction, bias = readout_direction(model, tok)
         w = direction / cache[scale_name].reshape(-1, 1).float()  # the map each residual term goes through
         terms.append(torch.stack([(cache[h][:, 0].float() * w).sum(-1) for h in comps.values()], -1).cpu())
@@ -168,8 +192,14 @@ def score_batch(
         biases.append(bias.cpu())
         for h in resid_hooks:
             resid[h].append(cache[h][:, 0].float().cpu())
-    return BatchSignals(torch.cat(rewards), torch.cat(terms), torch.cat(biases), list(comps),
-                        response_lengths(model, responses), {h: torch.cat(v) for h, v in resid.items()})
+    return BatchSignals(
+        torch.cat(rewards),
+        torch.cat(terms),
+        torch.cat(biases),
+        list(comps),
+        response_lengths(model, responses),
+        {h: torch.cat(v) for h, v in resid.items()},
+    )
 
 
 # --------------------------------------------------------------------------------------- estimates, drift
@@ -213,7 +243,13 @@ ConceptSpec = Union[None, Sequence[str], Mapping[str, object]]
 
 
 def build_concepts(
-    model, spec: ConceptSpec, prompts: Sequence[str], responses: Sequence[str], layer: int, *, batch_size: int = 16,
+    model,
+    spec: ConceptSpec,
+    prompts: Sequence[str],
+    responses: Sequence[str],
+    layer: int,
+    *,
+    batch_size: int = 16,
 ) -> Tuple[Dict[str, torch.Tensor], Dict[str, float]]:
     """Unit concept directions at `layer` (resid_post) and their cosine with the reward direction.
 
@@ -233,9 +269,16 @@ def build_concepts(
 
 
 def measure(
-    model, prompts: Sequence[str], responses: Sequence[str], *, probes: Optional[Sequence[str]] = None,
-    concepts: Optional[Mapping[str, torch.Tensor]] = None, concept_layer: int = -1, n_boot: int = 1000,
-    seed: int = 0, batch_size: int = 16,
+    model,
+    prompts: Sequence[str],
+    responses: Sequence[str],
+    *,
+    probes: Optional[Sequence[str]] = None,
+    concepts: Optional[Mapping[str, torch.Tensor]] = None,
+    concept_layer: int = -1,
+    n_boot: int = 1000,
+    seed: int = 0,
+    batch_size: int = 16,
 ) -> Dict[str, Dict[str, Optional[float]]]:
     """The tracked quantities of one sample of texts (see the module docstring), each an estimate dict.
 
@@ -244,7 +287,9 @@ def measure(
     """
     layer = concept_layer % model.cfg.n_layers
     hook = act_name("resid_post", layer)
-    sig = score_batch(model, prompts, responses, batch_size=batch_size, resid_hooks=[hook] if concepts else [])
+    sig = score_batch(
+        model, prompts, responses, batch_size=batch_size, resid_hooks=[hook] if concepts else []
+    )
     out = {"reward": mean_estimate(sig.rewards.numpy(), n_boot, seed)}
     shares = sig.shares().numpy()
     for j, c in enumerate(sig.components):
@@ -253,8 +298,14 @@ def measure(
     for name, v in (concepts or {}).items():
         out[f"concept/{name}"] = mean_estimate((sig.resid[hook] @ v.float()).numpy(), n_boot, seed)
     if probes:
-        res = run_probes(model, items=list(zip(prompts, responses)), dimensions=list(probes), batch_size=batch_size,
-                         n_boot=max(n_boot, 100), seed=seed)
+        res = run_probes(
+            model,
+            items=list(zip(prompts, responses)),
+            dimensions=list(probes),
+            batch_size=batch_size,
+            n_boot=max(n_boot, 100),
+            seed=seed,
+        )
         for row in res.rows:
             out[f"probe/{row['dimension']}"] = estimate(row["effect"], row["ci_low"], row["ci_high"])
     return out

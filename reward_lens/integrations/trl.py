@@ -67,7 +67,8 @@ def _messages(x: Any) -> List[Dict[str, str]]:
     if isinstance(x, (list, tuple)) and x and all(isinstance(m, Mapping) and "content" in m for m in x):
         return [{"role": str(m.get("role", "user")), "content": _content(m["content"])} for m in x]
     raise TypeError(
-        f"a prompt or completion must be a string or a list of {{'role', 'content'}} messages, got {type(x).__name__}"
+        "a prompt or completion must be a string or a list of {'role', 'content'} messages, got "
+        f"{type(x).__name__}"
     )
 
 
@@ -98,19 +99,29 @@ def _unhashable(x: Any) -> Any:
 
 
 class RewardLensReward:
-    """A TRL reward function scoring with a HookedRewardModel and recording where each batch's reward comes from.
+    """A TRL reward function scoring with a HookedRewardModel and recording where each batch's reward comes
+    from.
 
     `history`: one dict per call (step, n, reward/mean, reward/std, reward_length_corr, length/mean,
     attr/<component>/mean and /std). `recent`: the last `keep` (prompt, completion) texts, the callback's
     sample pool. `last`: the last call's `BatchSignals` (per-completion terms). `seconds`: time spent here.
     """
 
-    def __init__(self, model, *, batch_size: int = 16, keep: int = 256, name: str = "reward_lens",
-                 log_metrics: bool = True):
+    def __init__(
+        self,
+        model,
+        *,
+        batch_size: int = 16,
+        keep: int = 256,
+        name: str = "reward_lens",
+        log_metrics: bool = True,
+    ):
         if batch_size < 1 or keep < 1:
             raise ValueError(f"batch_size and keep must be >= 1, got batch_size={batch_size}, keep={keep}")
         if getattr(model, "tokenizer", None) is None:
-            raise ValueError("the reward model has no tokenizer; set model.tokenizer before scoring text completions")
+            raise ValueError(
+                "the reward model has no tokenizer; set model.tokenizer before scoring text completions"
+            )
         self.model = model
         self.batch_size = batch_size
         self.log_metrics = log_metrics
@@ -124,8 +135,9 @@ class RewardLensReward:
     def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> List[float]:
         start = time.perf_counter()
         if len(prompts) != len(completions):
-            raise ValueError(f"got {len(prompts)} prompts but {len(completions)} completions; TRL passes one "
-                             "each")
+            raise ValueError(
+                f"got {len(prompts)} prompts but {len(completions)} completions; TRL passes one each"
+            )
         inputs = [as_model_input(p, c) for p, c in zip(prompts, completions)]
         texts_p, texts_r = [p for p, _ in inputs], [c for _, c in inputs]
         sig = score_batch(self.model, texts_p, texts_r, batch_size=self.batch_size)
@@ -164,7 +176,8 @@ def _flat(metrics: Mapping[str, Mapping[str, Optional[float]]]) -> Dict[str, flo
 
 
 class RewardLensCallback(TrainerCallback):
-    """Baseline and every-`every`-steps measurements of the policy's recent completions; see the module docstring.
+    """Baseline and every-`every`-steps measurements of the policy's recent completions; see the module
+    docstring.
 
     probes: hacking-probe dimensions run on the sample (None: all; () or []: none). concepts: names (a probe
     dimension gets its contrast set from the baseline sample's probe pairs; a bundled contrast set name is
@@ -173,14 +186,30 @@ class RewardLensCallback(TrainerCallback):
     sets it). `log_path` is rewritten at the start of each training run.
     """
 
-    def __init__(self, reward_fn: RewardLensReward, *, every: int = 50, sample_size: int = 32,
-                 log_path: Union[str, Path] = "reward_lens_monitor.jsonl", probes: Optional[Sequence[str]] = None,
-                 concepts: Union[None, Sequence[str], Mapping[str, Any]] = None, concept_layer: int = -1,
-                 n_boot: int = 1000, seed: int = 0, trainer: Any = None):
+    def __init__(
+        self,
+        reward_fn: RewardLensReward,
+        *,
+        every: int = 50,
+        sample_size: int = 32,
+        log_path: Union[str, Path] = "reward_lens_monitor.jsonl",
+        probes: Optional[Sequence[str]] = None,
+        concepts: Union[None, Sequence[str], Mapping[str, Any]] = None,
+        concept_layer: int = -1,
+        n_boot: int = 1000,
+        seed: int = 0,
+        trainer: Any = None,
+    ):
         if not isinstance(reward_fn, RewardLensReward):
-            raise TypeError(f"reward_fn must be a RewardLensReward (the function the trainer scores with), got {type(reward_fn).__name__}")
+            raise TypeError(
+                "reward_fn must be a RewardLensReward (the function the trainer scores with), got "
+                f"{type(reward_fn).__name__}"
+            )
         if every < 1 or sample_size < 4:
-            raise ValueError(f"need every >= 1 and sample_size >= 4 (intervals need a few items), got {every}, {sample_size}")
+            raise ValueError(
+                f"need every >= 1 and sample_size >= 4 (intervals need a few items), got {every}, "
+                f"{sample_size}"
+            )
         self.probes = list(DIMENSIONS) if probes is None else list(probes)
         unknown = [p for p in self.probes if p not in DIMENSIONS]
         if unknown:
@@ -205,19 +234,29 @@ class RewardLensCallback(TrainerCallback):
     # ------------------------------------------------------------------------------------------ events
     def on_train_begin(self, args, state, control, **kwargs):
         if self.trainer is None:
-            raise ValueError("RewardLensCallback needs the trainer to log through: use "
-                             "reward_lens.integrations.trl.watch(trainer, reward_fn) or pass trainer=")
+            raise ValueError(
+                "RewardLensCallback needs the trainer to log through: use "
+                "reward_lens.integrations.trl.watch(trainer, reward_fn) or pass trainer="
+            )
         self.baseline, self.records, self._written = None, [], len(self.reward_fn.history)
         self._last_tick, self._step_times = time.perf_counter(), []
         if state.is_world_process_zero:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             self.log_path.write_text("")
             model = self.reward_fn.model
-            self._write({"kind": "run", "format": 1, "model": getattr(model.cfg, "model_name", None),
-                         "every": self.every,
-                         "sample_size": self.sample_size, "probes": self.probes,
-                         "concepts": list(self.concept_spec), "concept_layer": self.concept_layer % model.cfg.n_layers,
-                         "time": time.time()})
+            self._write(
+                {
+                    "kind": "run",
+                    "format": 1,
+                    "model": getattr(model.cfg, "model_name", None),
+                    "every": self.every,
+                    "sample_size": self.sample_size,
+                    "probes": self.probes,
+                    "concepts": list(self.concept_spec),
+                    "concept_layer": self.concept_layer % model.cfg.n_layers,
+                    "time": time.time(),
+                }
+            )
 
     def on_step_end(self, args, state, control, **kwargs):
         now = time.perf_counter()
@@ -228,7 +267,8 @@ class RewardLensCallback(TrainerCallback):
         self._flush_batches(state)
         have = len(self.reward_fn.sample(self.sample_size)[0])
         if self.baseline is None:
-            # The first full sample is the initial policy's; with small batches wait for it until step `every`.
+            # The first full sample is the initial policy's; with small batches wait for it until step
+            # `every`.
             if have >= self.sample_size or (have >= 4 and state.global_step >= self.every):
                 self.check(state, "baseline")
         elif state.global_step % self.every == 0 and have >= 4:
@@ -243,21 +283,44 @@ class RewardLensCallback(TrainerCallback):
         model = self.reward_fn.model
         extra = {}
         if kind == "baseline":
-            self.concepts, cosines = build_concepts(model, self.concept_spec, prompts, responses, self.concept_layer,
-                                                    batch_size=self.reward_fn.batch_size)
+            self.concepts, cosines = build_concepts(
+                model,
+                self.concept_spec,
+                prompts,
+                responses,
+                self.concept_layer,
+                batch_size=self.reward_fn.batch_size,
+            )
             extra["concept_cosines"] = cosines
-        metrics = measure(model, prompts, responses, probes=self.probes, concepts=self.concepts,
-                          concept_layer=self.concept_layer, n_boot=self.n_boot, seed=self.seed,
-                          batch_size=self.reward_fn.batch_size)
+        metrics = measure(
+            model,
+            prompts,
+            responses,
+            probes=self.probes,
+            concepts=self.concepts,
+            concept_layer=self.concept_layer,
+            n_boot=self.n_boot,
+            seed=self.seed,
+            batch_size=self.reward_fn.batch_size,
+        )
         flags = drift_flags(metrics, self.baseline) if self.baseline is not None else []
         if kind == "baseline":
             self.baseline = metrics
         cost = time.perf_counter() - start
         step_s = sum(self._step_times) / len(self._step_times) if self._step_times else None
         self._step_times = []
-        record = {"kind": kind, "step": state.global_step, "n": len(prompts), "metrics": metrics, "flags": flags,
-                  "cost_s": cost, "mean_step_s": step_s,
-                  "overhead": cost / (self.every * step_s) if step_s else None, **extra, "time": time.time()}
+        record = {
+            "kind": kind,
+            "step": state.global_step,
+            "n": len(prompts),
+            "metrics": metrics,
+            "flags": flags,
+            "cost_s": cost,
+            "mean_step_s": step_s,
+            "overhead": cost / (self.every * step_s) if step_s else None,
+            **extra,
+            "time": time.time(),
+        }
         self.records.append(record)
         self._write(record)
         flat = _flat(metrics)
@@ -268,21 +331,34 @@ class RewardLensCallback(TrainerCallback):
     def _flush_batches(self, state) -> None:
         """The reward function's per-batch records since the last step, to the JSONL (and to the trainer's
         log when the trainer did not pass TRL's `log_metric`)."""
-        new = self.reward_fn.history[self._written:]
+        new = self.reward_fn.history[self._written :]
         self._written = len(self.reward_fn.history)
         for rec in new:
-            self._write({"kind": "batch", **{k: (v if not isinstance(v, float) or math.isfinite(v) else None)
-                                             for k, v in rec.items()}})
+            self._write(
+                {
+                    "kind": "batch",
+                    **{
+                        k: (v if not isinstance(v, float) or math.isfinite(v) else None)
+                        for k, v in rec.items()
+                    },
+                }
+            )
         if new and not self.reward_fn.logged_via_trainer:
             last = new[-1]
-            self._log({LOG_PREFIX + k: v for k, v in last.items()
-                       if k not in ("step", "n") and isinstance(v, float) and math.isfinite(v)})
+            self._log(
+                {
+                    LOG_PREFIX + k: v
+                    for k, v in last.items()
+                    if k not in ("step", "n") and isinstance(v, float) and math.isfinite(v)
+                }
+            )
 
     def _log(self, logs: Dict[str, float]) -> None:
         # transformers.Trainer.log itself (not a subclass override: GRPO's would flush and average its own
         # pending metrics into this entry): it appends to state.log_history and calls every callback's
         # on_log, which is how report_to backends (TensorBoard, W&B, ...) receive values.
-        # The callback handler's on_log clears control.should_log: keep the trainer's own logging of this step.
+        # The callback handler's on_log clears control.should_log: keep the trainer's own logging of this
+        # step.
         from transformers import Trainer
 
         control = self.trainer.control
@@ -296,5 +372,6 @@ class RewardLensCallback(TrainerCallback):
 
 
 def watch(trainer, reward_fn: RewardLensReward, **kwargs: Any) -> RewardLensCallback:
-    """Add a `RewardLensCallback` for `reward_fn` to `trainer`, logging through it; kwargs as the callback's."""
+    """Add a `RewardLensCallback` for `reward_fn` to `trainer`, logging through it; kwargs as the
+    callback's."""
     return RewardLensCallback(reward_fn, **kwargs).attach(trainer)

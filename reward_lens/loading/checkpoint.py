@@ -9,8 +9,6 @@ import warnings
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple, Union
 
-import torch
-
 from reward_lens.converters import StateDict, get_weight_map, supported_architectures
 from reward_lens.converters.openrlhf import warn_if_relabelled
 from reward_lens.loading.checks import CheckpointError, check_overrides, read_json
@@ -18,6 +16,8 @@ from reward_lens.model.config import RewardModelConfig
 
 HOOKED_CONFIG = "reward_lens_config.json"
 HOOKED_WEIGHTS = "model.safetensors"
+
+
 def resolve_checkpoint_dir(path_or_id: Union[str, Path]) -> Path:
     """A local directory as is; otherwise a hub id, downloaded (weights, config, tokenizer files only)."""
     path = Path(path_or_id).expanduser()
@@ -40,14 +40,16 @@ def resolve_checkpoint_dir(path_or_id: Union[str, Path]) -> Path:
     except Exception as exc:  # offline, unknown repo, gated repo, ...
         raise FileNotFoundError(
             f"could not fetch {str(path_or_id)!r} from the HuggingFace hub ({type(exc).__name__}: "
-            f"{(str(exc).strip().splitlines() or [''])[0][:160]}); "
-            "download it where the hub is reachable and pass the local directory"
+            f"{(str(exc).strip().splitlines() or [''])[0][:160]}); download it where the hub is reachable "
+            "and pass the local directory"
         ) from None
 
 
 def load_tokenizer(directory: Path):
     """The checkpoint's tokenizer, or None (with a warning) when it ships none."""
-    has_files = any((directory / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"))
+    has_files = any(
+        (directory / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+    )
     if not has_files:
         return None
     try:
@@ -55,7 +57,10 @@ def load_tokenizer(directory: Path):
 
         return AutoTokenizer.from_pretrained(str(directory))
     except Exception as exc:
-        warnings.warn(f"tokenizer files in {directory} could not be loaded ({exc}); model.to_tokens will not work")
+        warnings.warn(
+            f"tokenizer files in {directory} could not be loaded ({exc}); model.to_tokens will not work",
+            stacklevel=2,
+        )
         return None
 
 
@@ -73,12 +78,14 @@ def load_hf_config(directory: Path, overrides: Optional[Dict[str, Any]] = None):
         config = AutoConfig.for_model(model_type, **{k: v for k, v in raw.items() if k != "model_type"})
     except (ValueError, KeyError, TypeError) as exc:
         if model_type is not None and "model_type" not in str(exc) and "Unrecognized" not in str(exc):
-            raise CheckpointError(f"{directory / 'config.json'} is invalid for model_type {model_type!r}: "
-                                  f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+            raise CheckpointError(
+                f"{directory / 'config.json'} is invalid for model_type {model_type!r}: "
+                f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+            ) from None
         raise ValueError(
             f"config.json in {directory} has model_type {model_type!r}, which transformers does not know; "
-            f"supported architectures: {', '.join(supported_architectures())} (generic loading was tried too: it "
-            "needs a model type transformers knows)"
+            f"supported architectures: {', '.join(supported_architectures())} (generic loading was tried "
+            "too: it needs a model type transformers knows)"
         ) from None
     check_overrides(config, overrides or {})  # a misspelled option is an error, as in transformers
     for key, value in (overrides or {}).items():
@@ -95,24 +102,38 @@ def has_native_weight_map(hf_config) -> bool:
         return False
 
 
-def convert_weights(hf_config, hf_state_dict: StateDict, source: str = "the checkpoint") -> Tuple[RewardModelConfig, StateDict]:
-    """transformers config + state dict -> our config and (unfolded) weights, by the architecture's weight map."""
+def convert_weights(
+    hf_config, hf_state_dict: StateDict, source: str = "the checkpoint"
+) -> Tuple[RewardModelConfig, StateDict]:
+    """transformers config + state dict -> our config and (unfolded) weights, by the architecture's weight
+    map."""
     weight_map = get_weight_map(hf_config)
     warn_if_relabelled(hf_config, weight_map.architecture)
     cfg = weight_map.build_config(hf_config)
     try:
         return cfg, weight_map.convert(hf_state_dict, cfg, hf_config)
     except KeyError as exc:
-        raise CheckpointError(f"{source} lacks tensor {exc.args[0]!r}; the checkpoint is incomplete") from None
+        raise CheckpointError(
+            f"{source} lacks tensor {exc.args[0]!r}; the checkpoint is incomplete"
+        ) from None
 
 
 def convert_state_dict(
-    cls, hf_config, hf_state_dict: StateDict, *, tokenizer=None, device=None, dtype=None, fold_ln=True,
+    cls,
+    hf_config,
+    hf_state_dict: StateDict,
+    *,
+    tokenizer=None,
+    device=None,
+    dtype=None,
+    fold_ln=True,
     source: str = "the checkpoint",
 ):
     """transformers config + state dict -> a `cls` (HookedRewardModel) model (norms optionally folded)."""
     cfg, sd = convert_weights(hf_config, hf_state_dict, source)
-    return cls.from_state_dict(cfg, sd, tokenizer=tokenizer, device=device, dtype=dtype, fold_ln=fold_ln, source=source)
+    return cls.from_state_dict(
+        cfg, sd, tokenizer=tokenizer, device=device, dtype=dtype, fold_ln=fold_ln, source=source
+    )
 
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".index.json")
@@ -137,13 +158,15 @@ def save_hooked(model, path: Union[str, Path], overwrite: bool = False) -> None:
     if theirs and not overwrite:
         raise CheckpointError(
             f"save_pretrained: {str(path)!r} holds another checkpoint ({', '.join(theirs[:4])}), e.g. the "
-            "one this "
-            "model was loaded from; the hooked format would replace its weights and transformers would then "
-            "load "
-            "a randomly initialised head: save into a new directory, or pass overwrite=True")
+            "one this model was loaded from; the hooked format would replace its weights and transformers "
+            "would then load a randomly initialised head: save into a new directory, or pass "
+            "overwrite=True"
+        )
     path.mkdir(parents=True, exist_ok=True)
     (path / HOOKED_CONFIG).write_text(json.dumps(model.cfg.to_dict(), indent=1))
-    save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, str(path / HOOKED_WEIGHTS))
+    save_file(
+        {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, str(path / HOOKED_WEIGHTS)
+    )
     if model.tokenizer is not None:
         model.tokenizer.save_pretrained(str(path))
 

@@ -35,23 +35,31 @@ def read_json(path: Path) -> Dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{path} is not valid JSON (line {exc.lineno} column {exc.colno}: {exc.msg}); "
-                              "repair or re-download it") from None
+        raise CheckpointError(
+            f"{path} is not valid JSON (line {exc.lineno} column {exc.colno}: {exc.msg}); repair or "
+            "re-download it"
+        ) from None
     except UnicodeDecodeError:
         raise CheckpointError(f"{path} is not UTF-8 text; repair or re-download it") from None
     if not isinstance(data, dict):
-        raise CheckpointError(f"{path} holds a JSON {type(data).__name__}, not an object; repair or re-download it")
+        raise CheckpointError(
+            f"{path} holds a JSON {type(data).__name__}, not an object; repair or re-download it"
+        )
     return data
 
 
 def _corrupt(path: Path, exc: Exception) -> CheckpointError:
-    return CheckpointError(f"weight file {path} is corrupt or truncated ({type(exc).__name__}: "
-                           f"{str(exc).splitlines()[0] if str(exc) else ''}); re-download or re-save it")
+    return CheckpointError(
+        f"weight file {path} is corrupt or truncated ({type(exc).__name__}: "
+        f"{str(exc).splitlines()[0] if str(exc) else ''}); re-download or re-save it"
+    )
 
 
 def _check_file(path: Path) -> None:
     if not path.exists():
-        raise CheckpointError(f"weight file {path} is missing (named by the checkpoint's index); re-download it")
+        raise CheckpointError(
+            f"weight file {path} is missing (named by the checkpoint's index); re-download it"
+        )
     if path.stat().st_size == 0:
         raise CheckpointError(f"weight file {path} is empty; re-download or re-save the checkpoint")
 
@@ -69,8 +77,16 @@ def load_safetensors(path: Path) -> Dict[str, torch.Tensor]:
 
 
 SAFETENSORS_DTYPES = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "I64": torch.int64,
-    "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
 }
 
 
@@ -97,14 +113,17 @@ def safetensors_header(path: Path) -> Tuple[Dict[str, Dict[str, Any]], int]:
             numel = math.prod(int(d) for d in v["shape"])
             nbytes = numel * SAFETENSORS_DTYPES[v["dtype"]].itemsize
             if min(int(d) for d in v["shape"] or [0]) < 0 or nbytes != hi - lo:
-                raise ValueError(f"tensor {name!r} of shape {list(v['shape'])} does not match its {hi - lo} "
-                                 "data bytes")
+                raise ValueError(
+                    f"tensor {name!r} of shape {list(v['shape'])} does not match its {hi - lo} data bytes"
+                )
     except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as exc:
         raise _corrupt(path, exc) from None
     return entries, 8 + n
 
 
-def read_safetensors_tensor(path: Path, entry: Dict[str, Any], data_start: int, file: Any = None) -> torch.Tensor:
+def read_safetensors_tensor(
+    path: Path, entry: Dict[str, Any], data_start: int, file: Any = None
+) -> torch.Tensor:
     """One tensor of a safetensors file read straight into a fresh tensor (a plain read, no memory map: the
     file's pages never count as this process's memory, and the tensor owns its storage)."""
     t = torch.empty([int(d) for d in entry["shape"]], dtype=SAFETENSORS_DTYPES[entry["dtype"]])
@@ -170,42 +189,65 @@ def check_hf_tensors(hf_config: Any, sd: Mapping[str, torch.Tensor], directory: 
     missing = sorted(k for k in expected if k not in sd and not (tied and k.endswith("lm_head.weight")))
     if missing:
         hint = ""
-        if "score.weight" in missing and "value_head.weight" in sd:  # an OpenRLHF head under a transformers name
-            hint = ("; it holds value_head.weight, OpenRLHF's head: set architectures to ['RewardModel'] in "
-                    "config.json (as OpenRLHF saves it) to load it natively")
-        raise CheckpointError(f"{_where(missing[0], files, directory)} lacks tensor(s) {_listing(missing)} that "
-                              f"{type(hf_config).__name__.replace('Config', '')} needs; the checkpoint is incomplete{hint}")
+        if (
+            "score.weight" in missing and "value_head.weight" in sd
+        ):  # an OpenRLHF head under a transformers name
+            hint = (
+                "; it holds value_head.weight, OpenRLHF's head: set architectures to ['RewardModel'] in "
+                "config.json (as OpenRLHF saves it) to load it natively"
+            )
+        raise CheckpointError(
+            f"{_where(missing[0], files, directory)} lacks tensor(s) {_listing(missing)} that "
+            f"{type(hf_config).__name__.replace('Config', '')} needs; the checkpoint is incomplete{hint}"
+        )
     unexpected = sorted(k for k in sd if k not in expected and not k.endswith("inv_freq"))
     if unexpected:
-        warnings.warn(f"{directory}: unused tensor(s) in the checkpoint: {_listing(unexpected)} (ignored, as transformers does)")
+        warnings.warn(
+            f"{directory}: unused tensor(s) in the checkpoint: {_listing(unexpected)} (ignored, as "
+            "transformers does)",
+            stacklevel=2,
+        )
     for name, shape in expected.items():
         got = sd[name]
         if tuple(got.shape) != tuple(shape):
             hint = ""
             if name.endswith("score.weight"):
-                hint = (f"; config.json says num_labels={getattr(hf_config, 'num_labels', '?')} but the head has "
-                        f"{got.shape[0]} output(s): fix num_labels in config.json")
-            raise CheckpointError(f"{_where(name, files, directory)}: tensor {name} has shape {tuple(got.shape)}, the "
-                                  f"config implies {tuple(shape)}{hint or '; config.json and weights disagree'}")
+                hint = (
+                    f"; config.json says num_labels={getattr(hf_config, 'num_labels', '?')} but the head "
+                    f"has {got.shape[0]} output(s): fix num_labels in config.json"
+                )
+            raise CheckpointError(
+                f"{_where(name, files, directory)}: tensor {name} has shape {tuple(got.shape)}, the config "
+                f"implies {tuple(shape)}{hint or '; config.json and weights disagree'}"
+            )
         if got.is_floating_point() is False and not name.endswith("inv_freq"):
-            raise CheckpointError(f"{_where(name, files, directory)}: tensor {name} has dtype {got.dtype}; weights must "
-                                  "be floating point (float32/bfloat16/float16)")
+            raise CheckpointError(
+                f"{_where(name, files, directory)}: tensor {name} has dtype {got.dtype}; weights must be "
+                "floating point (float32/bfloat16/float16)"
+            )
 
 
-def check_state_dict(expected: Mapping[str, torch.Tensor], sd: Mapping[str, torch.Tensor], source: str) -> None:
+def check_state_dict(
+    expected: Mapping[str, torch.Tensor], sd: Mapping[str, torch.Tensor], source: str
+) -> None:
     """Converted (hooked-convention) weights against the model they load into."""
     missing = sorted(k for k in expected if k not in sd)
     unexpected = sorted(k for k in sd if k not in expected)
     if missing or unexpected:
         parts = ([f"lacks tensor(s) {_listing(missing)}"] if missing else []) + (
-            [f"has unexpected tensor(s) {_listing(unexpected)}"] if unexpected else [])
+            [f"has unexpected tensor(s) {_listing(unexpected)}"] if unexpected else []
+        )
         raise CheckpointError(f"{source} {' and '.join(parts)}; the checkpoint does not match its config")
     for name, ref in expected.items():
         if tuple(sd[name].shape) != tuple(ref.shape):
-            raise CheckpointError(f"{source}: tensor {name} has shape {tuple(sd[name].shape)}, the config implies "
-                                  f"{tuple(ref.shape)}; config and weights disagree")
+            raise CheckpointError(
+                f"{source}: tensor {name} has shape {tuple(sd[name].shape)}, the config implies "
+                f"{tuple(ref.shape)}; config and weights disagree"
+            )
         if not sd[name].is_floating_point():
-            raise CheckpointError(f"{source}: tensor {name} has dtype {sd[name].dtype}; weights must be floating point")
+            raise CheckpointError(
+                f"{source}: tensor {name} has dtype {sd[name].dtype}; weights must be floating point"
+            )
 
 
 def all_finite(t: torch.Tensor, chunk: int = 1 << 22) -> bool:
@@ -219,8 +261,10 @@ def check_finite_weights(tensors: Iterable[tuple], source: str) -> None:
     """One pass over (name, tensor); NaN or inf weights are named (every instrument would compute on them)."""
     bad = [name for name, t in tensors if t.is_floating_point() and not all_finite(t)]
     if bad:
-        raise CheckpointError(f"{source}: non-finite (NaN/inf) values in tensor(s) {_listing(bad)}; the weights are "
-                              "damaged (re-download them, or check the dtype they were saved in)")
+        raise CheckpointError(
+            f"{source}: non-finite (NaN/inf) values in tensor(s) {_listing(bad)}; the weights are damaged "
+            "(re-download them, or check the dtype they were saved in)"
+        )
 
 
 def check_tokenizer_vocab(tokenizer: Any, d_vocab: int, source: str) -> None:
@@ -228,15 +272,21 @@ def check_tokenizer_vocab(tokenizer: Any, d_vocab: int, source: str) -> None:
         return
     n = len(tokenizer)
     if n > d_vocab:
-        raise CheckpointError(f"{source}: the tokenizer has {n} tokens but the model's embedding only {d_vocab} rows, so "
-                              "ids >= {0} would read no embedding; use the tokenizer that ships with this model".format(d_vocab))
+        raise CheckpointError(
+            f"{source}: the tokenizer has {n} tokens but the model's embedding only {d_vocab} rows, so ids "
+            ">= {0} would read no embedding; use the tokenizer that ships with this model".format(d_vocab)
+        )
 
 
 def check_overrides(config: Any, overrides: Mapping[str, Any], known: Optional[Iterable[str]] = None) -> None:
-    """Keyword arguments of `from_pretrained` that are neither loader options nor config fields: a TypeError."""
+    """Keyword arguments of `from_pretrained` that are neither loader options nor config fields: a
+    TypeError."""
     names = set(known) if known is not None else None
     for key in overrides:
         ok = key in names if names is not None else hasattr(config, key)
         if not ok:
-            raise TypeError(f"from_pretrained() got an unexpected keyword argument {key!r} (neither a loading option "
-                            "(device, dtype, fold_ln, generic, module_map, tokenizer, n_devices, device_map) nor a config field)")
+            raise TypeError(
+                f"from_pretrained() got an unexpected keyword argument {key!r} (neither a loading option "
+                "(device, dtype, fold_ln, generic, module_map, tokenizer, n_devices, device_map) nor a "
+                "config field)"
+            )

@@ -26,10 +26,10 @@ from typing import Any, Dict, Union
 
 import torch
 
-from reward_lens.converters.registry import StateDict
-from reward_lens.model.heads.scalar import RewardHead
 from reward_lens.converters.llama import rope_inverse_frequencies
+from reward_lens.converters.registry import StateDict
 from reward_lens.model.devices import resolve_dtype
+from reward_lens.model.heads.scalar import RewardHead
 
 ARCHITECTURE = "LlamaForSequenceClassification"
 
@@ -39,12 +39,19 @@ def _check_exportable(model) -> None:
     problems = []
     linear_head = isinstance(model.reward_head, RewardHead)
     if not linear_head:
-        problems.append(f"head_type={cfg.head_type!r} (only a linear score head maps onto transformers' Llama)")
+        problems.append(
+            f"head_type={cfg.head_type!r} (only a linear score head maps onto transformers' Llama)"
+        )
     if any(w is not None for w in cfg.window_sizes):
         problems.append("sliding-window attention")
     if cfg.qk_norm:
         problems.append("q/k norms (Qwen3)")
-    if cfg.post_norms or cfg.norm_weight_offset or cfg.embed_scale is not None or cfg.attn_scores_soft_cap is not None:
+    if (
+        cfg.post_norms
+        or cfg.norm_weight_offset
+        or cfg.embed_scale is not None
+        or cfg.attn_scores_soft_cap is not None
+    ):
         problems.append("Gemma-style norms / embedding scale / soft-capping")
     if abs(cfg.attn_scale - cfg.d_head**0.5) > 1e-6 * cfg.attn_scale:
         problems.append(f"attention scale {cfg.attn_scale} != sqrt(d_head)")
@@ -71,7 +78,9 @@ def _rope_parameters(model, hf_config: Any) -> Dict[str, Any]:
         return params
     inv_freq = model.rotary.inv_freq.double()
     if inv_freq.numel() < 2 or model.cfg.rotary_attention_scaling != 1.0:
-        raise ValueError("cannot infer this model's RoPE settings; pass hf_config=<the original transformers config>")
+        raise ValueError(
+            "cannot infer this model's RoPE settings; pass hf_config=<the original transformers config>"
+        )
     dim = 2 * inv_freq.numel()
     theta = float(inv_freq[1] ** (-dim / 2.0))
     return {"rope_type": "default", "rope_theta": theta}
@@ -83,15 +92,28 @@ def llama_config(model, hf_config: Any = None):
 
     cfg = model.cfg
     attention_bias = any(
-        bool((getattr(b.attn, name) != 0).any()) for b in model.blocks for name in ("b_Q", "b_K", "b_V", "b_O")
+        bool((getattr(b.attn, name) != 0).any())
+        for b in model.blocks
+        for name in ("b_Q", "b_K", "b_V", "b_O")
     )
     mlp_bias = any(bool((b.mlp.b_in != 0).any()) or bool((b.mlp.b_out != 0).any()) for b in model.blocks)
     config = LlamaConfig(
-        vocab_size=cfg.d_vocab, hidden_size=cfg.d_model, intermediate_size=cfg.d_mlp,
-        num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_key_value_heads,
-        head_dim=cfg.d_head, max_position_embeddings=cfg.n_ctx, rms_norm_eps=cfg.eps, hidden_act=cfg.act_fn,
-        num_labels=cfg.n_outputs, pad_token_id=cfg.pad_token_id, attention_bias=attention_bias, mlp_bias=mlp_bias,
-        tie_word_embeddings=False, rope_parameters=_rope_parameters(model, hf_config),
+        vocab_size=cfg.d_vocab,
+        hidden_size=cfg.d_model,
+        intermediate_size=cfg.d_mlp,
+        num_hidden_layers=cfg.n_layers,
+        num_attention_heads=cfg.n_heads,
+        num_key_value_heads=cfg.n_key_value_heads,
+        head_dim=cfg.d_head,
+        max_position_embeddings=cfg.n_ctx,
+        rms_norm_eps=cfg.eps,
+        hidden_act=cfg.act_fn,
+        num_labels=cfg.n_outputs,
+        pad_token_id=cfg.pad_token_id,
+        attention_bias=attention_bias,
+        mlp_bias=mlp_bias,
+        tie_word_embeddings=False,
+        rope_parameters=_rope_parameters(model, hf_config),
     )
     config.architectures = [ARCHITECTURE]
     for attr in ("bos_token_id", "eos_token_id"):
@@ -99,12 +121,14 @@ def llama_config(model, hf_config: Any = None):
         setattr(config, attr, value)
     inv_freq, scaling = rope_inverse_frequencies(config)
     ours = model.rotary.inv_freq.float().cpu()
-    if inv_freq.shape != ours.shape or not torch.allclose(inv_freq.float(), ours, rtol=1e-5, atol=0) or abs(
-        scaling - cfg.rotary_attention_scaling
-    ) > 1e-6:
+    if (
+        inv_freq.shape != ours.shape
+        or not torch.allclose(inv_freq.float(), ours, rtol=1e-5, atol=0)
+        or abs(scaling - cfg.rotary_attention_scaling) > 1e-6
+    ):
         raise ValueError(
-            "the RoPE settings would not reproduce this model's rotary frequencies; pass hf_config=<the original "
-            "transformers config> (e.g. AutoConfig.from_pretrained(original_checkpoint))"
+            "the RoPE settings would not reproduce this model's rotary frequencies; pass hf_config=<the "
+            "original transformers config> (e.g. AutoConfig.from_pretrained(original_checkpoint))"
         )
     return config
 
@@ -115,7 +139,9 @@ def to_llama_state_dict(model) -> StateDict:
     d = cfg.d_model
     folded = model.ln_final.w is None
     ones = torch.ones(d, dtype=cfg.dtype)
-    bias_attn = any(bool((getattr(b.attn, n) != 0).any()) for b in model.blocks for n in ("b_Q", "b_K", "b_V", "b_O"))
+    bias_attn = any(
+        bool((getattr(b.attn, n) != 0).any()) for b in model.blocks for n in ("b_Q", "b_K", "b_V", "b_O")
+    )
     bias_mlp = any(bool((b.mlp.b_in != 0).any()) or bool((b.mlp.b_out != 0).any()) for b in model.blocks)
     sd: StateDict = {"model.embed_tokens.weight": model.embed.W_E}
     for l, block in enumerate(model.blocks):
@@ -140,7 +166,9 @@ def to_llama_state_dict(model) -> StateDict:
             sd[p + "mlp.down_proj.bias"] = block.mlp.b_out
     sd["model.norm.weight"] = ones if folded else model.ln_final.w
     sd["score.weight"] = model.reward_head.W_R.T
-    return {k: v.detach().to("cpu").clone().contiguous() for k, v in sd.items()}  # no shared storage (safetensors)
+    return {
+        k: v.detach().to("cpu").clone().contiguous() for k, v in sd.items()
+    }  # no shared storage (safetensors)
 
 
 def export_hf(
@@ -206,6 +234,6 @@ def _check_keys(config, sd: StateDict) -> None:
     wrong = [k for k in set(reference) & set(sd) if tuple(reference[k].shape) != tuple(sd[k].shape)]
     if missing or unexpected or wrong:
         raise RuntimeError(
-            f"internal error in the Llama export map: missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}, "
-            f"wrong shapes {sorted(wrong)[:5]}; please report it"
+            f"internal error in the Llama export map: missing {sorted(missing)[:5]}, unexpected "
+            f"{sorted(unexpected)[:5]}, wrong shapes {sorted(wrong)[:5]}; please report it"
         )

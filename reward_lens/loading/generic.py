@@ -10,13 +10,12 @@ from typing import Any, Dict, Optional, Union
 
 import torch
 import torch.nn as nn
-import transformers
 
 from reward_lens.converters import supported_architectures
-from reward_lens.loading.checks import sequence_classification_class
-from reward_lens.model.generic.discovery import GenericLoadError
 from reward_lens.loading.checkpoint import has_native_weight_map
+from reward_lens.loading.checks import sequence_classification_class
 from reward_lens.model.devices import resolve_device, resolve_dtype
+from reward_lens.model.generic.discovery import GenericLoadError
 
 GENERIC_MARKER = "reward_lens_generic.json"  # written by save_pretrained: reload on the generic path
 
@@ -34,22 +33,26 @@ def load_sequence_classifier(
         names = list(getattr(hf_config, "architectures", None) or [])
         if has_native_weight_map(hf_config):
             raise ValueError(
-                f"generic=True needs a transformers *ForSequenceClassification class, and {names} is none; this "
-                "architecture has a native weight map: load it without generic=True"
+                f"generic=True needs a transformers *ForSequenceClassification class, and {names} is none; "
+                "this architecture has a native weight map: load it without generic=True"
             )
         raise ValueError(
-            f"unsupported reward-model architecture {names or '(config has no architectures field)'}; natively "
-            f"supported: {', '.join(supported_architectures())}. Generic loading was tried too, but it needs a "
-            "transformers *ForSequenceClassification architecture (a scalar reward head), and this checkpoint names "
-            "none. OpenRLHF checkpoints load natively with architectures RewardModel / LLMForSequenceRegression, as "
-            "OpenRLHF saves them. Open an issue to ask for a native weight map."
+            f"unsupported reward-model architecture {names or '(config has no architectures field)'}; "
+            f"natively supported: {', '.join(supported_architectures())}. Generic loading was tried too, "
+            "but it needs a transformers *ForSequenceClassification architecture (a scalar reward head), "
+            "and this checkpoint names none. OpenRLHF checkpoints load natively with architectures "
+            "RewardModel / LLMForSequenceRegression, as OpenRLHF saves them. Open an issue to ask for a "
+            "native weight map."
         )
-    hf, info = cls.from_pretrained(str(directory), config=hf_config, dtype=resolve_dtype(dtype), output_loading_info=True)
+    hf, info = cls.from_pretrained(
+        str(directory), config=hf_config, dtype=resolve_dtype(dtype), output_loading_info=True
+    )
     missing = sorted(info.get("missing_keys") or [])
     if missing:
         raise GenericLoadError(
-            f"{directory} lacks weights {missing[:6]}{' ...' if len(missing) > 6 else ''} that {cls.__name__} needs; "
-            "transformers would initialise them at random, so the rewards would be meaningless"
+            f"{directory} lacks weights {missing[:6]}{' ...' if len(missing) > 6 else ''} that "
+            f"{cls.__name__} needs; transformers would initialise them at random, so the rewards would be "
+            "meaningless"
         )
     return hf.to(resolve_device(device))
 
@@ -62,7 +65,9 @@ def saved_module_map(directory: Path) -> Optional[Dict[str, Optional[str]]]:
     return json.loads(marker.read_text()).get("module_map") or None
 
 
-def save_generic(hf_model: nn.Module, tokenizer: Any, module_map: Dict[str, Optional[str]], path: Union[str, Path]) -> None:
+def save_generic(
+    hf_model: nn.Module, tokenizer: Any, module_map: Dict[str, Optional[str]], path: Union[str, Path]
+) -> None:
     """The transformers checkpoint (+ tokenizer) and the marker that reloads it on the generic path."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)

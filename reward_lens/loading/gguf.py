@@ -18,12 +18,14 @@ from typing import Any, Union
 import torch
 
 SCORE_HEAD_NOTE = (
-    "{file} holds a language model, not a reward head: the score head is randomly initialised (as transformers "
-    "does); set model weights for a trained head before reading rewards"
+    "{file} holds a language model, not a reward head: the score head is randomly initialised (as "
+    "transformers does); set model weights for a trained head before reading rewards"
 )
 
 
-def load_gguf_hf_model(path_or_id: Union[str, Path], gguf_file: str, **config_overrides: Any) -> torch.nn.Module:
+def load_gguf_hf_model(
+    path_or_id: Union[str, Path], gguf_file: str, **config_overrides: Any
+) -> torch.nn.Module:
     """transformers' `AutoModelForSequenceClassification` from a GGUF file (dequantised to float32).
 
     `config_overrides` go to transformers' `from_pretrained` (e.g. `num_labels`, default 1; `pad_token_id`).
@@ -43,21 +45,24 @@ def load_gguf_hf_model(path_or_id: Union[str, Path], gguf_file: str, **config_ov
             # (and by nothing when a trained head is set after): any other missing tensor is an error below.
             hf_logging.set_verbosity_error()
             model, info = AutoModelForSequenceClassification.from_pretrained(
-                str(path_or_id), gguf_file=gguf_file, output_loading_info=True, **config_overrides)
+                str(path_or_id), gguf_file=gguf_file, output_loading_info=True, **config_overrides
+            )
     except Exception as exc:  # gguf's reader: struct/index/value errors on a damaged file
         if isinstance(exc, (KeyboardInterrupt, MemoryError, ImportError)):
             raise
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
-        raise ValueError(f"{gguf_file} in {path_or_id} cannot be read as GGUF ({type(exc).__name__}: "
-                         f"{first}); "
-                         "it may be truncated or of an architecture transformers cannot load: re-download "
-                         "it") from None
+        raise ValueError(
+            f"{gguf_file} in {path_or_id} cannot be read as GGUF ({type(exc).__name__}: {first}); it may "
+            "be truncated or of an architecture transformers cannot load: re-download it"
+        ) from None
     finally:
         hf_logging.set_verbosity(verbosity)
     missing = sorted(k for k in info.get("missing_keys") or [] if not k.startswith(("score.", "classifier.")))
     if missing:
-        raise ValueError(f"{gguf_file} lacks {len(missing)} backbone tensor(s) ({', '.join(missing[:3])}); "
-                         "transformers would initialise them at random: re-download or re-convert the file")
+        raise ValueError(
+            f"{gguf_file} lacks {len(missing)} backbone tensor(s) ({', '.join(missing[:3])}); transformers "
+            "would initialise them at random: re-download or re-convert the file"
+        )
     model.eval()
     return model
 
@@ -71,20 +76,23 @@ def check_gguf_file(path_or_id: Union[str, Path], gguf_file: str) -> None:
     if not local:
         return
     if not directory.is_dir():
-        raise FileNotFoundError(f"no directory at {str(path_or_id)!r} (gguf_file={gguf_file!r} is looked up "
-                                "inside "
-                                "it); pass the directory holding the .gguf file")
+        raise FileNotFoundError(
+            f"no directory at {str(path_or_id)!r} (gguf_file={gguf_file!r} is looked up inside it); pass "
+            "the directory holding the .gguf file"
+        )
     path = directory / gguf_file
     if not path.is_file():
-        raise FileNotFoundError(f"no GGUF file {gguf_file!r} in {directory}; pass gguf_file= a file name "
-                                "inside it")
+        raise FileNotFoundError(
+            f"no GGUF file {gguf_file!r} in {directory}; pass gguf_file= a file name inside it"
+        )
     with open(path, "rb") as f:
         magic = f.read(4)
     if not magic:
         raise ValueError(f"{path} is empty (0 bytes); re-download it")
     if magic != b"GGUF":
-        raise ValueError(f"{path} is not a GGUF file (it starts with {magic!r}, not b'GGUF'); give a "
-                         "llama.cpp .gguf")
+        raise ValueError(
+            f"{path} is not a GGUF file (it starts with {magic!r}, not b'GGUF'); give a llama.cpp .gguf"
+        )
 
 
 def load_gguf_tokenizer(path_or_id: Union[str, Path], gguf_file: str):
@@ -96,16 +104,32 @@ def load_gguf_tokenizer(path_or_id: Union[str, Path], gguf_file: str):
 
 
 def load_gguf(
-    cls, path_or_id, gguf_file: str, *, tokenizer=None, device=None, dtype=None, fold_ln=True, generic=False,
-    module_map=None, **config_overrides
+    cls,
+    path_or_id,
+    gguf_file: str,
+    *,
+    tokenizer=None,
+    device=None,
+    dtype=None,
+    fold_ln=True,
+    generic=False,
+    module_map=None,
+    **config_overrides,
 ):
     """`cls.from_pretrained(path_or_id, gguf_file=...)`: transformers loads and dequantises, we convert."""
     hf_model = load_gguf_hf_model(path_or_id, gguf_file, **config_overrides)
     warnings.warn(SCORE_HEAD_NOTE.format(file=gguf_file), stacklevel=3)
     if tokenizer is None:
         tokenizer = load_gguf_tokenizer(path_or_id, gguf_file)
-    return cls.from_hf_model(hf_model, tokenizer, device=device, dtype=dtype, fold_ln=fold_ln, generic=generic,
-                             module_map=module_map)
+    return cls.from_hf_model(
+        hf_model,
+        tokenizer,
+        device=device,
+        dtype=dtype,
+        fold_ln=fold_ln,
+        generic=generic,
+        module_map=module_map,
+    )
 
 
 def _check_gguf_available() -> None:

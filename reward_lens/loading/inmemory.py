@@ -37,7 +37,8 @@ def is_peft_model(hf_model: nn.Module) -> bool:
 
 
 def strip_mixed_precision(hf_model: nn.Module) -> nn.Module:
-    """Remove accelerate's autocast `forward` wrapper (in place: call it on a copy); the class forward is back."""
+    """Remove accelerate's autocast `forward` wrapper (in place: call it on a copy); the class forward is
+    back."""
     if hf_model.__dict__.pop("_original_forward", None) is not None:
         hf_model.__dict__.pop("forward", None)
     return hf_model
@@ -54,7 +55,8 @@ def independent_copy(hf_model: nn.Module) -> nn.Module:
 
 
 def class_names(hf_model: nn.Module) -> List[str]:
-    """Architecture names to look a weight map up by: the module's class, its bases, then config.architectures."""
+    """Architecture names to look a weight map up by: the module's class, its bases, then
+    config.architectures."""
     names = [c.__name__ for c in type(hf_model).__mro__ if issubclass(c, nn.Module) and c is not nn.Module]
     return names + [n for n in (getattr(hf_model.config, "architectures", None) or []) if n not in names]
 

@@ -20,14 +20,18 @@ def answer_token_id(tokenizer: Any, answer: Union[str, int], which: str) -> int:
     if isinstance(answer, int):
         return int(answer)
     if tokenizer is None:
-        raise ValueError(f"{which}={answer!r} needs the model's tokenizer to find its token id; pass "
-                         "tokenizer= or give the token id as an int")
+        raise ValueError(
+            f"{which}={answer!r} needs the model's tokenizer to find its token id; pass tokenizer= or give "
+            "the token id as an int"
+        )
     ids = tokenizer.encode(answer, add_special_tokens=False)
     if len(ids) != 1:
         pieces = tokenizer.convert_ids_to_tokens(ids)
-        raise ValueError(f"{which}={answer!r} is {len(ids)} tokens {pieces} in this tokenizer, not one; a "
-                         "judge's reward is one token's logit minus another's: pass a single-token answer "
-                         f"(e.g. {pieces[:1]}) or its id")
+        raise ValueError(
+            f"{which}={answer!r} is {len(ids)} tokens {pieces} in this tokenizer, not one; a judge's "
+            f"reward is one token's logit minus another's: pass a single-token answer (e.g. {pieces[:1]}) "
+            "or its id"
+        )
     return int(ids[0])
 
 
@@ -47,8 +51,19 @@ def gguf_causal_lm(path_or_id: Union[str, Path], gguf_file: str, **overrides: An
     return model.eval()
 
 
-def load_judge(cls, source: Any, *, positive="Yes", negative="No", tokenizer=None, device=None, dtype=None,
-               fold_ln: bool = True, gguf_file: Optional[str] = None, **overrides: Any):
+def load_judge(
+    cls,
+    source: Any,
+    *,
+    positive="Yes",
+    negative="No",
+    tokenizer=None,
+    device=None,
+    dtype=None,
+    fold_ln: bool = True,
+    gguf_file: Optional[str] = None,
+    **overrides: Any,
+):
     """A `cls` (HookedRewardModel) judge from a causal LM: `source` a directory / hub id (streamed block by
     block), a directory with `gguf_file`, or a transformers causal LM in memory."""
     if isinstance(source, torch.nn.Module) or gguf_file is not None:
@@ -69,12 +84,14 @@ def load_judge(cls, source: Any, *, positive="Yes", negative="No", tokenizer=Non
     pos = answer_token_id(tokenizer, positive, "positive")
     neg = answer_token_id(tokenizer, negative, "negative")
     if pos == neg:
-        raise ValueError(f"positive and negative are the same token (id {pos}); a judge contrasts two "
-                         "answers")
+        raise ValueError(
+            f"positive and negative are the same token (id {pos}); a judge contrasts two answers"
+        )
     names = answer_name(tokenizer, positive, pos), answer_name(tokenizer, negative, neg)
     weight_map = judge_weight_map(hf_config, *names, pos, neg)
     src = converted_source(hf_config, sd, where, weight_map=weight_map)
     if tokenizer is not None and getattr(tokenizer, "pad_token_id", None) is not None:
         src.cfg.pad_token_id = int(tokenizer.pad_token_id)
-    return cls.from_source(src, tokenizer=tokenizer, device=device, dtype=dtype, fold_ln=fold_ln,
-                           source=where)
+    return cls.from_source(
+        src, tokenizer=tokenizer, device=device, dtype=dtype, fold_ln=fold_ln, source=where
+    )

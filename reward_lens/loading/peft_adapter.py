@@ -1,4 +1,5 @@
-"""PEFT adapter directories (what `trainer.save_model` writes for a LoRA reward model) loaded as merged models.
+"""PEFT adapter directories (what `trainer.save_model` writes for a LoRA reward model) loaded as merged
+models.
 
 Such a directory holds adapter_config.json + adapter_model.safetensors (+ tokenizer files) and no
 config.json. The base checkpoint is `base_model_name_or_path` from adapter_config.json (a local
@@ -11,7 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, Dict, Optional
-from reward_lens.loading.checkpoint import resolve_checkpoint_dir, load_tokenizer
+
+from reward_lens.loading.checkpoint import load_tokenizer, resolve_checkpoint_dir
 from reward_lens.loading.checks import CheckpointError, read_json
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -35,20 +37,25 @@ def adapter_tensor_shapes(directory: Path) -> Dict[str, tuple]:
         raise FileNotFoundError(f"{directory} has {ADAPTER_CONFIG} but no adapter_model.safetensors")
     try:
         with safe_open(str(path), framework="pt") as f:
-            return {k[len(PREFIX):] if k.startswith(PREFIX) else k: tuple(f.get_slice(k).get_shape())
-                    for k in f.keys()}
+            return {
+                k[len(PREFIX) :] if k.startswith(PREFIX) else k: tuple(f.get_slice(k).get_shape())
+                for k in f.keys()
+            }
     except Exception as exc:  # safetensors' SafetensorError on a damaged file
         if isinstance(exc, (KeyboardInterrupt, MemoryError)):
             raise
-        raise CheckpointError(f"{path} is corrupt or truncated ({type(exc).__name__}: "
-                              f"{(str(exc).splitlines() or [''])[0][:120]}); re-save the adapter") from None
+        raise CheckpointError(
+            f"{path} is corrupt or truncated ({type(exc).__name__}: "
+            f"{(str(exc).splitlines() or [''])[0][:120]}); re-save the adapter"
+        ) from None
 
 
 def adapter_settings(directory: Path) -> Dict[str, Any]:
     settings = read_json(directory / ADAPTER_CONFIG)
     if not isinstance(settings, dict):
-        raise CheckpointError(f"{directory / ADAPTER_CONFIG} is not an object; is this a PEFT adapter "
-                              "directory?")
+        raise CheckpointError(
+            f"{directory / ADAPTER_CONFIG} is not an object; is this a PEFT adapter directory?"
+        )
     return settings
 
 
@@ -59,18 +66,23 @@ def resolve_base(directory: Path, base_model: Optional[str], settings: Dict[str,
     given = base_model or settings.get("base_model_name_or_path")
     where = "base_model=" if base_model else f"base_model_name_or_path in {directory / ADAPTER_CONFIG}"
     if not given:
-        raise ValueError(f"{directory / ADAPTER_CONFIG} names no base_model_name_or_path; pass "
-                         "base_model='<dir or hub id>'")
+        raise ValueError(
+            f"{directory / ADAPTER_CONFIG} names no base_model_name_or_path; pass base_model='<dir or hub "
+            "id>'"
+        )
     path = Path(str(given)).expanduser()
     if not path.is_absolute() and not path.is_dir() and (directory / path).is_dir():
         return directory / path
     try:
         return resolve_checkpoint_dir(given)
     except FileNotFoundError as exc:
-        relative = ("" if path.is_absolute() else
-                    f" (a relative path: tried from {Path.cwd()} and from {directory})")
-        raise FileNotFoundError(f"the adapter's base {str(given)!r} ({where}) is not found{relative}: {exc}; "
-                                "or pass base_model='<the base checkpoint directory or hub id>'") from None
+        relative = (
+            "" if path.is_absolute() else f" (a relative path: tried from {Path.cwd()} and from {directory})"
+        )
+        raise FileNotFoundError(
+            f"the adapter's base {str(given)!r} ({where}) is not found{relative}: {exc}; or pass "
+            "base_model='<the base checkpoint directory or hub id>'"
+        ) from None
 
 
 def merged_adapter_model(directory: Path, *, base_model: Optional[str] = None, tokenizer: Any = None):
@@ -81,49 +93,64 @@ def merged_adapter_model(directory: Path, *, base_model: Optional[str] = None, t
         from peft import PeftModel
     except ImportError:
         raise PeftRequiredError(
-            f"{directory} is a PEFT adapter (adapter_config.json, no config.json) on base {base!r}; loading it needs "
-            "PEFT: `pip install peft` (or `pip install reward-lens[peft]`), or merge it yourself with "
-            "PeftModel.from_pretrained(base, adapter_dir).merge_and_unload().save_pretrained(out_dir) and load out_dir"
+            f"{directory} is a PEFT adapter (adapter_config.json, no config.json) on base {base!r}; "
+            "loading it needs PEFT: `pip install peft` (or `pip install reward-lens[peft]`), or merge it "
+            "yourself with PeftModel.from_pretrained(base, "
+            "adapter_dir).merge_and_unload().save_pretrained(out_dir) and load out_dir"
         ) from None
     import torch
     from transformers import AutoModelForSequenceClassification
 
     if not base:
-        raise ValueError(f"{directory / ADAPTER_CONFIG} names no base_model_name_or_path; pass base_model='<dir or hub id>'")
+        raise ValueError(
+            f"{directory / ADAPTER_CONFIG} names no base_model_name_or_path; pass base_model='<dir or hub "
+            "id>'"
+        )
     task = settings.get("task_type")
     if task not in (None, "SEQ_CLS"):
         raise ValueError(
-            f"the adapter in {directory} has task_type {task!r}; a reward model's adapter is SEQ_CLS (a score head on a "
-            "sequence-classification model)"
+            f"the adapter in {directory} has task_type {task!r}; a reward model's adapter is SEQ_CLS (a "
+            "score head on a sequence-classification model)"
         )
     shapes = adapter_tensor_shapes(directory)
-    head = next((shape for name, shape in shapes.items() if name.endswith(("score.weight", "classifier.weight"))), None)
+    head = next(
+        (shape for name, shape in shapes.items() if name.endswith(("score.weight", "classifier.weight"))),
+        None,
+    )
     kwargs = {"num_labels": head[0]} if head is not None else {}
 
     hf, info = AutoModelForSequenceClassification.from_pretrained(
-        str(resolve_base(directory, base_model, settings)), dtype=torch.float32, output_loading_info=True,
-        **kwargs
+        str(resolve_base(directory, base_model, settings)),
+        dtype=torch.float32,
+        output_loading_info=True,
+        **kwargs,
     )
     unset = sorted(k for k in info.get("missing_keys") or [] if k not in shapes)
     if unset:
         raise ValueError(
-            f"neither the base {base!r} nor the adapter in {directory} holds {unset[:4]}: transformers would initialise "
-            "them at random (a score head not saved with modules_to_save?), so the rewards would be meaningless"
+            f"neither the base {base!r} nor the adapter in {directory} holds {unset[:4]}: transformers "
+            "would initialise them at random (a score head not saved with modules_to_save?), so the "
+            "rewards would be meaningless"
         )
     try:
         merged = PeftModel.from_pretrained(hf, str(directory)).merge_and_unload()
     except RuntimeError as exc:  # torch's "size mismatch for ...": the adapter was trained on another base
         lines = str(exc).splitlines() or [""]
         first = next((ln.strip() for ln in lines if "size mismatch" in ln), lines[0])
-        raise ValueError(f"the adapter in {directory} does not fit the base {base!r} ({first[:200]}); pass "
-                         "base_model= the checkpoint it was trained on") from None
+        raise ValueError(
+            f"the adapter in {directory} does not fit the base {base!r} ({first[:200]}); pass base_model= "
+            "the checkpoint it was trained on"
+        ) from None
     if merged.config.pad_token_id is None and getattr(tokenizer, "pad_token_id", None) is not None:
         merged.config.pad_token_id = tokenizer.pad_token_id  # TRL trains with the tokenizer's pad id
     return merged.eval()
 
 
-def load_peft_adapter(cls, directory: Path, *, tokenizer=None, base_model: Optional[str] = None, **convert: Any):
-    """`from_pretrained` on an adapter directory: merged, then `cls.from_hf_model(merged, tokenizer, **convert)`."""
+def load_peft_adapter(
+    cls, directory: Path, *, tokenizer=None, base_model: Optional[str] = None, **convert: Any
+):
+    """`from_pretrained` on an adapter directory: merged, then `cls.from_hf_model(merged, tokenizer,
+    **convert)`."""
     if tokenizer is None:
         settings = adapter_settings(directory)
         if base_model or settings.get("base_model_name_or_path"):

@@ -25,12 +25,18 @@ from reward_lens.converters import StateDict, get_weight_map
 from reward_lens.converters.openrlhf import warn_if_relabelled
 from reward_lens.converters.processing import fold_final_norm, fold_layer_norms, folded_config
 from reward_lens.loading.checks import (
-    SAFETENSORS_DTYPES, CheckpointError, check_finite_weights, check_state_dict, check_tokenizer_vocab, read_json,
-    read_safetensors_tensor, safetensors_header,
+    SAFETENSORS_DTYPES,
+    CheckpointError,
+    check_finite_weights,
+    check_state_dict,
+    check_tokenizer_vocab,
+    read_json,
+    read_safetensors_tensor,
+    safetensors_header,
 )
 from reward_lens.model.config import RewardModelConfig
-from reward_lens.model.heads import head_class
 from reward_lens.model.devices import resolve_device, resolve_dtype
+from reward_lens.model.heads import head_class
 from reward_lens.model.placement import plan_blocks
 
 _BLOCK_KEY = re.compile(r"blocks\.(\d+)\.")
@@ -50,13 +56,16 @@ def load_pickled_weights(path: Path) -> Dict[str, torch.Tensor]:
             sd = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         why = next((ln.strip() for ln in str(exc).splitlines() if "Unsupported" in ln or "global" in ln), "")
-        raise CheckpointError(f"{path} was refused: it is a pickle holding code or objects other than "
-                              "tensors "
-                              f"({why[:160] or 'weights_only=True failed'}); never load it from an untrusted "
-                              "source; use safetensors weights") from None
+        raise CheckpointError(
+            f"{path} was refused: it is a pickle holding code or objects other than tensors "
+            f"({why[:160] or 'weights_only=True failed'}); never load it from an untrusted source; use "
+            "safetensors weights"
+        ) from None
     except (RuntimeError, EOFError, OSError, ValueError) as exc:
-        raise CheckpointError(f"{path} is corrupt or truncated ({(str(exc).splitlines() or [''])[0][:160]}); "
-                              "re-download or re-save the checkpoint") from None
+        raise CheckpointError(
+            f"{path} is corrupt or truncated ({(str(exc).splitlines() or [''])[0][:160]}); re-download or "
+            "re-save the checkpoint"
+        ) from None
     if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
         raise CheckpointError(f"{path} holds {type(sd).__name__}, not a state dict of tensors")
     return sd
@@ -83,7 +92,9 @@ class LazyStateDict(Mapping):
             return cls.from_file(directory / "model.safetensors")
         bins = sorted(directory.glob("pytorch_model*.bin"))
         if not bins:
-            raise FileNotFoundError(f"no weights in {directory}: expected model.safetensors(.index.json) or pytorch_model.bin")
+            raise FileNotFoundError(
+                f"no weights in {directory}: expected model.safetensors(.index.json) or pytorch_model.bin"
+            )
         lazy = cls({})
         for b in bins:
             lazy.files.update({name: b for name in lazy.header(b)})
@@ -111,7 +122,9 @@ class LazyStateDict(Mapping):
             return header[name]
         entries, start = header
         if name not in entries:
-            raise CheckpointError(f"{path} lacks tensor {name!r} that its index names; the checkpoint is incomplete")
+            raise CheckpointError(
+                f"{path} lacks tensor {name!r} that its index names; the checkpoint is incomplete"
+            )
         if path not in self.open_files:
             self.open_files[path] = open(path, "rb")
         return read_safetensors_tensor(path, entries[name], start, self.open_files[path])
@@ -141,7 +154,9 @@ class LazyStateDict(Mapping):
                 out[name] = torch.empty(t.shape, dtype=t.dtype, device="meta")
             elif name in header[0]:
                 entry = header[0][name]
-                out[name] = torch.empty(entry["shape"], dtype=SAFETENSORS_DTYPES[entry["dtype"]], device="meta")
+                out[name] = torch.empty(
+                    entry["shape"], dtype=SAFETENSORS_DTYPES[entry["dtype"]], device="meta"
+                )
         return out
 
 
@@ -163,13 +178,17 @@ class WeightSource:
     owned: bool = False
 
 
-def partitioned_source(cfg: RewardModelConfig, sd: Mapping, transform: Optional[Callable] = None) -> WeightSource:
+def partitioned_source(
+    cfg: RewardModelConfig, sd: Mapping, transform: Optional[Callable] = None
+) -> WeightSource:
     """A source over weights already in our names (a dict or a `LazyStateDict` of a hooked checkpoint),
     split by block; `transform(name, tensor)` is applied to each tensor as it is read."""
     groups: Dict[Optional[int], List[str]] = {}
     for name in sd:
         m = _BLOCK_KEY.match(name)
-        layer = int(m.group(1)) if m and int(m.group(1)) < cfg.n_layers else None  # others: unexpected, in rest
+        layer = (
+            int(m.group(1)) if m and int(m.group(1)) < cfg.n_layers else None
+        )  # others: unexpected, in rest
         groups.setdefault(layer, []).append(name)
 
     def part(layer: Optional[int]) -> StateDict:
@@ -179,8 +198,9 @@ def partitioned_source(cfg: RewardModelConfig, sd: Mapping, transform: Optional[
     return WeightSource(cfg, lambda: part(None), part, release, owned=owns_tensors(sd))
 
 
-def converted_source(hf_config: Any, sd: Mapping, source: str,
-                     weight_map: Optional[Any] = None) -> WeightSource:
+def converted_source(
+    hf_config: Any, sd: Mapping, source: str, weight_map: Optional[Any] = None
+) -> WeightSource:
     """A source converting a transformers state dict (dict or `LazyStateDict`) by its architecture's
     weight map (or `weight_map`, e.g. a judge's), one part at a time; a tensor the map needs but the
     checkpoint lacks is a CheckpointError."""
@@ -193,7 +213,9 @@ def converted_source(hf_config: Any, sd: Mapping, source: str,
         try:
             return convert()
         except KeyError as exc:
-            raise CheckpointError(f"{source} lacks tensor {exc.args[0]!r}; the checkpoint is incomplete") from None
+            raise CheckpointError(
+                f"{source} lacks tensor {exc.args[0]!r}; the checkpoint is incomplete"
+            ) from None
 
     return WeightSource(
         cfg,
@@ -216,12 +238,16 @@ def hooked_source(directory: Path, cfg: RewardModelConfig) -> WeightSource:
     return partitioned_source(cfg, LazyStateDict.from_file(directory / HOOKED_WEIGHTS), restore_layout)
 
 
-def cast_part(sd: StateDict, dtype: torch.dtype, device: Callable[[str], torch.device], copy: bool) -> StateDict:
+def cast_part(
+    sd: StateDict, dtype: torch.dtype, device: Callable[[str], torch.device], copy: bool
+) -> StateDict:
     """Each tensor in `dtype` (RoPE frequency buffers stay float32) on `device(name)`; `copy`: always a new
     tensor (the caller's dict or a memory map must not share storage with the model). Strides are kept
     (the fast head-major storage of W_Q/W_K/W_V)."""
-    return {k: v.to(device=device(k), dtype=v.dtype if k.endswith("inv_freq") else dtype, copy=copy)
-            for k, v in sd.items()}
+    return {
+        k: v.to(device=device(k), dtype=v.dtype if k.endswith("inv_freq") else dtype, copy=copy)
+        for k, v in sd.items()
+    }
 
 
 def block_bytes(model: torch.nn.Module, dtype: torch.dtype) -> List[int]:
@@ -230,7 +256,9 @@ def block_bytes(model: torch.nn.Module, dtype: torch.dtype) -> List[int]:
     return [sum(p.numel() for p in block.parameters()) * size for block in model.blocks]
 
 
-def place_plan(model: torch.nn.Module, dtype: torch.dtype, devices: Sequence[torch.device]) -> List[torch.device]:
+def place_plan(
+    model: torch.nn.Module, dtype: torch.dtype, devices: Sequence[torch.device]
+) -> List[torch.device]:
     """The device of each block: contiguous ranges balanced by bytes (embedding first, head last)."""
     size = torch.empty((), dtype=dtype).element_size()
     first = sum(p.numel() for p in model.embed.parameters()) * size
@@ -254,8 +282,15 @@ def check_part(expected: StateDict, part: StateDict, source: str) -> None:
 
 
 def build_model(
-    cls, src: WeightSource, *, tokenizer: Any = None, device=None, dtype=None, fold_ln: bool = True,
-    source: str = "the checkpoint", devices: Optional[Sequence[torch.device]] = None,
+    cls,
+    src: WeightSource,
+    *,
+    tokenizer: Any = None,
+    device=None,
+    dtype=None,
+    fold_ln: bool = True,
+    source: str = "the checkpoint",
+    devices: Optional[Sequence[torch.device]] = None,
 ):
     """A `cls` model (on the meta device, then filled part by part) holding `src`'s weights: the rest
     first (the embedding is the largest single part, best read while little else is held), then each
@@ -276,17 +311,23 @@ def build_model(
         check_part(expected[None], rest, source)
         if fold:
             rest = fold_final_norm(rest, cfg, head_class(cfg).final_norm_readers)
-        rest = cast_part(rest, dtype, lambda k: home if k.startswith(("embed.", "rotary.")) else last, not src.owned)
+        rest = cast_part(
+            rest, dtype, lambda k: home if k.startswith(("embed.", "rotary.")) else last, not src.owned
+        )
         src.release()
         model.load_state_dict(rest, strict=False, assign=True)
         del rest
         for l in range(cfg.n_layers):
             part = src.layer(l)
             check_part(expected[l], part, source)
-            part = cast_part(fold_layer_norms(part, cfg, l) if fold else part, dtype, lambda k: plan[l], not src.owned)
+            part = cast_part(
+                fold_layer_norms(part, cfg, l) if fold else part, dtype, lambda k: plan[l], not src.owned
+            )
             src.release()
             prefix = f"blocks.{l}."
-            model.blocks[l].load_state_dict({k[len(prefix):]: v for k, v in part.items()}, strict=True, assign=True)
+            model.blocks[l].load_state_dict(
+                {k[len(prefix) :]: v for k, v in part.items()}, strict=True, assign=True
+            )
     finally:
         src.release()
     model.requires_grad_(False)

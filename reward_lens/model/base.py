@@ -19,15 +19,19 @@ from jaxtyping import Float, Int
 from transformer_lens.hook_points import HookPoint
 from transformer_lens.HookedRootModule import HookedRootModule
 
-from reward_lens.model.validation import check_model_inputs
 from reward_lens.model import hooks
 from reward_lens.model.readout import readout_positions as readout_by_rule
 from reward_lens.model.tl_compat import (
-    INPUT_FORMAT_DEFAULT, AliasedActivationCache, check_patch_alignment, leading_pad_mask, record_cache_mask,
-    resolve_names_filter, warn_pad_is_bos,
+    INPUT_FORMAT_DEFAULT,
+    AliasedActivationCache,
+    check_patch_alignment,
+    leading_pad_mask,
+    record_cache_mask,
+    resolve_names_filter,
+    warn_pad_is_bos,
 )
-from reward_lens.model.tokenization import tokenize_pairs
-from reward_lens.model.tokenization import check_input_format
+from reward_lens.model.tokenization import check_input_format, tokenize_pairs
+from reward_lens.model.validation import check_model_inputs
 
 
 class RewardModelBase(HookedRootModule):
@@ -41,7 +45,8 @@ class RewardModelBase(HookedRootModule):
     # ------------------------------------------------------------------ inputs
     @property
     def input_format(self) -> Union[str, Any]:
-        """How (prompt, response) pairs become ids by default (`reward_lens.model.tokenization.INPUT_FORMATS`)."""
+        """How (prompt, response) pairs become ids by default
+        (`reward_lens.model.tokenization.INPUT_FORMATS`)."""
         return self.__dict__.get("_input_format", INPUT_FORMAT_DEFAULT)
 
     @input_format.setter
@@ -81,10 +86,10 @@ class RewardModelBase(HookedRootModule):
             late = (readout != input_ids.shape[1] - 1).nonzero().flatten().tolist()
             if late:
                 warnings.warn(
-                    f"rows {late[:8]} of these ids read the reward before their last position (right padding or "
-                    "a trailing pad/EOS token), so position -1 is not the readout: gather at "
-                    "model.readout_positions(ids, mask), or cache with run_with_cache(..., readout_only=True), "
-                    "or tokenise with model.to_tokens (left-padded, readout last)",
+                    f"rows {late[:8]} of these ids read the reward before their last position (right "
+                    "padding or a trailing pad/EOS token), so position -1 is not the readout: gather at "
+                    "model.readout_positions(ids, mask), or cache with run_with_cache(..., "
+                    "readout_only=True), or tokenise with model.to_tokens (left-padded, readout last)",
                     stacklevel=3,
                 )
         return mask
@@ -121,8 +126,10 @@ class RewardModelBase(HookedRootModule):
         return attention_mask, position_ids.to(device)
 
     def readout_positions(
-        self, input_ids: Optional[Int[torch.Tensor, "batch pos"]], attention_mask: Optional[torch.Tensor] = None
-    ) -> Int[torch.Tensor, "batch"]:
+        self,
+        input_ids: Optional[Int[torch.Tensor, "batch pos"]],
+        attention_mask: Optional[torch.Tensor] = None,
+    ) -> Int[torch.Tensor, " batch"]:
         """Where the reward is read: `cfg.readout` ("last_non_pad", the default: the head's rule, i.e.
         transformers' rightmost non-pad token or ArmoRM's published `(argmax(ids == pad) - 1) mod T`;
         "last_attended": OpenRLHF's last attended position); see `reward_lens.model.readout`. Without input
@@ -142,7 +149,12 @@ class RewardModelBase(HookedRootModule):
         (default `model.input_format`). Rows end at their readout and are padded on the LEFT (default), so
         the readout is position -1; see `reward_lens.model.tokenization`."""
         return tokenize_pairs(
-            self, prompts, responses, padding_side=padding_side, max_length=max_length, input_format=input_format
+            self,
+            prompts,
+            responses,
+            padding_side=padding_side,
+            max_length=max_length,
+            input_format=input_format,
         )
 
     # ------------------------------------------------------------------ hooks and caches
@@ -153,7 +165,8 @@ class RewardModelBase(HookedRootModule):
         super().setup()
         ln1 = getattr(self.blocks[0], "ln1", None) if len(getattr(self, "blocks", ())) else None
         aliases = hooks.tl_hook_aliases(
-            self.cfg.n_layers, post_norms=bool(getattr(self.cfg, "post_norms", False)),
+            self.cfg.n_layers,
+            post_norms=bool(getattr(self.cfg, "post_norms", False)),
             norms_folded=ln1 is not None and getattr(ln1, "w", 0) is None,
         )
         self.hook_aliases = {
@@ -227,8 +240,11 @@ class RewardModelBase(HookedRootModule):
             cache[hook.name] = kept.detach().to(device) if device is not None else kept.detach()
 
         out = self.run_with_hooks(
-            input, attention_mask, readout_positions=readout,
-            fwd_hooks=[(n, keep) for n in self.hook_names(names_filter)], **kwargs,
+            input,
+            attention_mask,
+            readout_positions=readout,
+            fwd_hooks=[(n, keep) for n in self.hook_names(names_filter)],
+            **kwargs,
         )
         return out, AliasedActivationCache(cache, self)
 
@@ -238,16 +254,23 @@ class RewardModelBase(HookedRootModule):
             return list(self.hook_dict)
         if callable(names_filter):
             return [n for n in self.hook_dict if names_filter(n)]
-        names = resolve_names_filter([names_filter] if isinstance(names_filter, str) else list(names_filter),
-                                     getattr(self, "hook_aliases", {}))
+        names = resolve_names_filter(
+            [names_filter] if isinstance(names_filter, str) else list(names_filter),
+            getattr(self, "hook_aliases", {}),
+        )
         unknown = [n for n in names if n not in self.hook_dict]
         if unknown:
-            raise ValueError(f"unknown hook name(s) {unknown[:3]}; see model.hook_dict (e.g. 'blocks.0.hook_resid_post')")
+            raise ValueError(
+                f"unknown hook name(s) {unknown[:3]}; see model.hook_dict (e.g. 'blocks.0.hook_resid_post')"
+            )
         return names
 
     # ------------------------------------------------------------------ reward direction
-    def through_final_norm(self, direction: Float[torch.Tensor, "... d_model"]) -> Float[torch.Tensor, "... d_model"]:
-        """A head direction (read from h = ln_final(resid)) as a direction read from resid / ln_final.hook_scale:
+    def through_final_norm(
+        self, direction: Float[torch.Tensor, "... d_model"]
+    ) -> Float[torch.Tensor, "... d_model"]:
+        """A head direction (read from h = ln_final(resid)) as a direction read from resid /
+        ln_final.hook_scale:
         times the final norm's gain, centred when the norm is a LayerNorm that centres it itself."""
         gain = self.ln_final.gain
         if gain is not None:
@@ -257,11 +280,11 @@ class RewardModelBase(HookedRootModule):
         return direction
 
     @property
-    def reward_direction(self) -> Float[torch.Tensor, "d_model"]:
+    def reward_direction(self) -> Float[torch.Tensor, " d_model"]:
         """w such that reward = w . (resid_final[readout] / ln_final.hook_scale) + reward_bias."""
         return self.reward_direction_of(0)
 
-    def reward_direction_of(self, output: int = 0) -> Float[torch.Tensor, "d_model"]:
+    def reward_direction_of(self, output: int = 0) -> Float[torch.Tensor, " d_model"]:
         if self.cfg.n_outputs > 1 and output is None:
             raise ValueError("this head has several outputs; pass output=<index>")
         return self.through_final_norm(self.reward_head.direction(output)).to(self.cfg.device)
@@ -269,7 +292,8 @@ class RewardModelBase(HookedRootModule):
     def reward_direction_for(
         self, input_ids: Int[torch.Tensor, "batch pos"], attention_mask: Optional[torch.Tensor] = None
     ) -> Float[torch.Tensor, "batch d_model"]:
-        """Per-sequence w such that reward[b] = w[b] . (resid_final[b, readout] / ln_final.hook_scale) + reward_bias.
+        """Per-sequence w such that reward[b] = w[b] . (resid_final[b, readout] / ln_final.hook_scale) +
+        reward_bias.
 
         For a linear head every row is `reward_direction`; for ArmoRM it is the prompt-conditioned
         W_reg T g(prompt) (one forward pass to compute the gate).
@@ -292,7 +316,7 @@ class RewardModelBase(HookedRootModule):
 
     def reward_bias_for(
         self, input_ids: Int[torch.Tensor, "batch pos"], attention_mask: Optional[torch.Tensor] = None
-    ) -> Float[torch.Tensor, "batch"]:
+    ) -> Float[torch.Tensor, " batch"]:
         """The per-sequence bias of `reward_readout_for` (the head's bias on every row of a linear head)."""
         return self.reward_readout_for(input_ids, attention_mask)[1]
 
@@ -305,7 +329,8 @@ class RewardModelBase(HookedRootModule):
 
     @property
     def reward_bias(self) -> torch.Tensor:
-        """The reward of an all-zero normalised residual: the head's bias (+ w_R . b for a LayerNorm with bias)."""
+        """The reward of an all-zero normalised residual: the head's bias (+ w_R . b for a LayerNorm with
+        bias)."""
         return self.reward_bias_of(0)
 
     def reward_bias_of(self, output: int = 0) -> torch.Tensor:

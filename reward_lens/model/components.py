@@ -90,8 +90,9 @@ class Embed(nn.Module):
             embed = embed * torch.tensor(self.cfg.embed_scale, dtype=torch.float32).to(embed.dtype)
         return embed
 
-
-    def from_one_hot(self, one_hot: Float[torch.Tensor, "batch pos d_vocab"]) -> Float[torch.Tensor, "batch pos d_model"]:
+    def from_one_hot(
+        self, one_hot: Float[torch.Tensor, "batch pos d_vocab"]
+    ) -> Float[torch.Tensor, "batch pos d_model"]:
         """The embedding of (relaxed) one-hot token vectors, one_hot @ W_E (scaled as `forward`):
         differentiable in `one_hot`, as gradient-guided token searches need."""
         embed = one_hot.to(self.W_E.dtype) @ self.W_E
@@ -117,14 +118,18 @@ class RotaryEmbedding(nn.Module):
             self.inv_freq = inv_freq.to(self.inv_freq.device)
         return self
 
-    def forward(self, position_ids: Int[torch.Tensor, "batch pos"], dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, position_ids: Int[torch.Tensor, "batch pos"], dtype: torch.dtype
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
         freqs = position_ids[..., None].float() * self.inv_freq.float()
         emb = torch.cat((freqs, freqs), dim=-1)
         scaling = self.cfg.rotary_attention_scaling
         return (emb.cos() * scaling).to(dtype), (emb.sin() * scaling).to(dtype)
 
 
-def apply_rotary(x: Float[torch.Tensor, "batch pos head d_head"], cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def apply_rotary(
+    x: Float[torch.Tensor, "batch pos head d_head"], cos: torch.Tensor, sin: torch.Tensor
+) -> torch.Tensor:
     rot = cos.shape[-1]
     x_rot, x_pass = x[..., :rot], x[..., rot:]
     cos, sin = cos[:, :, None, :], sin[:, :, None, :]
@@ -253,8 +258,11 @@ class Attention(nn.Module):
             z = self._explicit_attention(q, k, v, allowed)
         else:  # fused kernel; equal to the explicit path (tested), much faster
             z = F.scaled_dot_product_attention(
-                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                attn_mask=allowed[:, None], scale=1.0 / cfg.attn_scale,
+                q.transpose(1, 2),
+                k.transpose(1, 2),
+                v.transpose(1, 2),
+                attn_mask=allowed[:, None],
+                scale=1.0 / cfg.attn_scale,
                 enable_gqa=cfg.n_heads != cfg.n_key_value_heads,
             ).transpose(1, 2)
         z = self.hook_z(z)
@@ -362,7 +370,9 @@ class GatedMLP(nn.Module):
         self.hook_pre_linear = HookPoint()
         self.hook_post = HookPoint()  # neuron activations [batch, pos, d_mlp]
 
-    def forward(self, x: Float[torch.Tensor, "batch pos d_model"]) -> Float[torch.Tensor, "batch pos d_model"]:
+    def forward(
+        self, x: Float[torch.Tensor, "batch pos d_model"]
+    ) -> Float[torch.Tensor, "batch pos d_model"]:
         pre = self.hook_pre(x @ self.W_gate)
         pre_linear = self.hook_pre_linear(x @ self.W_in + self.b_in)
         post = self.hook_post(self.act(pre) * pre_linear)
@@ -420,7 +430,9 @@ class TransformerBlock(nn.Module):
     def mlp_post(self, raw: Float[torch.Tensor, "... d_model"]) -> Float[torch.Tensor, "... d_model"]:
         return self.ln2_post(raw) if self.cfg.post_norms else raw
 
-    def attn_out_from_z(self, z: Float[torch.Tensor, "... n_heads d_head"]) -> Float[torch.Tensor, "... d_model"]:
+    def attn_out_from_z(
+        self, z: Float[torch.Tensor, "... n_heads d_head"]
+    ) -> Float[torch.Tensor, "... d_model"]:
         """attn_out (as hook_attn_out holds it) from the heads' z (as hook_z holds it)."""
         return self.attn_post(self.attn.project_z(z))
 
@@ -515,10 +527,16 @@ class TransformerBlock(nn.Module):
         parameters a weight edit of what the block writes must change. Refused with post-norms, whose
         outputs pass a norm first (then no weight edit is exact)."""
         if self.cfg.post_norms:
-            raise ValueError("with post-norms (Gemma-2) the written outputs pass a norm after their maps; a residual "
-                             "edit cannot be a weight edit there. Edit the head instead (where='head')")
-        return [("attn.W_O", self.attn.W_O), ("attn.b_O", self.attn.b_O),
-                ("mlp.W_out", self.mlp.W_out), ("mlp.b_out", self.mlp.b_out)]
+            raise ValueError(
+                "with post-norms (Gemma-2) the written outputs pass a norm after their maps; a residual "
+                "edit cannot be a weight edit there. Edit the head instead (where='head')"
+            )
+        return [
+            ("attn.W_O", self.attn.W_O),
+            ("attn.b_O", self.attn.b_O),
+            ("mlp.W_out", self.mlp.W_out),
+            ("mlp.b_out", self.mlp.b_out),
+        ]
 
 
 def attention_masks(

@@ -13,7 +13,6 @@ from typing import Any, Dict, List, Optional
 import torch
 
 
-
 @dataclass
 class RewardModelConfig:
     n_layers: int
@@ -44,7 +43,8 @@ class RewardModelConfig:
     head_type: str = "scalar"  # "scalar" or "armorm"
     head_config: Dict[str, Any] = field(default_factory=dict)
     pad_token_id: Optional[int] = None
-    # Where the reward is read (reward_lens.model.readout.READOUT_RULES) and the text format the RM was trained on.
+    # Where the reward is read (reward_lens.model.readout.READOUT_RULES) and the text format the RM was
+    # trained on.
     readout: str = "last_non_pad"
     input_format: Optional[str] = None
     # Runtime switches, named as in TransformerLens.
@@ -67,10 +67,13 @@ class RewardModelConfig:
             self.window_sizes = [None] * self.n_layers
         if len(self.window_sizes) != self.n_layers:
             raise ValueError(
-                f"window_sizes has {len(self.window_sizes)} entries for {self.n_layers} layers; give one per layer"
+                f"window_sizes has {len(self.window_sizes)} entries for {self.n_layers} layers; give one "
+                "per layer"
             )
         if self.n_heads % self.n_key_value_heads:
-            raise ValueError(f"n_heads={self.n_heads} is not a multiple of n_key_value_heads={self.n_key_value_heads}")
+            raise ValueError(
+                f"n_heads={self.n_heads} is not a multiple of n_key_value_heads={self.n_key_value_heads}"
+            )
 
     @property
     def attn_only(self) -> bool:
@@ -91,5 +94,7 @@ class RewardModelConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = set(d) - known
         if unknown:
-            raise ValueError(f"unknown config fields {sorted(unknown)}; was this checkpoint saved by a newer reward-lens?")
+            raise ValueError(
+                f"unknown config fields {sorted(unknown)}; was this checkpoint saved by a newer reward-lens?"
+            )
         return cls(**d)

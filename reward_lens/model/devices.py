@@ -8,9 +8,14 @@ from typing import Union
 import torch
 
 _DTYPES = {
-    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
-    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
     "float64": torch.float64,
 }
 
@@ -20,8 +25,10 @@ def resolve_dtype(dtype: Union[str, torch.dtype, None]) -> torch.dtype:
         return torch.float32
     if isinstance(dtype, torch.dtype):
         if not dtype.is_floating_point or dtype.itemsize < 2:
-            raise ValueError(f"dtype {dtype} cannot hold the weights and activations; use one of "
-                             f"{sorted(_DTYPES)} (quantised checkpoints are dequantised on load)")
+            raise ValueError(
+                f"dtype {dtype} cannot hold the weights and activations; use one of {sorted(_DTYPES)} "
+                "(quantised checkpoints are dequantised on load)"
+            )
         return dtype
     try:
         return _DTYPES[str(dtype).lower().replace("torch.", "")]

@@ -13,8 +13,18 @@ import re
 from typing import Dict, Optional
 
 # kind -> (where the hook lives relative to a block, None for model-level hooks)
-_BLOCK_KINDS = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "attn_in", "mlp_in",
-                "q_input", "k_input", "v_input")
+_BLOCK_KINDS = (
+    "resid_pre",
+    "resid_mid",
+    "resid_post",
+    "attn_out",
+    "mlp_out",
+    "attn_in",
+    "mlp_in",
+    "q_input",
+    "k_input",
+    "v_input",
+)
 # Block inputs with a head axis, [batch, pos, heads, d_model] (TransformerLens's split inputs).
 _PER_HEAD_INPUT_KINDS = ("attn_in", "q_input", "k_input", "v_input")
 _ATTN_KINDS = ("q", "k", "v", "rot_q", "rot_k", "z", "result", "attn_scores", "pattern")
@@ -29,10 +39,19 @@ _MODEL_KINDS = {
     "pooled": "reward_head.hook_pooled",
 }
 # TransformerLens's short aliases (`transformer_lens.utils.get_act_name`'s and the 4.x bridge's "in"/"out").
-_ALIASES = {"attn": "pattern", "scores": "attn_scores", "attn_pattern": "pattern",
-            "attn_logits": "attn_scores", "key": "k", "query": "q", "value": "v", "mlp_pre": "pre",
-            "mlp_post": "post",
-            "in": "resid_pre", "out": "resid_post"}
+_ALIASES = {
+    "attn": "pattern",
+    "scores": "attn_scores",
+    "attn_pattern": "pattern",
+    "attn_logits": "attn_scores",
+    "key": "k",
+    "query": "q",
+    "value": "v",
+    "mlp_pre": "pre",
+    "mlp_post": "post",
+    "in": "resid_pre",
+    "out": "resid_post",
+}
 
 QUERY_AXIS_2_KINDS = ("attn_scores", "pattern")  # [batch, head, query_pos, key_pos]
 PER_HEAD_KINDS = _ATTN_KINDS  # every attention-internal hook carries a head axis
@@ -71,8 +90,8 @@ def act_name(kind: str, layer: Optional[int] = None, norm: Optional[str] = None)
     if layer is None and re.fullmatch(r"\w+", kind):
         return f"reward_head.hook_{kind}"
     raise ValueError(
-        f"unknown activation kind {kind!r}; block kinds {_BLOCK_KINDS}, attention kinds {_ATTN_KINDS}, "
-        f"MLP kinds {_MLP_KINDS}, model kinds {tuple(_MODEL_KINDS)}"
+        f"unknown activation kind {kind!r}; block kinds {_BLOCK_KINDS}, attention kinds {_ATTN_KINDS}, MLP "
+        f"kinds {_MLP_KINDS}, model kinds {tuple(_MODEL_KINDS)}"
     )
 
 
@@ -101,9 +120,9 @@ def kind_of(name: str) -> str:
         if name == full:
             return kind
     if name.startswith("reward_head.hook_"):
-        return name[len("reward_head.hook_"):]
+        return name[len("reward_head.hook_") :]
     if name.startswith("ln_final.hook_"):
-        return "final_" + name[len("ln_final.hook_"):]
+        return "final_" + name[len("ln_final.hook_") :]
     raise ValueError(f"{name!r} is not a reward-lens hook name (e.g. 'blocks.0.hook_resid_pre')")
 
 
@@ -148,7 +167,11 @@ def hook_width(cfg, name: str) -> Optional[int]:
         if sub in _NORMS and kind == "normalized":
             return cfg.d_model
         return None
-    return cfg.d_model if name in (_MODEL_KINDS["embed"], _MODEL_KINDS["pos_embed"], _MODEL_KINDS["final_normalized"]) else None
+    return (
+        cfg.d_model
+        if name in (_MODEL_KINDS["embed"], _MODEL_KINDS["pos_embed"], _MODEL_KINDS["final_normalized"])
+        else None
+    )
 
 
 def stop_layer(name: str) -> Optional[int]:

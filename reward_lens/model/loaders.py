@@ -22,5 +22,6 @@ def loader(name: str) -> Callable[..., Any]:
     try:
         return _INSTALLED[name]
     except KeyError:
-        raise RuntimeError(f"no loader {name!r} is installed: import reward_lens first (it installs "
-                           "reward_lens.loading)") from None
+        raise RuntimeError(
+            f"no loader {name!r} is installed: import reward_lens first (it installs reward_lens.loading)"
+        ) from None

@@ -26,10 +26,10 @@ from reward_lens.model.heads import build_head
 from reward_lens.model.heads.prm import resolve_step_tag
 from reward_lens.model.loaders import loader
 from reward_lens.model.placement import head_device, module_device, resolve_devices
-from reward_lens.model.validation import check_attention_mask
 from reward_lens.model.readout import set_readout
 from reward_lens.model.tl_compat import TransformerLensConveniences, check_forward_input
 from reward_lens.model.tokenization import check_input_format
+from reward_lens.model.validation import check_attention_mask
 
 
 class HookedRewardModel(TransformerLensConveniences, RewardModelBase):
@@ -76,14 +76,16 @@ class HookedRewardModel(TransformerLensConveniences, RewardModelBase):
         (one block in host memory at a time, `reward_lens.loading.streaming`); `n_devices=k` (cuda:0..k-1) or
         `device_map=[devices]` / `"auto"` spreads the blocks over several devices, balanced by bytes
         (`reward_lens.model.placement`).
-        `gguf_file="x.gguf"` loads a llama.cpp file in `path_or_id` as transformers does (dequantised to float32;
+        `gguf_file="x.gguf"` loads a llama.cpp file in `path_or_id` as transformers does (dequantised to
+        float32;
         needs `pip install gguf`); a GGUF holds no reward head, so the score head is random until set
         (`reward_lens.loading.gguf`). Other keyword arguments override config fields (e.g. `pad_token_id`).
         """
         check_input_format(input_format)
         step_tag = kwargs.pop("step_tag", None)
-        model = loader("load_pretrained")(cls, path_or_id, device=device, dtype=dtype, fold_ln=fold_ln, generic=generic,
-                                        **kwargs)
+        model = loader("load_pretrained")(
+            cls, path_or_id, device=device, dtype=dtype, fold_ln=fold_ln, generic=generic, **kwargs
+        )
         model.input_format = input_format
         resolve_step_tag(model, step_tag)
         return set_readout(model, readout)
@@ -113,9 +115,18 @@ class HookedRewardModel(TransformerLensConveniences, RewardModelBase):
         assistant\n" (newlines as in the chat format).
         """
         check_input_format(input_format)
-        model = loader("load_judge")(cls, path_or_id, positive=positive, negative=negative,
-                                     tokenizer=tokenizer, device=device, dtype=dtype, fold_ln=fold_ln,
-                                     gguf_file=gguf_file, **overrides)
+        model = loader("load_judge")(
+            cls,
+            path_or_id,
+            positive=positive,
+            negative=negative,
+            tokenizer=tokenizer,
+            device=device,
+            dtype=dtype,
+            fold_ln=fold_ln,
+            gguf_file=gguf_file,
+            **overrides,
+        )
         model.input_format = input_format
         if input_format != "auto":  # the judge's question is part of the model: saved with it
             model.cfg.input_format = input_format
@@ -145,34 +156,73 @@ class HookedRewardModel(TransformerLensConveniences, RewardModelBase):
         `device` defaults to CUDA when available, else CPU.
         """
         model = loader("from_hf_model")(
-            cls, hf_model, tokenizer, device=device, dtype=dtype, fold_ln=fold_ln, generic=generic, module_map=module_map,
-            n_devices=n_devices, device_map=device_map,
+            cls,
+            hf_model,
+            tokenizer,
+            device=device,
+            dtype=dtype,
+            fold_ln=fold_ln,
+            generic=generic,
+            module_map=module_map,
+            n_devices=n_devices,
+            device_map=device_map,
         )
         return set_readout(model, readout)
 
     @classmethod
     def from_state_dict(
-        cls, cfg: RewardModelConfig, sd: Mapping[str, torch.Tensor], *, tokenizer: Any = None,
-        device: Union[str, torch.device, None] = None, dtype: Union[str, torch.dtype, None] = None, fold_ln: bool = True,
-        source: str = "the checkpoint", n_devices: Optional[int] = None, device_map: Any = None,
+        cls,
+        cfg: RewardModelConfig,
+        sd: Mapping[str, torch.Tensor],
+        *,
+        tokenizer: Any = None,
+        device: Union[str, torch.device, None] = None,
+        dtype: Union[str, torch.dtype, None] = None,
+        fold_ln: bool = True,
+        source: str = "the checkpoint",
+        n_devices: Optional[int] = None,
+        device_map: Any = None,
     ) -> "HookedRewardModel":
         """The model holding converted weights `sd` (our names, unfolded or folded as `cfg` says); norms
         folded when `fold_ln`. Neither argument is changed (weights are copied). Names, shapes, finite
         values and the tokenizer's vocabulary are checked first, block by block; errors name `source`.
         `n_devices` / `device_map`: spread the blocks over several devices (`reward_lens.model.placement`)."""
-        return cls.from_source(loader("partitioned_source")(cfg, sd), tokenizer=tokenizer, device=device, dtype=dtype,
-                               fold_ln=fold_ln, source=source, n_devices=n_devices, device_map=device_map)
+        return cls.from_source(
+            loader("partitioned_source")(cfg, sd),
+            tokenizer=tokenizer,
+            device=device,
+            dtype=dtype,
+            fold_ln=fold_ln,
+            source=source,
+            n_devices=n_devices,
+            device_map=device_map,
+        )
 
     @classmethod
     def from_source(
-        cls, src: Any, *, tokenizer: Any = None, device: Union[str, torch.device, None] = None,
-        dtype: Union[str, torch.dtype, None] = None, fold_ln: bool = True, source: str = "the checkpoint",
-        n_devices: Optional[int] = None, device_map: Any = None,
+        cls,
+        src: Any,
+        *,
+        tokenizer: Any = None,
+        device: Union[str, torch.device, None] = None,
+        dtype: Union[str, torch.dtype, None] = None,
+        fold_ln: bool = True,
+        source: str = "the checkpoint",
+        n_devices: Optional[int] = None,
+        device_map: Any = None,
     ) -> "HookedRewardModel":
         """The model built from a `reward_lens.loading.streaming.WeightSource`, one block at a time."""
         devices = resolve_devices(device, n_devices, device_map)
-        return loader("build_model")(cls, src, tokenizer=tokenizer, device=device, dtype=dtype, fold_ln=fold_ln,
-                           source=source, devices=devices)
+        return loader("build_model")(
+            cls,
+            src,
+            tokenizer=tokenizer,
+            device=device,
+            dtype=dtype,
+            fold_ln=fold_ln,
+            source=source,
+            devices=devices,
+        )
 
     def save_pretrained(self, path: Union[str, Path], *, overwrite: bool = False) -> None:
         """Save as a hooked checkpoint (config JSON + safetensors + tokenizer files). A directory holding
@@ -190,7 +240,7 @@ class HookedRewardModel(TransformerLensConveniences, RewardModelBase):
         input_ids: Optional[Int[torch.Tensor, "batch pos"]] = None,
         start_at_layer: Optional[int] = None,
         stop_at_layer: Optional[int] = None,
-        readout_positions: Optional[Int[torch.Tensor, "batch"]] = None,
+        readout_positions: Optional[Int[torch.Tensor, " batch"]] = None,
         return_type: Optional[str] = "reward",
     ) -> Optional[torch.Tensor]:
         """Rewards [batch] (or [batch, n_outputs]); the residual before block `stop_at_layer` if given.
@@ -205,17 +255,23 @@ class HookedRewardModel(TransformerLensConveniences, RewardModelBase):
         """
         check_forward_input(input, return_type)
         if start_at_layer is None:
-            input_ids, attention_mask = self.checked_ids(input, attention_mask, warn=readout_positions is None)
+            input_ids, attention_mask = self.checked_ids(
+                input, attention_mask, warn=readout_positions is None
+            )
             residual = self.hook_embed(self.embed(input_ids))
             start_at_layer = 0
         else:
             residual = input
-            if attention_mask is not None:  # shape only: a mid-model restart reuses a checked mask (no device sync)
+            if (
+                attention_mask is not None
+            ):  # shape only: a mid-model restart reuses a checked mask (no device sync)
                 attention_mask = check_attention_mask(attention_mask, tuple(residual.shape[:2]), values=False)
             elif input_ids is not None:  # the mask a full forward would infer from the same ids
                 input_ids, attention_mask = self.checked_ids(input_ids, None, warn=readout_positions is None)
         batch, T = residual.shape[:2]
-        attention_mask, position_ids = self.prepare_inputs(batch, T, attention_mask, position_ids, residual.device)
+        attention_mask, position_ids = self.prepare_inputs(
+            batch, T, attention_mask, position_ids, residual.device
+        )
         cos, sin = self.rotary(position_ids, residual.dtype)
         masks = attention_masks(attention_mask, self.cfg.window_sizes)
         stop = self.cfg.n_layers if stop_at_layer is None else stop_at_layer
@@ -240,8 +296,12 @@ class HookedRewardModel(TransformerLensConveniences, RewardModelBase):
 
     # ------------------------------------------------------------------ the readout token alone
     def readout_context(
-        self, tok_or_ids: Any, attention_mask: Optional[torch.Tensor] = None,
-        readout: Optional[torch.Tensor] = None, *, kv: Optional[Mapping[str, torch.Tensor]] = None,
+        self,
+        tok_or_ids: Any,
+        attention_mask: Optional[torch.Tensor] = None,
+        readout: Optional[torch.Tensor] = None,
+        *,
+        kv: Optional[Mapping[str, torch.Tensor]] = None,
     ) -> recompute.ReadoutContext:
         """The positional state of recomputing each row's readout token alone, computed once: readout
         positions, position ids, RoPE tables, per-window visible positions, the clean run's cached keys
@@ -261,9 +321,15 @@ class HookedRewardModel(TransformerLensConveniences, RewardModelBase):
         return recompute.readout_sweep(self, ctx, entries)
 
     def readout_with_inputs(
-        self, ctx: recompute.ReadoutContext, layer: int, resid_pre: torch.Tensor, *,
-        q_input: Optional[torch.Tensor] = None, k_input: Optional[torch.Tensor] = None,
-        v_input: Optional[torch.Tensor] = None, mlp_delta: Optional[torch.Tensor] = None,
+        self,
+        ctx: recompute.ReadoutContext,
+        layer: int,
+        resid_pre: torch.Tensor,
+        *,
+        q_input: Optional[torch.Tensor] = None,
+        k_input: Optional[torch.Tensor] = None,
+        v_input: Optional[torch.Tensor] = None,
+        mlp_delta: Optional[torch.Tensor] = None,
     ) -> Float[torch.Tensor, "batch n d_model"]:
         """Final residuals [batch, n, d_model] at the readout when, at block `layer`, each head reads its
         own q/k/v input ([batch, n, n_heads or n_kv, d_model], the residual before ln1) and/or the MLP's
@@ -279,22 +345,30 @@ class HookedRewardModel(TransformerLensConveniences, RewardModelBase):
 
     # ------------------------------------------------------------------ suffixes over a shared prefix
     def prefix_cache(self, prefix_ids: Int[torch.Tensor, "1 prefix"]) -> suffix.PrefixCache:
-        """One unpadded prefix's keys and values, every layer, for `suffix_rewards` (`reward_lens.model.suffix`)."""
+        """One unpadded prefix's keys and values, every layer, for `suffix_rewards`
+        (`reward_lens.model.suffix`)."""
         return suffix.prefix_cache(self, prefix_ids)
 
     def suffix_rewards(
-        self, cache: suffix.PrefixCache, suffix_ids: Optional[Int[torch.Tensor, "n suffix"]] = None, *,
+        self,
+        cache: suffix.PrefixCache,
+        suffix_ids: Optional[Int[torch.Tensor, "n suffix"]] = None,
+        *,
         suffix_embeds: Optional[Float[torch.Tensor, "n suffix d_model"]] = None,
-    ) -> Float[torch.Tensor, "n"]:
+    ) -> Float[torch.Tensor, " n"]:
         """Rewards of prefix + each of n equal-length suffixes (ids, or embeddings as hook_embed holds them,
         e.g. `embed_one_hot`), only the suffix recomputed; read at the suffix's last token."""
         return suffix.suffix_rewards(self, cache, suffix_ids, suffix_embeds=suffix_embeds)
 
-    def embed_one_hot(self, one_hot: Float[torch.Tensor, "batch pos d_vocab"]) -> Float[torch.Tensor, "batch pos d_model"]:
+    def embed_one_hot(
+        self, one_hot: Float[torch.Tensor, "batch pos d_vocab"]
+    ) -> Float[torch.Tensor, "batch pos d_model"]:
         """The embedding of (relaxed) one-hot vectors, differentiable (gradient-guided token search)."""
         return self.embed.from_one_hot(one_hot)
 
-    def accumulated_bias(self, layer: int, mlp_input: bool = False, include_mlp_biases: bool = True) -> torch.Tensor:
+    def accumulated_bias(
+        self, layer: int, mlp_input: bool = False, include_mlp_biases: bool = True
+    ) -> torch.Tensor:
         """Sum of the attention and MLP output biases written into the residual before `layer`."""
         home = self.cfg.device
         total = torch.zeros(self.cfg.d_model, device=home, dtype=self.cfg.dtype)
@@ -318,8 +392,10 @@ class HookedRewardModel(TransformerLensConveniences, RewardModelBase):
         TransformerLens's grouped-query attention and its 4.x bridge). Rewards are unchanged; patching one
         head's slot changes that head's query (or that kv head's keys / values) only."""
         if use_split_qkv_input and self.cfg.use_attn_in:
-            raise ValueError("use_split_qkv_input and use_attn_in are exclusive (as in TransformerLens): "
-                             "call model.set_use_attn_in(False) first")
+            raise ValueError(
+                "use_split_qkv_input and use_attn_in are exclusive (as in TransformerLens): call "
+                "model.set_use_attn_in(False) first"
+            )
         self.cfg.use_split_qkv_input = use_split_qkv_input
 
     def set_use_attn_in(self, use_attn_in: bool) -> None:
@@ -327,8 +403,10 @@ class HookedRewardModel(TransformerLensConveniences, RewardModelBase):
         `ln1` (TransformerLens). Under grouped-query attention kv head j reads slot j (as TransformerLens
         4.x's bridge)."""
         if use_attn_in and self.cfg.use_split_qkv_input:
-            raise ValueError("use_attn_in and use_split_qkv_input are exclusive (as in TransformerLens): "
-                             "call model.set_use_split_qkv_input(False) first")
+            raise ValueError(
+                "use_attn_in and use_split_qkv_input are exclusive (as in TransformerLens): call "
+                "model.set_use_split_qkv_input(False) first"
+            )
         self.cfg.use_attn_in = use_attn_in
 
     def set_use_hook_mlp_in(self, use_hook_mlp_in: bool) -> None:

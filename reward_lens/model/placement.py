@@ -20,7 +20,9 @@ from reward_lens.model.devices import resolve_device
 DeviceLike = Union[str, torch.device]
 
 
-def plan_blocks(block_bytes: Sequence[int], n_devices: int, first_bytes: int = 0, last_bytes: int = 0) -> List[int]:
+def plan_blocks(
+    block_bytes: Sequence[int], n_devices: int, first_bytes: int = 0, last_bytes: int = 0
+) -> List[int]:
     """The device index of every block: contiguous, non-decreasing ranges that minimise the largest
     device's bytes, device 0 also holding `first_bytes` (embedding) and device k-1 `last_bytes` (final
     norm and head). Exact (dynamic programming over split points); a device may get no block."""
@@ -65,12 +67,16 @@ def resolve_devices(
         if int(n_devices) < 1:
             raise ValueError(f"n_devices must be >= 1, got {n_devices}")
         if device is not None and torch.device(device).type != "cuda":
-            raise ValueError(f"n_devices={n_devices} spreads the model over GPUs, but device={str(device)!r}; "
-                             "drop device= or pass device_map=[...] with the devices to use")
+            raise ValueError(
+                f"n_devices={n_devices} spreads the model over GPUs, but device={str(device)!r}; drop "
+                "device= or pass device_map=[...] with the devices to use"
+            )
         have = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if have < int(n_devices):
-            raise ValueError(f"n_devices={n_devices} needs {n_devices} GPUs but {have} are visible here; "
-                             f"use n_devices<={max(have, 1)} or device_map=[...]")
+            raise ValueError(
+                f"n_devices={n_devices} needs {n_devices} GPUs but {have} are visible here; use "
+                f"n_devices<={max(have, 1)} or device_map=[...]"
+            )
         return [torch.device("cuda", i) for i in range(int(n_devices))]
     if device is not None:
         raise ValueError("give device or device_map, not both (device_map lists every device)")
@@ -78,11 +84,11 @@ def resolve_devices(
         targets = {str(v) if not isinstance(v, int) else f"cuda:{v}" for v in device_map.values()}
         if set(device_map) == {""}:  # transformers' "everything on one device"
             return [resolve_device(next(iter(targets)))]
-        raise ValueError(f"device_map is a dict of {len(device_map)} module(s) -> device (transformers' "
-                         "form); here it "
-                         "is a list of devices the blocks are spread over, e.g. "
-                         f"device_map={sorted(targets)!r}, or "
-                         "'auto', or device='cuda:0'")
+        raise ValueError(
+            f"device_map is a dict of {len(device_map)} module(s) -> device (transformers' form); here it "
+            f"is a list of devices the blocks are spread over, e.g. device_map={sorted(targets)!r}, or "
+            "'auto', or device='cuda:0'"
+        )
     if isinstance(device_map, str):
         if device_map != "auto":
             raise ValueError(f"device_map must be 'auto' or a list of devices, got {device_map!r}")

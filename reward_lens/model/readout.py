@@ -26,8 +26,10 @@ DEFAULT_READOUT = "last_non_pad"
 
 
 def last_non_pad(
-    input_ids: Int[torch.Tensor, "batch pos"], attention_mask: Optional[torch.Tensor], pad_token_id: Optional[int]
-) -> Int[torch.Tensor, "batch"]:
+    input_ids: Int[torch.Tensor, "batch pos"],
+    attention_mask: Optional[torch.Tensor],
+    pad_token_id: Optional[int],
+) -> Int[torch.Tensor, " batch"]:
     """transformers' pooling: the rightmost non-pad token (the last position when there is no pad id)."""
     if pad_token_id is None:
         return last_position_without_pad(input_ids)
@@ -36,18 +38,25 @@ def last_non_pad(
 
 
 def last_attended(
-    input_ids: Optional[torch.Tensor], attention_mask: Optional[torch.Tensor], pad_token_id: Optional[int] = None
-) -> Int[torch.Tensor, "batch"]:
+    input_ids: Optional[torch.Tensor],
+    attention_mask: Optional[torch.Tensor],
+    pad_token_id: Optional[int] = None,
+) -> Int[torch.Tensor, " batch"]:
     """OpenRLHF's `eos_indices`: the last position whose attention mask is 1 (the ids are not looked at)."""
     if attention_mask is None:
         if input_ids is None:
             raise ValueError("readout_positions needs input_ids or attention_mask")
-        return torch.full((input_ids.shape[0],), input_ids.shape[1] - 1, dtype=torch.long, device=input_ids.device)
+        return torch.full(
+            (input_ids.shape[0],), input_ids.shape[1] - 1, dtype=torch.long, device=input_ids.device
+        )
     T = attention_mask.shape[-1]
     return T - 1 - attention_mask.long().fliplr().argmax(-1)
 
 
-READOUT_RULES: Dict[str, Callable[..., torch.Tensor]] = {"last_non_pad": last_non_pad, "last_attended": last_attended}
+READOUT_RULES: Dict[str, Callable[..., torch.Tensor]] = {
+    "last_non_pad": last_non_pad,
+    "last_attended": last_attended,
+}
 
 
 def readout_needs_pad_id(cfg) -> bool:
@@ -58,15 +67,15 @@ def readout_needs_pad_id(cfg) -> bool:
 def check_readout(readout: str) -> str:
     if readout not in READOUT_RULES:
         raise ValueError(
-            f"unknown readout {readout!r}; use 'last_non_pad' (transformers / TRL: rightmost non-pad token) or "
-            "'last_attended' (OpenRLHF: last position with attention_mask 1)"
+            f"unknown readout {readout!r}; use 'last_non_pad' (transformers / TRL: rightmost non-pad "
+            "token) or 'last_attended' (OpenRLHF: last position with attention_mask 1)"
         )
     return readout
 
 
 def readout_positions(
     model, input_ids: Optional[Int[torch.Tensor, "batch pos"]], attention_mask: Optional[torch.Tensor] = None
-) -> Int[torch.Tensor, "batch"]:
+) -> Int[torch.Tensor, " batch"]:
     """The readout position of each row under `model.cfg.readout` (see the module docstring).
 
     Without input ids (a forward started from a residual) every rule falls back to the last attended

@@ -52,7 +52,7 @@ class ReadoutContext:
     ones irrelevant; kv[layer] = (post-RoPE keys, values) [batch, pos, n_kv, d_head] of the clean run.
     `on(device)` gives the tables on a placed model's other devices (copied once each)."""
 
-    readout: Int[torch.Tensor, "batch"]
+    readout: Int[torch.Tensor, " batch"]
     position_ids: Int[torch.Tensor, "batch pos"]
     cos: torch.Tensor
     sin: torch.Tensor

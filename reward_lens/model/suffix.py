@@ -33,8 +33,8 @@ def _check_native(model) -> None:
         )
     if getattr(model.reward_head, "is_gated", False):
         raise ValueError(
-            "the reward head is gated by a prompt position the suffix may contain; score full "
-            "sequences instead (method='naive'), or read one objective (read_objective)"
+            "the reward head is gated by a prompt position the suffix may contain; score full sequences "
+            "instead (method='naive'), or read one objective (read_objective)"
         )
 
 
@@ -94,7 +94,7 @@ def suffix_rewards(
     suffix_ids: Optional[Int[torch.Tensor, "n suffix"]] = None,
     *,
     suffix_embeds: Optional[Float[torch.Tensor, "n suffix d_model"]] = None,
-) -> Float[torch.Tensor, "n"]:
+) -> Float[torch.Tensor, " n"]:
     """Rewards [n] of prefix + each suffix, read at the suffix's last token (the readout)."""
     resid = suffix_final_residual(model, cache, suffix_ids, suffix_embeds=suffix_embeds)
     h = model.ln_final(resid[:, -1:])

@@ -21,8 +21,8 @@ import weakref
 from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 import torch
-from jaxtyping import Float, Int
 import transformer_lens.utilities as tl_utils
+from jaxtyping import Float, Int
 from transformer_lens import FactoredMatrix
 from transformer_lens.ActivationCache import ActivationCache
 
@@ -41,8 +41,15 @@ def check_forward_input(input: Any, return_type: Optional[str]) -> None:
             "model.to_tokens(prompts, responses) and pass batch['input_ids'] (a reward needs both parts)"
         )
     if return_type not in RETURN_TYPES:
-        hint = " (a reward model has no language-modelling loss; use the reward as your metric)" if return_type == "loss" else ""
-        raise ValueError(f"return_type must be 'reward', 'logits' (the same: the reward) or None, got {return_type!r}{hint}")
+        hint = (
+            " (a reward model has no language-modelling loss; use the reward as your metric)"
+            if return_type == "loss"
+            else ""
+        )
+        raise ValueError(
+            "return_type must be 'reward', 'logits' (the same: the reward) or None, got "
+            f"{return_type!r}{hint}"
+        )
 
 
 def leading_pad_mask(
@@ -65,11 +72,15 @@ def warn_pad_is_bos(input_ids: Int[torch.Tensor, "batch pos"], pad: int, renders
     unknown and some row starts with the id, or no row is free of it (each may carry its own BOS)."""
     starts = input_ids[:, 0] == pad
     if renders_bos is None and bool(starts.any()):
-        why = ("to_tokens cannot render a pair here to tell whether rows start with their own BOS, so every "
-               "leading one is masked")
+        why = (
+            "to_tokens cannot render a pair here to tell whether rows start with their own BOS, so every "
+            "leading one is masked"
+        )
     elif renders_bos is False and bool(starts.all()):
-        why = ("every row starts with it, but to_tokens renders no BOS: a BOS prepended by hand is masked "
-               "with the padding")
+        why = (
+            "every row starts with it, but to_tokens renders no BOS: a BOS prepended by hand is masked "
+            "with the padding"
+        )
     else:
         return
     warnings.warn(
@@ -85,7 +96,9 @@ class TransformerLensConveniences:
     # ------------------------------------------------------------------ tokens <-> strings
     def _tokenizer_or_error(self):
         if self.tokenizer is None:
-            raise ValueError("this model has no tokenizer; set model.tokenizer = AutoTokenizer.from_pretrained(...)")
+            raise ValueError(
+                "this model has no tokenizer; set model.tokenizer = AutoTokenizer.from_pretrained(...)"
+            )
         return self.tokenizer
 
     @property
@@ -109,7 +122,10 @@ class TransformerLensConveniences:
         return torch.tensor(ids, dtype=torch.long)
 
     def to_str_tokens(
-        self, input: Union[str, torch.Tensor, List], prepend_bos: Optional[bool] = None, padding_side: Optional[str] = None
+        self,
+        input: Union[str, torch.Tensor, List],
+        prepend_bos: Optional[bool] = None,
+        padding_side: Optional[str] = None,
     ) -> Union[List[str], List[List[str]]]:
         """Each token as a string. A str is tokenised as TransformerLens does (one BOS in front unless
         `prepend_bos=False`, `tl_bos_token_id`); ids are decoded as they are (a 2-D tensor: one list per row,
@@ -130,8 +146,11 @@ class TransformerLensConveniences:
         """Decode ids as TransformerLens does (special tokens such as BOS kept): one string for a 0-/1-D input
         (a list of ints, a tensor or an array), a list for a 2-D batch or a list of 1-D tensors (pads too)."""
         tok = self._tokenizer_or_error()
-        if isinstance(tokens, list) and tokens and all(isinstance(t, torch.Tensor) and t.dim() == 1
-                                                       for t in tokens):
+        if (
+            isinstance(tokens, list)
+            and tokens
+            and all(isinstance(t, torch.Tensor) and t.dim() == 1 for t in tokens)
+        ):
             return [self.to_string(t) for t in tokens]
         tokens = torch.as_tensor(tokens)
         if tokens.dim() == 2:
@@ -144,7 +163,9 @@ class TransformerLensConveniences:
         """The id of a string that is exactly one token (no special tokens added)."""
         ids = self._text_ids(string, prepend_bos=False)
         if ids.numel() != 1:
-            raise ValueError(f"{string!r} is {ids.numel()} tokens, not a single token: {self.to_str_tokens(ids)}")
+            raise ValueError(
+                f"{string!r} is {ids.numel()} tokens, not a single token: {self.to_str_tokens(ids)}"
+            )
         return int(ids.item())
 
     def get_token_position(
@@ -174,16 +195,17 @@ class TransformerLensConveniences:
         return int(where[0] if mode == "first" else where[-1])
 
     def tokens_to_residual_directions(
-        self, tokens: Union[Int[torch.Tensor, "batch pos"], Int[torch.Tensor, "pos"]]
-    ) -> Union[Float[torch.Tensor, "batch d_model"], Float[torch.Tensor, "d_model"]]:
-        """The reward direction of each sequence of `tokens` (the input ids), TL's unembedding-column analogue:
+        self, tokens: Union[Int[torch.Tensor, "batch pos"], Int[torch.Tensor, " pos"]]
+    ) -> Union[Float[torch.Tensor, "batch d_model"], Float[torch.Tensor, " d_model"]]:
+        """The reward direction of each sequence of `tokens` (the input ids), TL's unembedding-column
+        analogue:
         reward = direction . (resid_final[readout] / ln_final.hook_scale) + reward_bias, so
         `cache.logit_attrs(stack, tokens, pos_slice=-1)` sums to reward - reward_bias. Per sequence for
         ArmoRM (the prompt-conditioned direction); the one `reward_direction` for a linear head."""
         if not isinstance(tokens, torch.Tensor) or tokens.dim() not in (1, 2):
             raise TypeError(
-                "tokens_to_residual_directions takes the input ids ([batch, pos] or [pos]): a reward model has one "
-                "output direction per sequence, not one per vocabulary token"
+                "tokens_to_residual_directions takes the input ids ([batch, pos] or [pos]): a reward "
+                "model has one output direction per sequence, not one per vocabulary token"
             )
         ids = tokens if tokens.dim() == 2 else tokens[None]
         directions = self.reward_direction_for(ids.to(self.cfg.device))
@@ -191,8 +213,13 @@ class TransformerLensConveniences:
 
     # ------------------------------------------------------------------ TransformerLens 4.x's bridge
     def enable_compatibility_mode(
-        self, disable_warnings: bool = False, no_processing: bool = False, fold_ln: bool = True,
-        center_writing_weights: bool = True, center_unembed: bool = True, fold_value_biases: bool = True,
+        self,
+        disable_warnings: bool = False,
+        no_processing: bool = False,
+        fold_ln: bool = True,
+        center_writing_weights: bool = True,
+        center_unembed: bool = True,
+        fold_value_biases: bool = True,
         refactor_factored_attn_matrices: bool = False,
     ) -> None:
         """TransformerLens 4.x's `TransformerBridge.enable_compatibility_mode`, so a tutorial's first cell
@@ -211,12 +238,16 @@ class TransformerLensConveniences:
         if refactor_factored_attn_matrices:
             unapplied.append("refactor_factored_attn_matrices (rotary attention has no such refactoring)")
         if unapplied:
-            warnings.warn("enable_compatibility_mode leaves the weights as loaded: not applied: "
-                          + "; ".join(unapplied), stacklevel=2)
+            warnings.warn(
+                "enable_compatibility_mode leaves the weights as loaded: not applied: "
+                + "; ".join(unapplied),
+                stacklevel=2,
+            )
 
     # ------------------------------------------------------------------ parameters, TL style
     def tl_parameters(self) -> Dict[str, torch.Tensor]:
-        """Parameters under TransformerLens names ('blocks.0.attn.W_Q', ...); kv weights as stored (kv heads)."""
+        """Parameters under TransformerLens names ('blocks.0.attn.W_Q', ...); kv weights as stored (kv
+        heads)."""
         return dict(self.named_parameters())
 
     def tl_named_parameters(self) -> Iterator[Tuple[str, torch.Tensor]]:
@@ -375,8 +406,13 @@ def patching_caller_masks(depth: int = 8) -> List[torch.Tensor]:
         if frame is None:
             break
         if frame.f_globals.get("__name__") == "transformer_lens.patching":
-            masks += [m for v in frame.f_locals.values() if isinstance(v, ActivationCache)
-                      for m in [cached_mask_of(v)] if m is not None]
+            masks += [
+                m
+                for v in frame.f_locals.values()
+                if isinstance(v, ActivationCache)
+                for m in [cached_mask_of(v)]
+                if m is not None
+            ]
     return masks
 
 
@@ -423,17 +459,18 @@ def _aligned_patch_hook(model: Any, fn: Any, source: torch.Tensor, target: torch
             if not bool(hit.any()):
                 return result
             cols = (bad_positions.any(0).nonzero().flatten() - bad_positions.shape[1]).tolist()
-            where = (f"{len(cols)} of {bad_positions.shape[1]} positions (e.g. {cols[:4]}, counted from the "
-                     "end) are padding in one batch and real tokens in the other")
+            where = (
+                f"{len(cols)} of {bad_positions.shape[1]} positions (e.g. {cols[:4]}, counted from the "
+                "end) are padding in one batch and real tokens in the other"
+            )
         last, kind = model.__dict__.get("_misaligned_warned"), hooks.kind_of(hook.name)
         if last is None or last[0] is not key[0] or last[1] is not key[1] or last[2] != kind:
             model.__dict__["_misaligned_warned"] = (*key, kind)
             warnings.warn(
                 f"{hook.name}: the patch writes activations cached from a differently padded batch, and "
-                f"{where}; pad activations are patched into real tokens (or the reverse). The readout column "
-                "(-1) is aligned; "
-                "for other positions use reward_lens.patch(model, pairs, positions='prompt' or 'all'), which "
-                "patches token k onto token k",
+                f"{where}; pad activations are patched into real tokens (or the reverse). The readout "
+                "column (-1) is aligned; for other positions use reward_lens.patch(model, pairs, "
+                "positions='prompt' or 'all'), which patches token k onto token k",
                 stacklevel=2,
             )
         return result

@@ -31,8 +31,8 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 
 import torch
 
-from reward_lens.model.truncation import report_truncation
 from reward_lens.model.readout import readout_needs_pad_id
+from reward_lens.model.truncation import report_truncation
 
 PLAIN_FORMAT = "User: {prompt}\n\nAssistant: {response}"
 INPUT_FORMATS = ("auto", "chat", "concat", "openrlhf", "plain")
@@ -51,8 +51,8 @@ def check_input_format(fmt: Any) -> str:
     if isinstance(fmt, str) and (fmt in INPUT_FORMATS or ("{prompt}" in fmt and "{response}" in fmt)):
         return fmt
     raise ValueError(
-        f"unknown input_format {fmt!r}; use one of {', '.join(INPUT_FORMATS)} or a template string containing "
-        "'{prompt}' and '{response}' (e.g. 'Q: {prompt}\\nA: {response}')"
+        f"unknown input_format {fmt!r}; use one of {', '.join(INPUT_FORMATS)} or a template string "
+        "containing '{prompt}' and '{response}' (e.g. 'Q: {prompt}\\nA: {response}')"
     )
 
 
@@ -64,8 +64,9 @@ def resolve_input_format(fmt: Optional[str], tokenizer) -> str:
         return "chat" if has_template else "plain"
     if fmt == "chat" and not has_template:
         raise ValueError(
-            "input_format='chat' but the tokenizer has no chat_template; set tokenizer.chat_template (a jinja "
-            "string) or use input_format='concat' (TRL standard data), 'plain' or a '{prompt}...{response}' template"
+            "input_format='chat' but the tokenizer has no chat_template; set tokenizer.chat_template (a "
+            "jinja string) or use input_format='concat' (TRL standard data), 'plain' or a "
+            "'{prompt}...{response}' template"
         )
     return fmt
 
@@ -90,10 +91,10 @@ def _chat(tokenizer, messages: List[Dict[str, Any]], **kwargs: Any) -> Any:
         if not isinstance(exc, jinja2.TemplateError):
             raise
         first = (str(exc).strip().splitlines() or [""])[0]
-        raise ValueError(f"the tokenizer's chat template failed ({type(exc).__name__}: {first}); fix or "
-                         "replace "
-                         "tokenizer.chat_template, or use another input_format (plain, concat or a template "
-                         "string)") from None
+        raise ValueError(
+            f"the tokenizer's chat template failed ({type(exc).__name__}: {first}); fix or replace "
+            "tokenizer.chat_template, or use another input_format (plain, concat or a template string)"
+        ) from None
 
 
 def _messages(x: Text, role: str) -> List[Dict[str, Any]]:
@@ -106,7 +107,9 @@ def conversation(prompt: Text, response: Text) -> List[Dict[str, Any]]:
     """The chat messages of (prompt, response). TRL's implicit-prompt rows (prompt "" and a response that is a
     whole conversation) and a response conversation that already starts with the prompt's messages are used
     whole, never duplicated; an empty response list means the prompt is the whole conversation."""
-    tail = [] if isinstance(response, (list, tuple)) and len(response) == 0 else _messages(response, "assistant")
+    tail = (
+        [] if isinstance(response, (list, tuple)) and len(response) == 0 else _messages(response, "assistant")
+    )
     if prompt == "" and is_messages(response):
         return tail
     head = _messages(prompt, "user")
@@ -116,8 +119,8 @@ def conversation(prompt: Text, response: Text) -> List[Dict[str, Any]]:
 def _template_ids(tokenizer, template: str, prompt: Text, response: Text) -> List[int]:
     if not (isinstance(prompt, str) and isinstance(response, str)):
         raise ValueError(
-            "conversational pairs (lists of role/content messages) need a chat template: use input_format='chat' "
-            "(or 'openrlhf') with a tokenizer that has one"
+            "conversational pairs (lists of role/content messages) need a chat template: use "
+            "input_format='chat' (or 'openrlhf') with a tokenizer that has one"
         )
     text = template.replace("{prompt}", prompt).replace("{response}", response)
     bos = getattr(tokenizer, "bos_token", None)
@@ -127,19 +130,25 @@ def _template_ids(tokenizer, template: str, prompt: Text, response: Text) -> Lis
 def _openrlhf_ids(tokenizer, prompt: Text, response: Text) -> List[int]:
     eos, eos_id = tokenizer.eos_token, tokenizer.eos_token_id
     if eos is None:
-        raise ValueError("input_format='openrlhf' needs a tokenizer with an EOS token (OpenRLHF ends every text with it)")
+        raise ValueError(
+            "input_format='openrlhf' needs a tokenizer with an EOS token (OpenRLHF ends every text with it)"
+        )
     if getattr(tokenizer, "chat_template", None):
         turns = _messages(prompt, "user")
-        if isinstance(response, (list, tuple)) and len(response) == 0:  # one whole conversation, no prompt key
+        if (
+            isinstance(response, (list, tuple)) and len(response) == 0
+        ):  # one whole conversation, no prompt key
             prompt_text, response_text = "", _chat(tokenizer, turns, tokenize=False)
         else:
             prompt_text = _chat(tokenizer, turns, tokenize=False, add_generation_prompt=True)
             full = _chat(tokenizer, turns + _messages(response, "assistant"), tokenize=False)
-            response_text = full[len(prompt_text):]
+            response_text = full[len(prompt_text) :]
     elif isinstance(prompt, str) and isinstance(response, str):
         prompt_text, response_text = prompt, response
     else:
-        raise ValueError("conversational pairs with input_format='openrlhf' need a tokenizer with a chat_template")
+        raise ValueError(
+            "conversational pairs with input_format='openrlhf' need a tokenizer with a chat_template"
+        )
     text = (prompt_text + response_text).rstrip("\n")
     if not text.endswith(eos):
         text += " " + eos
@@ -155,14 +164,18 @@ def encode_pair(tokenizer, prompt: Text, response: Text, input_format: str) -> L
         return list(_chat(tokenizer, messages, tokenize=True, return_dict=True)["input_ids"])
     if input_format == "concat":
         if not (isinstance(prompt, str) and isinstance(response, str)):
-            raise ValueError("input_format='concat' is TRL's standard (string) format; conversational pairs use 'chat'")
+            raise ValueError(
+                "input_format='concat' is TRL's standard (string) format; conversational pairs use 'chat'"
+            )
         text = prompt + response
         if tokenizer.eos_token and not text.endswith(tokenizer.eos_token):
             text += tokenizer.eos_token
         return tokenizer(text)["input_ids"]
     if input_format == "openrlhf":
         return _openrlhf_ids(tokenizer, prompt, response)
-    return _template_ids(tokenizer, PLAIN_FORMAT if input_format == "plain" else input_format, prompt, response)
+    return _template_ids(
+        tokenizer, PLAIN_FORMAT if input_format == "plain" else input_format, prompt, response
+    )
 
 
 def render_pair(tokenizer, prompt: Text, response: Text, input_format: str = "auto") -> str:
@@ -172,7 +185,11 @@ def render_pair(tokenizer, prompt: Text, response: Text, input_format: str = "au
         return _chat(tokenizer, conversation(prompt, response), tokenize=False)
     if fmt in ("concat", "openrlhf"):
         return tokenizer.decode(encode_pair(tokenizer, prompt, response, fmt))
-    return (PLAIN_FORMAT if fmt == "plain" else fmt).replace("{prompt}", str(prompt)).replace("{response}", str(response))
+    return (
+        (PLAIN_FORMAT if fmt == "plain" else fmt)
+        .replace("{prompt}", str(prompt))
+        .replace("{response}", str(response))
+    )
 
 
 def check_unicode(x: Any, where: str) -> None:
@@ -185,10 +202,10 @@ def check_unicode(x: Any, where: str) -> None:
         try:
             t.encode("utf-8")
         except UnicodeEncodeError as exc:
-            raise ValueError(f"{where} holds a lone surrogate {t[exc.start]!r} at character {exc.start} "
-                             "(half of an "
-                             "emoji or other character, e.g. from a cut JSON escape); fix or remove "
-                             "it") from None
+            raise ValueError(
+                f"{where} holds a lone surrogate {t[exc.start]!r} at character {exc.start} (half of an "
+                "emoji or other character, e.g. from a cut JSON escape); fix or remove it"
+            ) from None
 
 
 def _as_list(x: Any, what: str) -> List[Text]:
@@ -211,8 +228,8 @@ def pad_rows(model, ids: List[List[int]], side: str) -> Dict[str, torch.Tensor]:
     if pad is None and len(ids) > 1 and readout_needs_pad_id(model.cfg):
         hint = getattr(model.tokenizer, "pad_token_id", None)
         raise ValueError(
-            "the model config has no pad_token_id, so the readout of a padded batch is undefined (transformers "
-            "refuses it too); tokenise one pair at a time or set model.cfg.pad_token_id"
+            "the model config has no pad_token_id, so the readout of a padded batch is undefined "
+            "(transformers refuses it too); tokenise one pair at a time or set model.cfg.pad_token_id"
             + (f" (the tokenizer's pad id is {hint})" if hint is not None else "")
         )
     T = max(len(x) for x in ids)
@@ -244,18 +261,31 @@ def tokenize_pairs(
             "AutoTokenizer.from_pretrained(...) or pass input_ids directly"
         )
     if prompts is None:
-        raise TypeError("to_tokens needs prompts and responses (text or chat-message lists; responses may be omitted when each prompt is a whole conversation); got None")
-    if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1):
+        raise TypeError(
+            "to_tokens needs prompts and responses (text or chat-message lists; responses may be omitted "
+            "when each prompt is a whole conversation); got None"
+        )
+    if max_length is not None and (
+        isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1
+    ):
         raise ValueError(f"max_length must be a positive number of tokens, got {max_length!r}")
     prompts = _as_list(prompts, "prompts")
     if not prompts:
         raise ValueError("to_tokens got no prompts; pass at least one (prompt, response)")
-    responses = [[] if is_messages(p) else "" for p in prompts] if responses is None else _as_list(responses, "responses")
+    responses = (
+        [[] if is_messages(p) else "" for p in prompts]
+        if responses is None
+        else _as_list(responses, "responses")
+    )
     bad = [x for x in prompts + responses if not isinstance(x, (str, tuple, list))]
     if bad:
-        raise TypeError(f"prompts and responses must be text or chat-message lists; got {type(bad[0]).__name__}")
+        raise TypeError(
+            f"prompts and responses must be text or chat-message lists; got {type(bad[0]).__name__}"
+        )
     if len(prompts) != len(responses):
-        raise ValueError(f"got {len(prompts)} prompts but {len(responses)} responses; pass one response per prompt")
+        raise ValueError(
+            f"got {len(prompts)} prompts but {len(responses)} responses; pass one response per prompt"
+        )
     for i, x in enumerate(prompts + responses):
         check_unicode(x, f"{'prompt' if i < len(prompts) else 'response'} {i % len(prompts) + 1}")
     if padding_side not in (None, "left", "right"):
@@ -292,8 +322,10 @@ def insertion_index(tokenizer, prompt: str, response: str, where: str, input_for
     r_start = text.rfind(response) if response else len(text)
     p_start = text.rfind(prompt, 0, r_start + (0 if response else 1)) if prompt else 0
     if r_start < 0 or p_start < 0:
-        raise ValueError("the rendered pair does not contain the prompt and response texts verbatim; "
-                         "insertion points need a template that copies them")
+        raise ValueError(
+            "the rendered pair does not contain the prompt and response texts verbatim; insertion points "
+            "need a template that copies them"
+        )
     end = p_start + len(prompt) if where == "prompt_end" else r_start + len(response)
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     for i, (start, _stop) in enumerate(enc["offset_mapping"]):

@@ -18,11 +18,15 @@ import torch
 def _as_tensor(value: Any, name: str) -> torch.Tensor:
     if isinstance(value, torch.Tensor):
         return value
-    if isinstance(value, np.ndarray) or (isinstance(value, (list, tuple)) and not any(isinstance(v, str) for v in value)):
+    if isinstance(value, np.ndarray) or (
+        isinstance(value, (list, tuple)) and not any(isinstance(v, str) for v in value)
+    ):
         try:
             return torch.as_tensor(np.asarray(value))
         except (ValueError, TypeError):
-            raise ValueError(f"{name} is a ragged or non-numeric list; pad it to a rectangle or use model.to_tokens") from None
+            raise ValueError(
+                f"{name} is a ragged or non-numeric list; pad it to a rectangle or use model.to_tokens"
+            ) from None
     if isinstance(value, (str, list, tuple)):
         raise TypeError(f"{name} is text; tokenise it first with model.to_tokens(prompts, responses)")
     raise TypeError(f"{name} must be a tensor of token ids [batch, pos], got {type(value).__name__}")
@@ -32,7 +36,9 @@ def check_token_ids(model, input_ids: Any, name: str = "input_ids") -> torch.Ten
     """Token ids as a [batch, pos] integer tensor with every id in [0, d_vocab), no longer than n_ctx."""
     ids = _as_tensor(input_ids, name)
     if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
-        raise TypeError(f"{name} must hold integer token ids, got dtype {ids.dtype}; residual inputs need start_at_layer")
+        raise TypeError(
+            f"{name} must hold integer token ids, got dtype {ids.dtype}; residual inputs need start_at_layer"
+        )
     if ids.dim() == 1:
         ids = ids[None]
     if ids.dim() != 2:
@@ -43,11 +49,15 @@ def check_token_ids(model, input_ids: Any, name: str = "input_ids") -> torch.Ten
     vocab = model.cfg.d_vocab
     if lo < 0 or hi >= vocab:
         bad = lo if lo < 0 else hi
-        raise ValueError(f"{name} holds token id {bad}, outside the model's vocabulary [0, {vocab}); "
-                         "check the tokenizer matches the model")
+        raise ValueError(
+            f"{name} holds token id {bad}, outside the model's vocabulary [0, {vocab}); check the "
+            "tokenizer matches the model"
+        )
     if ids.shape[1] > model.cfg.n_ctx:
-        raise ValueError(f"{name} has {ids.shape[1]} positions, beyond the model's context n_ctx={model.cfg.n_ctx}; "
-                         "truncate it (model.to_tokens cuts from the left with max_length)")
+        raise ValueError(
+            f"{name} has {ids.shape[1]} positions, beyond the model's context n_ctx={model.cfg.n_ctx}; "
+            "truncate it (model.to_tokens cuts from the left with max_length)"
+        )
     return ids.long() if ids.dtype != torch.long else ids
 
 
@@ -60,7 +70,9 @@ def check_attention_mask(
     if mask.dim() == 1 and len(shape) == 2 and shape[0] == 1:
         mask = mask[None]
     if tuple(mask.shape) != tuple(shape):
-        raise ValueError(f"{name} has shape {tuple(mask.shape)} but the input is {tuple(shape)}; give one 0/1 per token")
+        raise ValueError(
+            f"{name} has shape {tuple(mask.shape)} but the input is {tuple(shape)}; give one 0/1 per token"
+        )
     if not values:
         return mask
     if mask.dtype.is_floating_point and not torch.isfinite(mask).all():
@@ -70,11 +82,15 @@ def check_attention_mask(
         raise ValueError(f"{name} must be binary (0 = padding, 1 = token), found values {found}")
     empty = (mask == 0).all(-1).nonzero().flatten()
     if len(empty):
-        raise ValueError(f"{name} row {int(empty[0])} is all zeros (no token to read the reward from); drop that row")
+        raise ValueError(
+            f"{name} row {int(empty[0])} is all zeros (no token to read the reward from); drop that row"
+        )
     return mask.long()
 
 
-def check_model_inputs(model, input_ids: Any, attention_mask: Any = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+def check_model_inputs(
+    model, input_ids: Any, attention_mask: Any = None
+) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """(ids, mask) checked and converted (lists/arrays -> tensors, [pos] -> [1, pos])."""
     ids = check_token_ids(model, input_ids)
     if attention_mask is not None:
@@ -85,21 +101,27 @@ def check_model_inputs(model, input_ids: Any, attention_mask: Any = None) -> Tup
 def check_model(model: Any, who: str) -> None:
     """`model` is a hooked reward model (a TypeError naming the call and what to pass otherwise)."""
     if not (hasattr(model, "cfg") and hasattr(model, "run_with_cache")):
-        raise TypeError(f"{who}(model, ...) needs a HookedRewardModel as its first argument, got "
-                        f"{type(model).__name__}; load one with HookedRewardModel.from_pretrained(...) or "
-                        "reward_lens.load_demo_model()")
+        raise TypeError(
+            f"{who}(model, ...) needs a HookedRewardModel as its first argument, got "
+            f"{type(model).__name__}; load one with HookedRewardModel.from_pretrained(...) or "
+            "reward_lens.load_demo_model()"
+        )
 
 
 def check_finite_rewards(rewards: torch.Tensor, labels: Optional[Sequence[str]] = None) -> None:
     """Refuse a non-finite reward, naming the sequence (`labels[b]`, e.g. "pair rl-3, chosen")."""
-    finite = torch.isfinite(rewards.reshape(rewards.shape[0], -1)).all(-1) if rewards.dim() else torch.isfinite(rewards)
+    finite = (
+        torch.isfinite(rewards.reshape(rewards.shape[0], -1)).all(-1)
+        if rewards.dim()
+        else torch.isfinite(rewards)
+    )
     if bool(finite.all()):
         return
     b = int((~finite).nonzero().flatten()[0])
     what = labels[b] if labels is not None and b < len(labels) else f"sequence {b} of its batch"
     raise ValueError(
-        f"non-finite reward ({float(rewards.reshape(rewards.shape[0], -1)[b, 0])}) for {what}; check the model's "
-        "weights and dtype (float16 overflows: try dtype='float32'), and that input's tokens"
+        f"non-finite reward ({float(rewards.reshape(rewards.shape[0], -1)[b, 0])}) for {what}; check the "
+        "model's weights and dtype (float16 overflows: try dtype='float32'), and that input's tokens"
     )
 
 

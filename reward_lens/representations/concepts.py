@@ -33,10 +33,10 @@ import torch
 from jaxtyping import Float
 
 from reward_lens.core.readout import batches, readout_run, tokenize
-from reward_lens.plotting import figure_axes, finish
 from reward_lens.model.heads.base import read_objective
 from reward_lens.model.hooks import act_name
 from reward_lens.model.validation import check_model
+from reward_lens.plotting import figure_axes, finish
 
 CONTRAST_SETS_DIR = Path(__file__).resolve().parents[1] / "data" / "contrast_sets"
 CONTRAST_SET_ALIASES = {"sycophancy": "agreement", "length": "verbosity", "hedging": "confidence"}
@@ -70,7 +70,9 @@ def load_contrast_set(name_or_path: Union[str, Path]) -> List[ContrastPair]:
         name = CONTRAST_SET_ALIASES.get(str(name_or_path), str(name_or_path))
         path = CONTRAST_SETS_DIR / f"{name}.jsonl"
         if not path.exists():
-            raise ValueError(f"no bundled contrast set {str(name_or_path)!r}; bundled: {', '.join(list_contrast_sets())}")
+            raise ValueError(
+                f"no bundled contrast set {str(name_or_path)!r}; bundled: {', '.join(list_contrast_sets())}"
+            )
     if not path.exists():
         raise FileNotFoundError(f"no contrast-set file at {str(path)!r}")
     items = []
@@ -80,9 +82,18 @@ def load_contrast_set(name_or_path: Union[str, Path]) -> List[ContrastPair]:
         row = json.loads(line)
         missing = [c for c in ("prompt", "positive", "negative") if c not in row]
         if missing:
-            raise ValueError(f"{path} line {i + 1} lacks {missing}; contrast sets need prompt, positive, negative")
-        items.append(ContrastPair(row["prompt"], row["positive"], row["negative"], row.get("concept", path.stem),
-                                  str(row.get("id", i))))
+            raise ValueError(
+                f"{path} line {i + 1} lacks {missing}; contrast sets need prompt, positive, negative"
+            )
+        items.append(
+            ContrastPair(
+                row["prompt"],
+                row["positive"],
+                row["negative"],
+                row.get("concept", path.stem),
+                str(row.get("id", i)),
+            )
+        )
     if not items:
         raise ValueError(f"{path} holds no contrast pairs")
     return items
@@ -93,9 +104,10 @@ def _as_contrast(contrast: Any) -> Tuple[str, List[ContrastPair]]:
         items = load_contrast_set(contrast)
         return items[0].concept or Path(str(contrast)).stem, items
     if not hasattr(contrast, "__iter__") or isinstance(contrast, (bytes, dict)):
-        raise TypeError(f"the contrast set is {type(contrast).__name__} {contrast!r:.40}; give a bundled set "
-                        "name (e.g. "
-                        "'verbosity'), a .jsonl path, or a list of ContrastPair(prompt, positive, negative)")
+        raise TypeError(
+            f"the contrast set is {type(contrast).__name__} {contrast!r:.40}; give a bundled set name "
+            "(e.g. 'verbosity'), a .jsonl path, or a list of ContrastPair(prompt, positive, negative)"
+        )
     items = list(contrast)
     if not items:
         raise ValueError("the contrast set is empty; pass ContrastPairs or a bundled set name")
@@ -104,16 +116,24 @@ def _as_contrast(contrast: Any) -> Tuple[str, List[ContrastPair]]:
         if isinstance(it, ContrastPair):
             converted.append(it)
         elif hasattr(it, "chosen") and hasattr(it, "rejected"):  # a PreferencePair: chosen plays positive
-            converted.append(ContrastPair(it.prompt, it.chosen, it.rejected, getattr(it, "subset", None), getattr(it, "id", None)))
+            converted.append(
+                ContrastPair(
+                    it.prompt, it.chosen, it.rejected, getattr(it, "subset", None), getattr(it, "id", None)
+                )
+            )
         elif isinstance(it, (tuple, list)) and len(it) == 3:
             converted.append(ContrastPair(*map(str, it)))
         else:
-            raise ValueError(f"cannot read a contrast pair from {type(it).__name__}; use ContrastPair(prompt, positive, negative)")
+            raise ValueError(
+                f"cannot read a contrast pair from {type(it).__name__}; use ContrastPair(prompt, positive, "
+                "negative)"
+            )
     return (converted[0].concept or "concept"), converted
 
 
 def _responses(items: Any) -> Tuple[List[str], List[str]]:
-    """(prompts, responses) for every response of contrast/preference pairs, or a (prompts, responses) pair."""
+    """(prompts, responses) for every response of contrast/preference pairs, or a (prompts, responses)
+    pair."""
     if isinstance(items, tuple) and len(items) == 2 and all(isinstance(x, (list, tuple)) for x in items):
         return list(items[0]), list(items[1])
     prompts, responses = [], []
@@ -129,7 +149,8 @@ def _responses(items: Any) -> Tuple[List[str], List[str]]:
 
 # ---------------------------------------------------------------------------------------------- directions
 def objective_directions(model) -> Optional[Tuple[List[str], torch.Tensor]]:
-    """(names, [n_obj, d_model]) norm-aware objective directions of a multi-objective (ArmoRM) head, else None."""
+    """(names, [n_obj, d_model]) norm-aware objective directions of a multi-objective (ArmoRM) head, else
+    None."""
     head = model.reward_head
     if not head.n_objectives:
         return None
@@ -143,7 +164,9 @@ def is_gated(model) -> bool:
 
 
 @torch.no_grad()
-def mean_reward_direction(model, prompts: Sequence[str], responses: Sequence[str], batch_size: int = 8) -> torch.Tensor:
+def mean_reward_direction(
+    model, prompts: Sequence[str], responses: Sequence[str], batch_size: int = 8
+) -> torch.Tensor:
     """The norm-aware reward direction; for ArmoRM's gated score its mean over the given sequences."""
     if not is_gated(model):
         return model.reward_direction.detach().float()
@@ -219,10 +242,12 @@ class ConceptVector:
         if layer < 0:
             layer += max(self.layers) + 1 if self.layers else 0
         if layer not in self.layers:
-            raise ValueError(f"layer {layer} was not computed; this concept vector covers layers {self.layers}")
+            raise ValueError(
+                f"layer {layer} was not computed; this concept vector covers layers {self.layers}"
+            )
         return self.layers.index(layer)
 
-    def vector(self, layer: Optional[int] = None) -> Float[torch.Tensor, "d_model"]:
+    def vector(self, layer: Optional[int] = None) -> Float[torch.Tensor, " d_model"]:
         """The unit concept direction v̂ at `layer`."""
         v = self.vectors[self._index(layer)]
         return v / v.norm()
@@ -235,9 +260,15 @@ class ConceptVector:
 
         rows = []
         for i, l in enumerate(self.layers):
-            row = {"concept": self.name, "method": self.method, "layer": l, "cosine": float(self.cosine[i]),
-                   "accuracy": float(self.accuracy[i]), "norm": float(self.vectors[i].norm()),
-                   "typical_norm": float(self.typical_norm[i])}
+            row = {
+                "concept": self.name,
+                "method": self.method,
+                "layer": l,
+                "cosine": float(self.cosine[i]),
+                "accuracy": float(self.accuracy[i]),
+                "norm": float(self.vectors[i].norm()),
+                "typical_norm": float(self.typical_norm[i]),
+            }
             if self.objective_cosines is not None:
                 for j, name in enumerate(self.objective_names or []):
                     row[f"cosine[{name}]"] = float(self.objective_cosines[i, j])
@@ -245,15 +276,25 @@ class ConceptVector:
         return pd.DataFrame(rows)
 
     def summary(self):
-        """One row: the layer with the best held-out accuracy, its accuracy and cosine, the largest |cosine|."""
+        """One row: the layer with the best held-out accuracy, its accuracy and cosine, the largest
+        |cosine|."""
         import pandas as pd
 
         best = int(self.accuracy.argmax())
-        return pd.DataFrame([{
-            "concept": self.name, "method": self.method, "n_layers": len(self.layers), "n_train": self.n_train,
-            "best_layer": self.layers[best], "best_accuracy": float(self.accuracy[best]),
-            "cosine_at_best": float(self.cosine[best]), "max_abs_cosine": float(self.cosine.abs().max()),
-        }])
+        return pd.DataFrame(
+            [
+                {
+                    "concept": self.name,
+                    "method": self.method,
+                    "n_layers": len(self.layers),
+                    "n_train": self.n_train,
+                    "best_layer": self.layers[best],
+                    "best_accuracy": float(self.accuracy[best]),
+                    "cosine_at_best": float(self.cosine[best]),
+                    "max_abs_cosine": float(self.cosine.abs().max()),
+                }
+            ]
+        )
 
     def plot(self, ax=None):
         """Cosine with the reward direction and held-out accuracy per layer."""
@@ -300,22 +341,42 @@ def concept_vector(
     if bad:
         raise ValueError(f"layers {bad} out of range: the model has {n_layers} layers")
     if not 0.0 <= test_fraction < 1.0:
-        raise ValueError(f"test_fraction must be in [0, 1) (the rest trains the vector), got {test_fraction!r}")
+        raise ValueError(
+            f"test_fraction must be in [0, 1) (the rest trains the vector), got {test_fraction!r}"
+        )
     order = list(range(len(items)))
     random.Random(seed).shuffle(order)
     n_test = int(round(len(items) * test_fraction)) if len(items) >= 4 else 0
     test_idx, train_idx = order[:n_test], order[n_test:]
     if len(train_idx) < 2:
-        raise ValueError(f"got {len(items)} contrast pairs; need at least 2 for training (and more to hold some out)")
+        raise ValueError(
+            f"got {len(items)} contrast pairs; need at least 2 for training (and more to hold some out)"
+        )
     template = "blocks.{layer}.hook_" + hook
     names = [template.format(layer=l) for l in layers]
     prompts = [it.prompt for it in items]
-    pos = readout_run(model, prompts, [it.positive for it in items], names, batch_size=batch_size,
-                      progress="concept +" if progress else False)
-    neg = readout_run(model, prompts, [it.negative for it in items], names, batch_size=batch_size,
-                      progress="concept -" if progress else False)
+    pos = readout_run(
+        model,
+        prompts,
+        [it.positive for it in items],
+        names,
+        batch_size=batch_size,
+        progress="concept +" if progress else False,
+    )
+    neg = readout_run(
+        model,
+        prompts,
+        [it.negative for it in items],
+        names,
+        batch_size=batch_size,
+        progress="concept -" if progress else False,
+    )
     gated = is_gated(model)
-    w = mean_reward_direction(model, prompts, [it.positive for it in items], batch_size) if gated else model.reward_direction.detach().float()
+    w = (
+        mean_reward_direction(model, prompts, [it.positive for it in items], batch_size)
+        if gated
+        else model.reward_direction.detach().float()
+    )
     objectives = objective_directions(model)
     vectors, cosines, accs, norms, obj_cos = [], [], [], [], []
     tr, te = torch.tensor(train_idx), torch.tensor(test_idx, dtype=torch.long)
@@ -334,11 +395,22 @@ def concept_vector(
         cosines.append(_cos(v, w))
         norms.append(float(torch.cat([xp, xn]).norm(dim=-1).median()))
         if objectives is not None:
-            obj_cos.append(torch.nn.functional.cosine_similarity(v[None].double(), objectives[1].double(), dim=-1).float())
+            obj_cos.append(
+                torch.nn.functional.cosine_similarity(
+                    v[None].double(), objectives[1].double(), dim=-1
+                ).float()
+            )
     return ConceptVector(
-        name=name, method=method, hook_template=template, layers=layers, vectors=torch.stack(vectors),
-        cosine=torch.tensor(cosines), accuracy=torch.tensor(accs), typical_norm=torch.tensor(norms),
-        n_train=len(train_idx), test_items=[items[i] for i in test_idx],
+        name=name,
+        method=method,
+        hook_template=template,
+        layers=layers,
+        vectors=torch.stack(vectors),
+        cosine=torch.tensor(cosines),
+        accuracy=torch.tensor(accs),
+        typical_norm=torch.tensor(norms),
+        n_train=len(train_idx),
+        test_items=[items[i] for i in test_idx],
         objective_names=objectives[0] if objectives is not None else None,
         objective_cosines=torch.stack(obj_cos) if objectives is not None else None,
     )
@@ -397,25 +469,38 @@ class DoseResponse:
         import pandas as pd
 
         n_items, n_alpha = self.rewards.shape
-        frame = pd.DataFrame({
-            "item": torch.arange(n_items).repeat_interleave(n_alpha).numpy(),
-            "alpha": self.alphas.repeat(n_items).numpy(),
-            "reward": self.rewards.reshape(-1).numpy(),
-        })
+        frame = pd.DataFrame(
+            {
+                "item": torch.arange(n_items).repeat_interleave(n_alpha).numpy(),
+                "alpha": self.alphas.repeat(n_items).numpy(),
+                "reward": self.rewards.reshape(-1).numpy(),
+            }
+        )
         frame.insert(0, "concept", self.concept)
         frame.insert(1, "hook", self.hook_name)
         return frame
 
     def summary(self):
-        """One row: the fit of the mean reward against α (slope, intercept, R²) and the spread of item slopes."""
+        """One row: the fit of the mean reward against α (slope, intercept, R²) and the spread of item
+        slopes."""
         import pandas as pd
 
-        return pd.DataFrame([{
-            "concept": self.concept, "hook": self.hook_name, "n_items": self.rewards.shape[0],
-            "n_alphas": self.rewards.shape[1], "scale": self.scale, "slope": self.slope, "intercept": self.intercept,
-            "r2": self.r2, "item_slope_median": float(self.item_slopes.median()),
-            "frac_items_positive_slope": float((self.item_slopes > 0).float().mean()),
-        }])
+        return pd.DataFrame(
+            [
+                {
+                    "concept": self.concept,
+                    "hook": self.hook_name,
+                    "n_items": self.rewards.shape[0],
+                    "n_alphas": self.rewards.shape[1],
+                    "scale": self.scale,
+                    "slope": self.slope,
+                    "intercept": self.intercept,
+                    "r2": self.r2,
+                    "item_slope_median": float(self.item_slopes.median()),
+                    "frac_items_positive_slope": float((self.item_slopes > 0).float().mean()),
+                }
+            ]
+        )
 
     def plot(self, ax=None):
         """Mean reward vs α with the 10–90% band over items and the linear fit."""
@@ -423,10 +508,19 @@ class DoseResponse:
         fig, ax = figure_axes(ax, (5.5, 3.6))
         a = self.alphas.numpy()
         mean = self.rewards.mean(0).numpy()
-        lo, hi = torch.quantile(self.rewards, 0.1, dim=0).numpy(), torch.quantile(self.rewards, 0.9, dim=0).numpy()
+        lo, hi = (
+            torch.quantile(self.rewards, 0.1, dim=0).numpy(),
+            torch.quantile(self.rewards, 0.9, dim=0).numpy(),
+        )
         ax.fill_between(a, lo, hi, alpha=0.2, label="items 10–90%")
         ax.plot(a, mean, marker="o", label="mean reward")
-        ax.plot(a, self.intercept + self.slope * a, ls="--", color="k", label=f"fit: slope {self.slope:.3g}, R² {self.r2:.3f}")
+        ax.plot(
+            a,
+            self.intercept + self.slope * a,
+            ls="--",
+            color="k",
+            label=f"fit: slope {self.slope:.3g}, R² {self.r2:.3f}",
+        )
         ax.set_xlabel(f"α  (added α·{self.scale:.3g}·v̂ at {self.hook_name})")
         ax.set_ylabel("reward")
         ax.set_title(f"dose-response: {self.concept}")
@@ -434,10 +528,12 @@ class DoseResponse:
         return finish(fig, created)
 
 
-def _steered_rewards(model, tok, hook_name: str, shift: torch.Tensor, positions: str, n_alpha: int,
-                     track_objectives: bool) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+def _steered_rewards(
+    model, tok, hook_name: str, shift: torch.Tensor, positions: str, n_alpha: int, track_objectives: bool
+) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Rewards [b, n_alpha] (and ArmoRM objectives [b, n_alpha, n_obj]) of one tokenized batch, each sequence
-    repeated n_alpha times with `shift` [b·n_alpha, d] added at `hook_name` (every position or the readout)."""
+    repeated n_alpha times with `shift` [b·n_alpha, d] added at `hook_name` (every position or the
+    readout)."""
     b = tok.input_ids.shape[0]
     ids = tok.input_ids.repeat_interleave(n_alpha, 0)
     mask = tok.attention_mask.repeat_interleave(n_alpha, 0)
@@ -460,7 +556,8 @@ def _steered_rewards(model, tok, hook_name: str, shift: torch.Tensor, positions:
     r = model.run_with_hooks(ids, mask, readout_positions=readout, fwd_hooks=hooks)
     if r.dim() != 1:
         raise ValueError(
-            f"dose_response needs one reward per sequence; this model outputs {tuple(r.shape[1:])} per sequence"
+            f"dose_response needs one reward per sequence; this model outputs {tuple(r.shape[1:])} per "
+            "sequence"
         )
     objs = grabbed["objectives"].float().reshape(b, n_alpha, -1) if track_objectives else None
     return r.detach().float().reshape(b, n_alpha), objs
@@ -502,15 +599,21 @@ def dose_response(
             items = concept.test_items
     else:
         if layer is None:
-            raise ValueError("with a raw direction, pass layer=<l> (the vector is added at blocks.l.hook_resid_post)")
+            raise ValueError(
+                "with a raw direction, pass layer=<l> (the vector is added at blocks.l.hook_resid_post)"
+            )
         if concept.shape != (model.cfg.d_model,):
-            raise ValueError(f"the direction must have shape [d_model={model.cfg.d_model}], got {tuple(concept.shape)}")
+            raise ValueError(
+                f"the direction must have shape [d_model={model.cfg.d_model}], got {tuple(concept.shape)}"
+            )
         v_hat = concept.float() / concept.float().norm()
         hook_name, name = act_name("resid_post", layer), "direction"
     if items is None or (not isinstance(items, tuple) and len(items) == 0):
         raise ValueError("no held-out items to evaluate the dose-response on; pass items=")
     prompts, responses = _responses(items)
-    alphas_t = torch.linspace(-0.25, 0.25, 11) if alphas is None else torch.tensor(list(alphas), dtype=torch.float32)
+    alphas_t = (
+        torch.linspace(-0.25, 0.25, 11) if alphas is None else torch.tensor(list(alphas), dtype=torch.float32)
+    )
     if alphas_t.numel() < 2 or alphas_t.unique().numel() < 2:
         raise ValueError("alphas needs at least two distinct values")
     with objective_context(model, objective):
@@ -519,11 +622,15 @@ def dose_response(
             scale = float(clean.acts[hook_name].float().norm(dim=-1).median())
         finite_v = bool(torch.isfinite(v_hat).all()) and bool(v_hat.any())
         if not (math.isfinite(scale) and scale != 0) or not finite_v:
-            raise ValueError(f"scale={scale} and a direction of norm {float(v_hat.norm()):.3g} add no finite "
-                             "intervention; give a non-zero, finite scale and direction")
+            raise ValueError(
+                f"scale={scale} and a direction of norm {float(v_hat.norm()):.3g} add no finite "
+                "intervention; give a non-zero, finite scale and direction"
+            )
         n_alpha = alphas_t.numel()
         v = v_hat.to(device=model.cfg.device, dtype=model.cfg.dtype)
-        track_objectives = bool(model.reward_head.n_objectives) and "reward_head.hook_pooled" in model.hook_dict
+        track_objectives = (
+            bool(model.reward_head.n_objectives) and "reward_head.hook_pooled" in model.hook_dict
+        )
         out_rewards, out_objs = [], []
         for sl in batches(len(prompts), max(1, batch_size), "dose-response" if progress else False):
             tok = tokenize(model, prompts[sl], responses[sl])
@@ -537,15 +644,25 @@ def dose_response(
     item_slopes = torch.tensor([_fit(alphas_t, row)[0] for row in rewards])
     objs = objective_directions(model)
     return DoseResponse(
-        concept=name, hook_name=hook_name, alphas=alphas_t, scale=float(scale), positions=positions, rewards=rewards,
-        slope=slope, intercept=intercept, r2=r2, item_slopes=item_slopes,
+        concept=name,
+        hook_name=hook_name,
+        alphas=alphas_t,
+        scale=float(scale),
+        positions=positions,
+        rewards=rewards,
+        slope=slope,
+        intercept=intercept,
+        r2=r2,
+        item_slopes=item_slopes,
         objective_names=objs[0] if (objs is not None and out_objs) else None,
         objectives=torch.cat(out_objs) if out_objs else None,
     )
 
 
 @torch.no_grad()
-def concept_effect(model, items: Any, *, batch_size: int = 8, objective: Union[int, str, None] = None) -> torch.Tensor:
+def concept_effect(
+    model, items: Any, *, batch_size: int = 8, objective: Union[int, str, None] = None
+) -> torch.Tensor:
     """Per contrast pair: reward(positive) − reward(negative) (the concept's behavioural effect), [n]."""
     _, items = _as_contrast(items)
     prompts = [it.prompt for it in items]

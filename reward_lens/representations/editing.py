@@ -24,11 +24,11 @@ from typing import Any, Optional, Sequence, Union
 
 import torch
 
-from reward_lens.representations.concepts import ConceptVector, concept_effect
-from reward_lens.data.pairs import PreferencePair, as_pairs
 from reward_lens.core.readout import readout_run
-from reward_lens.plotting import finish, panels
+from reward_lens.data.pairs import PreferencePair, as_pairs
 from reward_lens.loading.export import export_hf
+from reward_lens.plotting import finish, panels
+from reward_lens.representations.concepts import ConceptVector, concept_effect
 
 
 def _copy_model(model):
@@ -56,7 +56,9 @@ def project_out_of_head(model, v: torch.Tensor) -> None:
     readers = head.final_norm_readers
     gain = None if model.ln_final.gain is None else model.ln_final.gain.float()
     if gain is not None and bool((gain.abs() < 1e-12).any()):
-        raise ValueError("the final norm has zero weights, so the head cannot be re-expressed; load with fold_ln=True")
+        raise ValueError(
+            "the final norm has zero weights, so the head cannot be re-expressed; load with fold_ln=True"
+        )
     for name, dim in readers:
         param = head.get_parameter(name)
         W = param.float()
@@ -81,7 +83,11 @@ def project_out_of_residual(model, v: torch.Tensor, layer: int) -> None:
     v = v.to(device=model.W_E.device, dtype=torch.float32)
 
     def proj(param: torch.nn.Parameter, dim: int = -1) -> None:
-        param.copy_(_project_along(param.float(), v.to(param.device), dim if dim >= 0 else param.dim() + dim).to(param.dtype))
+        param.copy_(
+            _project_along(param.float(), v.to(param.device), dim if dim >= 0 else param.dim() + dim).to(
+                param.dtype
+            )
+        )
 
     proj(model.embed.W_E)
     for param in writers:  # every map and bias whose output the blocks add to the residual
@@ -127,7 +133,10 @@ class RewardEdit:
     @property
     def verified(self) -> bool:
         effect_ok = abs(self.effect_after) <= self.max_effect_ratio * abs(self.effect_before)
-        acc_ok = self.accuracy_before is None or self.accuracy_after >= self.accuracy_before - self.max_accuracy_drop
+        acc_ok = (
+            self.accuracy_before is None
+            or self.accuracy_after >= self.accuracy_before - self.max_accuracy_drop
+        )
         return bool(effect_ok and acc_ok)
 
     def export(self, path: Union[str, Path], *, hf_config: Any = None, dtype=None) -> Path:
@@ -139,7 +148,9 @@ class RewardEdit:
 
         rows = [{"metric": "concept_effect", "before": self.effect_before, "after": self.effect_after}]
         if self.accuracy_before is not None:
-            rows.append({"metric": "pair_accuracy", "before": self.accuracy_before, "after": self.accuracy_after})
+            rows.append(
+                {"metric": "pair_accuracy", "before": self.accuracy_before, "after": self.accuracy_after}
+            )
         frame = pd.DataFrame(rows)
         frame.insert(0, "edit", self.where)
         return frame
@@ -148,12 +159,22 @@ class RewardEdit:
         """One row: where, the concept effect before and after, its reduction, accuracies, verified."""
         import pandas as pd
 
-        return pd.DataFrame([{
-            "edit": self.where, "layer": self.layer, "effect_before": self.effect_before,
-            "effect_after": self.effect_after, "effect_reduction": self.effect_reduction,
-            "accuracy_before": self.accuracy_before, "accuracy_after": self.accuracy_after,
-            "n_probes": self.n_probes, "n_pairs": self.n_pairs, "verified": self.verified,
-        }])
+        return pd.DataFrame(
+            [
+                {
+                    "edit": self.where,
+                    "layer": self.layer,
+                    "effect_before": self.effect_before,
+                    "effect_after": self.effect_after,
+                    "effect_reduction": self.effect_reduction,
+                    "accuracy_before": self.accuracy_before,
+                    "accuracy_after": self.accuracy_after,
+                    "n_probes": self.n_probes,
+                    "n_pairs": self.n_pairs,
+                    "verified": self.verified,
+                }
+            ]
+        )
 
     def plot(self, ax=None):
         """Before/after bars for the concept effect and the pair accuracy (one panel each)."""
@@ -204,10 +225,15 @@ def edit_reward(
             probes = concept.test_items
     else:
         if concept.shape != (model.cfg.d_model,):
-            raise ValueError(f"the direction must have shape [d_model={model.cfg.d_model}], got {tuple(concept.shape)}")
+            raise ValueError(
+                f"the direction must have shape [d_model={model.cfg.d_model}], got {tuple(concept.shape)}"
+            )
         v = concept.float() / concept.float().norm()
     if probes is None or len(probes) == 0:
-        raise ValueError("edit_reward verifies on held-out probes: pass probes=<ContrastPairs> (not used to build the concept)")
+        raise ValueError(
+            "edit_reward verifies on held-out probes: pass probes=<ContrastPairs> (not used to build the "
+            "concept)"
+        )
     v = v.detach().float()
     edited = _copy_model(model)
     if where == "head":
@@ -227,7 +253,16 @@ def edit_reward(
         n_pairs = len(pairs)
         acc_before, acc_after = _accuracy(model, pairs, batch_size), _accuracy(edited, pairs, batch_size)
     return RewardEdit(
-        model=edited, direction=v, where=label, layer=edit_layer, effect_before=before, effect_after=after,
-        accuracy_before=acc_before, accuracy_after=acc_after, n_probes=len(probes), n_pairs=n_pairs,
-        max_effect_ratio=max_effect_ratio, max_accuracy_drop=max_accuracy_drop,
+        model=edited,
+        direction=v,
+        where=label,
+        layer=edit_layer,
+        effect_before=before,
+        effect_after=after,
+        accuracy_before=acc_before,
+        accuracy_after=acc_after,
+        n_probes=len(probes),
+        n_pairs=n_pairs,
+        max_effect_ratio=max_effect_ratio,
+        max_accuracy_drop=max_accuracy_drop,
     )

@@ -24,11 +24,11 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 
 import torch
 
-from reward_lens.model.heads.base import read_objective
-from reward_lens.representations.concepts import is_gated
-from reward_lens.data.pairs import PreferencePair, as_pairs
 from reward_lens.core.readout import batches, readout_run, tokenize
+from reward_lens.data.pairs import PreferencePair, as_pairs
+from reward_lens.model.heads.base import read_objective
 from reward_lens.plotting import figure_axes, finish
+from reward_lens.representations.concepts import is_gated
 from reward_lens.results import PairRewards
 from reward_lens.stats import pearson_rows, spearman_rows
 
@@ -61,7 +61,8 @@ class FeatureAlignment:
     cosine: torch.Tensor  # [d_sae]
 
     def top(self, n: int = 10, by: str = "alignment", sign: str = "abs"):
-        """The n features with the largest |alignment| (sign="abs"), most positive ("pos") or negative ("neg")."""
+        """The n features with the largest |alignment| (sign="abs"), most positive ("pos") or negative
+        ("neg")."""
         values = getattr(self, by)
         key = {"abs": values.abs(), "pos": values, "neg": -values}[sign]
         idx = key.topk(min(n, key.numel())).indices
@@ -70,8 +71,13 @@ class FeatureAlignment:
     def to_frame(self):
         import pandas as pd
 
-        return pd.DataFrame({"feature": range(self.alignment.numel()), "alignment": self.alignment.numpy(),
-                             "cosine": self.cosine.numpy()})
+        return pd.DataFrame(
+            {
+                "feature": range(self.alignment.numel()),
+                "alignment": self.alignment.numpy(),
+                "cosine": self.cosine.numpy(),
+            }
+        )
 
     def summary(self, n: int = 10):
         """The n features with the largest |alignment| (feature, alignment, cosine)."""
@@ -102,8 +108,8 @@ def feature_alignment(
         with read_objective(model, objective):
             if is_gated(model):
                 raise ValueError(
-                    "ArmoRM's gated score has a prompt-dependent direction; pass objective=<name or index>, or "
-                    "direction=model.reward_direction_for(input_ids).mean(0)"
+                    "ArmoRM's gated score has a prompt-dependent direction; pass objective=<name or "
+                    "index>, or direction=model.reward_direction_for(input_ids).mean(0)"
                 )
             direction = model.reward_direction.detach()
     w = direction.float().to(sae.W_dec.device)
@@ -157,7 +163,10 @@ class FeatureAttribution(PairRewards):
 
     def gap(self) -> Dict[str, torch.Tensor]:
         """The reward-gap decomposition: lens(chosen) − lens(rejected) = Σ features + sae_bias + error."""
-        return {k: getattr(self, k)["chosen"] - getattr(self, k)["rejected"] for k in ("sae_bias", "error", "lens")}
+        return {
+            k: getattr(self, k)["chosen"] - getattr(self, k)["rejected"]
+            for k in ("sae_bias", "error", "lens")
+        }
 
     def completeness_error(self) -> float:
         """max |Σ_i terms + sae_bias + error − lens| over pairs and sides (0 up to float rounding)."""
@@ -181,8 +190,12 @@ class FeatureAttribution(PairRewards):
             active = (self.acts[side].to_dense() > 0).float()
         rows = []
         for i in idx.tolist():
-            row = {"feature": i, "mean_attribution": float(mean[i]), "mean_abs_attribution": float(terms[:, i].abs().mean()),
-                   "frac_pairs_active": float(active[:, i].mean())}
+            row = {
+                "feature": i,
+                "mean_attribution": float(mean[i]),
+                "mean_abs_attribution": float(terms[:, i].abs().mean()),
+                "frac_pairs_active": float(active[:, i].mean()),
+            }
             if self.alignment is not None:
                 row["alignment"] = float(self.alignment[i])
             rows.append(row)
@@ -203,7 +216,9 @@ class FeatureAttribution(PairRewards):
             for (p, i), v, av in zip(idx.T.tolist(), vals.tolist(), act_vals.tolist()):
                 rows.append((self.pair_ids[p], side, "feature", i, av, v))
             for p in range(len(self.pair_ids)):
-                rows.append((self.pair_ids[p], side, "sae_bias", -1, float("nan"), float(self.sae_bias[side][p])))
+                rows.append(
+                    (self.pair_ids[p], side, "sae_bias", -1, float("nan"), float(self.sae_bias[side][p]))
+                )
                 rows.append((self.pair_ids[p], side, "error", -1, float("nan"), float(self.error[side][p])))
                 rows.append((self.pair_ids[p], side, "lens", -1, float("nan"), float(self.lens[side][p])))
         frame = pd.DataFrame(rows, columns=["pair", "side", "term", "feature", "activation", "attribution"])
@@ -251,12 +266,20 @@ def feature_attribution(
     with read_objective(model, objective):
         site = _sae_site(model, sae, hook_name)
         prompts = [p.prompt for p in pairs]
-        out: Dict[str, Dict[str, torch.Tensor]] = {k: {} for k in ("acts", "terms", "sae_bias", "error", "lens", "scale", "rewards")}
+        out: Dict[str, Dict[str, torch.Tensor]] = {
+            k: {} for k in ("acts", "terms", "sae_bias", "error", "lens", "scale", "rewards")
+        }
         alignment = None
         for side in SIDES:
             responses = [getattr(p, side) for p in pairs]
-            run = readout_run(model, prompts, responses, [site, "ln_final.hook_scale"], batch_size=batch_size,
-                              progress=f"SAE attribution ({side})" if progress else False)
+            run = readout_run(
+                model,
+                prompts,
+                responses,
+                [site, "ln_final.hook_scale"],
+                batch_size=batch_size,
+                progress=f"SAE attribution ({side})" if progress else False,
+            )
             x = run.acts[site].float().to(sae.W_dec.device)
             s = run.acts["ln_final.hook_scale"].float().to(x.device)  # [n, 1]
             w = _directions(model, prompts, responses, batch_size).to(x.device)  # [n, d]
@@ -280,8 +303,10 @@ def feature_attribution(
             out["scale"][side] = s[:, 0].cpu()
             out["rewards"][side] = run.rewards.float().cpu()
     return FeatureAttribution(
-        hook_name=site, pair_ids=[p.id if p.id is not None else str(i) for i, p in enumerate(pairs)],
-        alignment=alignment, **out,
+        hook_name=site,
+        pair_ids=[p.id if p.id is not None else str(i) for i, p in enumerate(pairs)],
+        alignment=alignment,
+        **out,
     )
 
 
@@ -309,14 +334,22 @@ class FeatureAblation:
         return float(fn(rows["attribution"].to_numpy()[None], rows["effect"].to_numpy()[None])[0])
 
     def summary(self):
-        """One row per side: n (pair, feature) rows, Spearman and Pearson r of attribution vs effect, max |diff|."""
+        """One row per side: n (pair, feature) rows, Spearman and Pearson r of attribution vs effect, max
+        |diff|."""
         import pandas as pd
 
-        return pd.DataFrame([{
-            "side": side, "n_rows": int((self.frame["side"] == side).sum()),
-            "spearman": self.correlation(side), "pearson": self.correlation(side, "pearson"),
-            "max_abs_difference": self.max_abs_difference(side),
-        } for side in dict.fromkeys(self.frame["side"])])
+        return pd.DataFrame(
+            [
+                {
+                    "side": side,
+                    "n_rows": int((self.frame["side"] == side).sum()),
+                    "spearman": self.correlation(side),
+                    "pearson": self.correlation(side, "pearson"),
+                    "max_abs_difference": self.max_abs_difference(side),
+                }
+                for side in dict.fromkeys(self.frame["side"])
+            ]
+        )
 
     def max_abs_difference(self, side: str = "gap") -> float:
         rows = self.frame[self.frame["side"] == side]
@@ -406,7 +439,9 @@ def feature_ablation(
                     a = f[rows_, :, which].to(act.dtype) * mask.to(act.device)  # [rows, pos]
                     return act - a[..., None] * d[:, None, :]
 
-                ablated = model.run_with_hooks(ids, mask, readout_positions=readout, fwd_hooks=[(site, ablate)])
+                ablated = model.run_with_hooks(
+                    ids, mask, readout_positions=readout, fwd_hooks=[(site, ablate)]
+                )
                 eff[sl] = (clean[sl].repeat_interleave(nF) - ablated.float().cpu()).reshape(b, nF)
                 bar.update(b)
             bar.close()
@@ -419,6 +454,15 @@ def feature_ablation(
         for side in ("chosen", "rejected", "gap"):
             for p, pid in enumerate(attribution.pair_ids):
                 for j, i in enumerate(features):
-                    rows.append((pid, side, i, float(acts[side][p, j]), float(terms[side][p, j]), float(effects[side][p, j])))
+                    rows.append(
+                        (
+                            pid,
+                            side,
+                            i,
+                            float(acts[side][p, j]),
+                            float(terms[side][p, j]),
+                            float(effects[side][p, j]),
+                        )
+                    )
     frame = pd.DataFrame(rows, columns=["pair", "side", "feature", "activation", "attribution", "effect"])
     return FeatureAblation(hook_name=site, positions=positions, features=features, frame=frame)

@@ -5,7 +5,12 @@ Definitions: the module docstrings and docs/theory.md.
 """
 
 from reward_lens.theory.cascades import CascadeResult, detect_cascades
-from reward_lens.theory.conflicts import ConflictResult, conflicts_from_directions, reward_conflicts, term_directions
+from reward_lens.theory.conflicts import (
+    ConflictResult,
+    conflicts_from_directions,
+    reward_conflicts,
+    term_directions,
+)
 from reward_lens.theory.distortion import (
     DistortionResult,
     distortion_from_directions,
@@ -14,6 +19,14 @@ from reward_lens.theory.distortion import (
 )
 
 __all__ = [
-    "CascadeResult", "ConflictResult", "DistortionResult", "conflicts_from_directions", "detect_cascades",
-    "distortion_from_directions", "distortion_from_model", "distortion_index", "reward_conflicts", "term_directions",
+    "CascadeResult",
+    "ConflictResult",
+    "DistortionResult",
+    "conflicts_from_directions",
+    "detect_cascades",
+    "distortion_from_directions",
+    "distortion_from_model",
+    "distortion_index",
+    "reward_conflicts",
+    "term_directions",
 ]

@@ -79,12 +79,19 @@ class CascadeResult:
         K = len(self.dimensions)
         for a in range(K):
             for b in range(a + 1, K):
-                rows.append({
-                    "dimension_a": self.dimensions[a], "dimension_b": self.dimensions[b],
-                    "r": self.corr[a, b], "ci_low": self.ci_low[a, b], "ci_high": self.ci_high[a, b],
-                    "p_value": self.p_value[a, b], "linked": bool(self.linked[a, b]),
-                    "same_cluster": bool(self.labels[a] == self.labels[b]), "n_items": self.n_items,
-                })
+                rows.append(
+                    {
+                        "dimension_a": self.dimensions[a],
+                        "dimension_b": self.dimensions[b],
+                        "r": self.corr[a, b],
+                        "ci_low": self.ci_low[a, b],
+                        "ci_high": self.ci_high[a, b],
+                        "p_value": self.p_value[a, b],
+                        "linked": bool(self.linked[a, b]),
+                        "same_cluster": bool(self.labels[a] == self.labels[b]),
+                        "n_items": self.n_items,
+                    }
+                )
         return pd.DataFrame(rows)
 
     def clusters_frame(self) -> pd.DataFrame:
@@ -94,20 +101,31 @@ class CascadeResult:
             idx = [self.dimensions.index(m) for m in members]
             sub = self.corr[np.ix_(idx, idx)]
             mean_r = float(np.nanmean(sub[~np.eye(len(idx), dtype=bool)])) if len(idx) > 1 else np.nan
-            rows += [{"dimension": m, "cluster": c, "cluster_size": len(members), "mean_r": mean_r} for m in members]
+            rows += [
+                {"dimension": m, "cluster": c, "cluster_size": len(members), "mean_r": mean_r}
+                for m in members
+            ]
         return pd.DataFrame(rows)
 
     def summary(self) -> pd.DataFrame:
-        """One row per cluster (largest first): its dimensions, size, mean within-cluster r, whether a cascade."""
+        """One row per cluster (largest first): its dimensions, size, mean within-cluster r, whether a
+        cascade."""
         rows = []
         for c, members in enumerate(self.clusters):
             idx = [self.dimensions.index(m) for m in members]
             sub = self.corr[np.ix_(idx, idx)]
-            rows.append({
-                "cluster": c, "dimensions": ", ".join(members), "size": len(members),
-                "mean_r": float(np.nanmean(sub[~np.eye(len(idx), dtype=bool)])) if len(idx) > 1 else np.nan,
-                "cascade": len(members) > 1, "n_items": self.n_items,
-            })
+            rows.append(
+                {
+                    "cluster": c,
+                    "dimensions": ", ".join(members),
+                    "size": len(members),
+                    "mean_r": float(np.nanmean(sub[~np.eye(len(idx), dtype=bool)]))
+                    if len(idx) > 1
+                    else np.nan,
+                    "cascade": len(members) > 1,
+                    "n_items": self.n_items,
+                }
+            )
         return pd.DataFrame(rows)
 
     def summary_text(self) -> str:
@@ -123,8 +141,14 @@ class CascadeResult:
         K = len(self.dimensions)
         created = ax is None
         fig, (ax0, ax1) = panels(ax, 2, (3 + 1.0 * K + 2.5, 1.5 + 0.8 * K), width_ratios=[1, 2.2])
-        tree = dendrogram(self.linkage, labels=self.dimensions, orientation="left", ax=ax0,
-                          color_threshold=self.distance_threshold, above_threshold_color="0.6")
+        tree = dendrogram(
+            self.linkage,
+            labels=self.dimensions,
+            orientation="left",
+            ax=ax0,
+            color_threshold=self.distance_threshold,
+            above_threshold_color="0.6",
+        )
         ax0.axvline(self.distance_threshold, ls="--", c="0.4", lw=0.8)
         ax0.set_xlabel("distance 1 − r")
         order = [self.dimensions.index(d) for d in tree["ivl"]][::-1]  # top-to-bottom as in the dendrogram
@@ -135,14 +159,28 @@ class CascadeResult:
             for j in range(K):
                 a, b = order[i], order[j]
                 mark = "*" if self.linked[a, b] and a != b else ""
-                text[i, j] = f"{R[i, j]:.2f}{mark}" if a == b else f"{R[i, j]:.2f}{mark}\n[{self.ci_low[a, b]:.2f},{self.ci_high[a, b]:.2f}]"
-        diverging_heatmap(ax1, R, xlabels=names, ylabels=names, label=f"{self.method} r", limit=1.0, annotations=text,
-                          xrotation=45)
+                text[i, j] = (
+                    f"{R[i, j]:.2f}{mark}"
+                    if a == b
+                    else f"{R[i, j]:.2f}{mark}\n[{self.ci_low[a, b]:.2f},{self.ci_high[a, b]:.2f}]"
+                )
+        diverging_heatmap(
+            ax1,
+            R,
+            xlabels=names,
+            ylabels=names,
+            label=f"{self.method} r",
+            limit=1.0,
+            annotations=text,
+            xrotation=45,
+        )
         ax1.set_title(f"per-item reward effects, n={self.n_items} (* CI excludes 0)")
         return finish(fig, created)
 
 
-def _wide_effects(effects: Any, dimensions: Optional[Sequence[str]], item_col, dimension_col, value_col) -> pd.DataFrame:
+def _wide_effects(
+    effects: Any, dimensions: Optional[Sequence[str]], item_col, dimension_col, value_col
+) -> pd.DataFrame:
     """Items x dimensions from a wide frame, a tidy frame, an array, a mapping, or a probe result."""
     if hasattr(effects, "per_item") and not isinstance(effects, pd.DataFrame):
         effects = effects.per_item
@@ -164,8 +202,10 @@ def _wide_effects(effects: Any, dimensions: Optional[Sequence[str]], item_col, d
         val = value_col or next((c for c in _VALUE_COLS if c in frame.columns), None)
         item = item_col or next((c for c in _ITEM_COLS if c in frame.columns), None)
         if val is None or item is None:
-            raise ValueError(f"a tidy per-item frame needs an item column (one of {_ITEM_COLS}) and a value column "
-                             f"(one of {_VALUE_COLS}); found {list(frame.columns)}. Pass item_col=/value_col=")
+            raise ValueError(
+                f"a tidy per-item frame needs an item column (one of {_ITEM_COLS}) and a value column (one "
+                f"of {_VALUE_COLS}); found {list(frame.columns)}. Pass item_col=/value_col="
+            )
         if frame.duplicated([item, dim_col]).any():
             frame = frame.groupby([item, dim_col], sort=False)[val].mean().reset_index()
         wide = frame.pivot(index=item, columns=dim_col, values=val)
@@ -177,7 +217,9 @@ def _wide_effects(effects: Any, dimensions: Optional[Sequence[str]], item_col, d
     if dimensions is not None:
         missing = [d for d in dimensions if d not in wide.columns]
         if missing:
-            raise ValueError(f"dimension(s) {missing} not among the per-item effects' columns {list(wide.columns)}")
+            raise ValueError(
+                f"dimension(s) {missing} not among the per-item effects' columns {list(wide.columns)}"
+            )
         wide = wide[list(dimensions)]
     wide.columns = [str(c) for c in wide.columns]
     return wide.astype(np.float64)
@@ -220,7 +262,9 @@ def detect_cascades(
     n_dropped = len(wide) - len(complete)
     n = len(complete)
     if n < 4:
-        raise ValueError(f"only {n} items have an effect on every dimension; a correlation needs at least 4 matched items")
+        raise ValueError(
+            f"only {n} items have an effect on every dimension; a correlation needs at least 4 matched items"
+        )
     X = complete.to_numpy()
     Xs = ranks(X, axis=-2) if method == "spearman" else X
     R = column_correlations(Xs)
@@ -245,7 +289,11 @@ def detect_cascades(
     notes = []
     const = [d for d, s in zip(dims, X.std(0)) if s == 0]
     if const:
-        notes.append(f"no variation over items (correlations undefined, treated as uncorrelated): {', '.join(const)}")
+        notes.append(
+            f"no variation over items (correlations undefined, treated as uncorrelated): {', '.join(const)}"
+        )
     if n_dropped:
         notes.append(f"{n_dropped} item(s) without an effect on every dimension were dropped")
-    return CascadeResult(dims, complete, R, lo, hi, p, labels, Z, method, distance_threshold, level, n, n_dropped, notes)
+    return CascadeResult(
+        dims, complete, R, lo, hi, p, labels, Z, method, distance_threshold, level, n, n_dropped, notes
+    )

@@ -1,4 +1,5 @@
-r"""Reward-term conflict analyzer: are several reward terms on one backbone aligned, orthogonal or in conflict?
+r"""Reward-term conflict analyzer: are several reward terms on one backbone aligned, orthogonal or in
+conflict?
 
 Terms: ArmoRM's objectives (``W_reg[:, j]``), the outputs of a multi-output head, user-given directions,
 or several reward models that share one backbone (so their residual bases coincide). Two views of
@@ -29,13 +30,20 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 import numpy as np
 import pandas as pd
 
-from reward_lens.plotting import diverging_heatmap, finish, panels
+from reward_lens.core.batching import pair_batches
+from reward_lens.data.pairs import as_pairs
 from reward_lens.model.heads.base import read_objective
 from reward_lens.model.hooks import final_resid_name
-from reward_lens.stats import as_float_matrix, check_level, column_correlations, fisher_ci, named_rows, to_float64
-from reward_lens.data.pairs import as_pairs
-from reward_lens.core.batching import pair_batches
 from reward_lens.model.native import HookedRewardModel
+from reward_lens.plotting import diverging_heatmap, finish, panels
+from reward_lens.stats import (
+    as_float_matrix,
+    check_level,
+    column_correlations,
+    fisher_ci,
+    named_rows,
+    to_float64,
+)
 
 VERDICTS = ("aligned", "orthogonal", "conflicting")
 
@@ -83,11 +91,21 @@ class ConflictResult:
         cor_v = classify(self.correlation, self.threshold) if self.correlation is not None else None
         for a in range(m):
             for b in range(a + 1, m):
-                row = {"term_a": self.names[a], "term_b": self.names[b], "cosine": self.cosine[a, b],
-                       "cosine_verdict": cos_v[a, b]}
+                row = {
+                    "term_a": self.names[a],
+                    "term_b": self.names[b],
+                    "cosine": self.cosine[a, b],
+                    "cosine_verdict": cos_v[a, b],
+                }
                 if cor_v is not None:
-                    row.update({"correlation": self.correlation[a, b], "corr_ci_low": self.corr_ci_low[a, b],
-                                "corr_ci_high": self.corr_ci_high[a, b], "correlation_verdict": cor_v[a, b]})
+                    row.update(
+                        {
+                            "correlation": self.correlation[a, b],
+                            "corr_ci_low": self.corr_ci_low[a, b],
+                            "corr_ci_high": self.corr_ci_high[a, b],
+                            "correlation_verdict": cor_v[a, b],
+                        }
+                    )
                     row["verdict"] = cor_v[a, b] or cos_v[a, b]
                     row["disagree"] = bool(cor_v[a, b] and cor_v[a, b] != cos_v[a, b])
                 else:
@@ -97,23 +115,38 @@ class ConflictResult:
 
     def counts(self) -> Dict[str, int]:
         frame = self.to_frame()
-        return {v: int((frame["verdict"] == v).sum()) for v in VERDICTS} if len(frame) else {v: 0 for v in VERDICTS}
+        return (
+            {v: int((frame["verdict"] == v).sum()) for v in VERDICTS}
+            if len(frame)
+            else {v: 0 for v in VERDICTS}
+        )
 
     def summary(self) -> pd.DataFrame:
-        """One row: number of terms and of term pairs, the basis of the verdicts, and the count of each verdict."""
+        """One row: number of terms and of term pairs, the basis of the verdicts, and the count of each
+        verdict."""
         c = self.counts()
-        return pd.DataFrame([{
-            "n_terms": len(self.names), "n_term_pairs": sum(c.values()),
-            "basis": "correlation" if self.correlation is not None else "cosine", "threshold": self.threshold,
-            **c, "n_pairs": self.n_pairs, "noise_floor": self.noise_floor,
-        }])
+        return pd.DataFrame(
+            [
+                {
+                    "n_terms": len(self.names),
+                    "n_term_pairs": sum(c.values()),
+                    "basis": "correlation" if self.correlation is not None else "cosine",
+                    "threshold": self.threshold,
+                    **c,
+                    "n_pairs": self.n_pairs,
+                    "noise_floor": self.noise_floor,
+                }
+            ]
+        )
 
     def summary_text(self) -> str:
         """The summary as one sentence (what `summary()` returned before it became a DataFrame)."""
         c = self.counts()
         basis = "reward-difference correlation" if self.correlation is not None else "direction cosine"
-        return (f"{len(self.names)} reward terms, {sum(c.values())} pairs by {basis} (τ = {self.threshold}): "
-                f"{c['aligned']} aligned, {c['orthogonal']} orthogonal, {c['conflicting']} conflicting")
+        return (
+            f"{len(self.names)} reward terms, {sum(c.values())} pairs by {basis} (τ = {self.threshold}): "
+            f"{c['aligned']} aligned, {c['orthogonal']} orthogonal, {c['conflicting']} conflicting"
+        )
 
     def plot(self, ax=None):
         """Heatmaps of the cosines and (when available) the correlations; cells marked A / O / C.
@@ -130,12 +163,23 @@ class ConflictResult:
             marks = np.vectorize(letter.get)(classify(M, self.threshold)) if m <= 24 else None
             if marks is not None:
                 np.fill_diagonal(marks, "")
-            diverging_heatmap(ax, M, xlabels=self.names, ylabels=self.names, limit=1.0, annotations=marks,
-                              fontsize=7 if m <= 10 else 6, xrotation=60)
+            diverging_heatmap(
+                ax,
+                M,
+                xlabels=self.names,
+                ylabels=self.names,
+                limit=1.0,
+                annotations=marks,
+                fontsize=7 if m <= 10 else 6,
+                xrotation=60,
+            )
             ax.set_title(title, fontsize=9)
         if created:
-            fig.suptitle(f"reward-term conflicts: A aligned (≥ {self.threshold}), C conflicting (≤ −{self.threshold}), "
-                         "O orthogonal", fontsize=9)
+            fig.suptitle(
+                f"reward-term conflicts: A aligned (≥ {self.threshold}), C conflicting (≤ "
+                f"−{self.threshold}), O orthogonal",
+                fontsize=9,
+            )
         return finish(fig, created)
 
 
@@ -163,15 +207,19 @@ def conflicts_from_directions(
         raise ValueError("need at least two reward terms to compare")
     norms = np.linalg.norm(W, axis=1)
     if not np.all(np.isfinite(W)) or np.any(norms == 0):
-        raise ValueError(f"direction(s) {[n for n, v in zip(names, norms) if not v > 0]} are zero or not finite")
+        raise ValueError(
+            f"direction(s) {[n for n, v in zip(names, norms) if not v > 0]} are zero or not finite"
+        )
     U = W / norms[:, None]
     cos = np.clip(U @ U.T, -1.0, 1.0)
     floor = 3.0 / np.sqrt(d)
     notes = []
     if threshold < floor:
-        msg = (f"threshold {threshold} is below the random-direction noise floor 3/sqrt(d_model) = {floor:.3f}; "
-               "cosine verdicts at this width can be chance")
-        warnings.warn(msg)
+        msg = (
+            f"threshold {threshold} is below the random-direction noise floor 3/sqrt(d_model) = "
+            f"{floor:.3f}; cosine verdicts at this width can be chance"
+        )
+        warnings.warn(msg, stacklevel=2)
         notes.append(msg)
     corr = lo = hi = None
     n = 0
@@ -213,8 +261,13 @@ def _readout_states(model, pairs, batch_size: int):
     with torch.no_grad(), read_objective(model, 0 if model.reward_head.n_objectives else None):
         for pb in pair_batches(model, as_pairs(pairs), batch_size):
             for side, tok in (("chosen", pb.chosen), ("rejected", pb.rejected)):
-                _, cache = model.run_with_cache(tok.input_ids, attention_mask=tok.attention_mask, readout_only=True,
-                                                readout_positions=tok.readout, names_filter=names)
+                _, cache = model.run_with_cache(
+                    tok.input_ids,
+                    attention_mask=tok.attention_mask,
+                    readout_only=True,
+                    readout_positions=tok.readout,
+                    names_filter=names,
+                )
                 xs[side].append(cache[last][:, 0].double() / cache["ln_final.hook_scale"][:, 0].double())
                 if has_pooled:
                     pooled[side].append(cache["reward_head.hook_pooled"].double())
@@ -239,8 +292,10 @@ def term_directions(model) -> Tuple[np.ndarray, List[str]]:
     else:
         n_out = model.cfg.n_outputs
         if n_out < 2:
-            raise ValueError("this model has one reward output, so one term: pass directions={name: vector, ...}, "
-                             "or a dict of reward models that share its backbone")
+            raise ValueError(
+                "this model has one reward output, so one term: pass directions={name: vector, ...}, or a "
+                "dict of reward models that share its backbone"
+            )
         W = np.stack([head.direction(j).detach().double().cpu().numpy() for j in range(n_out)])
         names = [f"output_{j}" for j in range(n_out)]
     gain = _norm_gain(model)
@@ -293,7 +348,9 @@ def reward_conflicts(
         if directions is not None:
             W, names_ = np.stack([to_float64(v).reshape(-1) for v in directions.values()]), list(directions)
             if W.shape[1] != model.cfg.d_model:
-                raise ValueError(f"directions have width {W.shape[1]}, the model's residual is {model.cfg.d_model}")
+                raise ValueError(
+                    f"directions have width {W.shape[1]}, the model's residual is {model.cfg.d_model}"
+                )
         else:
             W, names_ = term_directions(model)
         deltas = None
@@ -304,31 +361,44 @@ def reward_conflicts(
             else:
                 deltas = (x["chosen"] - x["rejected"]) @ W.T
         return conflicts_from_directions(W, deltas, names=names or names_, **opts)
-    if isinstance(source, Mapping) and source and all(isinstance(v, HookedRewardModel) for v in source.values()):
+    if (
+        isinstance(source, Mapping)
+        and source
+        and all(isinstance(v, HookedRewardModel) for v in source.values())
+    ):
         models = dict(source)
         if len(models) < 2:
             raise ValueError("give at least two reward models to compare")
         widths = {n: m.cfg.d_model for n, m in models.items()}
         if len(set(widths.values())) > 1:
-            raise ValueError(f"models have different residual widths {widths}: they do not share a backbone; "
-                             "use reward_lens.compare_models for basis-free comparison")
+            raise ValueError(
+                f"models have different residual widths {widths}: they do not share a backbone; use "
+                "reward_lens.compare_models for basis-free comparison"
+            )
         mismatch = _same_backbone(models)
         if mismatch and not allow_different_backbones:
-            raise ValueError(f"these models do not share a backbone ({mismatch}), so their directions live in different "
-                             "bases; use reward_lens.compare_models, or pass allow_different_backbones=True")
+            raise ValueError(
+                f"these models do not share a backbone ({mismatch}), so their directions live in different "
+                "bases; use reward_lens.compare_models, or pass allow_different_backbones=True"
+            )
         W, deltas = [], []
         for n, m in models.items():
             if m.reward_head.n_objectives:
-                raise ValueError(f"model {n!r} is an ArmoRM: analyse its objectives with reward_conflicts(model, pairs)")
+                raise ValueError(
+                    f"model {n!r} is an ArmoRM: analyse its objectives with reward_conflicts(model, pairs)"
+                )
             W.append(m.reward_direction.detach().double().cpu().numpy())
             if pairs is not None:
                 x, _ = _readout_states(m, pairs, batch_size)
                 deltas.append((x["chosen"] - x["rejected"]) @ W[-1])
         notes_extra = [f"backbones differ ({mismatch}); compared anyway"] if mismatch else []
-        res = conflicts_from_directions(np.stack(W), np.stack(deltas, 1) if deltas else None,
-                                        names=names or list(models), **opts)
+        res = conflicts_from_directions(
+            np.stack(W), np.stack(deltas, 1) if deltas else None, names=names or list(models), **opts
+        )
         res.notes += notes_extra
         return res
     if pairs is not None:
-        raise TypeError("pairs were given but no model: pass a HookedRewardModel or a dict of them as the first argument")
+        raise TypeError(
+            "pairs were given but no model: pass a HookedRewardModel or a dict of them as the first argument"
+        )
     return conflicts_from_directions(source, reward_deltas, names=names, **opts)

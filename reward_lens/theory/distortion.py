@@ -47,14 +47,19 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 import numpy as np
 import pandas as pd
 
-from reward_lens.plotting import finish, panels
-from reward_lens.stats import (
-    as_float_matrix, bootstrap_indices, check_level, named_rows, percentile_ci, to_float64,
-)
-from reward_lens.data.pairs import as_pairs, PreferencePair
 from reward_lens.core.pipeline import Reads, Shared, Spec, run_pipeline
 from reward_lens.core.ranks import Ranks
+from reward_lens.data.pairs import PreferencePair, as_pairs
 from reward_lens.model.hooks import act_name, final_resid_name
+from reward_lens.plotting import finish, panels
+from reward_lens.stats import (
+    as_float_matrix,
+    bootstrap_indices,
+    check_level,
+    named_rows,
+    percentile_ci,
+    to_float64,
+)
 
 ArrayLike = Any
 
@@ -93,20 +98,22 @@ class DistortionResult:
 
     def to_frame(self) -> pd.DataFrame:
         """One row per dimension: sensitivity, push and coverage shares, ratio, deficit, flag."""
-        return pd.DataFrame({
-            "dimension": self.dimensions,
-            "sensitivity": self.sensitivity,
-            "sensitivity_assumed": self.sensitivity_assumed,
-            "push_share": self.push_share,
-            "effective_energy": self.effective_energy,
-            "effective_pairs": self.effective_pairs,
-            "coverage_share": self.coverage_share,
-            "coverage_share_ci_low": self.coverage_share_ci[:, 0],
-            "coverage_share_ci_high": self.coverage_share_ci[:, 1],
-            "coverage_ratio": self.ratio,
-            "deficit": self.deficit,
-            "under_covered": self.under_covered,
-        })
+        return pd.DataFrame(
+            {
+                "dimension": self.dimensions,
+                "sensitivity": self.sensitivity,
+                "sensitivity_assumed": self.sensitivity_assumed,
+                "push_share": self.push_share,
+                "effective_energy": self.effective_energy,
+                "effective_pairs": self.effective_pairs,
+                "coverage_share": self.coverage_share,
+                "coverage_share_ci_low": self.coverage_share_ci[:, 0],
+                "coverage_share_ci_high": self.coverage_share_ci[:, 1],
+                "coverage_ratio": self.ratio,
+                "deficit": self.deficit,
+                "under_covered": self.under_covered,
+            }
+        )
 
     def matrix_frame(self) -> pd.DataFrame:
         """The coverage matrix, tidy: probe, dimension, loading, n_pairs."""
@@ -116,21 +123,33 @@ class DistortionResult:
         return out
 
     def summary(self) -> pd.DataFrame:
-        """One row: the distortion index D with its interval, the number and names of under-covered dimensions."""
+        """One row: the distortion index D with its interval, the number and names of under-covered
+        dimensions."""
         lo, hi = self.index_ci
-        return pd.DataFrame([{
-            "index": self.index, "ci_low": lo, "ci_high": hi, "level": self.level,
-            "n_dimensions": len(self.dimensions), "n_probes": len(self.probes),
-            "n_under_covered": len(self.flagged), "under_covered": ", ".join(self.flagged),
-            "sensitivity_source": self.sensitivity_source,
-        }])
+        return pd.DataFrame(
+            [
+                {
+                    "index": self.index,
+                    "ci_low": lo,
+                    "ci_high": hi,
+                    "level": self.level,
+                    "n_dimensions": len(self.dimensions),
+                    "n_probes": len(self.probes),
+                    "n_under_covered": len(self.flagged),
+                    "under_covered": ", ".join(self.flagged),
+                    "sensitivity_source": self.sensitivity_source,
+                }
+            ]
+        )
 
     def summary_text(self) -> str:
         """The summary as one sentence (what `summary()` returned before it became a DataFrame)."""
         lo, hi = self.index_ci
         flagged = ", ".join(self.flagged) or "none"
-        return (f"distortion index D = {self.index:.3f} ({int(self.level * 100)}% CI {lo:.3f}..{hi:.3f}); "
-                f"under-covered: {flagged}")
+        return (
+            f"distortion index D = {self.index:.3f} ({int(self.level * 100)}% CI {lo:.3f}..{hi:.3f}); "
+            f"under-covered: {flagged}"
+        )
 
     def plot(self, ax=None):
         """Left: the probe x dimension coverage matrix. Right: push share vs coverage share per dimension
@@ -149,7 +168,9 @@ class DistortionResult:
         ax1.bar(x - 0.2, self.push_share, 0.4, label="push share π", color="0.6")
         err = np.abs(self.coverage_share_ci.T - self.coverage_share)
         colors = ["tab:red" if f else "tab:blue" for f in self.under_covered]
-        ax1.bar(x + 0.2, self.coverage_share, 0.4, yerr=err, label="coverage share c", color=colors, capsize=2)
+        ax1.bar(
+            x + 0.2, self.coverage_share, 0.4, yerr=err, label="coverage share c", color=colors, capsize=2
+        )
         ax1.set_xticks(x, self.dimensions, rotation=45, ha="right")
         for label, flagged in zip(ax1.get_xticklabels(), self.under_covered):
             if flagged:
@@ -177,7 +198,9 @@ def _coverage(contrib: Sequence[np.ndarray]) -> Tuple[np.ndarray, np.ndarray, np
     return C, E, (n[:, None] * C).sum(0)
 
 
-def _estimate_sensitivity(dq: Sequence[np.ndarray], dr: Sequence[np.ndarray]) -> Tuple[np.ndarray, np.ndarray]:
+def _estimate_sensitivity(
+    dq: Sequence[np.ndarray], dr: Sequence[np.ndarray]
+) -> Tuple[np.ndarray, np.ndarray]:
     """Pooled least squares Δr ≈ Δq g; unidentifiable dimensions get the largest identified |g|."""
     Q, r = np.concatenate(dq), np.concatenate(dr)
     K = Q.shape[1]
@@ -275,16 +298,32 @@ def _distortion(
     under = (sh["push"] >= min_push) & ~(sh["ratio"] >= threshold)  # NaN/low ratio with real push -> flagged
     notes = []
     if assumed.any():
-        notes.append("sensitivity not identifiable from the probes (never varied, or only together with others), "
-                     "assumed worst case for: " + ", ".join(d for d, a in zip(dims, assumed) if a))
+        notes.append(
+            "sensitivity not identifiable from the probes (never varied, or only together with others), "
+            "assumed worst case for: " + ", ".join(d for d, a in zip(dims, assumed) if a)
+        )
     return DistortionResult(
-        dimensions=dims, probes=probes,
+        dimensions=dims,
+        probes=probes,
         coverage_matrix=pd.DataFrame(C, index=probes, columns=dims),
         n_pairs=pd.Series([q.shape[0] for q in dq], index=probes, name="n_pairs"),
-        sensitivity=np.sqrt(g2), sensitivity_source=source, sensitivity_assumed=assumed,
-        effective_energy=E, effective_pairs=eff_pairs, coverage_share=sh["c"], push_share=sh["push"], ratio=sh["ratio"],
-        deficit=sh["deficit"], under_covered=under, index=sh["index"], index_ci=index_ci,
-        coverage_share_ci=c_ci, explained=explained, threshold=threshold, min_push=min_push, level=level,
+        sensitivity=np.sqrt(g2),
+        sensitivity_source=source,
+        sensitivity_assumed=assumed,
+        effective_energy=E,
+        effective_pairs=eff_pairs,
+        coverage_share=sh["c"],
+        push_share=sh["push"],
+        ratio=sh["ratio"],
+        deficit=sh["deficit"],
+        under_covered=under,
+        index=sh["index"],
+        index_ci=index_ci,
+        coverage_share_ci=c_ci,
+        explained=explained,
+        threshold=threshold,
+        min_push=min_push,
+        level=level,
         notes=notes,
     )
 
@@ -298,21 +337,29 @@ def _sensitivity_vector(sensitivity: Any, dims: List[str]) -> np.ndarray:
     if hasattr(sensitivity, "to_frame") and not isinstance(sensitivity, (pd.DataFrame, pd.Series)):
         sensitivity = sensitivity.to_frame()
     if isinstance(sensitivity, pd.DataFrame):
-        col = next((c for c in ("effect", "mean_delta", "delta", "sensitivity") if c in sensitivity.columns), None)
+        col = next(
+            (c for c in ("effect", "mean_delta", "delta", "sensitivity") if c in sensitivity.columns), None
+        )
         if "dimension" not in sensitivity.columns or col is None:
-            raise ValueError("a sensitivity frame needs columns 'dimension' and 'effect' (per-dimension reward change "
-                             f"per unit); got {list(sensitivity.columns)}")
+            raise ValueError(
+                "a sensitivity frame needs columns 'dimension' and 'effect' (per-dimension reward change "
+                f"per unit); got {list(sensitivity.columns)}"
+            )
         sensitivity = dict(zip(sensitivity["dimension"], sensitivity[col]))
     if isinstance(sensitivity, (Mapping, pd.Series)):
         missing = [d for d in dims if d not in sensitivity]
         if missing:
-            raise ValueError(f"sensitivity has no value for dimension(s) {missing}; give one per dimension {dims}")
+            raise ValueError(
+                f"sensitivity has no value for dimension(s) {missing}; give one per dimension {dims}"
+            )
         return np.array([float(sensitivity[d]) for d in dims])
     g = np.asarray(sensitivity, dtype=np.float64).reshape(-1)
     if g.shape[0] != len(dims):
         raise ValueError(f"sensitivity has {g.shape[0]} values for {len(dims)} dimensions {dims}")
     if not np.all(np.isfinite(g)):
-        raise ValueError("sensitivity holds NaN or inf; give a finite reward change per unit of every dimension")
+        raise ValueError(
+            "sensitivity holds NaN or inf; give a finite reward change per unit of every dimension"
+        )
     return g
 
 
@@ -329,7 +376,8 @@ def distortion_index(
     seed: int = 0,
     level: float = 0.95,
 ) -> DistortionResult:
-    """Coverage matrix, effective coverage and distortion index of evaluation probes (definitions: module doc).
+    """Coverage matrix, effective coverage and distortion index of evaluation probes (definitions: module
+    doc).
 
     `data`: a frame with one row per evaluation pair, a `probe_col` column, a `reward_col` column (the
     pair's reward difference) and one column per quality dimension (the pair's difference along it); or a
@@ -340,17 +388,31 @@ def distortion_index(
     if isinstance(data, pd.DataFrame):
         for col in (probe_col, reward_col):
             if col not in data.columns:
-                raise ValueError(f"the data frame has no column {col!r}; it needs a probe column, a reward-difference "
-                                 f"column and one column per dimension (found {list(data.columns)})")
-        dims = list(dimensions) if dimensions is not None else [c for c in data.columns if c not in (probe_col, reward_col)
-                                                                and pd.api.types.is_numeric_dtype(data[c])]
+                raise ValueError(
+                    f"the data frame has no column {col!r}; it needs a probe column, a reward-difference "
+                    f"column and one column per dimension (found {list(data.columns)})"
+                )
+        dims = (
+            list(dimensions)
+            if dimensions is not None
+            else [
+                c
+                for c in data.columns
+                if c not in (probe_col, reward_col) and pd.api.types.is_numeric_dtype(data[c])
+            ]
+        )
         missing = [d for d in dims if d not in data.columns]
         if missing:
-            raise ValueError(f"dimension column(s) {missing} not in the data frame (columns: {list(data.columns)})")
+            raise ValueError(
+                f"dimension column(s) {missing} not in the data frame (columns: {list(data.columns)})"
+            )
         probes = list(dict.fromkeys(data[probe_col].tolist()))
         groups = {p: data[data[probe_col] == p] for p in probes}
         dr = [as_float_matrix(groups[p][reward_col].to_numpy(), reward_col, 1)[:, 0] for p in probes]
-        dq = [as_float_matrix(groups[p][dims].to_numpy(), f"dimension columns of probe {p!r}", len(dims)) for p in probes]
+        dq = [
+            as_float_matrix(groups[p][dims].to_numpy(), f"dimension columns of probe {p!r}", len(dims))
+            for p in probes
+        ]
     elif isinstance(data, Mapping):
         probes = list(data)
         dr, dq = [], []
@@ -362,18 +424,24 @@ def distortion_index(
             q = as_float_matrix(q, f"dimension deltas of probe {p!r}")
             r = as_float_matrix(np.asarray(r).reshape(-1, 1), f"reward deltas of probe {p!r}", 1)[:, 0]
             if r.shape[0] != q.shape[0]:
-                raise ValueError(f"probe {p!r}: {r.shape[0]} reward deltas but {q.shape[0]} rows of dimension deltas")
+                raise ValueError(
+                    f"probe {p!r}: {r.shape[0]} reward deltas but {q.shape[0]} rows of dimension deltas"
+                )
             dr.append(r)
             dq.append(q)
         K = dq[0].shape[1] if dq else 0
         if any(q.shape[1] != K for q in dq):
-            raise ValueError("every probe's dimension deltas need the same number of columns (one per dimension)")
+            raise ValueError(
+                "every probe's dimension deltas need the same number of columns (one per dimension)"
+            )
         dims = list(dimensions) if dimensions is not None else [f"dim_{k}" for k in range(K)]
         if len(dims) != K:
             raise ValueError(f"{len(dims)} dimension names for {K} dimension columns")
     else:
-        raise TypeError("data must be a DataFrame (probe, reward_delta, one column per dimension) or a mapping "
-                        "probe -> (reward_deltas, dimension_deltas)")
+        raise TypeError(
+            "data must be a DataFrame (probe, reward_delta, one column per dimension) or a mapping probe "
+            "-> (reward_deltas, dimension_deltas)"
+        )
     if not probes or not dims:
         raise ValueError("need at least one probe and one dimension")
     if any(q.shape[0] == 0 for q in dq):
@@ -383,8 +451,19 @@ def distortion_index(
     else:
         g = _sensitivity_vector(sensitivity, dims)
         g_rows, source = [np.broadcast_to(g, q.shape) for q in dq], "given"
-    return _distortion(probes, dims, dq, dr, g_rows, source=source, threshold=threshold, min_push=min_push,
-                       n_boot=n_boot, seed=seed, level=level)
+    return _distortion(
+        probes,
+        dims,
+        dq,
+        dr,
+        g_rows,
+        source=source,
+        threshold=threshold,
+        min_push=min_push,
+        n_boot=n_boot,
+        seed=seed,
+        level=level,
+    )
 
 
 # ------------------------------------------------------------------------------------------- geometry
@@ -397,7 +476,9 @@ def _direction_matrix(directions: Any, names: Optional[Sequence[str]]) -> Tuple[
     norms = np.linalg.norm(U, axis=1)
     if np.any(norms == 0) or not np.all(np.isfinite(U)):
         bad = [n for n, v in zip(names, norms) if not v > 0]
-        raise ValueError(f"dimension direction(s) {bad} are zero or not finite; every dimension needs a direction")
+        raise ValueError(
+            f"dimension direction(s) {bad} are zero or not finite; every dimension needs a direction"
+        )
     return U / norms[:, None], names
 
 
@@ -431,23 +512,42 @@ def distortion_from_directions(
     for p in probes:
         delta = to_float64(probe_deltas[p])
         if delta.ndim != 2 or delta.shape[1] != U.shape[1] or delta.shape[0] == 0:
-            raise ValueError(f"probe {p!r}: activation differences must be [n >= 1, {U.shape[1]}], got {delta.shape}")
+            raise ValueError(
+                f"probe {p!r}: activation differences must be [n >= 1, {U.shape[1]}], got {delta.shape}"
+            )
         w = to_float64(reward_direction[p] if isinstance(reward_direction, Mapping) else reward_direction)
         w = np.broadcast_to(w, delta.shape) if w.ndim == 1 else w
         if w.shape != delta.shape:
-            raise ValueError(f"probe {p!r}: reward direction of shape {w.shape} does not match the differences {delta.shape}")
+            raise ValueError(
+                f"probe {p!r}: reward direction of shape {w.shape} does not match the differences "
+                f"{delta.shape}"
+            )
         dq.append(_coordinates(delta, U))
         dr.append((w * delta).sum(1))
         g_rows.append(w @ U.T)
-    return _distortion(probes, dims, dq, dr, g_rows, source="geometry", **{
-        "threshold": options.pop("threshold", 0.5), "min_push": options.pop("min_push", 0.01),
-        "n_boot": options.pop("n_boot", 200), "seed": options.pop("seed", 0), "level": options.pop("level", 0.95),
-        **_no_more(options)})
+    return _distortion(
+        probes,
+        dims,
+        dq,
+        dr,
+        g_rows,
+        source="geometry",
+        **{
+            "threshold": options.pop("threshold", 0.5),
+            "min_push": options.pop("min_push", 0.01),
+            "n_boot": options.pop("n_boot", 200),
+            "seed": options.pop("seed", 0),
+            "level": options.pop("level", 0.95),
+            **_no_more(options),
+        },
+    )
 
 
 def _no_more(options: Mapping[str, Any]) -> Dict[str, Any]:
     if options:
-        raise TypeError(f"unexpected option(s) {sorted(options)}; known: threshold, min_push, n_boot, seed, level")
+        raise TypeError(
+            f"unexpected option(s) {sorted(options)}; known: threshold, min_push, n_boot, seed, level"
+        )
     return {}
 
 
@@ -475,8 +575,10 @@ class StatesSpec(Spec):
 
     def step(self, model, shared: Shared) -> ReadoutStates:
         last, scale = final_resid_name(model.cfg.n_layers), act_name("final_scale")
-        x = {side: cap.at_readout[last].double() / cap.at_readout[scale].reshape(-1, 1).double()
-             for side, cap in shared.caps.items()}
+        x = {
+            side: cap.at_readout[last].double() / cap.at_readout[scale].reshape(-1, 1).double()
+            for side, cap in shared.caps.items()
+        }
         w, _ = shared.direction(model, "chosen")  # the gate reads the prompt only: shared by both sides
         return ReadoutStates(shared.pair_ids, x["chosen"] - x["rejected"], w.double())
 
@@ -484,28 +586,37 @@ class StatesSpec(Spec):
 def readout_states(model, pairs: Any, *, batch_size: int = 8, progress: Union[bool, str] = False):
     """(delta, direction) numpy arrays of `ReadoutStates` (one forward per side and batch)."""
     spec = StatesSpec()
-    out = run_pipeline(model, as_pairs(pairs), [spec], batch_size=batch_size, ranks=Ranks(), progress=progress)
+    out = run_pipeline(
+        model, as_pairs(pairs), [spec], batch_size=batch_size, ranks=Ranks(), progress=progress
+    )
     return out[spec.name].delta.numpy(), out[spec.name].direction.numpy()
 
 
 def _dimension_specs(dimensions: Any) -> Dict[str, Any]:
-    """name -> direction or pairs; a probe-suite result becomes name -> its probe pairs (A = with the property)."""
+    """name -> direction or pairs; a probe-suite result becomes name -> its probe pairs (A = with the
+    property)."""
     per_item = getattr(dimensions, "per_item", None)
     if per_item is not None and not isinstance(dimensions, Mapping):
         need = {"dimension", "prompt", "response_a", "response_b"}
         if not need <= set(per_item.columns):
-            raise ValueError(f"the probe result's per_item frame lacks columns {sorted(need - set(per_item.columns))}")
+            raise ValueError(
+                f"the probe result's per_item frame lacks columns {sorted(need - set(per_item.columns))}"
+            )
         deltas = getattr(dimensions, "item_deltas", None)
         if deltas is not None:  # the probe suite's own readout states: each dimension's mean state difference
             dims = per_item["dimension"].to_numpy()
             return {name: deltas[dims == name].mean(0) for name in dict.fromkeys(dims)}
         out: Dict[str, Any] = {}
         for row in per_item.itertuples():
-            out.setdefault(row.dimension, []).append(PreferencePair(row.prompt, row.response_a, row.response_b))
+            out.setdefault(row.dimension, []).append(
+                PreferencePair(row.prompt, row.response_a, row.response_b)
+            )
         return out
     if not isinstance(dimensions, Mapping) or not dimensions:
-        raise ValueError("dimensions must be a probe-suite result, or a non-empty dict name -> direction [d_model] "
-                         "or name -> pairs differing only in that dimension")
+        raise ValueError(
+            "dimensions must be a probe-suite result, or a non-empty dict name -> direction [d_model] or "
+            "name -> pairs differing only in that dimension"
+        )
     return dict(dimensions)
 
 
@@ -513,7 +624,9 @@ def _probe_sets(probes: Any) -> Dict[str, Any]:
     """name -> pairs; a list of pairs (or a pairs file) is grouped by its `subset` ("all" when unset)."""
     if isinstance(probes, Mapping):
         if not probes:
-            raise ValueError("no evaluation probes given; pass name -> pairs, or a list of pairs with subsets")
+            raise ValueError(
+                "no evaluation probes given; pass name -> pairs, or a list of pairs with subsets"
+            )
         return dict(probes)
 
     groups: Dict[str, list] = {}
@@ -544,7 +657,7 @@ def distortion_from_model(
     specs = _dimension_specs(dimensions)
     U = {}
     for name, spec in specs.items():
-        if hasattr(spec, "shape") and len(getattr(spec, "shape")) == 1:
+        if hasattr(spec, "shape") and len(spec.shape) == 1:
             U[name] = to_float64(spec)
         else:
             delta, _ = readout_states(model, spec, batch_size=batch_size)
@@ -553,13 +666,16 @@ def distortion_from_model(
     if states is not None:
         subsets = np.array([getattr(p, "subset", None) or "all" for p in as_pairs(probes)])
         if len(subsets) != len(states.pair_ids):
-            raise ValueError(f"states hold {len(states.pair_ids)} pairs but probes {len(subsets)}; pass the states "
-                             "of the same pairs list")
+            raise ValueError(
+                f"states hold {len(states.pair_ids)} pairs but probes {len(subsets)}; pass the states of "
+                "the same pairs list"
+            )
         for p in dict.fromkeys(subsets):
             rows = subsets == p
             per_probe_delta[p], per_probe_w[p] = states.delta.numpy()[rows], states.direction.numpy()[rows]
     else:
         for p, pairs in _probe_sets(probes).items():
-            per_probe_delta[p], per_probe_w[p] = readout_states(model, pairs, batch_size=batch_size,
-                                                                progress=progress)
+            per_probe_delta[p], per_probe_w[p] = readout_states(
+                model, pairs, batch_size=batch_size, progress=progress
+            )
     return distortion_from_directions(per_probe_w, U, per_probe_delta, **options)

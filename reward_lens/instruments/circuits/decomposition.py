@@ -28,13 +28,13 @@ from jaxtyping import Float
 from reward_lens.core.directions import reward_from_final_resid
 from reward_lens.core.pipeline import Reads, Shared, Spec, run_pipeline
 from reward_lens.core.ranks import Ranks
+from reward_lens.instruments.circuits.graph import TARGET, TargetRun, capture_names
+from reward_lens.instruments.patching.engines import readout_recompute_exact
+from reward_lens.instruments.sites import component_sites
 from reward_lens.model.hooks import act_name, final_resid_name
 from reward_lens.plotting import finish, panels
 from reward_lens.results import CleanPairRewards, to_numpy
 from reward_lens.stats import spearman
-from reward_lens.instruments.circuits.graph import TARGET, TargetRun, capture_names
-from reward_lens.instruments.patching.engines import readout_recompute_exact
-from reward_lens.instruments.sites import component_sites
 
 
 @dataclass
@@ -45,8 +45,8 @@ class EffectDecompositionResult(CleanPairRewards):
     pair_ids: List[str]
     components: List[str]
     mode: str
-    clean_chosen: Float[torch.Tensor, "pair"]
-    clean_rejected: Float[torch.Tensor, "pair"]
+    clean_chosen: Float[torch.Tensor, " pair"]
+    clean_rejected: Float[torch.Tensor, " pair"]
     direct: Float[torch.Tensor, "pair component"]
     norm: Float[torch.Tensor, "pair component"]
     via: Float[torch.Tensor, "pair component layer"]
@@ -229,19 +229,26 @@ class EffectSpec(Spec):
         tcap = shared.caps[t_side]
         if not readout_recompute_exact(model, tcap.tok):
             raise ValueError(
-                "the effect decomposition recomputes the readout alone, which needs a native architecture whose "
-                "head reads nothing at or after the readout (not ArmoRM's gate, not the generic path)"
+                "the effect decomposition recomputes the readout alone, which needs a native architecture "
+                "whose head reads nothing at or after the readout (not ArmoRM's gate, not the generic "
+                "path)"
             )
         ctx = TargetRun(tcap, model.readout_context(tcap.tok, kv=tcap.full))
         direction, bias = shared.direction(model, t_side)
-        direct, norm, via, total = _terms(model, ctx, shared.caps[s_side].at_readout, direction, bias, self.sites)
-        return EffectDecompositionResult(
-            pair_ids=shared.pair_ids, components=[s.name for s in self.sites], mode=self.mode,
-            clean_chosen=shared.caps["chosen"].rewards.float(), clean_rejected=shared.caps["rejected"].rewards.float(),
-            direct=direct, norm=norm, via=via, total=total,
+        direct, norm, via, total = _terms(
+            model, ctx, shared.caps[s_side].at_readout, direction, bias, self.sites
         )
-
-
+        return EffectDecompositionResult(
+            pair_ids=shared.pair_ids,
+            components=[s.name for s in self.sites],
+            mode=self.mode,
+            clean_chosen=shared.caps["chosen"].rewards.float(),
+            clean_rejected=shared.caps["rejected"].rewards.float(),
+            direct=direct,
+            norm=norm,
+            via=via,
+            total=total,
+        )
 
 
 def effect_decomposition(
@@ -259,5 +266,12 @@ def effect_decomposition(
     if level != "component":
         raise ValueError(f"level must be 'component' (embed, attn_L{{l}}, mlp_L{{l}}), got {level!r}")
     spec = EffectSpec(mode)
-    return run_pipeline(model, pairs, [spec], batch_size=batch_size, ranks=Ranks(), padding_side=padding_side,
-                        progress=progress and "effect decomposition")[spec.name]
+    return run_pipeline(
+        model,
+        pairs,
+        [spec],
+        batch_size=batch_size,
+        ranks=Ranks(),
+        padding_side=padding_side,
+        progress=progress and "effect decomposition",
+    )[spec.name]

@@ -34,20 +34,20 @@ from reward_lens.core.batching import pair_batches
 from reward_lens.core.directions import readout_direction
 from reward_lens.core.readout import capture
 from reward_lens.data.pairs import as_pairs, pair_labels
-from reward_lens.plotting import pyplot
-from reward_lens.results import CleanPairRewards, to_numpy
 from reward_lens.instruments.circuits.graph import (
     TARGET,
     capture_names,
     edge_mask,
     interpolated_adjoints,
-    nodes,
-    target_run,
-    receiver_gradients,
     joint_offsets,
+    nodes,
+    receiver_gradients,
     sender_deltas,
     sender_offsets,
+    target_run,
 )
+from reward_lens.plotting import pyplot
+from reward_lens.results import CleanPairRewards, to_numpy
 
 EDGE_METHODS = ("eap", "eap-ig", "eap-ig-joint")
 Edge = Tuple[str, str]
@@ -65,8 +65,8 @@ class EdgeAttributionResult(CleanPairRewards):
     mode: str
     method: str
     steps: int
-    clean_chosen: Float[torch.Tensor, "pair"]
-    clean_rejected: Float[torch.Tensor, "pair"]
+    clean_chosen: Float[torch.Tensor, " pair"]
+    clean_rejected: Float[torch.Tensor, " pair"]
     scores: Float[torch.Tensor, "pair sender receiver"]
 
     def normalized(self) -> torch.Tensor:

@@ -27,8 +27,6 @@ from reward_lens.core.batching import pair_batches
 from reward_lens.core.directions import readout_direction
 from reward_lens.core.readout import capture
 from reward_lens.data.pairs import as_pairs, pair_labels
-from reward_lens.plotting import finish, panels
-from reward_lens.results import to_numpy
 from reward_lens.instruments.circuits.graph import (
     TARGET,
     capture_names,
@@ -37,6 +35,8 @@ from reward_lens.instruments.circuits.graph import (
     nodes,
     target_run,
 )
+from reward_lens.plotting import finish, panels
+from reward_lens.results import to_numpy
 
 Edge = Tuple[str, str]
 
@@ -72,8 +72,8 @@ def circuit_faithfulness_matrix(
         raise ValueError(f"mode must be one of {tuple(TARGET)}, got {mode!r}")
     if not model.has_head_hooks or any(b.output_gain_hooks() for b in model.blocks):
         raise ValueError(
-            "circuits need per-head outputs that add up to the attention output (a native "
-            "architecture without post-norms)"
+            "circuits need per-head outputs that add up to the attention output (a native architecture "
+            "without post-norms)"
         )
     snodes, rnodes, recomputed = _assignments(model, circuits, mode)
     t_side, s_side = TARGET[mode]

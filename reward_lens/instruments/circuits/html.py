@@ -4,8 +4,8 @@ slider that shows the top-n edges. No server, no external script: one string."""
 
 from __future__ import annotations
 
-from html import escape
 import json
+from html import escape
 from typing import Dict, List, Tuple
 
 from reward_lens.instruments.patching.path import parse_receiver
@@ -73,8 +73,8 @@ def circuit_html(result, top_n: int = 30, max_edges: int = 200) -> str:
         )
     for n, (x, y) in pos.items():
         parts.append(
-            f'<circle cx="{x:.1f}" cy="{y:.1f}" r="4" fill="#444"><title>{escape(n)}</title></circle>'
-            f'<text x="{x + 5:.1f}" y="{y - 5:.1f}" font-size="8">{escape(n)}</text>'
+            f'<circle cx="{x:.1f}" cy="{y:.1f}" r="4" fill="#444"><title>{escape(n)}</title></circle><text '
+            f'x="{x + 5:.1f}" y="{y - 5:.1f}" font-size="8">{escape(n)}</text>'
         )
     parts.append("</svg>")
     parts.append(f'<script type="application/json" class="edges">{json.dumps(_records(table))}</script>')

@@ -20,21 +20,21 @@ import numpy as np
 import pandas as pd
 import torch
 
-from reward_lens.model.validation import safe_ratio
-from reward_lens.instruments.sites import Site, sites_for
-from reward_lens.plotting import panels, finish
-from reward_lens.results import CleanPairRewards, to_numpy
-from reward_lens.stats import spearman, spearman_rows
-from reward_lens.model.hooks import act_name, resid_entering
-from reward_lens.model.placement import block_device
 from reward_lens.core.directions import reward_from_final_resid
 from reward_lens.core.pipeline import Reads, Shared, run_pipeline
-from reward_lens.core.readout import Capture
 from reward_lens.core.ranks import Ranks
+from reward_lens.core.readout import Capture
 from reward_lens.instruments.patching.contrastive import MeansPrePass, PatchResult
 from reward_lens.instruments.patching.engines import readout_capture_names, readout_recompute_exact
 from reward_lens.instruments.patching.positions import patch_positions, select, site_values
 from reward_lens.instruments.patching.spec import SOURCE, TARGETS, check_options
+from reward_lens.instruments.sites import Site, sites_for
+from reward_lens.model.hooks import act_name, resid_entering
+from reward_lens.model.placement import block_device
+from reward_lens.model.validation import safe_ratio
+from reward_lens.plotting import finish, panels
+from reward_lens.results import CleanPairRewards, to_numpy
+from reward_lens.stats import spearman, spearman_rows
 
 
 @dataclass
@@ -66,7 +66,10 @@ class AtPComparison:
             ax.set_xlabel("patching effect")
             ax.set_ylabel("AtP estimate")
             m = self.metrics[(self.metrics["mode"] == mode) & (self.metrics["target"] == target)].iloc[0]
-            ax.set_title(f"{mode} ({target}): rel. err {m['relative_error']:.2f}, rho {m['spearman_pooled']:.2f}", fontsize=9)
+            ax.set_title(
+                f"{mode} ({target}): rel. err {m['relative_error']:.2f}, rho {m['spearman_pooled']:.2f}",
+                fontsize=9,
+            )
         return finish(fig, created)
 
 
@@ -89,7 +92,9 @@ class AtPResult(CleanPairRewards):
     def effect(self, mode: str, target: Optional[str] = None, normalized: bool = False) -> torch.Tensor:
         target = target or TARGETS[mode][0]
         if (mode, target) not in self.estimates:
-            raise KeyError(f"no estimates for mode={mode!r}, target={target!r}; have {sorted(self.estimates)}")
+            raise KeyError(
+                f"no estimates for mode={mode!r}, target={target!r}; have {sorted(self.estimates)}"
+            )
         eff = self.estimates[(mode, target)]
         return safe_ratio(eff, self.clean_gap[:, None]) if normalized else eff
 
@@ -100,13 +105,22 @@ class AtPResult(CleanPairRewards):
         frames = []
         for (mode, target), est in self.estimates.items():
             e = to_numpy(est)
-            frames.append(pd.DataFrame({
-                "pair": np.repeat(self.pair_ids, S), "component": [s.name for s in self.sites] * n,
-                "layer": [s.layer for s in self.sites] * n,
-                "head": pd.array([s.head for s in self.sites] * n, dtype="Int64"),
-                "level": [s.level for s in self.sites] * n, "mode": mode, "target": target,
-                "position": self.positions, "atp_effect": e.ravel(), "normalized_effect": safe_ratio(e, gap[:, None]).ravel(),
-            }))
+            frames.append(
+                pd.DataFrame(
+                    {
+                        "pair": np.repeat(self.pair_ids, S),
+                        "component": [s.name for s in self.sites] * n,
+                        "layer": [s.layer for s in self.sites] * n,
+                        "head": pd.array([s.head for s in self.sites] * n, dtype="Int64"),
+                        "level": [s.level for s in self.sites] * n,
+                        "mode": mode,
+                        "target": target,
+                        "position": self.positions,
+                        "atp_effect": e.ravel(),
+                        "normalized_effect": safe_ratio(e, gap[:, None]).ravel(),
+                    }
+                )
+            )
         return pd.concat(frames, ignore_index=True)
 
     def summary(self) -> pd.DataFrame:
@@ -114,10 +128,18 @@ class AtPResult(CleanPairRewards):
         rows = []
         for (mode, target), est in self.estimates.items():
             e = to_numpy(est)
-            rows.append(pd.DataFrame({
-                "mode": mode, "target": target, "component": self.components, "layer": [s.layer for s in self.sites],
-                "mean_atp_effect": e.mean(0), "mean_abs_atp_effect": np.abs(e).mean(0),
-            }))
+            rows.append(
+                pd.DataFrame(
+                    {
+                        "mode": mode,
+                        "target": target,
+                        "component": self.components,
+                        "layer": [s.layer for s in self.sites],
+                        "mean_atp_effect": e.mean(0),
+                        "mean_abs_atp_effect": np.abs(e).mean(0),
+                    }
+                )
+            )
         return pd.concat(rows, ignore_index=True)
 
     def plot(self, mode: Optional[str] = None, target: Optional[str] = None, ax=None):
@@ -137,11 +159,15 @@ class AtPResult(CleanPairRewards):
     def compare(self, patching: PatchResult) -> AtPComparison:
         """Error of these estimates against real patching of the same pairs, sites and modes."""
         if patching.pair_ids != self.pair_ids:
-            raise ValueError("the patching result covers other pairs; run both on the same pairs in the same order")
+            raise ValueError(
+                "the patching result covers other pairs; run both on the same pairs in the same order"
+            )
         names = [s.name for s in patching.sites]
         missing = [s.name for s in self.sites if s.name not in names]
         if missing:
-            raise ValueError(f"the patching result lacks sites {missing[:5]}; patch the same level(s) and layers")
+            raise ValueError(
+                f"the patching result lacks sites {missing[:5]}; patch the same level(s) and layers"
+            )
         cols = [names.index(s.name) for s in self.sites]
         rows, metrics = [], []
         for (mode, target), est in self.estimates.items():
@@ -150,26 +176,42 @@ class AtPResult(CleanPairRewards):
             real = patching.effect(mode, target)[:, cols]
             a, p = to_numpy(est), to_numpy(real)
             per_pair = spearman_rows(a, p) if a.shape[1] > 1 else np.array([np.nan])
-            metrics.append({
-                "mode": mode, "target": target, "mean_abs_error": float(np.abs(a - p).mean()),
-                "max_abs_error": float(np.abs(a - p).max()),
-                "relative_error": float(np.abs(a - p).sum() / max(np.abs(p).sum(), 1e-12)),
-                "spearman_pooled": spearman(a, p) if a.size > 1 else np.nan,
-                "spearman_per_pair_mean": float(np.nanmean(per_pair)) if np.isfinite(per_pair).any() else np.nan,
-            })
+            metrics.append(
+                {
+                    "mode": mode,
+                    "target": target,
+                    "mean_abs_error": float(np.abs(a - p).mean()),
+                    "max_abs_error": float(np.abs(a - p).max()),
+                    "relative_error": float(np.abs(a - p).sum() / max(np.abs(p).sum(), 1e-12)),
+                    "spearman_pooled": spearman(a, p) if a.size > 1 else np.nan,
+                    "spearman_per_pair_mean": float(np.nanmean(per_pair))
+                    if np.isfinite(per_pair).any()
+                    else np.nan,
+                }
+            )
             n, S = a.shape
-            rows.append(pd.DataFrame({
-                "pair": np.repeat(self.pair_ids, S), "component": [s.name for s in self.sites] * n,
-                "layer": [s.layer for s in self.sites] * n, "mode": mode, "target": target,
-                "atp_effect": a.ravel(), "patch_effect": p.ravel(), "abs_error": np.abs(a - p).ravel(),
-            }))
+            rows.append(
+                pd.DataFrame(
+                    {
+                        "pair": np.repeat(self.pair_ids, S),
+                        "component": [s.name for s in self.sites] * n,
+                        "layer": [s.layer for s in self.sites] * n,
+                        "mode": mode,
+                        "target": target,
+                        "atp_effect": a.ravel(),
+                        "patch_effect": p.ravel(),
+                        "abs_error": np.abs(a - p).ravel(),
+                    }
+                )
+            )
         if not rows:
             raise ValueError("no (mode, target) in common between the AtP estimates and the patching result")
         return AtPComparison(pd.concat(rows, ignore_index=True), pd.DataFrame(metrics))
 
 
-def readout_gradients(model, cap: Capture, sites: Sequence[Site], direction: torch.Tensor,
-                      bias: torch.Tensor) -> Dict[str, torch.Tensor]:
+def readout_gradients(
+    model, cap: Capture, sites: Sequence[Site], direction: torch.Tensor, bias: torch.Tensor
+) -> Dict[str, torch.Tensor]:
     """Site name -> d reward / d its activation at the readout [batch, ...site shape], by a backward
     through the readout token alone. Exact where the readout engine is (`readout_recompute_exact`): an
     activation at the readout reaches the reward through the readout's own later states only (its key
@@ -198,8 +240,8 @@ def readout_gradients(model, cap: Capture, sites: Sequence[Site], direction: tor
             pre.append(block.readout_mlp(m))
         reward = reward_from_final_resid(model, pre[-1][:, 0].to(device), direction, bias)
         grads = torch.autograd.grad(reward.float().sum(), pre + mid + zs)  # one backward for every site
-    g_pre, g_mid = [g[:, 0] for g in grads[:L + 1]], [g[:, 0] for g in grads[L + 1:2 * L + 1]]
-    g_z = {l: g.to(device) for l, g in zip(head_layers, grads[2 * L + 1:])}
+    g_pre, g_mid = [g[:, 0] for g in grads[: L + 1]], [g[:, 0] for g in grads[L + 1 : 2 * L + 1]]
+    g_z = {l: g.to(device) for l, g in zip(head_layers, grads[2 * L + 1 :])}
     out: Dict[str, torch.Tensor] = {}
     for site in sites:
         if site.kind in ("embed", "resid"):
@@ -214,8 +256,14 @@ def readout_gradients(model, cap: Capture, sites: Sequence[Site], direction: tor
 
 
 @torch.no_grad()
-def atp_estimates(model, shared: Shared, sites: Sequence[Site], modes: Sequence[str], positions: str,
-                  means: Optional[Dict[str, torch.Tensor]]) -> Dict[Tuple[str, str], torch.Tensor]:
+def atp_estimates(
+    model,
+    shared: Shared,
+    sites: Sequence[Site],
+    modes: Sequence[str],
+    positions: str,
+    means: Optional[Dict[str, torch.Tensor]],
+) -> Dict[Tuple[str, str], torch.Tensor]:
     """(mode, target) -> [batch, n_sites] estimates of one batch from its clean captures: the targets'
     gradients from the full backward of their capture, or (readout positions, no gradients captured)
     from `readout_gradients`."""
@@ -255,10 +303,15 @@ class AtPSpec(MeansPrePass):
     for `readout_gradients`; else the whole sites with the capture's full backward, one per target side,
     shared by the modes and levels) and the sources' sites. Name: "atp" unless given."""
 
-    def __init__(self, mode: Union[str, Sequence[str]] = "noising",
-                 level: Union[str, Sequence[str], None] = None,
-                 positions: str = "readout", layers: Optional[Sequence[int]] = None,
-                 means: Optional[Dict[str, torch.Tensor]] = None, name: Optional[str] = None):
+    def __init__(
+        self,
+        mode: Union[str, Sequence[str]] = "noising",
+        level: Union[str, Sequence[str], None] = None,
+        positions: str = "readout",
+        layers: Optional[Sequence[int]] = None,
+        means: Optional[Dict[str, torch.Tensor]] = None,
+        name: Optional[str] = None,
+    ):
         self.modes = [mode] if isinstance(mode, str) else list(dict.fromkeys(mode))
         check_options(self.modes, positions, "fast")
         self.level, self.positions, self.layers = level, positions, layers
@@ -292,7 +345,9 @@ class AtPSpec(MeansPrePass):
 
     def step(self, model, shared: Shared) -> "AtPResult":
         return AtPResult(
-            pair_ids=shared.pair_ids, sites=self.sites, positions=self.positions,
+            pair_ids=shared.pair_ids,
+            sites=self.sites,
+            positions=self.positions,
             clean_chosen=shared.caps["chosen"].rewards.float(),
             clean_rejected=shared.caps["rejected"].rewards.float(),
             estimates=atp_estimates(model, shared, self.sites, self.modes, self.positions, self.means),
@@ -314,5 +369,12 @@ def attribution_patch(
 ) -> AtPResult:
     """AtP estimates of `patch(model, pairs, mode=..., level=..., positions=...)` for every site."""
     spec = AtPSpec(mode, level, positions, layers, means, name="atp")
-    return run_pipeline(model, pairs, [spec], batch_size=batch_size, ranks=Ranks(), padding_side=padding_side,
-                        progress=progress and "attribution patching")["atp"]
+    return run_pipeline(
+        model,
+        pairs,
+        [spec],
+        batch_size=batch_size,
+        ranks=Ranks(),
+        padding_side=padding_side,
+        progress=progress and "attribution patching",
+    )["atp"]

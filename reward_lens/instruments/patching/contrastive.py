@@ -41,16 +41,15 @@ import pandas as pd
 import torch
 from jaxtyping import Float
 
-from reward_lens.model.validation import safe_ratio
-from reward_lens.instruments.sites import Site, sites_for
-from reward_lens.plotting import diverging_heatmap, finish, panels
-from reward_lens.results import CleanPairRewards, to_numpy
 from reward_lens.core.pipeline import Reads, Shared, Spec, run_pipeline
 from reward_lens.core.ranks import Ranks
 from reward_lens.instruments.patching.engines import clean_reads, has_readout_fast_path, patch_batch  # noqa: F401
 from reward_lens.instruments.patching.positions import select
 from reward_lens.instruments.patching.spec import METHODS, MODES, POSITIONS, TARGETS, check_options  # noqa: F401
-from reward_lens.model.validation import check_model
+from reward_lens.instruments.sites import Site, sites_for
+from reward_lens.model.validation import check_model, safe_ratio
+from reward_lens.plotting import diverging_heatmap, finish, panels
+from reward_lens.results import CleanPairRewards, to_numpy
 
 
 @dataclass
@@ -63,8 +62,8 @@ class PatchResult(CleanPairRewards):
     sites: List[Site]
     positions: str
     method: str
-    clean_chosen: Float[torch.Tensor, "pair"]
-    clean_rejected: Float[torch.Tensor, "pair"]
+    clean_chosen: Float[torch.Tensor, " pair"]
+    clean_rejected: Float[torch.Tensor, " pair"]
     patched: Dict[Tuple[str, str], torch.Tensor] = field(default_factory=dict)
 
     @property
@@ -103,33 +102,55 @@ class PatchResult(CleanPairRewards):
             clean = to_numpy(self.clean_chosen if target == "chosen" else self.clean_rejected)
             p = to_numpy(patched)
             eff = p - clean[:, None]
-            frames.append(pd.DataFrame({
-                "pair": [pid for pid in self.pair_ids for _ in range(S)],
-                "component": [s.name for s in self.sites] * n,
-                "layer": [s.layer for s in self.sites] * n,
-                "head": pd.array([s.head for s in self.sites] * n, dtype="Int64"),
-                "level": [s.level for s in self.sites] * n,
-                "mode": mode, "target": target, "position": self.positions,
-                "clean_reward": clean.repeat(S), "patched_reward": p.ravel(), "effect": eff.ravel(),
-                "clean_gap": gap.repeat(S), "normalized_effect": safe_ratio(eff, gap[:, None]).ravel(),
-            }))
+            frames.append(
+                pd.DataFrame(
+                    {
+                        "pair": [pid for pid in self.pair_ids for _ in range(S)],
+                        "component": [s.name for s in self.sites] * n,
+                        "layer": [s.layer for s in self.sites] * n,
+                        "head": pd.array([s.head for s in self.sites] * n, dtype="Int64"),
+                        "level": [s.level for s in self.sites] * n,
+                        "mode": mode,
+                        "target": target,
+                        "position": self.positions,
+                        "clean_reward": clean.repeat(S),
+                        "patched_reward": p.ravel(),
+                        "effect": eff.ravel(),
+                        "clean_gap": gap.repeat(S),
+                        "normalized_effect": safe_ratio(eff, gap[:, None]).ravel(),
+                    }
+                )
+            )
         return pd.concat(frames, ignore_index=True)
 
     def summary(self) -> pd.DataFrame:
         """One row per (mode, target, site): mean effect and mean normalised effect over pairs."""
         rows = []
         for mode, target in self.patched:
-            eff, norm = to_numpy(self.effect(mode, target)), to_numpy(self.effect(mode, target, normalized=True))
-            rows.append(pd.DataFrame({
-                "mode": mode, "target": target, "component": self.components, "layer": [s.layer for s in self.sites],
-                "level": [s.level for s in self.sites], "mean_effect": eff.mean(0),
-                "mean_normalized_effect": norm.mean(0), "mean_abs_effect": abs(eff).mean(0),
-            }))
+            eff, norm = (
+                to_numpy(self.effect(mode, target)),
+                to_numpy(self.effect(mode, target, normalized=True)),
+            )
+            rows.append(
+                pd.DataFrame(
+                    {
+                        "mode": mode,
+                        "target": target,
+                        "component": self.components,
+                        "layer": [s.layer for s in self.sites],
+                        "level": [s.level for s in self.sites],
+                        "mean_effect": eff.mean(0),
+                        "mean_normalized_effect": norm.mean(0),
+                        "mean_abs_effect": abs(eff).mean(0),
+                    }
+                )
+            )
         return pd.concat(rows, ignore_index=True)
 
     def plot(self, mode: Optional[str] = None, normalized: bool = True, ax=None):
         """Mean effect over pairs, one panel per level: component level as an attn/mlp x layer heatmap, heads
-        as a head x layer heatmap, residual as a line over layers. `ax`: one Axes per level (or one, split)."""
+        as a head x layer heatmap, residual as a line over layers. `ax`: one Axes per level (or one,
+        split)."""
         mode = mode or self.modes[0]
         with warnings.catch_warnings():  # ties (NaN) left out; all tied: an empty (NaN) map, no warning
             warnings.simplefilter("ignore", RuntimeWarning)
@@ -158,7 +179,8 @@ class PatchResult(CleanPairRewards):
 
     @staticmethod
     def _site_grid(sites: List[Site], values, level: str):
-        """(grid [rows, layers], layers, row labels): attn/mlp rows for components, one row per head for heads."""
+        """(grid [rows, layers], layers, row labels): attn/mlp rows for components, one row per head for
+        heads."""
         import numpy as np
 
         layers = sorted({s.layer for s in sites if s.layer >= 0})
@@ -191,8 +213,9 @@ def means_reads(model, sites: Sequence[Site], positions: str) -> Reads:
     return Reads.both(readout=names) if positions == "readout" else Reads.both(full=names)
 
 
-def batch_sums(model, shared: Shared, sites: Sequence[Site],
-               positions: str) -> Tuple[Dict[str, torch.Tensor], int]:
+def batch_sums(
+    model, shared: Shared, sites: Sequence[Site], positions: str
+) -> Tuple[Dict[str, torch.Tensor], int]:
     """(hook -> float64 sum, count) of one batch's both responses (chosen, then rejected)."""
     sums: Dict[str, torch.Tensor] = {}
     count = 0
@@ -203,8 +226,9 @@ def batch_sums(model, shared: Shared, sites: Sequence[Site],
             count += cap.tok.input_ids.shape[0]
         else:
             m = cap.tok.attention_mask.bool()
-            acts = {h: cap.full[h][m.to(cap.full[h].device)].double().sum(0)
-                    for h in site_hooks(model, sites)}
+            acts = {
+                h: cap.full[h][m.to(cap.full[h].device)].double().sum(0) for h in site_hooks(model, sites)
+            }
             count += int(m.sum())
         for h, v in acts.items():
             sums[h] = sums.get(h, 0) + v
@@ -268,10 +292,17 @@ class PatchSpec(MeansPrePass):
     """Contrastive patching as a pipeline instrument (the options of `patch`). Name: "patch" for the
     component level, else "patch:" + the levels joined by "+" (so two levels can be requested at once)."""
 
-    def __init__(self, mode: Union[str, Sequence[str]] = "noising",
-                 level: Union[str, Sequence[str]] = "component", positions: str = "readout",
-                 layers: Optional[Sequence[int]] = None, method: str = "fast", max_rows: int = 64,
-                 means: Optional[Dict[str, torch.Tensor]] = None, name: Optional[str] = None):
+    def __init__(
+        self,
+        mode: Union[str, Sequence[str]] = "noising",
+        level: Union[str, Sequence[str]] = "component",
+        positions: str = "readout",
+        layers: Optional[Sequence[int]] = None,
+        method: str = "fast",
+        max_rows: int = 64,
+        means: Optional[Dict[str, torch.Tensor]] = None,
+        name: Optional[str] = None,
+    ):
         self.modes = [mode] if isinstance(mode, str) else list(dict.fromkeys(mode))
         check_options(self.modes, positions, method)
         self.level, self.positions, self.layers, self.method = level, positions, layers, method
@@ -288,36 +319,79 @@ class PatchSpec(MeansPrePass):
         return Reads({s: r[0] for s, r in reads.items()}, {s: r[1] for s, r in reads.items()})
 
     def step(self, model, shared: Shared) -> PatchResult:
-        out = patch_batch(model, shared.batch, self.sites, self.modes, self.positions, self.method,
-                          self.means,
-                          shared.pair_ids, self.max_rows, caps=shared.caps, directions=shared.directions)
+        out = patch_batch(
+            model,
+            shared.batch,
+            self.sites,
+            self.modes,
+            self.positions,
+            self.method,
+            self.means,
+            shared.pair_ids,
+            self.max_rows,
+            caps=shared.caps,
+            directions=shared.directions,
+        )
         return PatchResult(
-            pair_ids=shared.pair_ids, sites=self.sites, positions=self.positions, method=self.method,
-            clean_chosen=out.clean_chosen, clean_rejected=out.clean_rejected, patched=out.patched,
+            pair_ids=shared.pair_ids,
+            sites=self.sites,
+            positions=self.positions,
+            method=self.method,
+            clean_chosen=out.clean_chosen,
+            clean_rejected=out.clean_rejected,
+            patched=out.patched,
         )
 
 
-def site_sums(model, pairs, sites: Sequence[Site], positions: str = "readout", *, batch_size: int = 8,
-              padding_side: Optional[str] = None,
-              progress: Union[bool, str] = False) -> Tuple[Dict[str, torch.Tensor], int]:
+def site_sums(
+    model,
+    pairs,
+    sites: Sequence[Site],
+    positions: str = "readout",
+    *,
+    batch_size: int = 8,
+    padding_side: Optional[str] = None,
+    progress: Union[bool, str] = False,
+) -> Tuple[Dict[str, torch.Tensor], int]:
     """(hook name -> float64 sum of its activation, count) over both responses of every pair: at the
     readout (positions="readout") or over every real token. Sums of disjoint pair sets add up (ranks)."""
-    return run_pipeline(model, pairs, [SumsSpec(sites, positions)], batch_size=batch_size, ranks=Ranks(),
-                        padding_side=padding_side, progress=progress and "means")["site_sums"]
+    return run_pipeline(
+        model,
+        pairs,
+        [SumsSpec(sites, positions)],
+        batch_size=batch_size,
+        ranks=Ranks(),
+        padding_side=padding_side,
+        progress=progress and "means",
+    )["site_sums"]
 
 
-def means_from_sums(model, sites: Sequence[Site], sums: Dict[str, torch.Tensor], count: int) -> Dict[str, torch.Tensor]:
+def means_from_sums(
+    model, sites: Sequence[Site], sums: Dict[str, torch.Tensor], count: int
+) -> Dict[str, torch.Tensor]:
     """Site name -> mean activation (the model's dtype) from `site_sums`' sums and count."""
     L = model.cfg.n_layers
-    return {s.name: select(s, sums[s.hook_name(L)].to(model.cfg.device) / count).to(model.cfg.dtype) for s in sites}
+    return {
+        s.name: select(s, sums[s.hook_name(L)].to(model.cfg.device) / count).to(model.cfg.dtype)
+        for s in sites
+    }
 
 
-def site_means(model, pairs, sites: Sequence[Site], positions: str = "readout", *, batch_size: int = 8,
-               padding_side: Optional[str] = None, progress: Union[bool, str] = False) -> Dict[str, torch.Tensor]:
+def site_means(
+    model,
+    pairs,
+    sites: Sequence[Site],
+    positions: str = "readout",
+    *,
+    batch_size: int = 8,
+    padding_side: Optional[str] = None,
+    progress: Union[bool, str] = False,
+) -> Dict[str, torch.Tensor]:
     """Mean activation of each site over both responses of every pair: at the readout (positions=
     "readout") or over every real token (otherwise). The values mean ablation writes."""
-    sums, count = site_sums(model, pairs, sites, positions, batch_size=batch_size, padding_side=padding_side,
-                            progress=progress)
+    sums, count = site_sums(
+        model, pairs, sites, positions, batch_size=batch_size, padding_side=padding_side, progress=progress
+    )
     return means_from_sums(model, sites, sums, count)
 
 
@@ -344,5 +418,12 @@ def patch(
     """
     check_model(model, "patch")
     spec = PatchSpec(mode, level, positions, layers, method, max_rows, means, name="patch")
-    return run_pipeline(model, pairs, [spec], batch_size=batch_size, ranks=Ranks(), padding_side=padding_side,
-                        progress=progress and "patch")["patch"]
+    return run_pipeline(
+        model,
+        pairs,
+        [spec],
+        batch_size=batch_size,
+        ranks=Ranks(),
+        padding_side=padding_side,
+        progress=progress and "patch",
+    )["patch"]

@@ -70,7 +70,9 @@ def readout_capture_names(model, sites: Sequence[Site]) -> Tuple[List[str], List
     return at_readout, model.readout_kv_names()
 
 
-def readout_entries(model, tcap: Capture, sites: Sequence[Site], values: Sequence[torch.Tensor]) -> List[ReadoutEntry]:
+def readout_entries(
+    model, tcap: Capture, sites: Sequence[Site], values: Sequence[torch.Tensor]
+) -> List[ReadoutEntry]:
     """One ReadoutEntry per site: the residual a readout patch leaves behind, and where the recomputation
     resumes. Head patches change the attention's output map by (z'_h - z_h) W_O[h] (linear), all heads of
     a layer in one product, before the block's own output step."""
@@ -147,7 +149,7 @@ def start_at_layer_sweep(model, tcap: Capture, sites, pos: Positions, values, ma
     per_call = max(1, max_rows // B)
     for layer, members in sorted(by_layer.items()):
         for c in range(0, len(members), per_call):
-            chunk = members[c:c + per_call]
+            chunk = members[c : c + per_call]
             k = len(chunk)
             ids = tok.input_ids.repeat(k, 1)
             x = ids if layer < 0 else tcap.full[resid_entering(layer, L)].repeat(k, 1, 1)
@@ -160,8 +162,12 @@ def start_at_layer_sweep(model, tcap: Capture, sites, pos: Positions, values, ma
                 else:
                     hooks.setdefault(site.hook_name(L), []).append((r, t_pos, site.head, values[i]))
             rewards = model.run_with_hooks(
-                x, tok.attention_mask.repeat(k, 1), start_at_layer=None if layer < 0 else layer, input_ids=ids,
-                readout_positions=tok.readout.repeat(k), fwd_hooks=[(h, writer(p)) for h, p in hooks.items()],
+                x,
+                tok.attention_mask.repeat(k, 1),
+                start_at_layer=None if layer < 0 else layer,
+                input_ids=ids,
+                readout_positions=tok.readout.repeat(k),
+                fwd_hooks=[(h, writer(p)) for h, p in hooks.items()],
             )
             out[:, chunk] = rewards.float().view(k, B).T
     return out
@@ -175,14 +181,20 @@ def naive_sweep(model, tok: Tokenized, sites, pos: Positions, values) -> torch.T
     out = []
     for site, v in zip(sites, values):
         hook = writer([(rows, t_pos, site.head, v)])
-        out.append(model.run_with_hooks(
-            tok.input_ids, tok.attention_mask, readout_positions=tok.readout, fwd_hooks=[(site.hook_name(L), hook)]
-        ).float())
+        out.append(
+            model.run_with_hooks(
+                tok.input_ids,
+                tok.attention_mask,
+                readout_positions=tok.readout,
+                fwd_hooks=[(site.hook_name(L), hook)],
+            ).float()
+        )
     return torch.stack(out, -1)
 
 
-def clean_reads(model, batch: PairBatch, sites, modes, positions: str, method: str
-                ) -> Tuple[Dict[str, Tuple[List[str], List[str]]], Dict[str, str]]:
+def clean_reads(
+    model, batch: PairBatch, sites, modes, positions: str, method: str
+) -> Tuple[Dict[str, Tuple[List[str], List[str]]], Dict[str, str]]:
     """(side -> (names kept at the readout, names kept whole)) the engines and the sources need from the
     clean runs, and the engine of each target."""
     L = model.cfg.n_layers
@@ -208,16 +220,28 @@ def clean_reads(model, batch: PairBatch, sites, modes, positions: str, method: s
     return reads, engine_for
 
 
-def clean_captures(model, batch: PairBatch, sites, modes, positions: str, method: str) -> Tuple[Dict[str, Capture], Dict[str, str]]:
+def clean_captures(
+    model, batch: PairBatch, sites, modes, positions: str, method: str
+) -> Tuple[Dict[str, Capture], Dict[str, str]]:
     """One clean run per side keeping what the engines and the sources need; the engine of each target."""
     reads, engine_for = clean_reads(model, batch, sites, modes, positions, method)
     caps = {side: capture(model, getattr(batch, side), *reads[side]) for side in ("chosen", "rejected")}
     return caps, engine_for
 
 
-def patch_batch(model, batch: PairBatch, sites, modes, positions, method, means, pair_ids, max_rows,
-                caps: Optional[Dict[str, Capture]] = None,
-                directions: Optional[Dict[str, Tuple[torch.Tensor, torch.Tensor]]] = None) -> BatchPatches:
+def patch_batch(
+    model,
+    batch: PairBatch,
+    sites,
+    modes,
+    positions,
+    method,
+    means,
+    pair_ids,
+    max_rows,
+    caps: Optional[Dict[str, Capture]] = None,
+    directions: Optional[Dict[str, Tuple[torch.Tensor, torch.Tensor]]] = None,
+) -> BatchPatches:
     """Every mode's patches of one batch of pairs, each target on its engine. `caps`: clean captures of
     both sides already holding what `clean_reads` names (a shared pipeline pass); else they are run here.
     `directions`: side -> readout direction, filled and reused (ArmoRM's gate costs a forward)."""

@@ -5,7 +5,8 @@ added to the receiver's input only, every other component keeps its target-run v
 receiver then computes flows on to the reward. Exactly (docs/theory.md, "Path patching"):
 
     Δ = out_S(source)[readout_s] - out_S(target)[readout_t]                          the sender's difference
-    head sender L{l}H{h}: out = z_h W_O[h] (Gemma-2: times (1 + w_post) / s_post, the target's post-norm scale);
+    head sender L{l}H{h}: out = z_h W_O[h] (Gemma-2: times (1 + w_post) / s_post, the target's post-norm
+    scale);
     attn_L{l} / mlp_L{l} senders: hook_attn_out / hook_mlp_out.
 
     receiver "readout":       reward(resid_final_t + Δ)   (the final norm recomputed, as the model reads it)
@@ -41,17 +42,16 @@ import pandas as pd
 import torch
 from jaxtyping import Float
 
-from reward_lens.core.readout import Capture, Tokenized, capture
 from reward_lens.core.batching import pair_batches
 from reward_lens.core.directions import readout_direction, reward_from_final_resid
-from reward_lens.data.pairs import as_pairs
-from reward_lens.data.pairs import pair_labels
+from reward_lens.core.readout import Capture, Tokenized, capture
+from reward_lens.data.pairs import as_pairs, pair_labels
+from reward_lens.instruments.patching.engines import readout_recompute_exact
+from reward_lens.model.hooks import act_name, final_resid_name
+from reward_lens.model.recompute import ReadoutContext
+from reward_lens.model.validation import safe_ratio
 from reward_lens.plotting import pyplot
 from reward_lens.results import CleanPairRewards, to_numpy
-from reward_lens.instruments.patching.engines import readout_recompute_exact
-from reward_lens.model.recompute import ReadoutContext
-from reward_lens.model.hooks import act_name, final_resid_name
-from reward_lens.model.validation import safe_ratio
 
 PATH_MODES = ("noising", "denoising")
 PATH_METHODS = ("fast", "naive")
@@ -84,7 +84,9 @@ _RECEIVER = re.compile(r"^(?:L(\d+)H(\d+)\.q|L(\d+)KV(\d+)\.([kv])|mlp_L(\d+)|re
 def _check(cfg, node: PathNode) -> PathNode:
     limit = cfg.n_heads if node.kind in ("head", "q") else cfg.n_key_value_heads
     if node.layer is not None and not 0 <= node.layer < cfg.n_layers:
-        raise ValueError(f"{node.name}: layer {node.layer} out of range; this model has blocks 0..{cfg.n_layers - 1}")
+        raise ValueError(
+            f"{node.name}: layer {node.layer} out of range; this model has blocks 0..{cfg.n_layers - 1}"
+        )
     if node.index is not None and not 0 <= node.index < limit:
         raise ValueError(f"{node.name}: index {node.index} out of range (0..{limit - 1})")
     return node
@@ -104,8 +106,10 @@ def parse_receiver(cfg, name: str) -> PathNode:
     """'L{l}H{h}.q', 'L{l}KV{g}.k', 'L{l}KV{g}.v', 'mlp_L{l}' or 'readout' (the direct path)."""
     m = _RECEIVER.match(name)
     if not m:
-        raise ValueError(f"unknown receiver {name!r}; use 'L{{l}}H{{h}}.q', 'L{{l}}KV{{g}}.k', 'L{{l}}KV{{g}}.v', "
-                         "'mlp_L{l}' or 'readout'")
+        raise ValueError(
+            f"unknown receiver {name!r}; use 'L{{l}}H{{h}}.q', 'L{{l}}KV{{g}}.k', 'L{{l}}KV{{g}}.v', "
+            "'mlp_L{l}' or 'readout'"
+        )
     if m.group(1) is not None:
         return _check(cfg, PathNode(name, "q", int(m.group(1)), int(m.group(2))))
     if m.group(3) is not None:
@@ -137,8 +141,8 @@ class PathPatchResult(CleanPairRewards):
     receivers: List[str]
     mode: str
     method: str
-    clean_chosen: Float[torch.Tensor, "pair"]
-    clean_rejected: Float[torch.Tensor, "pair"]
+    clean_chosen: Float[torch.Tensor, " pair"]
+    clean_rejected: Float[torch.Tensor, " pair"]
     patched: Float[torch.Tensor, "pair sender receiver"]
 
     @property
@@ -157,26 +161,54 @@ class PathPatchResult(CleanPairRewards):
         p = to_numpy(self.patched)
         clean = to_numpy(self.clean_chosen if self.target == "chosen" else self.clean_rejected)
         gap = to_numpy(self.clean_gap)
-        rows = [(pid, s, r, self.mode, self.target, clean[i], p[i, a, b], eff[i, a, b], gap[i], norm[i, a, b])
-                for i, pid in enumerate(self.pair_ids) for a, s in enumerate(self.senders)
-                for b, r in enumerate(self.receivers) if np.isfinite(p[i, a, b])]
-        return pd.DataFrame(rows, columns=["pair", "sender", "receiver", "mode", "target", "clean_reward",
-                                           "patched_reward", "effect", "clean_gap", "normalized_effect"])
+        rows = [
+            (pid, s, r, self.mode, self.target, clean[i], p[i, a, b], eff[i, a, b], gap[i], norm[i, a, b])
+            for i, pid in enumerate(self.pair_ids)
+            for a, s in enumerate(self.senders)
+            for b, r in enumerate(self.receivers)
+            if np.isfinite(p[i, a, b])
+        ]
+        return pd.DataFrame(
+            rows,
+            columns=[
+                "pair",
+                "sender",
+                "receiver",
+                "mode",
+                "target",
+                "clean_reward",
+                "patched_reward",
+                "effect",
+                "clean_gap",
+                "normalized_effect",
+            ],
+        )
 
     def summary(self) -> pd.DataFrame:
         """Mean (normalised) effect per path over pairs, largest |mean effect| first."""
         frame = self.to_frame()
-        out = frame.groupby(["sender", "receiver"], sort=False).agg(
-            mean_effect=("effect", "mean"), mean_normalized_effect=("normalized_effect", "mean"),
-            std_effect=("effect", "std")).reset_index()
+        out = (
+            frame.groupby(["sender", "receiver"], sort=False)
+            .agg(
+                mean_effect=("effect", "mean"),
+                mean_normalized_effect=("normalized_effect", "mean"),
+                std_effect=("effect", "std"),
+            )
+            .reset_index()
+        )
         return out.reindex(out.mean_effect.abs().sort_values(ascending=False).index).reset_index(drop=True)
 
     def plot(self, normalized: bool = True, ax=None):
         """Sender x receiver heatmap of the mean effect over pairs (blank: no such path)."""
         plt = pyplot()
         grid = to_numpy(self.effect(normalized=normalized)).mean(0)
-        fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(
-            figsize=(max(5, 0.3 * len(self.receivers) + 2), max(2.5, 0.3 * len(self.senders) + 1.5)))
+        fig, ax = (
+            (ax.figure, ax)
+            if ax is not None
+            else plt.subplots(
+                figsize=(max(5, 0.3 * len(self.receivers) + 2), max(2.5, 0.3 * len(self.senders) + 1.5))
+            )
+        )
         finite = grid[np.isfinite(grid)]
         lim = float(np.abs(finite).max()) if finite.size and np.abs(finite).max() > 0 else 1.0
         im = ax.imshow(np.ma.masked_invalid(grid), aspect="auto", cmap="RdBu", vmin=-lim, vmax=lim)
@@ -187,7 +219,9 @@ class PathPatchResult(CleanPairRewards):
         ax.set_xlabel("receiver")
         ax.set_ylabel("sender")
         fig.colorbar(im, ax=ax, label="normalised effect" if normalized else "effect")
-        ax.set_title(f"Path patching ({self.mode}, target {self.target}), mean over {len(self.pair_ids)} pair(s)")
+        ax.set_title(
+            f"Path patching ({self.mode}, target {self.target}), mean over {len(self.pair_ids)} pair(s)"
+        )
         fig.tight_layout()
         return fig
 
@@ -207,7 +241,9 @@ def _sender_names(model, senders: Sequence[PathNode]) -> List[str]:
     return sorted(names)
 
 
-def sender_delta(model, sender: PathNode, tgt: Dict[str, torch.Tensor], src: Dict[str, torch.Tensor]) -> torch.Tensor:
+def sender_delta(
+    model, sender: PathNode, tgt: Dict[str, torch.Tensor], src: Dict[str, torch.Tensor]
+) -> torch.Tensor:
     """Δ [B, d_model]: the sender's output at the source readout minus at the target readout (head outputs
     through Gemma-2's post-norm with the target's scale frozen)."""
     if sender.kind != "head":
@@ -230,15 +266,18 @@ def _context(model, tok: Tokenized, extra: Sequence[str]) -> Tuple[Capture, Read
     readout context over it."""
     L = model.cfg.n_layers
     if not readout_recompute_exact(model, tok):
-        raise ValueError("the fast path recomputes the readout alone, but the head's gate reads a position at or after "
-                         "it (ArmoRM's gating pattern); use method='naive' or select one objective")
+        raise ValueError(
+            "the fast path recomputes the readout alone, but the head's gate reads a position at or after "
+            "it (ArmoRM's gating pattern); use method='naive' or select one objective"
+        )
     readout_names = [act_name("resid_pre", l) for l in range(L)]
     cap = capture(model, tok, readout_names + [final_resid_name(L)] + list(extra), model.readout_kv_names())
     return cap, model.readout_context(tok, kv=cap.full)
 
 
-def _fast_receiver(model, receiver: PathNode, deltas: torch.Tensor, cap: Capture, ctx: ReadoutContext,
-                   direction, bias) -> torch.Tensor:
+def _fast_receiver(
+    model, receiver: PathNode, deltas: torch.Tensor, cap: Capture, ctx: ReadoutContext, direction, bias
+) -> torch.Tensor:
     """Patched rewards [B, P] for P sender differences `deltas` [B, P, d] into one receiver: the receiver's
     input is the target's plus Δ, everything else the target's; the model recomputes the readout."""
     cfg, acts = model.cfg, cap.at_readout
@@ -274,7 +313,9 @@ def _naive_receiver(model, receiver: PathNode, delta: torch.Tensor, tok: Tokeniz
         return t
 
     def run(hooks):
-        return model.run_with_hooks(tok.input_ids, tok.attention_mask, readout_positions=tok.readout, fwd_hooks=hooks)
+        return model.run_with_hooks(
+            tok.input_ids, tok.attention_mask, readout_positions=tok.readout, fwd_hooks=hooks
+        )
 
     if receiver.kind == "readout":
         return run([(final_resid_name(L), add_delta)]).float()
@@ -306,7 +347,9 @@ def _naive_receiver(model, receiver: PathNode, delta: torch.Tensor, tok: Tokeniz
 
 
 @torch.no_grad()
-def _batch_paths(model, batch, senders, receivers, mode, method) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
+def _batch_paths(
+    model, batch, senders, receivers, mode, method
+) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
     t_side, s_side = _TARGET[mode]
     tok, stok = getattr(batch, t_side), getattr(batch, s_side)
     names = _sender_names(model, senders)
@@ -354,18 +397,27 @@ def path_patch(
     """
     cfg = model.cfg
     if not model.has_head_hooks:
-        raise ValueError("path_patch needs per-head hooks and weights (a native architecture); this model runs on the "
-                         "generic component-level path: use patch(model, pairs, level='component') instead")
+        raise ValueError(
+            "path_patch needs per-head hooks and weights (a native architecture); this model runs on the "
+            "generic component-level path: use patch(model, pairs, level='component') instead"
+        )
     if mode not in PATH_MODES:
-        raise ValueError(f"mode must be one of {PATH_MODES} (path patching adds a source - target difference), got {mode!r}")
+        raise ValueError(
+            f"mode must be one of {PATH_MODES} (path patching adds a source - target difference), got "
+            f"{mode!r}"
+        )
     if method not in PATH_METHODS:
         raise ValueError(f"method must be one of {PATH_METHODS}, got {method!r}")
     for name, given in (("senders", senders), ("receivers", receivers)):
         if given is not None and (isinstance(given, str) or len(given) == 0):
-            raise ValueError(f"{name}={given!r}: give a non-empty list of names (e.g. ['L0H1']), or None for "
-                             "all")
+            raise ValueError(
+                f"{name}={given!r}: give a non-empty list of names (e.g. ['L0H1']), or None for all"
+            )
     pairs = as_pairs(pairs)
-    snodes = [parse_sender(cfg, s) for s in (senders or [f"L{l}H{h}" for l in range(cfg.n_layers) for h in range(cfg.n_heads)])]
+    snodes = [
+        parse_sender(cfg, s)
+        for s in (senders or [f"L{l}H{h}" for l in range(cfg.n_layers) for h in range(cfg.n_heads)])
+    ]
     rnodes = [parse_receiver(cfg, r) for r in (receivers or default_receivers(cfg))]
     patched, clean = [], {"chosen": [], "rejected": []}
     for batch in pair_batches(model, pairs, batch_size, progress and "path patching", padding_side):
@@ -374,7 +426,12 @@ def path_patch(
         for side, r in rewards.items():
             clean[side].append(r)
     return PathPatchResult(
-        pair_ids=pair_labels(pairs), senders=[s.name for s in snodes], receivers=[r.name for r in rnodes],
-        mode=mode, method=method, clean_chosen=torch.cat(clean["chosen"]), clean_rejected=torch.cat(clean["rejected"]),
+        pair_ids=pair_labels(pairs),
+        senders=[s.name for s in snodes],
+        receivers=[r.name for r in rnodes],
+        mode=mode,
+        method=method,
+        clean_chosen=torch.cat(clean["chosen"]),
+        clean_rejected=torch.cat(clean["rejected"]),
         patched=torch.cat(patched),
     )

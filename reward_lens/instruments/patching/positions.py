@@ -27,14 +27,20 @@ def lengths(tok: Tokenized) -> torch.Tensor:
     return tok.attention_mask.long().sum(-1)
 
 
-def patch_positions(batch: PairBatch, positions: str, target: Tokenized, source: Optional[Tokenized], pair_ids) -> Positions:
+def patch_positions(
+    batch: PairBatch, positions: str, target: Tokenized, source: Optional[Tokenized], pair_ids
+) -> Positions:
     """The target's patched positions and the source's matching ones ("readout": readout onto readout;
     "prompt": the shared prompt tokens, k onto k; "all": every token, equal lengths needed)."""
     B = target.input_ids.shape[0]
     if positions == "readout":  # stays on the device: no host sync per batch and mode
         rows = torch.arange(B, device=target.readout.device)
-        return Positions(rows, target.readout, rows if source is not None else None,
-                         source.readout.to(rows.device) if source is not None else None)
+        return Positions(
+            rows,
+            target.readout,
+            rows if source is not None else None,
+            source.readout.to(rows.device) if source is not None else None,
+        )
     rows = torch.arange(B)
     if positions == "prompt":
         counts = batch.prompt_len.cpu()
@@ -46,9 +52,9 @@ def patch_positions(batch: PairBatch, positions: str, target: Tokenized, source:
             if bad:
                 b = bad[0]
                 raise ValueError(
-                    f"positions='all' patches position k onto position k, but pair {pair_ids[b]} has responses of "
-                    f"{int(counts[b])} and {int(other[b])} tokens; use positions='readout' (the default) or "
-                    "'prompt', or zero/mean ablation"
+                    f"positions='all' patches position k onto position k, but pair {pair_ids[b]} has "
+                    f"responses of {int(counts[b])} and {int(other[b])} tokens; use positions='readout' "
+                    "(the default) or 'prompt', or zero/mean ablation"
                 )
     t_first = first_token(target).cpu()
     s_first = first_token(source).cpu() if source is not None else None
@@ -61,7 +67,9 @@ def patch_positions(batch: PairBatch, positions: str, target: Tokenized, source:
             s_pos.append(s_first[b] + k)
     cat = lambda xs: torch.cat(xs) if xs else torch.zeros(0, dtype=torch.long)  # noqa: E731
     t_rows = cat(t_rows)
-    return Positions(t_rows, cat(t_pos), t_rows if source is not None else None, cat(s_pos) if source is not None else None)
+    return Positions(
+        t_rows, cat(t_pos), t_rows if source is not None else None, cat(s_pos) if source is not None else None
+    )
 
 
 def select(site: Site, x: torch.Tensor) -> torch.Tensor:
@@ -70,7 +78,12 @@ def select(site: Site, x: torch.Tensor) -> torch.Tensor:
 
 
 def site_values(
-    model, site: Site, mode: str, pos: Positions, src: Optional[Capture], means: Optional[Dict[str, torch.Tensor]],
+    model,
+    site: Site,
+    mode: str,
+    pos: Positions,
+    src: Optional[Capture],
+    means: Optional[Dict[str, torch.Tensor]],
     positions: str,
 ) -> torch.Tensor:
     """[n_patched_positions, ...site shape] values to write at `pos`."""

@@ -16,7 +16,10 @@ POSITIONS = ("readout", "prompt", "all")
 METHODS = ("fast", "naive")
 # mode -> the runs it patches; mode -> the run its values come from (contrastive modes only)
 TARGETS: Dict[str, Tuple[str, ...]] = {
-    "noising": ("chosen",), "denoising": ("rejected",), "zero": ("chosen", "rejected"), "mean": ("chosen", "rejected"),
+    "noising": ("chosen",),
+    "denoising": ("rejected",),
+    "zero": ("chosen", "rejected"),
+    "mean": ("chosen", "rejected"),
 }
 SOURCE: Dict[str, str] = {"noising": "rejected", "denoising": "chosen"}
 

@@ -14,12 +14,26 @@ from reward_lens.model.config import RewardModelConfig
 
 MODULE_MAP_KEYS = ("base", "layers", "embed", "pos_embed", "final_norm", "score", "attn", "mlp")
 NATIVE_HINT = (
-    "the generic path hooks components only (embed, attn_out, mlp_out, residual stream, final norm, reward "
-    "head); load a natively supported architecture for head-level hooks and weights (see conversion/GENERIC.md, "
-    "`reward_lens.converters.supported_architectures()`)"
+    "the generic path hooks components only (embed, attn_out, mlp_out, residual stream, final norm, "
+    "reward head); load a natively supported architecture for head-level hooks and weights (see "
+    "conversion/GENERIC.md, `reward_lens.converters.supported_architectures()`)"
 )
 HEAD_LEVEL_BLOCK_ATTRS = ("attn", "mlp", "ln1", "ln2", "ln1_post", "ln2_post")
-HEAD_LEVEL_WEIGHTS = ("W_Q", "W_K", "W_V", "W_O", "W_in", "W_gate", "W_out", "b_Q", "b_K", "b_V", "b_O", "b_in", "b_out")
+HEAD_LEVEL_WEIGHTS = (
+    "W_Q",
+    "W_K",
+    "W_V",
+    "W_O",
+    "W_in",
+    "W_gate",
+    "W_out",
+    "b_Q",
+    "b_K",
+    "b_V",
+    "b_O",
+    "b_in",
+    "b_out",
+)
 ATTN_NAMES = ("self_attn", "attn", "attention", "self_attention", "mixer")
 MLP_NAMES = ("mlp", "feed_forward", "ffn", "feedforward", "block_sparse_moe", "moe")
 NORM_NAMES = ("norm", "ln_f", "final_layer_norm", "final_layernorm", "final_norm", "norm_f", "ln_final")
@@ -68,7 +82,9 @@ def get_submodule(root: nn.Module, path: str) -> nn.Module:
     try:
         return root.get_submodule(path) if path else root
     except AttributeError:
-        raise GenericLoadError(f"module_map path {path!r} names no submodule of {type(root).__name__}") from None
+        raise GenericLoadError(
+            f"module_map path {path!r} names no submodule of {type(root).__name__}"
+        ) from None
 
 
 def path_of(root: nn.Module, module: nn.Module) -> str:
@@ -95,17 +111,25 @@ def find_modules(hf_model: nn.Module, module_map: Optional[Dict[str, Optional[st
     module_map = dict(module_map or {})
     unknown = set(module_map) - set(MODULE_MAP_KEYS)
     if unknown:
-        raise ValueError(f"unknown module_map keys {sorted(unknown)}; known keys: {', '.join(MODULE_MAP_KEYS)}")
+        raise ValueError(
+            f"unknown module_map keys {sorted(unknown)}; known keys: {', '.join(MODULE_MAP_KEYS)}"
+        )
     name = type(hf_model).__name__
     if "score" not in module_map and not name.endswith("ForSequenceClassification"):
         raise GenericLoadError(
             f"{name} is not a sequence-classification model: the generic path wraps transformers "
-            "*ForSequenceClassification models (a reward model's scalar head); load the reward checkpoint with "
-            "its sequence-classification class, or pass module_map={'score': 'path.to.linear.head'}"
+            "*ForSequenceClassification models (a reward model's scalar head); load the reward checkpoint "
+            "with its sequence-classification class, or pass module_map={'score': 'path.to.linear.head'}"
         )
-    base = get_submodule(hf_model, module_map["base"]) if "base" in module_map else getattr(hf_model, "base_model", None)
+    base = (
+        get_submodule(hf_model, module_map["base"])
+        if "base" in module_map
+        else getattr(hf_model, "base_model", None)
+    )
     if base is None or base is hf_model:
-        raise GenericLoadError(f"cannot find the base transformer of {name}; pass module_map={{'base': 'path'}}")
+        raise GenericLoadError(
+            f"cannot find the base transformer of {name}; pass module_map={{'base': 'path'}}"
+        )
     layers = _find_layers(hf_model, base, module_map)
     embed = _find_embed(hf_model, module_map)
     pos_embed = _find_pos_embed(hf_model, base, embed, module_map)
@@ -114,12 +138,18 @@ def find_modules(hf_model: nn.Module, module_map: Optional[Dict[str, Optional[st
     attn, mlp = [], []
     for l, layer in enumerate(layers):
         attn.append(_sublayer(layer, l, module_map.get("attn"), ATTN_NAMES, ("attention",), "attn"))
-        mlp.append(_sublayer(layer, l, module_map.get("mlp"), MLP_NAMES, ("mlp", "feedforward", "moe"), "mlp"))
+        mlp.append(
+            _sublayer(layer, l, module_map.get("mlp"), MLP_NAMES, ("mlp", "feedforward", "moe"), "mlp")
+        )
     paths = {
-        "base": path_of(hf_model, base), "layers": path_of(hf_model, layers), "embed": path_of(hf_model, embed),
+        "base": path_of(hf_model, base),
+        "layers": path_of(hf_model, layers),
+        "embed": path_of(hf_model, embed),
         "pos_embed": path_of(hf_model, pos_embed) if pos_embed is not None else None,
-        "final_norm": path_of(hf_model, final_norm), "score": path_of(hf_model, score),
-        "attn": path_of(layers[0], attn[0]), "mlp": path_of(layers[0], mlp[0]),
+        "final_norm": path_of(hf_model, final_norm),
+        "score": path_of(hf_model, score),
+        "attn": path_of(layers[0], attn[0]),
+        "mlp": path_of(layers[0], mlp[0]),
     }
     return FoundModules(base, layers, embed, pos_embed, final_norm, score, attn, mlp, paths)
 
@@ -135,10 +165,14 @@ def _find_layers(hf_model: nn.Module, base: nn.Module, module_map: Dict[str, Opt
         exact = [(n, m) for n, m in lists if len(m) == n_cfg]
         pool = exact or lists
         if not pool:
-            raise GenericLoadError(f"cannot find the decoder layers of {name}; pass module_map={{'layers': 'path'}}")
+            raise GenericLoadError(
+                f"cannot find the decoder layers of {name}; pass module_map={{'layers': 'path'}}"
+            )
         layers = min(pool, key=lambda nm: (nm[0].count("."), -len(nm[1])))[1]
     if not isinstance(layers, nn.ModuleList):
-        raise GenericLoadError(f"module_map['layers'] must name an nn.ModuleList, got {type(layers).__name__}")
+        raise GenericLoadError(
+            f"module_map['layers'] must name an nn.ModuleList, got {type(layers).__name__}"
+        )
     return layers
 
 
@@ -151,7 +185,8 @@ def _find_embed(hf_model: nn.Module, module_map: Dict[str, Optional[str]]) -> nn
         embed = None
     if embed is None:
         raise GenericLoadError(
-            f"cannot find the token embedding of {type(hf_model).__name__}; pass module_map={{'embed': 'path'}}"
+            f"cannot find the token embedding of {type(hf_model).__name__}; pass module_map={{'embed': "
+            "'path'}"
         )
     return embed
 
@@ -165,8 +200,8 @@ def _find_pos_embed(hf_model, base, embed, module_map: Dict[str, Optional[str]])
     positional = [m for n, m in others if "pos" in n.lower() or n == "wpe" or m.num_embeddings == n_pos]
     if len(positional) > 1:
         raise GenericLoadError(
-            f"{type(hf_model).__name__} has several position-like embeddings; pass module_map={{'pos_embed': 'path'}} "
-            "(or None)"
+            f"{type(hf_model).__name__} has several position-like embeddings; pass "
+            "module_map={'pos_embed': 'path'} (or None)"
         )
     return positional[0] if positional else None
 
@@ -174,11 +209,13 @@ def _find_pos_embed(hf_model, base, embed, module_map: Dict[str, Optional[str]])
 def _find_final_norm(hf_model, base, module_map: Dict[str, Optional[str]]) -> nn.Module:
     if "final_norm" in module_map:
         return get_submodule(hf_model, module_map["final_norm"])
-    norms = [(n, m) for n, m in base.named_children() if n in NORM_NAMES or "norm" in type(m).__name__.lower()]
+    norms = [
+        (n, m) for n, m in base.named_children() if n in NORM_NAMES or "norm" in type(m).__name__.lower()
+    ]
     if not norms:
         raise GenericLoadError(
-            f"cannot find the final norm of {type(hf_model).__name__} (a norm module directly under the base model); "
-            "pass module_map={'final_norm': 'path'}"
+            f"cannot find the final norm of {type(hf_model).__name__} (a norm module directly under the "
+            "base model); pass module_map={'final_norm': 'path'}"
         )
     return norms[-1][1]
 
@@ -194,11 +231,13 @@ def _find_score(hf_model, module_map: Dict[str, Optional[str]]) -> nn.Linear:
         linear = [m for n, m in children if isinstance(m, nn.Linear) and m.out_features == n_labels]
         score = (named or linear or [None])[0]
         if score is None:
-            raise GenericLoadError(f"cannot find the score head of {name}; pass module_map={{'score': 'path'}}")
+            raise GenericLoadError(
+                f"cannot find the score head of {name}; pass module_map={{'score': 'path'}}"
+            )
     if not isinstance(score, nn.Linear):
         raise GenericLoadError(
-            f"the score head of {name} is a {type(score).__name__}, not a linear layer: the reward is not a linear "
-            "read of the final norm, so it has no exact decomposition on the generic path"
+            f"the score head of {name} is a {type(score).__name__}, not a linear layer: the reward is not "
+            "a linear read of the final norm, so it has no exact decomposition on the generic path"
         )
     return score
 
@@ -219,7 +258,9 @@ def _sublayer(layer: nn.Module, l: int, path: Optional[str], names, class_parts,
     )
 
 
-def build_config(hf_model, found: FoundModules, kind: str, offset: float, eps: float, fold_ln: bool) -> GenericRewardModelConfig:
+def build_config(
+    hf_model, found: FoundModules, kind: str, offset: float, eps: float, fold_ln: bool
+) -> GenericRewardModelConfig:
     tc = text_config(hf_model.config)
     d_model = found.score.in_features
     n_heads = int(first_attr(tc, ("num_attention_heads", "n_head", "num_heads"), 1))
@@ -257,4 +298,3 @@ def build_config(hf_model, found: FoundModules, kind: str, offset: float, eps: f
         model_name=str(getattr(hf_model.config, "_name_or_path", "") or type(hf_model).__name__),
         module_map=dict(found.paths),
     )
-

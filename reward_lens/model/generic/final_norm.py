@@ -13,6 +13,7 @@ from transformer_lens.hook_points import HookPoint
 
 from reward_lens.model.generic.discovery import EPS_ATTRS, GenericLoadError, first_attr, text_config
 
+
 def dtype_tolerance(dtype: torch.dtype) -> float:
     return 1e-5 if dtype in (torch.float32, torch.float64) else 3e-2
 
@@ -21,7 +22,9 @@ def identify_norm(norm: nn.Module, d_model: int, path: str, config: Any) -> Tupl
     """(kind "LN"/"RMS", weight offset, eps) reproducing `norm` on a test input; refuse when none does."""
     eps = first_attr(norm, EPS_ATTRS)
     if eps is None:
-        eps = first_attr(text_config(config), ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_eps"))
+        eps = first_attr(
+            text_config(config), ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_eps")
+        )
     if eps is None:
         raise GenericLoadError(f"cannot tell the epsilon of the final norm {path} ({type(norm).__name__})")
     weight = getattr(norm, "weight", None)
@@ -46,9 +49,9 @@ def identify_norm(norm: nn.Module, d_model: int, path: str, config: Any) -> Tupl
             return kind, offset, float(eps)
         errors.append(f"{kind}{'(1+w)' if offset else ''}: {err:.2g}")
     raise GenericLoadError(
-        f"the final norm {path} ({type(norm).__name__}) is neither LayerNorm nor RMSNorm as reward-lens computes "
-        f"them (max errors {', '.join(errors)}; tolerance {tol:.2g}); the reward cannot be decomposed exactly. "
-        "Ask for a native weight map for this architecture"
+        f"the final norm {path} ({type(norm).__name__}) is neither LayerNorm nor RMSNorm as reward-lens "
+        f"computes them (max errors {', '.join(errors)}; tolerance {tol:.2g}); the reward cannot be "
+        "decomposed exactly. Ask for a native weight map for this architecture"
     )
 
 
@@ -117,5 +120,6 @@ class GenericFinalNorm(nn.Module):
         return norm_forward(x.float(), self.kind, self.eps, self.offset, None, None)
 
     def forward(self, x: Float[torch.Tensor, "... d_model"]) -> Float[torch.Tensor, "... d_model"]:
-        return norm_forward(x, self.kind, self.eps, self.offset, self.w, self.b, self.hook_scale, self.hook_normalized)
-
+        return norm_forward(
+            x, self.kind, self.eps, self.offset, self.w, self.b, self.hook_scale, self.hook_normalized
+        )

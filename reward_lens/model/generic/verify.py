@@ -32,7 +32,9 @@ def _first(out: Any) -> torch.Tensor:
 
 
 @torch.no_grad()
-def sequential_layers(found: FoundModules, cfg, base_kwargs: Callable[[torch.Tensor], Dict[str, Any]]) -> List[bool]:
+def sequential_layers(
+    found: FoundModules, cfg, base_kwargs: Callable[[torch.Tensor], Dict[str, Any]]
+) -> List[bool]:
     """Per layer, whether its MLP reads the attention output (sequential) or runs in parallel with it:
     row l+1 of one batched probe perturbs layer l's attention output only."""
     n = len(found.layers)
@@ -74,8 +76,8 @@ def sequential_layers(found: FoundModules, cfg, base_kwargs: Callable[[torch.Ten
 def site_path(module_map: Dict[str, Optional[str]], site: str) -> str:
     """The dotted module path of a counted hook site ("attn3", "resid_pre0", "embed", ...)."""
     for key in ("attn", "mlp", "resid_pre", "resid_post"):
-        if site.startswith(key) and site[len(key):].isdigit():
-            l = site[len(key):]
+        if site.startswith(key) and site[len(key) :].isdigit():
+            l = site[len(key) :]
             if key in ("attn", "mlp"):
                 return f"{module_map['layers']}.{l}.{module_map[key]}"
             return f"{module_map['layers']}.{l}"
@@ -111,9 +113,9 @@ def verify(model) -> None:
     ok, err, bound = check.close(rewards.reshape(-1), model.reference_logits(ids, mask).reshape(-1))
     if not ok:
         raise GenericLoadError(
-            f"{check.where}: the reward from the hooked path differs from transformers' ({err:.3g} > {bound:.3g}): the "
-            f"score head {cfg.module_map['score']} is not a plain linear read of the final norm at the rightmost "
-            "non-pad token; ask for a native weight map"
+            f"{check.where}: the reward from the hooked path differs from transformers' ({err:.3g} > "
+            f"{bound:.3g}): the score head {cfg.module_map['score']} is not a plain linear read of the "
+            "final norm at the rightmost non-pad token; ask for a native weight map"
         )
 
 
@@ -124,9 +126,9 @@ def _check_call_counts(cfg, calls: Dict[str, int], where: str) -> None:
     for site in sites:
         if calls.get(site, 0) != 1:
             raise GenericLoadError(
-                f"{where}: the module {site_path(cfg.module_map, site)} ran {calls.get(site, 0)} times in one forward "
-                "(expected once), so its output is not one residual term; pass module_map naming the right module, "
-                "or ask for a native weight map"
+                f"{where}: the module {site_path(cfg.module_map, site)} ran {calls.get(site, 0)} times in "
+                "one forward (expected once), so its output is not one residual term; pass module_map "
+                "naming the right module, or ask for a native weight map"
             )
 
 
@@ -136,10 +138,10 @@ def _check_embedding(cfg, cache, check: _Checker) -> None:
     if not ok:
         pos = cfg.module_map["pos_embed"]
         raise GenericLoadError(
-            f"{check.where}: the embedding output ({cfg.module_map['embed']}{' + ' + pos if pos else ''}) is not the "
-            f"residual entering layer 0 (max error {err:.3g} > {bound:.3g}): the model scales or transforms its "
-            "embeddings in its forward, which the generic path cannot split exactly; ask for a native weight map or "
-            "pass module_map={'embed': ..., 'pos_embed': ...}"
+            f"{check.where}: the embedding output ({cfg.module_map['embed']}{' + ' + pos if pos else ''}) "
+            f"is not the residual entering layer 0 (max error {err:.3g} > {bound:.3g}): the model scales "
+            "or transforms its embeddings in its forward, which the generic path cannot split exactly; "
+            "ask for a native weight map or pass module_map={'embed': ..., 'pos_embed': ...}"
         )
 
 
@@ -147,23 +149,28 @@ def _check_layers(model, cache, check: _Checker) -> None:
     cfg = model.cfg
     for l in range(cfg.n_layers):
         post = cache[act_name("resid_post", l)]
-        terms = cache[act_name("resid_pre", l)] + cache[act_name("attn_out", l)] + cache[act_name("mlp_out", l)]
+        terms = (
+            cache[act_name("resid_pre", l)] + cache[act_name("attn_out", l)] + cache[act_name("mlp_out", l)]
+        )
         ok, err, bound = check.close(terms, post)
         if not ok:
             raise GenericLoadError(
-                f"{check.where}: layer {l} ({cfg.module_map['layers']}.{l}, {type(model.found.layers[l]).__name__}) is "
-                f"not resid_post = resid_pre + attn_out + mlp_out on a probe input (max error {err:.3g} > tolerance "
-                f"{bound:.3g}): its '{cfg.module_map['attn']}' / '{cfg.module_map['mlp']}' outputs are transformed "
-                "before they reach the residual (post-norms, residual scaling, ...), so the reward has no exact "
-                "component decomposition on the generic path. Pass module_map={'attn': ..., 'mlp': ...} naming the "
-                "modules whose outputs are added to the residual, or ask for a native weight map (conversion/GENERIC.md)"
+                f"{check.where}: layer {l} ({cfg.module_map['layers']}.{l}, "
+                f"{type(model.found.layers[l]).__name__}) is not resid_post = resid_pre + attn_out + "
+                f"mlp_out on a probe input (max error {err:.3g} > tolerance {bound:.3g}): its "
+                f"'{cfg.module_map['attn']}' / '{cfg.module_map['mlp']}' outputs are transformed before "
+                "they reach the residual (post-norms, residual scaling, ...), so the reward has no exact "
+                "component decomposition on the generic path. Pass module_map={'attn': ..., 'mlp': ...} "
+                "naming the modules whose outputs are added to the residual, or ask for a native weight "
+                "map (conversion/GENERIC.md)"
             )
         if l + 1 < cfg.n_layers:
             ok, err, bound = check.close(cache[act_name("resid_pre", l + 1)], post)
             if not ok:
                 raise GenericLoadError(
-                    f"{check.where}: the residual entering layer {l + 1} is not layer {l}'s output (max error "
-                    f"{err:.3g}); the model changes the residual between layers, which the generic path cannot decompose"
+                    f"{check.where}: the residual entering layer {l + 1} is not layer {l}'s output (max "
+                    f"error {err:.3g}); the model changes the residual between layers, which the generic "
+                    "path cannot decompose"
                 )
 
 
@@ -176,6 +183,6 @@ def _check_final_norm(cfg, cache, check: _Checker) -> None:
     ok, err, bound = check.close(normalized * scale, last)
     if not ok:
         raise GenericLoadError(
-            f"{check.where}: the final norm {cfg.module_map['final_norm']} does not read the last layer's output "
-            f"(max error {err:.3g}); the model transforms the residual after its last layer"
+            f"{check.where}: the final norm {cfg.module_map['final_norm']} does not read the last layer's "
+            f"output (max error {err:.3g}); the model transforms the residual after its last layer"
         )

@@ -57,7 +57,7 @@ from transformer_lens.hook_points import HookPoint
 
 from reward_lens.model import hooks
 from reward_lens.model.base import RewardModelBase
-from reward_lens.model.tl_compat import check_forward_input
+from reward_lens.model.devices import resolve_device, resolve_dtype
 from reward_lens.model.generic.discovery import (
     HEAD_LEVEL_BLOCK_ATTRS,
     HEAD_LEVEL_WEIGHTS,
@@ -71,8 +71,8 @@ from reward_lens.model.generic.discovery import (
 from reward_lens.model.generic.final_norm import GenericFinalNorm, identify_norm
 from reward_lens.model.generic.verify import sequential_layers, verify
 from reward_lens.model.heads.scalar import RewardHead
-from reward_lens.model.devices import resolve_device, resolve_dtype
 from reward_lens.model.loaders import loader
+from reward_lens.model.tl_compat import check_forward_input
 
 
 class GenericBlock(nn.Module):
@@ -83,7 +83,9 @@ class GenericBlock(nn.Module):
         self.layer = layer
         self.hook_resid_pre = HookPoint()  # [batch, pos, d_model]
         self.hook_attn_out = HookPoint()
-        if sequential:  # resid_pre + attn_out, what the MLP reads; absent when attention and MLP run in parallel
+        if (
+            sequential
+        ):  # resid_pre + attn_out, what the MLP reads; absent when attention and MLP run in parallel
             self.hook_resid_mid = HookPoint()
         self.hook_mlp_out = HookPoint()
         self.hook_resid_post = HookPoint()
@@ -93,7 +95,9 @@ class GenericBlock(nn.Module):
             return super().__getattr__(name)
         except AttributeError:
             if name == "hook_resid_mid":
-                raise GenericPathError(f"layer {self.layer} runs attention and MLP in parallel: it has no resid_mid") from None
+                raise GenericPathError(
+                    f"layer {self.layer} runs attention and MLP in parallel: it has no resid_mid"
+                ) from None
             if name in HEAD_LEVEL_BLOCK_ATTRS:
                 raise GenericPathError(
                     f"blocks[{self.layer}].{name} does not exist on a generic-path model: {NATIVE_HINT}"
@@ -146,7 +150,9 @@ class GenericHookedRewardModel(RewardModelBase):
         hf_model.requires_grad_(False)
         found = find_modules(hf_model, module_map)
         d_model = found.score.in_features
-        kind, offset, eps = identify_norm(found.final_norm, d_model, found.paths["final_norm"], hf_model.config)
+        kind, offset, eps = identify_norm(
+            found.final_norm, d_model, found.paths["final_norm"], hf_model.config
+        )
         self.cfg = build_config(hf_model, found, kind, offset, eps, fold_ln)
         self.tokenizer = tokenizer
         self.hf_model = hf_model
@@ -159,7 +165,9 @@ class GenericHookedRewardModel(RewardModelBase):
         self._base_takes_positions = "position_ids" in base_params
         self._base_takes_use_cache = "use_cache" in base_params
         self.cfg.sequential_layers = sequential_layers(found, self.cfg, self.base_kwargs)
-        self.blocks = nn.ModuleList([GenericBlock(l, seq) for l, seq in enumerate(self.cfg.sequential_layers)])
+        self.blocks = nn.ModuleList(
+            [GenericBlock(l, seq) for l, seq in enumerate(self.cfg.sequential_layers)]
+        )
         self.ln_final = GenericFinalNorm(kind, eps, offset, None if fold_ln else found.final_norm)
         self.reward_head = RewardHead(self.cfg)
         self._load_head(found.score, fold_ln)
@@ -172,7 +180,8 @@ class GenericHookedRewardModel(RewardModelBase):
 
     # ------------------------------------------------------------------ construction
     def setup(self) -> None:
-        """HookedRootModule.setup over reward-lens's own modules only (the transformers tree is left alone)."""
+        """HookedRootModule.setup over reward-lens's own modules only (the transformers tree is left
+        alone)."""
         self.mod_dict, self.hook_dict = {}, {}
         for name, module in self.named_modules():
             if name == "" or name == "hf_model" or name.startswith("hf_model."):
@@ -182,10 +191,16 @@ class GenericHookedRewardModel(RewardModelBase):
             if isinstance(module, HookPoint):
                 self.hook_dict[name] = module
 
-    def base_kwargs(self, ids: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
-                    position_ids: Optional[torch.Tensor] = None) -> Dict[str, Any]:
+    def base_kwargs(
+        self,
+        ids: torch.Tensor,
+        attention_mask: Optional[torch.Tensor] = None,
+        position_ids: Optional[torch.Tensor] = None,
+    ) -> Dict[str, Any]:
         """Keyword arguments of the transformers base model's forward for token ids `ids`."""
-        attention_mask, position_ids = self.prepare_inputs(*ids.shape[:2], attention_mask, position_ids, ids.device)
+        attention_mask, position_ids = self.prepare_inputs(
+            *ids.shape[:2], attention_mask, position_ids, ids.device
+        )
         kwargs: Dict[str, Any] = {"input_ids": ids, "attention_mask": attention_mask}
         if self._base_takes_positions:
             kwargs["position_ids"] = position_ids
@@ -196,7 +211,11 @@ class GenericHookedRewardModel(RewardModelBase):
     def _load_head(self, score: nn.Linear, fold_ln: bool) -> None:
         with torch.no_grad():
             W = score.weight.detach().float().T  # [d_model, n_out]
-            b = score.bias.detach().float() if score.bias is not None else torch.zeros(W.shape[1], device=W.device)
+            b = (
+                score.bias.detach().float()
+                if score.bias is not None
+                else torch.zeros(W.shape[1], device=W.device)
+            )
             if fold_ln:
                 norm = self.found.final_norm
                 w, nb = getattr(norm, "weight", None), getattr(norm, "bias", None)
@@ -324,7 +343,8 @@ class GenericHookedRewardModel(RewardModelBase):
         module_map: Optional[Dict[str, Optional[str]]] = None,
         copy: bool = True,
     ) -> "GenericHookedRewardModel":
-        """Wrap a transformers model in memory; a copy unless `copy=False` (then its modules get the hooks)."""
+        """Wrap a transformers model in memory; a copy unless `copy=False` (then its modules get the
+        hooks)."""
         hf = copy_module.deepcopy(hf_model) if copy else hf_model
         # device=None: CUDA when available, else CPU (as every loader; `loading.default_device`)
         hf = hf.to(device=resolve_device(device), dtype=resolve_dtype(dtype) if dtype is not None else None)
@@ -332,7 +352,14 @@ class GenericHookedRewardModel(RewardModelBase):
 
     @classmethod
     def from_checkpoint_dir(
-        cls, directory: Path, hf_config: Any, *, tokenizer: Any = None, device=None, dtype=None, fold_ln: bool = True,
+        cls,
+        directory: Path,
+        hf_config: Any,
+        *,
+        tokenizer: Any = None,
+        device=None,
+        dtype=None,
+        fold_ln: bool = True,
         module_map: Optional[Dict[str, Optional[str]]] = None,
     ) -> "GenericHookedRewardModel":
         """Wrap the checkpoint in `directory` (its transformers config given); a saved generic model's
@@ -358,12 +385,18 @@ class GenericHookedRewardModel(RewardModelBase):
         directory = loader("resolve_checkpoint_dir")(path_or_id)
         tokenizer = tokenizer if tokenizer is not None else loader("load_tokenizer")(directory)
         return cls.from_checkpoint_dir(
-            directory, loader("load_hf_config")(directory, overrides), tokenizer=tokenizer, device=device, dtype=dtype,
-            fold_ln=fold_ln, module_map=module_map,
+            directory,
+            loader("load_hf_config")(directory, overrides),
+            tokenizer=tokenizer,
+            device=device,
+            dtype=dtype,
+            fold_ln=fold_ln,
+            module_map=module_map,
         )
 
     def save_pretrained(self, path: Union[str, Path]) -> None:
-        """Save the transformers checkpoint (+ tokenizer) and a marker so `from_pretrained` reloads it here."""
+        """Save the transformers checkpoint (+ tokenizer) and a marker so `from_pretrained` reloads it
+        here."""
         loader("save_generic")(self.hf_model, self.tokenizer, self.cfg.module_map, path)
 
     # ------------------------------------------------------------------ forward
@@ -376,7 +409,7 @@ class GenericHookedRewardModel(RewardModelBase):
         input_ids: Optional[Int[torch.Tensor, "batch pos"]] = None,
         start_at_layer: Optional[int] = None,
         stop_at_layer: Optional[int] = None,
-        readout_positions: Optional[Int[torch.Tensor, "batch"]] = None,
+        readout_positions: Optional[Int[torch.Tensor, " batch"]] = None,
         return_type: Optional[str] = "reward",
     ) -> Optional[torch.Tensor]:
         """Rewards [batch] (or [batch, n_outputs]); the residual before block `stop_at_layer` if given.
@@ -387,13 +420,20 @@ class GenericHookedRewardModel(RewardModelBase):
         """
         check_forward_input(input, return_type)
         n = self.cfg.n_layers
-        start = 0 if start_at_layer is None else (start_at_layer + n if start_at_layer < 0 else start_at_layer)
+        start = (
+            0 if start_at_layer is None else (start_at_layer + n if start_at_layer < 0 else start_at_layer)
+        )
         stop = None if stop_at_layer is None else (stop_at_layer + n if stop_at_layer < 0 else stop_at_layer)
         if not 0 <= start <= n or (stop is not None and not start <= stop <= n):
-            raise ValueError(f"need 0 <= start_at_layer <= stop_at_layer <= n_layers={n}; got {start_at_layer}, {stop_at_layer}")
+            raise ValueError(
+                f"need 0 <= start_at_layer <= stop_at_layer <= n_layers={n}; got {start_at_layer}, "
+                f"{stop_at_layer}"
+            )
         device = self.cfg.device
         if start_at_layer is None:
-            input_ids, attention_mask = self.checked_ids(input, attention_mask, warn=readout_positions is None)
+            input_ids, attention_mask = self.checked_ids(
+                input, attention_mask, warn=readout_positions is None
+            )
             input, embeds = input_ids, None
         else:
             embeds = input
@@ -402,7 +442,9 @@ class GenericHookedRewardModel(RewardModelBase):
         if embeds is None:
             kwargs = self.base_kwargs(input_ids, attention_mask, position_ids)
         else:  # inputs_embeds are replaced by `input` where block `start` begins
-            kwargs = self.base_kwargs(torch.zeros(batch, T, dtype=torch.long, device=device), attention_mask, position_ids)
+            kwargs = self.base_kwargs(
+                torch.zeros(batch, T, dtype=torch.long, device=device), attention_mask, position_ids
+            )
             kwargs["inputs_embeds"] = torch.zeros_like(embeds)
             del kwargs["input_ids"]
         try:
@@ -438,7 +480,8 @@ class GenericHookedRewardModel(RewardModelBase):
                 del layer.forward
             st.start, st.inject, st.stop = saved
 
-    # ------------------------------------------------------------------ load-time verification (see verify.py)
+    # ------------------------------------------------------------------ load-time verification (see
+    # verify.py)
     def probe_run(self, ids: torch.Tensor, mask: torch.Tensor) -> Tuple[torch.Tensor, Any, Dict[str, int]]:
         """Rewards, the full cache and how often each hooked module ran, for one probe forward."""
         st = self.run_state
@@ -467,7 +510,8 @@ class GenericHookedRewardModel(RewardModelBase):
             st.bypass = False
         return ref.logits if isinstance(getattr(ref, "logits", None), torch.Tensor) else ref[0]
 
-    # ------------------------------------------------------------------ hooks: clear errors for head-level names
+    # ------------------------------------------------------------------ hooks: clear errors for head-level
+    # names
     def _check_names(self, names: Any) -> None:
         if names is None or callable(names):
             return
@@ -478,12 +522,14 @@ class GenericHookedRewardModel(RewardModelBase):
     def _missing_hook(self, name: str) -> Exception:
         if name.endswith("hook_resid_mid"):
             return GenericPathError(
-                f"no hook {name!r}: that layer runs attention and MLP in parallel (GPT-NeoX style), so there is no "
-                "residual between them; use hook_resid_pre + hook_attn_out, or hook_resid_post"
+                f"no hook {name!r}: that layer runs attention and MLP in parallel (GPT-NeoX style), so "
+                "there is no residual between them; use hook_resid_pre + hook_attn_out, or hook_resid_post"
             )
         if hooks.is_head_level(name):
             return GenericPathError(f"no hook {name!r} on a generic-path model: {NATIVE_HINT}")
-        return KeyError(f"no hook point named {name!r}; this model's hook points: {', '.join(self.hook_dict)}")
+        return KeyError(
+            f"no hook point named {name!r}; this model's hook points: {', '.join(self.hook_dict)}"
+        )
 
     def add_hook(self, name, hook, dir="fwd", is_permanent=False, level=None, prepend=False) -> None:
         if isinstance(name, str) and name not in self.hook_dict:
@@ -496,7 +542,8 @@ class GenericHookedRewardModel(RewardModelBase):
         super()._enable_hook(name, hook, dir)
 
     def run_with_cache(self, *model_args: Any, readout_only: bool = False, **kwargs: Any):
-        """As `RewardModelBase.run_with_cache`; naming a hook this model lacks is an error, not an empty cache."""
+        """As `RewardModelBase.run_with_cache`; naming a hook this model lacks is an error, not an empty
+        cache."""
         self._check_names(kwargs.get("names_filter"))
         return super().run_with_cache(*model_args, readout_only=readout_only, **kwargs)
 
@@ -525,11 +572,17 @@ class GenericHookedRewardModel(RewardModelBase):
             if name in HEAD_LEVEL_WEIGHTS:
                 raise GenericPathError(f"{name} is a head-level weight: {NATIVE_HINT}") from None
             if name == "accumulated_bias":
-                raise GenericPathError(f"accumulated_bias needs per-layer output biases: {NATIVE_HINT}") from None
+                raise GenericPathError(
+                    f"accumulated_bias needs per-layer output biases: {NATIVE_HINT}"
+                ) from None
             raise
 
 
 __all__ = [
-    "GenericHookedRewardModel", "GenericRewardModelConfig", "GenericPathError", "GenericLoadError",
-    "GenericFinalNorm", "GenericBlock",
+    "GenericHookedRewardModel",
+    "GenericRewardModelConfig",
+    "GenericPathError",
+    "GenericLoadError",
+    "GenericFinalNorm",
+    "GenericBlock",
 ]

@@ -3,6 +3,7 @@ multi-objective head (`armorm`), MLP heads (`mlp`: INF-ORM, Qwen2.5-Math-RM, GRM
 (`prm`), generative judges (`judge`) and QRM's quantile head (`qrm`). Importing this package registers
 every head type."""
 
+from reward_lens.model.heads.armorm import ArmoRMHead
 from reward_lens.model.heads.base import (
     HEAD_TYPES,
     RewardHeadBase,
@@ -12,15 +13,24 @@ from reward_lens.model.heads.base import (
     read_step,
     register_head,
 )
-from reward_lens.model.heads.scalar import RewardHead
-from reward_lens.model.heads.armorm import ArmoRMHead
+from reward_lens.model.heads.judge import JudgeHead
 from reward_lens.model.heads.mlp import MLPHead
 from reward_lens.model.heads.prm import ProcessRewardHead
-from reward_lens.model.heads.judge import JudgeHead
 from reward_lens.model.heads.qrm import QRMHead
+from reward_lens.model.heads.scalar import RewardHead
 
 __all__ = [
-    "ArmoRMHead", "HEAD_TYPES", "JudgeHead", "MLPHead", "ProcessRewardHead", "QRMHead", "RewardHead",
+    "ArmoRMHead",
+    "HEAD_TYPES",
+    "JudgeHead",
+    "MLPHead",
+    "ProcessRewardHead",
+    "QRMHead",
+    "RewardHead",
     "RewardHeadBase",
-    "build_head", "head_class", "read_objective", "read_step", "register_head",
+    "build_head",
+    "head_class",
+    "read_objective",
+    "read_step",
+    "register_head",
 ]

@@ -18,7 +18,6 @@ ordinary linear reward model along W_reg[:, j].
 from __future__ import annotations
 
 import math
-
 from typing import List, Optional, Sequence, Union
 
 import torch
@@ -38,15 +37,29 @@ from reward_lens.model.heads.base import (
 
 # The 19 objectives of RLHFlow/ArmoRM-Llama3-8B-v0.1, in the order of its regression layer's rows.
 ARMORM_OBJECTIVES: tuple = (
-    "helpsteer-helpfulness", "helpsteer-correctness", "helpsteer-coherence",
-    "helpsteer-complexity", "helpsteer-verbosity", "ultrafeedback-overall_score",
-    "ultrafeedback-instruction_following", "ultrafeedback-truthfulness",
-    "ultrafeedback-honesty", "ultrafeedback-helpfulness", "beavertails-is_safe",
-    "prometheus-score", "argilla-overall_quality", "argilla-judge_lm", "code-complexity",
-    "code-style", "code-explanation", "code-instruction-following", "code-readability",
+    "helpsteer-helpfulness",
+    "helpsteer-correctness",
+    "helpsteer-coherence",
+    "helpsteer-complexity",
+    "helpsteer-verbosity",
+    "ultrafeedback-overall_score",
+    "ultrafeedback-instruction_following",
+    "ultrafeedback-truthfulness",
+    "ultrafeedback-honesty",
+    "ultrafeedback-helpfulness",
+    "beavertails-is_safe",
+    "prometheus-score",
+    "argilla-overall_quality",
+    "argilla-judge_lm",
+    "code-complexity",
+    "code-style",
+    "code-explanation",
+    "code-instruction-following",
+    "code-readability",
 )
 # `<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n` in the Llama-3 tokenizer.
 DEFAULT_GATING_PATTERN: tuple = (128009, 128006, 78191, 128007, 271)
+
 
 def default_objective_names(num_objectives: int) -> List[str]:
     if num_objectives == len(ARMORM_OBJECTIVES):
@@ -56,12 +69,14 @@ def default_objective_names(num_objectives: int) -> List[str]:
 
 def last_pattern_positions(
     input_ids: Int[torch.Tensor, "batch pos"], pattern: Sequence[int]
-) -> Int[torch.Tensor, "batch"]:
+) -> Int[torch.Tensor, " batch"]:
     """Start index of the last occurrence of `pattern` in each row; a row without it is an error."""
     P = len(pattern)
     batch, T = input_ids.shape
     if P == 0:
-        raise ValueError("the gating token pattern is empty; set model.reward_head.gating_pattern to a token list")
+        raise ValueError(
+            "the gating token pattern is empty; set model.reward_head.gating_pattern to a token list"
+        )
     if T >= P:
         want = torch.tensor(list(pattern), dtype=input_ids.dtype, device=input_ids.device)
         match = (input_ids.unfold(1, P, 1) == want).all(-1)  # [batch, T - P + 1]
@@ -71,9 +86,10 @@ def last_pattern_positions(
     if not bool(found.all()):
         rows = torch.nonzero(~found).flatten().tolist()
         raise ValueError(
-            f"ArmoRM's gate reads the token pattern {list(pattern)} (the assistant header that ends the prompt), "
-            f"but rows {rows} of input_ids do not contain it; format the input with the checkpoint's chat template, "
-            "or set model.reward_head.gating_pattern to the token ids that end your prompts"
+            f"ArmoRM's gate reads the token pattern {list(pattern)} (the assistant header that ends the "
+            f"prompt), but rows {rows} of input_ids do not contain it; format the input with the "
+            "checkpoint's chat template, or set model.reward_head.gating_pattern to the token ids that "
+            "end your prompts"
         )
     idx = torch.arange(match.shape[1], device=input_ids.device)
     return (idx * match.long()).argmax(-1)  # rightmost match (a lone match at 0 gives 0 too)
@@ -81,7 +97,7 @@ def last_pattern_positions(
 
 def armorm_readout_positions(
     input_ids: Int[torch.Tensor, "batch pos"], pad_token_id: Optional[int]
-) -> Int[torch.Tensor, "batch"]:
+) -> Int[torch.Tensor, " batch"]:
     """ArmoRM's rule: the token before the first pad, wrapping to the last token when a row has no pad
     (and when the row is left-padded, the first pad being at 0)."""
     if pad_token_id is None:
@@ -113,9 +129,10 @@ class ArmoRMHead(RewardHeadBase):
         self.num_objectives = n_obj
         self.temperature = float(hc["gating_temperature"])
         if not (math.isfinite(self.temperature) and self.temperature > 0):
-            raise ValueError(f"config.json has gating_temperature={hc['gating_temperature']!r}; ArmoRM's "
-                             "gate computes "
-                             "softmax(x / temperature), so it must be a finite number > 0 (ArmoRM ships 10)")
+            raise ValueError(
+                f"config.json has gating_temperature={hc['gating_temperature']!r}; ArmoRM's gate computes "
+                "softmax(x / temperature), so it must be a finite number > 0 (ArmoRM ships 10)"
+            )
         self.gating_pattern: List[int] = list(hc.get("gating_pattern") or DEFAULT_GATING_PATTERN)
         self.objective_names: List[str] = list(hc.get("objective_names") or default_objective_names(n_obj))
         if len(self.objective_names) != n_obj:
@@ -143,7 +160,9 @@ class ArmoRMHead(RewardHeadBase):
             return self.objective_names.index(objective)
         j = int(objective)
         if not 0 <= j < self.num_objectives:
-            raise ValueError(f"objective index {j} out of range: this head has {self.num_objectives} objectives")
+            raise ValueError(
+                f"objective index {j} out of range: this head has {self.num_objectives} objectives"
+            )
         return j
 
     @property
@@ -168,22 +187,27 @@ class ArmoRMHead(RewardHeadBase):
         return "armorm"
 
     # ------------------------------------------------------------------ positions
-    def readout_positions(self, input_ids: Int[torch.Tensor, "batch pos"], attention_mask=None) -> torch.Tensor:
+    def readout_positions(
+        self, input_ids: Int[torch.Tensor, "batch pos"], attention_mask=None
+    ) -> torch.Tensor:
         readout = armorm_readout_positions(input_ids, self.cfg.pad_token_id)
         if attention_mask is not None:
             masked = ~attention_mask.bool()[torch.arange(len(readout), device=readout.device), readout]
             if bool(masked.any()):
                 raise ValueError(
-                    f"ArmoRM reads the reward before the first pad_token_id ({self.cfg.pad_token_id}), but rows "
-                    f"{torch.nonzero(masked).flatten().tolist()} would read a padded position: the ids were padded "
-                    "with another token; pad with model.cfg.pad_token_id (or set it to the tokenizer's pad id)"
+                    f"ArmoRM reads the reward before the first pad_token_id ({self.cfg.pad_token_id}), but "
+                    f"rows {torch.nonzero(masked).flatten().tolist()} would read a padded position: the "
+                    "ids were padded with another token; pad with model.cfg.pad_token_id (or set it to "
+                    "the tokenizer's pad id)"
                 )
         return readout
 
-    def gate_positions(self, input_ids: Int[torch.Tensor, "batch pos"]) -> Int[torch.Tensor, "batch"]:
+    def gate_positions(self, input_ids: Int[torch.Tensor, "batch pos"]) -> Int[torch.Tensor, " batch"]:
         return last_pattern_positions(input_ids, self.gating_pattern)
 
-    def context_positions(self, input_ids: Int[torch.Tensor, "batch pos"]) -> Optional[Int[torch.Tensor, "batch"]]:
+    def context_positions(
+        self, input_ids: Int[torch.Tensor, "batch pos"]
+    ) -> Optional[Int[torch.Tensor, " batch"]]:
         return self.gate_positions(input_ids) if self.is_gated else None
 
     # ------------------------------------------------------------------ forward
@@ -201,29 +225,31 @@ class ArmoRMHead(RewardHeadBase):
     def forward(
         self,
         h: Float[torch.Tensor, "batch pos d_model"],
-        readout: Int[torch.Tensor, "batch"],
+        readout: Int[torch.Tensor, " batch"],
         input_ids: Optional[torch.Tensor] = None,
-    ) -> Float[torch.Tensor, "batch"]:
+    ) -> Float[torch.Tensor, " batch"]:
         rewards = self.hook_pooled(gather_positions(self.hook_objectives(h @ self.W_reg), readout))
         if self._objective is not None:
             return rewards[:, self._objective]
         if input_ids is None:
             raise ValueError(
-                "ArmoRM's gate needs the token ids to find the prompt's end; pass input_ids= (also when starting "
-                "from a residual with start_at_layer), or select one objective with model.reward_head.set_objective"
+                "ArmoRM's gate needs the token ids to find the prompt's end; pass input_ids= (also when "
+                "starting from a residual with start_at_layer), or select one objective with "
+                "model.reward_head.set_objective"
             )
         g = self.gate(gather_positions(h, self.gate_positions(input_ids)))
         transformed = self.hook_transformed(rewards @ self.reward_transform)
         return self.hook_score((g * transformed).sum(-1))
 
     # ------------------------------------------------------------------ directions
-    def direction(self, output: int = 0) -> Float[torch.Tensor, "d_model"]:
+    def direction(self, output: int = 0) -> Float[torch.Tensor, " d_model"]:
         if self._objective is not None:
             return self.W_reg[:, self._objective]
         raise ValueError(
-            "ArmoRM has no single reward direction: its score is W_reg T g(prompt) . h with a prompt-dependent gate g. "
-            "Use model.reward_direction_for(input_ids, attention_mask) for the [batch, d_model] direction, or read one "
-            "objective with model.reward_head.set_objective(name) (then model.reward_direction is W_reg[:, j])."
+            "ArmoRM has no single reward direction: its score is W_reg T g(prompt) . h with a "
+            "prompt-dependent gate g. Use model.reward_direction_for(input_ids, attention_mask) for the "
+            "[batch, d_model] direction, or read one objective with model.reward_head.set_objective(name) "
+            "(then model.reward_direction is W_reg[:, j])."
         )
 
     def bias(self, output: int = 0) -> torch.Tensor:

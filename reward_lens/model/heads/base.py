@@ -34,12 +34,12 @@ from reward_lens.model.config import RewardModelConfig
 Objective = Union[int, str, None]
 
 
-def gather_positions(x: torch.Tensor, positions: Int[torch.Tensor, "batch"]) -> torch.Tensor:
+def gather_positions(x: torch.Tensor, positions: Int[torch.Tensor, " batch"]) -> torch.Tensor:
     """x[b, positions[b]] for x of shape [batch, pos, ...]."""
     return x[torch.arange(x.shape[0], device=x.device), positions.to(x.device)]
 
 
-def last_position_without_pad(input_ids: Int[torch.Tensor, "batch pos"]) -> Int[torch.Tensor, "batch"]:
+def last_position_without_pad(input_ids: Int[torch.Tensor, "batch pos"]) -> Int[torch.Tensor, " batch"]:
     """The readout when the config has no pad token: the last position, for one sequence only (as
     transformers refuses a batch it cannot find the padding of)."""
     batch, T = input_ids.shape
@@ -51,7 +51,9 @@ def last_position_without_pad(input_ids: Int[torch.Tensor, "batch pos"]) -> Int[
     return torch.full((batch,), T - 1, dtype=torch.long, device=input_ids.device)
 
 
-def rightmost_non_pad(input_ids: Int[torch.Tensor, "batch pos"], pad_token_id: Optional[int]) -> Int[torch.Tensor, "batch"]:
+def rightmost_non_pad(
+    input_ids: Int[torch.Tensor, "batch pos"], pad_token_id: Optional[int]
+) -> Int[torch.Tensor, " batch"]:
     """transformers' sequence-classification pooling: the rightmost token that is not the pad token."""
     if pad_token_id is None:
         return last_position_without_pad(input_ids)
@@ -76,7 +78,7 @@ class RewardHeadBase(nn.Module):
         self.cfg = cfg
 
     # ------------------------------------------------------------------ the linear readout
-    def direction(self, output: int = 0) -> Float[torch.Tensor, "d_model"]:
+    def direction(self, output: int = 0) -> Float[torch.Tensor, " d_model"]:
         """The vector that, dotted with h, gives output `output` minus its bias."""
         raise NotImplementedError
 
@@ -114,23 +116,30 @@ class RewardHeadBase(nn.Module):
         return False
 
     def step_rewards(self, model, input_ids, attention_mask=None) -> torch.Tensor:
-        raise ValueError(f"step_rewards needs a process reward model (one readout per step); this head is "
-                         f"{type(self).__name__} ({self.family})")
+        raise ValueError(
+            "step_rewards needs a process reward model (one readout per step); this head is "
+            f"{type(self).__name__} ({self.family})"
+        )
 
     def set_step(self, step: Optional[int]) -> None:
         if step is not None:
-            raise ValueError(f"step={step!r} needs a process reward model; this head is "
-                             f"{type(self).__name__}")
+            raise ValueError(
+                f"step={step!r} needs a process reward model; this head is {type(self).__name__}"
+            )
 
     @property
     def step(self) -> Optional[int]:
         return None
 
-    def readout_positions(self, input_ids: Int[torch.Tensor, "batch pos"], attention_mask=None) -> Int[torch.Tensor, "batch"]:
+    def readout_positions(
+        self, input_ids: Int[torch.Tensor, "batch pos"], attention_mask=None
+    ) -> Int[torch.Tensor, " batch"]:
         """Where the reward is read, exactly as transformers pools: the rightmost non-pad token."""
         return rightmost_non_pad(input_ids, self.cfg.pad_token_id)
 
-    def context_positions(self, input_ids: Int[torch.Tensor, "batch pos"]) -> Optional[Int[torch.Tensor, "batch"]]:
+    def context_positions(
+        self, input_ids: Int[torch.Tensor, "batch pos"]
+    ) -> Optional[Int[torch.Tensor, " batch"]]:
         """Positions other than the readout whose final state the output reads (a gate's input); None when
         the head reads the readout alone. A readout-only recomputation is exact when these precede it."""
         return None
@@ -152,7 +161,8 @@ class RewardHeadBase(nn.Module):
     def set_objective(self, objective: Objective) -> None:
         if objective is not None:
             raise ValueError(
-                f"objective={objective!r} needs a multi-objective (ArmoRM) head; this head is {type(self).__name__}"
+                f"objective={objective!r} needs a multi-objective (ArmoRM) head; this head is "
+                f"{type(self).__name__}"
             )
 
 
@@ -205,8 +215,9 @@ def read_step(model, step: Optional[int]) -> Iterator:
         return
     head = model.reward_head
     if not head.per_step:
-        raise ValueError(f"read_step needs a process reward model; this model's head is "
-                         f"{type(head).__name__}")
+        raise ValueError(
+            f"read_step needs a process reward model; this model's head is {type(head).__name__}"
+        )
     before = head.step
     head.set_step(step)
     try:

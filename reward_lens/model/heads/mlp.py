@@ -37,8 +37,9 @@ from reward_lens.model.heads.base import RewardHeadBase, gather_positions, regis
 POOLING_RULES = ("first_pad_minus_one", "grm", "last_non_pad")
 
 
-def grm_readout_positions(input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor],
-                          pad_token_id: Optional[int]) -> Int[torch.Tensor, "batch"]:
+def grm_readout_positions(
+    input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor], pad_token_id: Optional[int]
+) -> Int[torch.Tensor, " batch"]:
     """GRM's rule: the batch is left-padded when row 0 starts with the pad id (then every row reads the
     last position), else right-padded (each row reads its attention-mask length - 1)."""
     B, T = input_ids.shape
@@ -76,8 +77,9 @@ class MLPHead(RewardHeadBase):
         widths = [int(w) for w in hc["hidden_sizes"]]
         self.pooling = str(hc.get("pooling", "last_non_pad"))
         if self.pooling not in POOLING_RULES:
-            raise ValueError(f"unknown MLP-head pooling {self.pooling!r}; supported: "
-                             f"{', '.join(POOLING_RULES)}")
+            raise ValueError(
+                f"unknown MLP-head pooling {self.pooling!r}; supported: {', '.join(POOLING_RULES)}"
+            )
         contrast = [float(c) for c in hc.get("label_contrast", [1.0])]
         dims = [cfg.d_model] + widths + [len(contrast)]
         self.W_mlp = nn.ParameterList([nn.Parameter(torch.empty(a, b)) for a, b in zip(dims[:-1], dims[1:])])
@@ -124,8 +126,12 @@ class MLPHead(RewardHeadBase):
         W, b = layers[-1]
         return x @ W.to(x.dtype) + b.to(x.dtype)
 
-    def forward(self, h: Float[torch.Tensor, "batch pos d_model"], readout: Int[torch.Tensor, "batch"],
-                input_ids: Optional[torch.Tensor] = None) -> Float[torch.Tensor, "batch"]:
+    def forward(
+        self,
+        h: Float[torch.Tensor, "batch pos d_model"],
+        readout: Int[torch.Tensor, " batch"],
+        input_ids: Optional[torch.Tensor] = None,
+    ) -> Float[torch.Tensor, " batch"]:
         x = self.hook_input(gather_positions(h, readout))
         logits = self.hook_logits(self.logits(x))
         return self.hook_score(logits @ self.label_contrast(logits))
@@ -186,11 +192,17 @@ class MLPHead(RewardHeadBase):
         )
 
 
-def mlp_head_config(family: str, hidden_sizes: Sequence[int], pooling: str,
-                    label_contrast: Sequence[float] = (1.0,), **extra) -> dict:
+def mlp_head_config(
+    family: str, hidden_sizes: Sequence[int], pooling: str, label_contrast: Sequence[float] = (1.0,), **extra
+) -> dict:
     """The `head_config` of an MLP head (what the weight maps write)."""
-    return dict(family=family, hidden_sizes=[int(w) for w in hidden_sizes], pooling=pooling,
-                label_contrast=[float(c) for c in label_contrast], **extra)
+    return dict(
+        family=family,
+        hidden_sizes=[int(w) for w in hidden_sizes],
+        pooling=pooling,
+        label_contrast=[float(c) for c in label_contrast],
+        **extra,
+    )
 
 
 register_head("mlp", MLPHead)

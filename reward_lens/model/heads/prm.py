@@ -54,7 +54,8 @@ class ProcessRewardHead(MLPHead):
         if self.step_tag_id is None:
             raise ValueError(
                 "this process reward model has no step tag id: load it with a tokenizer that has "
-                f"{DEFAULT_STEP_TAG!r}, or pass step_tag_id=<token id> (or set model.reward_head.step_tag_id)"
+                f"{DEFAULT_STEP_TAG!r}, or pass step_tag_id=<token id> (or set "
+                "model.reward_head.step_tag_id)"
             )
         return self.step_tag_id
 
@@ -89,10 +90,9 @@ class ProcessRewardHead(MLPHead):
         if bool(bad.any()):
             rows = torch.nonzero(bad).flatten().tolist()
             raise ValueError(
-                f"rows {rows} of input_ids have {counts[bad].tolist()} step tags (id {self.tag_id()}), "
-                f"so step "
-                f"{self._step} does not exist there; end every step with the step tag, or read another step "
-                "(reward_lens.read_step)"
+                f"rows {rows} of input_ids have {counts[bad].tolist()} step tags (id {self.tag_id()}), so "
+                f"step {self._step} does not exist there; end every step with the step tag, or read "
+                "another step (reward_lens.read_step)"
             )
         return self.step_positions(input_ids, attention_mask).gather(1, k[:, None])[:, 0]
 
@@ -123,8 +123,9 @@ def resolve_step_tag(model, step_tag: Optional[Union[str, int]] = None) -> None:
     head = model.reward_head
     if not head.per_step:
         if step_tag is not None:
-            raise ValueError(f"step_tag={step_tag!r} is for process reward models; this head is "
-                             f"{type(head).__name__}")
+            raise ValueError(
+                f"step_tag={step_tag!r} is for process reward models; this head is {type(head).__name__}"
+            )
         return
     if step_tag is None and head.step_tag_id is not None:
         return
@@ -135,8 +136,10 @@ def resolve_step_tag(model, step_tag: Optional[Union[str, int]] = None) -> None:
         if len(ids) != 1:
             if step_tag is None:  # no tokenizer tag: the user must name it before reading steps
                 return
-            raise ValueError(f"step_tag={tag!r} is {len(ids)} tokens in this tokenizer (or there is no "
-                             "tokenizer); pass a single token or its id")
+            raise ValueError(
+                f"step_tag={tag!r} is {len(ids)} tokens in this tokenizer (or there is no tokenizer); pass "
+                "a single token or its id"
+            )
         tag = ids[0]
     head.step_tag_id = int(tag)
     model.cfg.head_config["step_tag_id"] = int(tag)

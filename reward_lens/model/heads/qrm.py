@@ -66,8 +66,16 @@ class QRMHead(ArmoRMHead):
         self.logit_scale = nn.Parameter(torch.ones(1))
         self._objective: Optional[int] = None
         self._quantile: Optional[int] = None
-        hooks = ("objectives", "pooled", "quantiles", "gate_input", "gate_logits", "gate", "transformed",
-                 "score")
+        hooks = (
+            "objectives",
+            "pooled",
+            "quantiles",
+            "gate_input",
+            "gate_logits",
+            "gate",
+            "transformed",
+            "score",
+        )
         for name in hooks:
             setattr(self, f"hook_{name}", HookPoint())
 
@@ -83,8 +91,9 @@ class QRMHead(ArmoRMHead):
     def set_quantile(self, quantile: Optional[int]) -> None:
         """Read quantile `quantile` (0-based) of the score (or of the selected objective); None: the mean."""
         if quantile is not None and not 0 <= int(quantile) < self.num_quantiles:
-            raise ValueError(f"quantile index {quantile} out of range: this head has "
-                             f"{self.num_quantiles} quantiles")
+            raise ValueError(
+                f"quantile index {quantile} out of range: this head has {self.num_quantiles} quantiles"
+            )
         self._quantile = None if quantile is None else int(quantile)
 
     def quantile_levels(self) -> torch.Tensor:
@@ -106,7 +115,7 @@ class QRMHead(ArmoRMHead):
         logits = self.hook_gate_logits(x @ self.W_gate[-1] + self.b_gate)
         return self.hook_gate(F.softmax(logits / self.temperature, dim=-1) * self.logit_scale)
 
-    def forward(self, h, readout, input_ids: Optional[torch.Tensor] = None) -> Float[torch.Tensor, "batch"]:
+    def forward(self, h, readout, input_ids: Optional[torch.Tensor] = None) -> Float[torch.Tensor, " batch"]:
         B, n, m = h.shape[0], self.num_objectives, self.num_quantiles
         per_position = h @ self.W_reg
         self.hook_objectives(per_position.view(B, -1, n, m).mean(-1))
@@ -116,15 +125,16 @@ class QRMHead(ArmoRMHead):
         if self._objective is not None:
             return read[:, self._objective]
         if input_ids is None:
-            raise ValueError("QRM's gate needs the token ids to find the prompt's end; pass input_ids= (also "
-                             "from start_at_layer), or select one objective with "
-                             "model.reward_head.set_objective")
+            raise ValueError(
+                "QRM's gate needs the token ids to find the prompt's end; pass input_ids= (also from "
+                "start_at_layer), or select one objective with model.reward_head.set_objective"
+            )
         g = self.gate(gather_positions(h, self.gate_positions(input_ids)))
         transformed = self.hook_transformed(read @ self.reward_transform)
         return self.hook_score((g * transformed).sum(-1))
 
     # ------------------------------------------------------------------ directions
-    def direction(self, output: int = 0) -> Float[torch.Tensor, "d_model"]:
+    def direction(self, output: int = 0) -> Float[torch.Tensor, " d_model"]:
         if self._objective is not None:
             return self.columns()[:, self._objective]
         return super().direction(output)  # the clear error: no single direction for the gated score

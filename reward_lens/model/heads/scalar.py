@@ -42,14 +42,14 @@ class RewardHead(RewardHeadBase):
     def forward(
         self,
         h: Float[torch.Tensor, "batch pos d_model"],
-        readout: Int[torch.Tensor, "batch"],
+        readout: Int[torch.Tensor, " batch"],
         input_ids: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
         per_position = self.hook_rewards(h @ self.W_R + self.b_R)
         pooled = self.hook_pooled(gather_positions(per_position, readout))
         return pooled[:, 0] if self.cfg.n_outputs == 1 else pooled
 
-    def direction(self, output: int = 0) -> Float[torch.Tensor, "d_model"]:
+    def direction(self, output: int = 0) -> Float[torch.Tensor, " d_model"]:
         return self.W_R[:, output]
 
     def bias(self, output: int = 0) -> torch.Tensor:

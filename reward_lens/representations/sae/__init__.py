@@ -13,7 +13,17 @@ from reward_lens.representations.sae.saelens import (
 from reward_lens.representations.sae.train import gather_activations, topk_losses, train_sae
 
 __all__ = [
-    "ARCHITECTURES", "SAEConfig", "SAEMetrics", "SAE_CFG_FILENAME", "SAE_WEIGHTS_FILENAME", "SPARSITY_FILENAME",
-    "SparseAutoencoder", "TRAINING_FILENAME", "gather_activations", "hook_width", "load_sae", "topk_losses",
+    "ARCHITECTURES",
+    "SAEConfig",
+    "SAEMetrics",
+    "SAE_CFG_FILENAME",
+    "SAE_WEIGHTS_FILENAME",
+    "SPARSITY_FILENAME",
+    "SparseAutoencoder",
+    "TRAINING_FILENAME",
+    "gather_activations",
+    "hook_width",
+    "load_sae",
+    "topk_losses",
     "train_sae",
 ]

@@ -26,7 +26,6 @@ at the end, so the saved SAE acts on raw activations), and the AuxK loss: the to
 (no firing for `dead_after` tokens) reconstruct the main reconstruction's error, weighted `aux_coef`.
 """
 
-
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -39,7 +38,13 @@ from jaxtyping import Float
 
 from reward_lens.model import hooks
 from reward_lens.plotting import finish, panels
-from reward_lens.representations.sae.saelens import DTYPES, SAEConfig, read_extras, read_saelens, write_saelens
+from reward_lens.representations.sae.saelens import (
+    DTYPES,
+    SAEConfig,
+    read_extras,
+    read_saelens,
+    write_saelens,
+)
 
 __all__ = ["SAEConfig", "SAEMetrics", "SparseAutoencoder", "hook_width", "load_sae"]
 
@@ -64,7 +69,9 @@ class SAEMetrics:
         """One row: fvu, l0, dead_fraction, n_tokens (the training curves are `history`)."""
         import pandas as pd
 
-        return pd.DataFrame([{"fvu": self.fvu, "l0": self.l0, "dead_fraction": self.dead_fraction, "n_tokens": self.n_tokens}])
+        return pd.DataFrame(
+            [{"fvu": self.fvu, "l0": self.l0, "dead_fraction": self.dead_fraction, "n_tokens": self.n_tokens}]
+        )
 
     def summary(self):
         """The same one row as `to_frame()`: the metrics are already a summary."""
@@ -91,7 +98,9 @@ class SAEMetrics:
             ax.hist(freq, bins=50)
             ax.set_xlabel("log10 firing frequency")
             ax.set_ylabel("latents")
-        axes[0].set_title(f"FVU {self.fvu:.3f} · L0 {self.l0:.1f} · dead {self.dead_fraction:.1%}", fontsize=9)
+        axes[0].set_title(
+            f"FVU {self.fvu:.3f} · L0 {self.l0:.1f} · dead {self.dead_fraction:.1%}", fontsize=9
+        )
         return finish(fig, created)
 
 
@@ -164,9 +173,14 @@ class SparseAutoencoder(nn.Module):
         """The hook this SAE reads on `model`; a clear error when it does not exist or its width differs."""
         hook_name = hook_name or self.cfg.hook_name
         if not hook_name:
-            raise ValueError("this SAE records no hook_name; pass hook_name='blocks.L.hook_resid_post' (where it was trained)")
+            raise ValueError(
+                "this SAE records no hook_name; pass hook_name='blocks.L.hook_resid_post' (where it was "
+                "trained)"
+            )
         if hook_name not in model.hook_dict:
-            raise ValueError(f"the model has no hook {hook_name!r}; SAEs read hooks such as 'blocks.0.hook_resid_post'")
+            raise ValueError(
+                f"the model has no hook {hook_name!r}; SAEs read hooks such as 'blocks.0.hook_resid_post'"
+            )
         width = hooks.hook_width(model.cfg, hook_name)
         if width is not None and width != self.cfg.d_in:
             raise ValueError(
@@ -195,8 +209,11 @@ class SparseAutoencoder(nn.Module):
             fired += active.sum(0).double().cpu()
         n = x.shape[0]
         return SAEMetrics(
-            fvu=sse / max(sst, 1e-30), l0=l0 / max(n, 1), dead_fraction=float((fired == 0).double().mean()),
-            n_tokens=n, firing_frequency=(fired / max(n, 1)).float(),
+            fvu=sse / max(sst, 1e-30),
+            l0=l0 / max(n, 1),
+            dead_fraction=float((fired == 0).double().mean()),
+            n_tokens=n,
+            firing_frequency=(fired / max(n, 1)).float(),
         )
 
     # ------------------------------------------------------------------ disk
@@ -209,7 +226,9 @@ class SparseAutoencoder(nn.Module):
         if self.training_config or self.metrics is not None:
             info = {"training": self.training_config}
             if self.metrics is not None:
-                info["metrics"] = {k: v for k, v in asdict(self.metrics).items() if isinstance(v, (int, float))}
+                info["metrics"] = {
+                    k: v for k, v in asdict(self.metrics).items() if isinstance(v, (int, float))
+                }
         freq = self.metrics.firing_frequency if self.metrics is not None else None
         return write_saelens(path, self.cfg, weights, firing_frequency=freq, info=info)
 
@@ -244,7 +263,9 @@ def load_sae(
     the recorded hook. SAEs trained with `normalize_activations="expected_average_only_in"` need the
     dataset's `norm_scaling_factor` (SAELens keeps it outside the directory); it is folded into the weights.
     """
-    cfg, weights = read_saelens(path, hook_name=hook_name, dtype=dtype, norm_scaling_factor=norm_scaling_factor)
+    cfg, weights = read_saelens(
+        path, hook_name=hook_name, dtype=dtype, norm_scaling_factor=norm_scaling_factor
+    )
     sae = SparseAutoencoder(cfg)
     with torch.no_grad():
         for name, value in weights.items():
@@ -256,7 +277,10 @@ def load_sae(
     if sae.metrics is not None and "metrics" in info:
         m = info["metrics"]
         sae.metrics.fvu, sae.metrics.l0 = m.get("fvu", float("nan")), m.get("l0", float("nan"))
-        sae.metrics.dead_fraction, sae.metrics.n_tokens = m.get("dead_fraction", sae.metrics.dead_fraction), m.get("n_tokens", 0)
+        sae.metrics.dead_fraction, sae.metrics.n_tokens = (
+            m.get("dead_fraction", sae.metrics.dead_fraction),
+            m.get("n_tokens", 0),
+        )
     if device is not None:
         sae.to(device)
     if model is not None:

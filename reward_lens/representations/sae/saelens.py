@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Dict, Optional, Tuple, Union
 
 import torch
+
 from reward_lens.loading.checks import check_finite_weights, load_safetensors, read_json
 
 SAE_CFG_FILENAME = "cfg.json"
@@ -20,11 +21,27 @@ ARCHITECTURES = ("topk", "standard", "jumprelu")
 SAELENS_FORMAT_VERSION = "6.0.0"
 # SAELens's metadata fields (SAEMetadata); we write only these, since SAELens rejects unknown ones.
 METADATA_KEYS = (
-    "model_name", "hook_name", "model_class_name", "hook_layer", "hook_head_index",
-    "model_from_pretrained_kwargs", "prepend_bos", "exclude_special_tokens", "neuronpedia_id",
-    "context_size", "seqpos_slice", "dataset_path", "sae_lens_version", "sae_lens_training_version",
+    "model_name",
+    "hook_name",
+    "model_class_name",
+    "hook_layer",
+    "hook_head_index",
+    "model_from_pretrained_kwargs",
+    "prepend_bos",
+    "exclude_special_tokens",
+    "neuronpedia_id",
+    "context_size",
+    "seqpos_slice",
+    "dataset_path",
+    "sae_lens_version",
+    "sae_lens_training_version",
 )
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
+DTYPES = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float64": torch.float64,
+}
 
 
 def dtype_name(dtype: Union[str, torch.dtype]) -> str:
@@ -33,7 +50,6 @@ def dtype_name(dtype: Union[str, torch.dtype]) -> str:
     if name not in DTYPES:
         raise ValueError(f"unsupported SAE dtype {dtype!r}; use one of {sorted(DTYPES)}")
     return name
-
 
 
 @dataclass
@@ -54,7 +70,9 @@ class SAEConfig:
     def __post_init__(self) -> None:
         self.dtype = dtype_name(self.dtype)
         if self.architecture not in ARCHITECTURES:
-            raise ValueError(f"unsupported SAE architecture {self.architecture!r}; supported: {', '.join(ARCHITECTURES)}")
+            raise ValueError(
+                f"unsupported SAE architecture {self.architecture!r}; supported: {', '.join(ARCHITECTURES)}"
+            )
         if self.d_in < 1 or self.d_sae < 1:
             raise ValueError(f"SAE widths must be positive, got d_in={self.d_in}, d_sae={self.d_sae}")
         if self.architecture == "topk":
@@ -87,7 +105,6 @@ class SAEConfig:
         return out
 
 
-
 def parse_saelens_config(raw: Dict[str, Any], source: str) -> Tuple[SAEConfig, str]:
     """SAEConfig and the activation-normalisation mode from any SAELens cfg.json (pre-6 or >= 6)."""
     meta = dict(raw.get("metadata") or raw.get("meta") or {})
@@ -105,7 +122,9 @@ def parse_saelens_config(raw: Dict[str, Any], source: str) -> Tuple[SAEConfig, s
             f"{', '.join(ARCHITECTURES)} SAEs (SAELens saves BatchTopK SAEs as jumprelu for inference)"
         )
     if raw.get("reshape_activations", "none") not in ("none", None):
-        raise ValueError(f"{source}: reshape_activations={raw['reshape_activations']!r} (hook_z SAEs) is not supported")
+        raise ValueError(
+            f"{source}: reshape_activations={raw['reshape_activations']!r} (hook_z SAEs) is not supported"
+        )
     if raw.get("hook_head_index", meta.get("hook_head_index")) is not None:
         raise ValueError(f"{source}: per-head SAEs (hook_head_index set) are not supported")
     norm = raw.get("normalize_activations", "none")
@@ -120,11 +139,16 @@ def parse_saelens_config(raw: Dict[str, Any], source: str) -> Tuple[SAEConfig, s
         if key in raw and key not in metadata:
             metadata[key] = raw[key]
     cfg = SAEConfig(
-        d_in=int(raw["d_in"]), d_sae=int(raw["d_sae"]), architecture=architecture, k=k,
-        hook_name=hook_name, model_name=model_name,
+        d_in=int(raw["d_in"]),
+        d_sae=int(raw["d_sae"]),
+        architecture=architecture,
+        k=k,
+        hook_name=hook_name,
+        model_name=model_name,
         apply_b_dec_to_input=bool(raw.get("apply_b_dec_to_input", True)),
         rescale_acts_by_decoder_norm=bool(raw.get("rescale_acts_by_decoder_norm", False)),
-        dtype=dtype_name(raw.get("dtype", "float32") or "float32"), metadata=metadata,
+        dtype=dtype_name(raw.get("dtype", "float32") or "float32"),
+        metadata=metadata,
     )
     return cfg, norm
 
@@ -143,8 +167,8 @@ def read_saelens(
     weights_file = directory / SAE_WEIGHTS_FILENAME
     if not cfg_file.exists() or not weights_file.exists():
         raise FileNotFoundError(
-            f"{str(directory)!r} is not an SAE directory: expected {SAE_CFG_FILENAME} and {SAE_WEIGHTS_FILENAME} "
-            "(SAELens's format; save one with sae.save(path))"
+            f"{str(directory)!r} is not an SAE directory: expected {SAE_CFG_FILENAME} and "
+            f"{SAE_WEIGHTS_FILENAME} (SAELens's format; save one with sae.save(path))"
         )
     raw = read_json(cfg_file)
     cfg, norm = parse_saelens_config(raw, str(directory))
@@ -162,7 +186,10 @@ def read_saelens(
         if s is not None and not torch.allclose(s, torch.ones_like(s)):
             sd["W_dec"] = sd["W_dec"] * s[:, None]
     expected = {
-        "W_enc": (cfg.d_in, cfg.d_sae), "W_dec": (cfg.d_sae, cfg.d_in), "b_enc": (cfg.d_sae,), "b_dec": (cfg.d_in,),
+        "W_enc": (cfg.d_in, cfg.d_sae),
+        "W_dec": (cfg.d_sae, cfg.d_in),
+        "b_enc": (cfg.d_sae,),
+        "b_dec": (cfg.d_in,),
     }
     if cfg.architecture == "jumprelu":
         expected["threshold"] = (cfg.d_sae,)
@@ -170,20 +197,24 @@ def read_saelens(
         if name not in sd:
             raise ValueError(f"{directory}: {SAE_WEIGHTS_FILENAME} lacks {name!r} (has {sorted(sd)})")
         if tuple(sd[name].shape) != shape:
-            raise ValueError(f"{directory}: {name} has shape {tuple(sd[name].shape)}, cfg.json implies {shape}")
+            raise ValueError(
+                f"{directory}: {name} has shape {tuple(sd[name].shape)}, cfg.json implies {shape}"
+            )
     check_finite_weights(((k, sd[k]) for k in expected), str(weights_file))
     if norm == "expected_average_only_in":
         if norm_scaling_factor is None:
             raise ValueError(
                 f"{directory}: this SAE expects inputs rescaled by a dataset norm factor "
-                "(normalize_activations='expected_average_only_in'); pass load_sae(..., norm_scaling_factor=...)"
+                "(normalize_activations='expected_average_only_in'); pass load_sae(..., "
+                "norm_scaling_factor=...)"
             )
         c = float(norm_scaling_factor)  # SAE(c·x)/c, folded: W_enc·c, b_dec/c, W_dec/c
         sd["W_enc"], sd["W_dec"], sd["b_dec"] = sd["W_enc"] * c, sd["W_dec"] / c, sd["b_dec"] / c
     elif norm != "none":
         raise ValueError(
-            f"{directory}: normalize_activations={norm!r} makes the decoder depend on each input's norm, so the "
-            "reconstruction is not a fixed sum of decoder rows; reward-lens supports 'none' and 'expected_average_only_in'"
+            f"{directory}: normalize_activations={norm!r} makes the decoder depend on each input's norm, "
+            "so the reconstruction is not a fixed sum of decoder rows; reward-lens supports 'none' and "
+            "'expected_average_only_in'"
         )
     return cfg, {name: sd[name] for name in expected}
 
@@ -204,8 +235,12 @@ def read_extras(path: Union[str, Path], d_sae: int) -> Tuple[Optional[torch.Tens
 
 
 def write_saelens(
-    path: Union[str, Path], cfg: SAEConfig, weights: Dict[str, torch.Tensor], *,
-    firing_frequency: Optional[torch.Tensor] = None, info: Optional[Dict[str, Any]] = None,
+    path: Union[str, Path],
+    cfg: SAEConfig,
+    weights: Dict[str, torch.Tensor],
+    *,
+    firing_frequency: Optional[torch.Tensor] = None,
+    info: Optional[Dict[str, Any]] = None,
 ) -> Path:
     """Write SAELens's format: cfg.json + sae_weights.safetensors (+ sparsity.safetensors, + our record)."""
     from safetensors.torch import save_file
@@ -213,7 +248,9 @@ def write_saelens(
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     (path / SAE_CFG_FILENAME).write_text(json.dumps(cfg.to_saelens_dict(), indent=1))
-    save_file({k: v.detach().cpu().contiguous() for k, v in weights.items()}, str(path / SAE_WEIGHTS_FILENAME))
+    save_file(
+        {k: v.detach().cpu().contiguous() for k, v in weights.items()}, str(path / SAE_WEIGHTS_FILENAME)
+    )
     if firing_frequency is not None:
         log_freq = torch.log10(firing_frequency.float() + 1e-10)
         save_file({"sparsity": log_freq.contiguous()}, str(path / SPARSITY_FILENAME))

@@ -12,9 +12,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
+from reward_lens.core.readout import stream_activations
 from reward_lens.model import hooks
 from reward_lens.representations.sae.module import SAEConfig, SparseAutoencoder, hook_width
-from reward_lens.core.readout import stream_activations
 
 
 def _pair_texts(data: Sequence[Any]) -> Tuple[List[str], List[str]]:
@@ -49,14 +49,22 @@ def gather_activations(
     if isinstance(data, dict):
         if "input_ids" not in data:
             raise ValueError("a token dict needs 'input_ids' (and optionally 'attention_mask')")
-        stream = stream_activations(model, hook_name=hook_name, input_ids=data["input_ids"],
-                                    attention_mask=data.get("attention_mask"), **kwargs)
+        stream = stream_activations(
+            model,
+            hook_name=hook_name,
+            input_ids=data["input_ids"],
+            attention_mask=data.get("attention_mask"),
+            **kwargs,
+        )
     elif isinstance(data, torch.Tensor) and not data.is_floating_point():
         mask = None if model.cfg.pad_token_id is None else (data != model.cfg.pad_token_id).long()
         stream = stream_activations(model, hook_name=hook_name, input_ids=data, attention_mask=mask, **kwargs)
     else:
-        if isinstance(data, tuple) and len(data) == 2 and all(isinstance(d, (list, tuple)) for d in data) and (
-            not data[0] or isinstance(data[0][0], str)
+        if (
+            isinstance(data, tuple)
+            and len(data) == 2
+            and all(isinstance(d, (list, tuple)) for d in data)
+            and (not data[0] or isinstance(data[0][0], str))
         ):
             prompts, responses = list(data[0]), list(data[1])
         else:
@@ -78,7 +86,8 @@ def gather_activations(
 def topk_losses(
     params: Dict[str, torch.Tensor], x: torch.Tensor, k: int, dead: Optional[torch.Tensor], aux_k: int
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(reconstruction loss, AuxK loss, [d_sae] which latents fired) of a TopK SAE on inputs x scaled so that E‖x − μ‖² = d_in (both are
+    """(reconstruction loss, AuxK loss, [d_sae] which latents fired) of a TopK SAE on inputs x scaled so that
+    E‖x − μ‖² = d_in (both are
     then FVU-like). AuxK (Gao et al. 2024): the top `aux_k` pre-activations among `dead` latents, un-ReLU'd
     so that latents whose inputs all fall below zero still get a gradient, reconstruct the detached error."""
     d_in = x.shape[-1]
@@ -148,15 +157,20 @@ def train_sae(
     """
     import pandas as pd
 
-    hook_name, acts = _training_activations(model, data, hook_name, layer, positions, max_tokens, model_batch_size,
-                                            progress)
+    hook_name, acts = _training_activations(
+        model, data, hook_name, layer, positions, max_tokens, model_batch_size, progress
+    )
     n, d_in = acts.shape
     finite = torch.isfinite(acts).all(-1)
     if not bool(finite.all()):
-        raise ValueError(f"{int((~finite).sum())} of {n} activation rows hold NaN/inf (first: row "
-                         f"{int((~finite).nonzero()[0])}); an SAE trained on them is NaN: check the model and inputs")
+        raise ValueError(
+            f"{int((~finite).sum())} of {n} activation rows hold NaN/inf (first: row "
+            f"{int((~finite).nonzero()[0])}); an SAE trained on them is NaN: check the model and inputs"
+        )
     if d_sae is not None and (isinstance(d_sae, bool) or int(d_sae) != d_sae or d_sae < 1):
-        raise ValueError(f"d_sae must be a positive number of latents, got {d_sae!r} (or leave it None: expansion * d_in)")
+        raise ValueError(
+            f"d_sae must be a positive number of latents, got {d_sae!r} (or leave it None: expansion * d_in)"
+        )
     if expansion is None or expansion < 1:
         raise ValueError(f"expansion must be >= 1, got {expansion!r}")
     d_sae = int(d_sae if d_sae is not None else expansion * d_in)
@@ -164,7 +178,11 @@ def train_sae(
         raise ValueError(f"k must be in [1, d_sae={d_sae}], got {k}")
     if not 0.0 <= val_fraction < 1.0:
         raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
-    device = torch.device(device) if device is not None else (model.cfg.device if model is not None else torch.device("cpu"))
+    device = (
+        torch.device(device)
+        if device is not None
+        else (model.cfg.device if model is not None else torch.device("cpu"))
+    )
     g = torch.Generator().manual_seed(seed)
     perm = torch.randperm(n, generator=g)
     n_val = int(round(n * val_fraction)) if n >= 20 else 0
@@ -172,10 +190,12 @@ def train_sae(
     n_train = train.shape[0]
     batch_size = min(batch_size, n_train)
     plan = _Plan(
-        k=k, batch_size=batch_size,
+        k=k,
+        batch_size=batch_size,
         total_steps=int(steps) if steps is not None else max(1, math.ceil(epochs * n_train / batch_size)),
         lr=lr if lr is not None else 2e-4 / math.sqrt(d_sae / 16384),
-        aux_k=int(aux_k) if aux_k is not None else max(1, d_in // 2), aux_coef=aux_coef,
+        aux_k=int(aux_k) if aux_k is not None else max(1, d_in // 2),
+        aux_coef=aux_coef,
         dead_after=int(dead_after) if dead_after is not None else min(n_train, 10_000_000),
     )
     # Train on mean-centred-scale-normalised inputs (E‖x − μ‖² = d_in), so lr means the same at any scale.
@@ -185,7 +205,11 @@ def train_sae(
     params = _init_params(d_in, d_sae, mu * c, g, device)
     history = _optimise(params, X * c, plan, g, progress)
     cfg = SAEConfig(
-        d_in=d_in, d_sae=d_sae, architecture="topk", k=k, hook_name=hook_name,
+        d_in=d_in,
+        d_sae=d_sae,
+        architecture="topk",
+        k=k,
+        hook_name=hook_name,
         model_name=getattr(getattr(model, "cfg", None), "model_name", None),
         metadata={"context_size": None, "dataset_path": None},
     )
@@ -196,9 +220,19 @@ def train_sae(
         sae.b_enc.copy_(params["b_enc"] / c)
         sae.b_dec.copy_(params["b_dec"] / c)
     sae.training_config = dict(
-        hook_name=hook_name, positions=positions, d_sae=d_sae, k=k, lr=plan.lr, batch_size=batch_size,
-        steps=plan.total_steps, aux_k=plan.aux_k, aux_coef=aux_coef, dead_after=plan.dead_after,
-        n_train_tokens=n_train, n_val_tokens=n_val, seed=seed,
+        hook_name=hook_name,
+        positions=positions,
+        d_sae=d_sae,
+        k=k,
+        lr=plan.lr,
+        batch_size=batch_size,
+        steps=plan.total_steps,
+        aux_k=plan.aux_k,
+        aux_coef=aux_coef,
+        dead_after=plan.dead_after,
+        n_train_tokens=n_train,
+        n_val_tokens=n_val,
+        seed=seed,
     )
     metrics = sae.evaluate(val if n_val else train)
     metrics.history = pd.DataFrame(history)
@@ -207,8 +241,14 @@ def train_sae(
 
 
 def _training_activations(
-    model, data: Any, hook_name: Optional[str], layer: Optional[int], positions: str, max_tokens: Optional[int],
-    model_batch_size: int, progress: bool,
+    model,
+    data: Any,
+    hook_name: Optional[str],
+    layer: Optional[int],
+    positions: str,
+    max_tokens: Optional[int],
+    model_batch_size: int,
+    progress: bool,
 ) -> Tuple[Optional[str], torch.Tensor]:
     """(hook name, activations [n, d_in] on CPU) with the checks train_sae documents."""
     if model is not None:
@@ -220,14 +260,25 @@ def _training_activations(
         if hook_name not in model.hook_dict:
             raise ValueError(f"the model has no hook {hook_name!r}; e.g. 'blocks.0.hook_resid_post'")
     if data is None:
-        raise ValueError("train_sae needs data: pairs, (prompts, responses), token ids, or activations [n, d_in]")
+        raise ValueError(
+            "train_sae needs data: pairs, (prompts, responses), token ids, or activations [n, d_in]"
+        )
     if isinstance(data, torch.Tensor) and data.is_floating_point():
         acts = data.detach().reshape(-1, data.shape[-1]).float().cpu()
     else:
         if model is None:
-            raise ValueError("training from texts or tokens needs the model to stream activations from; pass model=")
-        acts = gather_activations(model, data, hook_name, positions=positions, batch_size=model_batch_size,
-                                  max_tokens=max_tokens, progress="activations" if progress else False)
+            raise ValueError(
+                "training from texts or tokens needs the model to stream activations from; pass model="
+            )
+        acts = gather_activations(
+            model,
+            data,
+            hook_name,
+            positions=positions,
+            batch_size=model_batch_size,
+            max_tokens=max_tokens,
+            progress="activations" if progress else False,
+        )
     if acts.dim() != 2:
         raise ValueError(
             f"{hook_name} gives {tuple(acts.shape[1:])} per token; SAEs here read one vector per token "
@@ -236,13 +287,19 @@ def _training_activations(
     if model is not None:
         width = hook_width(model, hook_name)
         if width is not None and width != acts.shape[-1]:
-            raise ValueError(f"activations have width {acts.shape[-1]} but {hook_name} on this model is {width} wide")
+            raise ValueError(
+                f"activations have width {acts.shape[-1]} but {hook_name} on this model is {width} wide"
+            )
     if acts.shape[0] < 2:
-        raise ValueError(f"got {acts.shape[0]} activation row(s); an SAE needs many tokens (thousands or more)")
+        raise ValueError(
+            f"got {acts.shape[0]} activation row(s); an SAE needs many tokens (thousands or more)"
+        )
     return hook_name, acts
 
 
-def _init_params(d_in: int, d_sae: int, b_dec: torch.Tensor, g: torch.Generator, device) -> Dict[str, torch.Tensor]:
+def _init_params(
+    d_in: int, d_sae: int, b_dec: torch.Tensor, g: torch.Generator, device
+) -> Dict[str, torch.Tensor]:
     """Unit-norm random decoder rows, the encoder its transpose, b_dec at the (scaled) data mean."""
     W_dec = torch.randn(d_sae, d_in, generator=g).to(device)
     W_dec = W_dec / W_dec.norm(dim=-1, keepdim=True)
@@ -254,8 +311,9 @@ def _init_params(d_in: int, d_sae: int, b_dec: torch.Tensor, g: torch.Generator,
     }
 
 
-def _optimise(params: Dict[str, torch.Tensor], X: torch.Tensor, plan: _Plan, g: torch.Generator,
-              progress: bool) -> List[Dict[str, float]]:
+def _optimise(
+    params: Dict[str, torch.Tensor], X: torch.Tensor, plan: _Plan, g: torch.Generator, progress: bool
+) -> List[Dict[str, float]]:
     """Adam over shuffled batches of X (lr decayed linearly over the last 20% of steps); the curves."""
     from tqdm.auto import tqdm
 
@@ -291,8 +349,14 @@ def _optimise(params: Dict[str, torch.Tensor], X: torch.Tensor, plan: _Plan, g: 
         with torch.no_grad():
             W_d /= W_d.norm(dim=-1, keepdim=True)
         if step % log_every == 0 or step == plan.total_steps - 1:
-            history.append({"step": step, "fvu": float(mse.detach()), "aux_loss": float(aux.detach()),
-                            "dead_fraction": n_dead / d_sae})
+            history.append(
+                {
+                    "step": step,
+                    "fvu": float(mse.detach()),
+                    "aux_loss": float(aux.detach()),
+                    "dead_fraction": n_dead / d_sae,
+                }
+            )
             bar.set_postfix(fvu=f"{float(mse.detach()):.4f}", dead=f"{n_dead / d_sae:.1%}", refresh=False)
     bar.close()
     return history
