@@ -269,7 +269,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     compare = sub.add_parser("compare", help="compare reward models on the same pairs (basis-free quantities)")
     compare.add_argument("models", nargs="+", metavar="MODEL", help="two or more checkpoints ('demo' for the demo)")
-    compare.add_argument("--out", default="reward-lens-compare")
+    compare.add_argument("--out", default="reward-lens-compare",
+                         help="output directory (default: reward-lens-compare)")
     common(compare)
     compare.set_defaults(func=cmd_compare)
 
