@@ -92,10 +92,11 @@ def main(argv=None):
     reward_err = (rewards.float() - ref_rewards).abs().max().item()
     print(f"rewards hooked:       {rewards.float().tolist()}")
     print(f"rewards transformers: {ref_rewards.tolist()}")
+    n = hooked.cfg.n_layers
     print(
-        f"SUMMARY {args.checkpoint} dtype={args.dtype} device={args.device} fold_ln={args.fold_ln}: max "
-        f"reward error {reward_err:.3e}, max hidden-state error {worst:.3e} over {hooked.cfg.n_layers - 1} "
-        "layers"
+        f"SUMMARY {args.checkpoint} dtype={args.dtype} device={args.device} fold_ln={args.fold_ln}: "
+        f"max reward error {reward_err:.3e}, max hidden-state error {worst:.3e} over layers 0-{n - 2} of {n} "
+        "(transformers' last hidden state is after the final norm: the reward error covers the last layer)"
     )
     return reward_err, worst
 

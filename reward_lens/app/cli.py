@@ -335,7 +335,9 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument(
         "models", nargs="+", metavar="MODEL", help="two or more checkpoints ('demo' for the demo)"
     )
-    compare.add_argument("--out", default="reward-lens-compare")
+    compare.add_argument(
+        "--out", default="reward-lens-compare", help="output directory (default: reward-lens-compare)"
+    )
     common(compare)
     compare.set_defaults(func=cmd_compare)
 

@@ -10,7 +10,8 @@ RewardBench v1 count a tie as wrong.
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Union
+from contextlib import contextmanager
+from typing import Any, Iterator, List, Optional, Union
 
 from reward_lens.evaluation import judgebench, rewardbench, rewardbench2, rmbench  # noqa: F401 (registers them)
 from reward_lens.evaluation.base import (
@@ -67,7 +68,8 @@ def evaluate(
         raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
     rows, label = read_source(source, split)
     bench = resolve(rows, benchmark, label)
-    frame = bench.responses(rows)
+    with _naming(label):
+        frame = bench.responses(rows)
     frame["reward"] = score_texts(
         model,
         list(frame.prompt),
@@ -75,7 +77,8 @@ def evaluate(
         batch_size=batch_size,
         progress=f"{bench.name}: scoring" if progress else False,
     )
-    table, details = bench.summarize(frame)
+    with _naming(label):
+        table, details = bench.summarize(frame)
     scores = frame.drop(columns=["prompt", "response"])
     scores.insert(0, "benchmark", bench.name)
     return BenchmarkResult(
@@ -93,7 +96,20 @@ def benchmark_pairs(source: Any, benchmark: str = AUTO) -> list:
     """A benchmark's rows as pairwise preference pairs (each chosen against each rejected), for the audit."""
     rows, label = read_source(source)
     bench = resolve(rows, benchmark, label)
-    return bench.pairs(rows)
+    with _naming(label):
+        return bench.pairs(rows)
+
+
+@contextmanager
+def _naming(label: str) -> Iterator[None]:
+    """A row's format error names its source too ("FILE, row 3, column ..."), as `load_pairs`'s errors do."""
+    try:
+        yield
+    except BenchmarkFormatError as exc:
+        message = str(exc)
+        if label == "rows" or message.startswith(label):
+            raise
+        raise BenchmarkFormatError(f"{label}, {message}") from None
 
 
 __all__ = [

@@ -115,6 +115,11 @@ def read_source(source: Any, split: Optional[str] = None) -> Tuple[List[Row], st
                 f"no benchmark file at {str(source)!r}; give a .jsonl/.json/.csv/.parquet file, a "
                 "datasets.Dataset, or a hub dataset id (org/name)"
             )
+        if split is not None:
+            raise SourceError(
+                f"split={split!r} applies to a DatasetDict or a hub dataset; {str(source)!r} is a file, "
+                "which has no splits (leave split out)"
+            )
         try:
             records = read_records(path)
         except PairDataError as exc:
@@ -130,6 +135,10 @@ def read_source(source: Any, split: Optional[str] = None) -> Tuple[List[Row], st
     if hasattr(source, "column_names"):  # a datasets.Dataset or DatasetDict
         return _dataset_rows(source, split), type(source).__name__ + (f"[{split}]" if split else "")
     if isinstance(source, list) and all(isinstance(r, dict) for r in source):
+        if split is not None:
+            raise SourceError(
+                f"split={split!r} applies to a DatasetDict or a hub dataset; a list of rows has none"
+            )
         return [_plain(dict(r)) for r in source], "rows"
     raise SourceError(
         f"cannot read a benchmark from {type(source).__name__}; give a file path (.jsonl/.json/.csv/"
