@@ -107,3 +107,12 @@ def test_constant_dimension_and_bad_inputs():
         detect_cascades(E, method="kendall")
     with pytest.raises(ValueError, match="item column"):
         detect_cascades(pd.DataFrame({"dimension": ["a"], "delta": [1.0]}))
+
+
+def test_a_model_instead_of_effects_is_one_clear_error():
+    from reward_lens import demo_pairs, load_demo_model
+
+    with pytest.raises(ValueError, match="not a model: pass run_probes"):
+        detect_cascades(load_demo_model(device="cpu"), demo_pairs()[:4])
+    with pytest.raises(ValueError, match="cannot read per-item effects from a str"):
+        detect_cascades("effects.csv")

@@ -91,3 +91,32 @@ def test_compare_a_model_with_itself(tmp_path):
 def test_compare_needs_two_models(capsys):
     assert main(["compare", "demo"]) == 2
     assert "at least two models" in capsys.readouterr().err
+
+
+def test_unknown_option_is_named_against_its_subcommand(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["audit", "--bogus"])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and err.count("\n") == 0
+    assert "unrecognized arguments: --bogus" in err and "reward-lens audit --help" in err
+
+
+def test_warnings_print_as_one_line_and_the_format_is_restored(tmp_path):
+    import warnings
+
+    before = warnings.formatwarning
+    log = tmp_path / "log.jsonl"
+    records = [{"kind": "run", "format": 1}, {"kind": "baseline", "step": 0, "metrics": {}}]
+    log.write_text("".join(json.dumps(r) + "\n" for r in records) + '{"kind": "check", "st')  # cut short
+    main(["monitor", str(log), "--out", str(tmp_path / "page.html")])
+    assert warnings.formatwarning is before
+    # a fresh process, outside pytest's own warning capture: what a user sees
+    out = subprocess.run(
+        [sys.executable, "-m", "reward_lens", "monitor", str(log), "--out", str(tmp_path / "again.html")],
+        capture_output=True,
+        text=True,
+    )
+    assert (
+        out.returncode == 0 and "reward-lens: warning:" in out.stderr and "line 3 is cut short" in out.stderr
+    )
+    assert all(line.startswith(("reward-lens", "[reward-lens]")) for line in out.stderr.strip().splitlines())

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import pickle
 import sys
+import warnings
 from pathlib import Path
 from typing import List, Optional
 
@@ -274,11 +275,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog="reward-lens",
         description="Mechanistic interpretability for reward models: reward lens, exact attribution, "
-        "contrastive "
-        "patching, hacking probes, along the reward direction w_r.",
+        "contrastive patching, hacking probes, along the reward direction w_r.",
     )
     parser.add_argument("--version", action="version", version=f"reward-lens {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
+    parser.subcommands = sub.choices  # name -> subparser, for errors named against the subcommand
 
     def common(p):
         p.add_argument(
@@ -296,7 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(
             "--device", default=None, help="cpu or cuda[:i] (default: cuda when available, else cpu)"
         )
-        p.add_argument("--dtype", default=None, help="float32 (default), bfloat16 or float16")
+        p.add_argument("--dtype", default=None, help="float32 (default), bfloat16, float16 or float64")
         p.add_argument("--max-pairs", type=int, default=None, help="use only the first N pairs")
         p.add_argument(
             "--batch-size",
@@ -398,14 +399,32 @@ def _add_evaluate(sub) -> None:
     ev.add_argument("--split", default=None, help="one split of a hub dataset (default: all, in order)")
     ev.add_argument("--input-format", default="auto", help="how texts become token ids (as for audit)")
     ev.add_argument("--device", default=None, help="cpu or cuda[:i] (default: cuda when available, else cpu)")
-    ev.add_argument("--dtype", default=None, help="float32 (default), bfloat16 or float16")
+    ev.add_argument("--dtype", default=None, help="float32 (default), bfloat16, float16 or float64")
     ev.add_argument("--threads", type=int, default=None, help="torch CPU threads (as for audit)")
     ev.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     ev.set_defaults(func=cmd_evaluate, pairs=None, max_pairs=None)
 
 
+def _one_line_warning(message, category, filename, lineno, line=None) -> str:
+    """Warnings as the CLI's other messages: one line, no source excerpt."""
+    return f"reward-lens: warning: {message}\n"
+
+
 def main(argv: Optional[List[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
+    """The `reward-lens` command (and `python -m reward_lens`): exit 0, 2 for a user error, 130 on Ctrl-C."""
+    previous = warnings.formatwarning
+    warnings.formatwarning = _one_line_warning
+    try:
+        return run_command(argv)
+    finally:
+        warnings.formatwarning = previous
+
+
+def run_command(argv: Optional[List[str]] = None) -> int:
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # named against the subcommand, whose --help lists its options
+        parser.subcommands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     if getattr(args, "models", None) is not None and len(args.models) < 2:
         print("reward-lens compare: error: give at least two models to compare", file=sys.stderr)
         return 2

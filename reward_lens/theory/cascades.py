@@ -25,6 +25,7 @@ from typing import Any, List, Mapping, Optional, Sequence
 
 import numpy as np
 import pandas as pd
+import torch
 
 from reward_lens.plotting import diverging_heatmap, finish, panels
 from reward_lens.stats import bootstrap_indices, check_level, column_correlations, percentile_ci, ranks
@@ -187,9 +188,20 @@ def _wide_effects(
     if isinstance(effects, Mapping):
         effects = pd.DataFrame({k: np.asarray(v, dtype=np.float64).reshape(-1) for k, v in effects.items()})
     elif not isinstance(effects, pd.DataFrame):
+        if isinstance(effects, torch.nn.Module):
+            raise ValueError(
+                "detect_cascades takes per-item reward effects, not a model: pass run_probes(model, ...)'s "
+                "result, an items x dimensions frame/array, or a mapping dimension -> per-item effects"
+            )
         if hasattr(effects, "detach"):
             effects = effects.detach().cpu().numpy()
-        arr = np.asarray(effects, dtype=np.float64)
+        try:
+            arr = np.asarray(effects, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"cannot read per-item effects from a {type(effects).__name__}; pass a probe-suite result, a "
+                "frame, an items x dimensions array or a mapping dimension -> per-item effects"
+            ) from None
         if arr.ndim != 2:
             raise ValueError(f"per-item effects must be 2-D [items, dimensions], got shape {arr.shape}")
         names = list(dimensions) if dimensions is not None else [f"dim_{k}" for k in range(arr.shape[1])]
