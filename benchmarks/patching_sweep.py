@@ -96,8 +96,8 @@ def main():
             f"{n_min * 1e3:8.1f} ms (median {n_med * 1e3:.1f})  ratio naive/fast {n_min / f_min:6.1f}x"
         )
         print(
-            f"    one forward (T={len(chosen)}) {fw * 1e3:.1f} / {fw2 * 1e3:.1f} ms, measured beside each; "
-            f"forward-pass equivalents: fast {f_min / fw:.2f} (target <= {target}), naive "
+            f"    one forward (T={len(chosen)}) {fw * 1e3:.1f} / {fw2 * 1e3:.1f} ms, measured beside "
+            f"each; forward-pass equivalents: fast {f_min / fw:.2f} (target <= {target}), naive "
             f"{n_min / fw2:.1f};  max |fast - naive| = {err:.2e}"
         )
 

@@ -34,8 +34,8 @@ def build_hf_model(directory, hf_config, dtype, device):
     cls = getattr(transformers, arch, None)
     if cls is None:
         raise SystemExit(
-            f"transformers has no class {arch}; the parity harness needs the reference implementation (for "
-            "remote-code models such as ArmoRM, use the tests' reference implementation instead)"
+            f"transformers has no class {arch}; the parity harness needs the reference implementation "
+            "(for remote-code models such as ArmoRM, use the tests' reference implementation instead)"
         )
     model = cls.from_pretrained(str(directory), dtype=dtype).to(device).eval()
     return model

@@ -11,8 +11,8 @@ from reward_lens import HookedRewardModel, bundled_pairs
 from reward_lens.app.audit import run_audit
 
 TEMPLATE = (
-    "<bos> {% for m in messages %}{% if m['role'] == 'assistant' %}<sep> {% endif %}{{ m['content'] }} {% "
-    "endfor %}<eos>"
+    "<bos> {% for m in messages %}{% if m['role'] == 'assistant' %}<sep> {% endif %}{{ m['content'] }} "
+    "{% endfor %}<eos>"
 )
 
 

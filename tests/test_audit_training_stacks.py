@@ -13,8 +13,8 @@ from helpers import llama3_tokenizer, one_thread, randomise_norms  # noqa: F401
 from reward_lens.app.cli import main
 
 WORDS = (
-    "what is two plus three five four six the sky blue green a fruit pear apple name color yes no i think "
-    "it is . ? sure maybe"
+    "what is two plus three five four six the sky blue green a fruit pear apple name color yes no i "
+    "think it is . ? sure maybe"
 ).split()
 QA = [
     ("what is two plus three ?", "five .", "four ."),

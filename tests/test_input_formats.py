@@ -23,8 +23,8 @@ datasets = pytest.importorskip("datasets")
 
 TOL = 1e-5
 WORDS = (
-    "what is two plus three five four six the sky blue green a fruit pear apple name color yes no i think "
-    "it . ?"
+    "what is two plus three five four six the sky blue green a fruit pear apple name color yes no i "
+    "think it . ?"
 ).split()
 ROLES = ["user", "assistant", "system"]
 QWEN_LIKE_TEMPLATE = (  # no BOS, as Qwen's (and TRL's chat_template_path example)

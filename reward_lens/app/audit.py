@@ -634,8 +634,8 @@ def build_report(audit: AuditResult):
     sec.text(
         "The reward read from the residual stream after each layer at the readout position, chosen minus "
         "rejected. 'normed' recomputes the final norm on the intermediate residual (the logit-lens "
-        "analogue); 'frozen' freezes the final norm's scale at its real value, which is additive and ends "
-        "at the reward."
+        "analogue); 'frozen' freezes the final norm's scale at its real value, which is additive and "
+        "ends at the reward."
     )
     sec.figure(r["lens"].plot())
     sec = rep.section("Exact attribution")
@@ -647,9 +647,9 @@ def build_report(audit: AuditResult):
     if "tokens" in r:
         sec = rep.section("Which tokens the reward reads")
         sec.text(
-            "Exact token-level attribution of the pairs with the largest reward gaps: each token's direct "
-            "read into the readout through every attention head (the terms, with the MLP and embedding "
-            "terms at the readout, sum to the reward; max relative error "
+            "Exact token-level attribution of the pairs with the largest reward gaps: each token's "
+            "direct read into the readout through every attention head (the terms, with the MLP and "
+            "embedding terms at the readout, sum to the reward; max relative error "
             f"{r['tokens'].max_relative_error():.1e})."
         )
         sec.html(r["tokens"].html())

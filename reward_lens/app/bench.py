@@ -161,8 +161,8 @@ def render_html(result: BenchResult) -> str:
         "<!doctype html><meta charset='utf-8'><title>reward-lens "
         "bench</title><style>body{font-family:sans-serif;margin:2em}td,th{padding:4px "
         "8px;border-bottom:1px solid #ddd;font-size:13px;text-align:left}</style><h1>reward-lens "
-        f"bench</h1><p>{s['passed']} of {s['rows']} rows meet their goal ({s['seconds']} s). A missed goal "
-        "is a finding about an instrument, not a tuning "
+        f"bench</h1><p>{s['passed']} of {s['rows']} rows meet their goal ({s['seconds']} s). A missed "
+        "goal is a finding about an instrument, not a tuning "
         f"target.</p><table><tr>{head}</tr>{''.join(cells)}</table>"
         + (f"<h2>Pending extension rows</h2><ul>{pending}</ul>" if pending else "")
     )

@@ -13,8 +13,8 @@ NAMED_MODELS = ("demo", "smollm2-organism", "trigger-organism", "gate-organism")
 def add_commands(sub) -> None:
     bench = sub.add_parser(
         "bench",
-        help="score every instrument against the organisms' planted mechanisms "
-        "(bench.csv, results.json, bench.html; exit 0 when every row meets its goal)",
+        help="score every instrument against the organisms' planted mechanisms (bench.csv, results.json, "
+        "bench.html; exit 0 when every row meets its goal)",
     )
     bench.add_argument(
         "--out", default="reward-lens-bench", help="output directory (default: reward-lens-bench)"
@@ -38,8 +38,8 @@ def add_commands(sub) -> None:
     trig.add_argument(
         "--pairs",
         default=None,
-        help="pairs file (prompt + response, or preference pairs: their "
-        "rejected response); default: the named organism's items",
+        help="pairs file (prompt + response, or preference pairs: their rejected response); default: the "
+        "named organism's items",
     )
     trig.add_argument("--where", default="response_end", help="response_end (default) or prompt_end")
     trig.add_argument("--length", type=int, default=1, help="tokens per string (1: exhaustive; more: GCG)")

@@ -116,10 +116,10 @@ def benchmark_section(
     if "hard_misses" in record:
         h = record["hard_misses"]
         sec.text(
-            f"RM-Bench hard comparisons missed: {h['n']} (a plainer chosen response scored at most as high "
-            f"as a fancier rejected one). The {h['attributed']} most wrong are attributed exactly; each "
-            f"lists its {TOP_TERMS} largest terms of the reward gap. Components with the most negative "
-            "mean term carry the style preference."
+            f"RM-Bench hard comparisons missed: {h['n']} (a plainer chosen response scored at most as "
+            f"high as a fancier rejected one). The {h['attributed']} most wrong are attributed exactly; "
+            f"each lists its {TOP_TERMS} largest terms of the reward gap. Components with the most "
+            "negative mean term carry the style preference."
         )
         shown = (
             frames["rmbench_hard_misses"][

@@ -205,9 +205,9 @@ def _write_comparison(models, pairs, args, out, info, ranks) -> None:
     report = Report("reward-lens comparison: " + " vs ".join(models))
     sec = report.section("Summary")
     sec.text(
-        "Only basis-free quantities are compared: residual bases differ between models, so directions and "
-        "raw activations are never compared across models; agreement, lens curves on fractional depth, "
-        "crystallization depths, attribution profiles by fractional depth and probe effects are.",
+        "Only basis-free quantities are compared: residual bases differ between models, so directions "
+        "and raw activations are never compared across models; agreement, lens curves on fractional "
+        "depth, crystallization depths, attribution profiles by fractional depth and probe effects are.",
         note=True,
     )
     summary = result.to_frame("summary")
@@ -284,8 +284,8 @@ def build_parser() -> argparse.ArgumentParser:
     def common(p):
         p.add_argument(
             "--pairs",
-            help="preference pairs (.jsonl/.json/.csv/.parquet with prompt, chosen, rejected; "
-            "each a string or a list of role/content messages)",
+            help="preference pairs (.jsonl/.json/.csv/.parquet with prompt, chosen, rejected; each a "
+            "string or a list of role/content messages)",
         )
         p.add_argument(
             "--input-format",
@@ -319,8 +319,8 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument(
         "--model",
         default=None,
-        help="checkpoint directory or hub id (default: the demo model; "
-        "'smollm2-organism': the SmolLM2 organism)",
+        help="checkpoint directory or hub id (default: the demo model; 'smollm2-organism': the SmolLM2 "
+        "organism)",
     )
     audit.add_argument(
         "--out", default="reward-lens-report", help="output directory (default: reward-lens-report)"
@@ -381,8 +381,8 @@ def _add_evaluate(sub) -> None:
 
     ev = sub.add_parser(
         "evaluate",
-        help="score a reward model on RewardBench 2, RM-Bench, JudgeBench or "
-        "RewardBench by the official rules; prints the summary, writes CSVs",
+        help="score a reward model on RewardBench 2, RM-Bench, JudgeBench or RewardBench by the official "
+        "rules; prints the summary, writes CSVs",
     )
     ev.add_argument(
         "source", metavar="FILE", help="benchmark file (.jsonl/.json/.csv/.parquet) or hub dataset id"

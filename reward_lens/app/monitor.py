@@ -220,8 +220,8 @@ def _checked_record(rec: Any, where: str) -> str:
         fmt = rec.get("format", LOG_FORMAT)
         if not isinstance(fmt, int) or fmt > LOG_FORMAT:
             raise ValueError(
-                f"{where}: log format {fmt!r} is newer than this reward-lens reads ({LOG_FORMAT}); upgrade "
-                "reward-lens to render it"
+                f"{where}: log format {fmt!r} is newer than this reward-lens reads ({LOG_FORMAT}); "
+                "upgrade reward-lens to render it"
             )
         return kind
     if not isinstance(rec.get("step"), int) or isinstance(rec.get("step"), bool):

@@ -48,8 +48,8 @@ def check_out_dir(out: Union[str, Path, None], sweep: bool = False) -> Path:
     path = _follow_link(Path(out).expanduser().absolute(), out)
     if path.resolve() == Path.cwd().resolve():
         raise OutputError(
-            f"--out {str(out)!r} is the current directory; reports go into their own directory (e.g. --out "
-            "reward-lens-report), which is replaced as a whole"
+            f"--out {str(out)!r} is the current directory; reports go into their own directory (e.g. "
+            "--out reward-lens-report), which is replaced as a whole"
         )
     if path.exists() and not path.is_dir():
         raise OutputError(f"--out {str(path)!r} is a file, not a directory; choose another --out")
@@ -81,8 +81,8 @@ def _follow_link(path: Path, given: Any) -> Path:
     target = path.resolve()
     if not target.exists():
         raise OutputError(
-            f"--out {str(given)!r} is a symbolic link to {str(target)!r}, which does not exist; create the "
-            "target directory or give another --out"
+            f"--out {str(given)!r} is a symbolic link to {str(target)!r}, which does not exist; create "
+            "the target directory or give another --out"
         )
     return target
 
@@ -300,9 +300,8 @@ class ReportDir:
             names = sorted(n.name for n in tmp.iterdir())
             manifest = {
                 "written_by": "reward-lens",
-                "note": "this directory is replaced as a whole by the "
-                "next run; "
-                "files not listed here are kept",
+                "note": "this directory is replaced as a whole by the next run; files not listed here "
+                "are kept",
                 "files": names,
             }
             (tmp / MARKER).write_text(json.dumps(manifest, indent=1) + "\n")

@@ -74,8 +74,8 @@ class SweepSpec:
             bad = [v for v in given if v not in allowed]
             if not given or bad:
                 raise ValueError(
-                    f"{name}: {', '.join(bad) or 'nothing'} given; use one or more of {', '.join(allowed)} "
-                    "(comma-separated)"
+                    f"{name}: {', '.join(bad) or 'nothing'} given; use one or more of "
+                    f"{', '.join(allowed)} (comma-separated)"
                 )
         if self.positions not in POSITIONS:
             raise ValueError(f"--positions {self.positions!r}: use one of {', '.join(POSITIONS)}")
@@ -262,8 +262,8 @@ def read_part(out: Path, k: int) -> pd.DataFrame:
         if isinstance(exc, (KeyboardInterrupt, MemoryError)):
             raise
         raise ValueError(
-            f"{path} is damaged ({type(exc).__name__}); delete it (that chunk is recomputed) and rerun the "
-            "same command"
+            f"{path} is damaged ({type(exc).__name__}); delete it (that chunk is recomputed) and rerun "
+            "the same command"
         ) from None
 
 

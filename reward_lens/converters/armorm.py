@@ -85,7 +85,7 @@ ARMORM = register(
         build_config=armorm_config,
         convert_layer=convert_llama_layer,
         convert_rest=convert_armorm_rest,
-        notes="Llama decoder + ArmoRM head (19 objectives, transform matrix, MLP gate at the last assistant "
-        "header); no remote code. Readout (argmax(ids == pad) - 1) mod T.",
+        notes="Llama decoder + ArmoRM head (19 objectives, transform matrix, MLP gate at the last "
+        "assistant header); no remote code. Readout (argmax(ids == pad) - 1) mod T.",
     )
 )

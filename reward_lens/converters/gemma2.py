@@ -67,8 +67,7 @@ GEMMA2 = register(
         convert_layer=convert_gemma2_layer,
         convert_rest=convert_llama_rest,
         notes="(1+w) RMSNorm, sqrt(d) embed scale, pre+post norms, query_pre_attn_scalar, attention "
-        "soft-cap, "
-        "per-layer sliding windows, GeGLU (tanh GELU); no final-logit soft-cap on the reward (as "
-        "transformers).",
+        "soft-cap, per-layer sliding windows, GeGLU (tanh GELU); no final-logit soft-cap on the reward "
+        "(as transformers).",
     )
 )

@@ -46,8 +46,8 @@ def base_weight_map(hf_config: Any) -> WeightMap:
         )
         raise ValueError(
             f"OpenRLHF reward model on a {model_type!r} base: reward-lens has no native weight map for "
-            f"that family (OpenRLHF checkpoints load natively on bases: {', '.join(bases)}); open an issue "
-            "to ask for one"
+            f"that family (OpenRLHF checkpoints load natively on bases: {', '.join(bases)}); open an "
+            "issue to ask for one"
         )
     return ARCHITECTURES[name]
 
@@ -84,8 +84,8 @@ def missing_head_error(sd: StateDict, key: str, architecture: str) -> ValueError
     if "value_head.weight" in sd:
         hint = (
             "it has 'value_head.weight', OpenRLHF's head: set architectures back to [\"RewardModel\"] in "
-            "config.json; reward-lens loads OpenRLHF checkpoints as saved, with their last-attended-token "
-            "readout"
+            "config.json; reward-lens loads OpenRLHF checkpoints as saved, with their "
+            "last-attended-token readout"
         )
     else:
         hint = f"tensors outside model.*: {sorted(k for k in sd if not k.startswith('model.'))[:8]}"
@@ -175,7 +175,7 @@ for _name in OPENRLHF_ARCHITECTURES:
             convert_layer=convert_openrlhf_layer,
             convert_rest=convert_openrlhf_rest,
             notes="OpenRLHF RewardModel: its base family's decoder map, head value_head/score, "
-            "normalize_reward folded "
-            "into the head, readout at the last attended token, input format 'openrlhf'.",
+            "normalize_reward folded into the head, readout at the last attended token, input format "
+            "'openrlhf'.",
         )
     )

@@ -107,7 +107,6 @@ for _arch in ("LlamaForRewardModelWithGating31", "LlamaForRewardModelWithGating3
             convert_layer=convert_llama_layer,
             convert_rest=convert_qrm_rest,
             notes="QRM: Llama + quantile regression layer (objectives x quantiles, averaged), transform "
-            "matrix, "
-            "gate with BatchNorm (eval statistics) at the last assistant header; no remote code.",
+            "matrix, gate with BatchNorm (eval statistics) at the last assistant header; no remote code.",
         )
     )

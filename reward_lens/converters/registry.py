@@ -55,6 +55,6 @@ def get_weight_map(hf_config: Any) -> WeightMap:
     raise ValueError(
         f"unsupported reward-model architecture {names or '(config has no architectures field)'}; "
         f"supported: {', '.join(sorted(ARCHITECTURES))} (OpenRLHF checkpoints load as saved, with "
-        "architectures RewardModel or LLMForSequenceRegression). Open an issue to ask for a native weight "
-        "map."
+        "architectures RewardModel or LLMForSequenceRegression). Open an issue to ask for a native "
+        "weight map."
     )

@@ -128,8 +128,8 @@ def _json_values(text: str) -> Iterator[Tuple[int, Any]]:
             noticed = "" if exc.lineno == line else f", noticed at line {exc.lineno} column {exc.colno}"
             col = f" column {exc.colno}" if exc.lineno == line else ""
             raise PairDataError(
-                f"line {line}{col}: invalid JSON ({exc.msg}{noticed}; the value starting on line {line} is "
-                "broken); fix or remove it"
+                f"line {line}{col}: invalid JSON ({exc.msg}{noticed}; the value starting on line {line} "
+                "is broken); fix or remove it"
             ) from None
         yield line, value
 
@@ -326,8 +326,8 @@ def warn_ties(pairs: Sequence[Any], source: str) -> List[int]:
     if ties:
         shown = ", ".join(str(pairs[i].id) for i in ties[:5]) + (", ..." if len(ties) > 5 else "")
         warnings.warn(
-            f"{source}: {len(ties)} of {len(pairs)} pairs are ties (chosen == rejected; ids {shown}); they "
-            "are kept, and every quantity normalised by their zero reward gap is NaN",
+            f"{source}: {len(ties)} of {len(pairs)} pairs are ties (chosen == rejected; ids {shown}); "
+            "they are kept, and every quantity normalised by their zero reward gap is NaN",
             stacklevel=3,
         )
     return ties

@@ -314,8 +314,8 @@ def check_identity(model, result: AttributionResult) -> None:
     if err > tol:
         warnings.warn(
             f"the attribution terms miss the model's reward by up to {err:.2e} relative (more than "
-            f"{tol:g}, the rounding allowance of {model.cfg.dtype}); this reward head is not linear in the "
-            "final residual along model.reward_direction(_for), so the terms are not exact",
+            f"{tol:g}, the rounding allowance of {model.cfg.dtype}); this reward head is not linear in "
+            "the final residual along model.reward_direction(_for), so the terms are not exact",
             stacklevel=2,
         )
 

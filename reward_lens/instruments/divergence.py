@@ -297,8 +297,7 @@ class DivergenceSpec(Spec):
             raise ValueError(
                 "divergence_patch scores readout-only recomputations, exact only when the head's gate "
                 "position precedes the readout; here it does not (ArmoRM's gating pattern at or after the "
-                "readout). Select one objective (model.reward_head.set_objective) or fix the gating "
-                "pattern"
+                "readout). Select one objective (model.reward_head.set_objective) or fix the gating pattern"
             )
         tcap = out.captures[target]
         clean_states = {h: _clean_state(tcap, h) for h in set(self.hooks)}

@@ -159,8 +159,7 @@ def save_hooked(model, path: Union[str, Path], overwrite: bool = False) -> None:
         raise CheckpointError(
             f"save_pretrained: {str(path)!r} holds another checkpoint ({', '.join(theirs[:4])}), e.g. the "
             "one this model was loaded from; the hooked format would replace its weights and transformers "
-            "would then load a randomly initialised head: save into a new directory, or pass "
-            "overwrite=True"
+            "would then load a randomly initialised head: save into a new directory, or pass overwrite=True"
         )
     path.mkdir(parents=True, exist_ok=True)
     (path / HOOKED_CONFIG).write_text(json.dumps(model.cfg.to_dict(), indent=1))

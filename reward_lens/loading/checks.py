@@ -217,8 +217,8 @@ def check_hf_tensors(hf_config: Any, sd: Mapping[str, torch.Tensor], directory: 
                     f"has {got.shape[0]} output(s): fix num_labels in config.json"
                 )
             raise CheckpointError(
-                f"{_where(name, files, directory)}: tensor {name} has shape {tuple(got.shape)}, the config "
-                f"implies {tuple(shape)}{hint or '; config.json and weights disagree'}"
+                f"{_where(name, files, directory)}: tensor {name} has shape {tuple(got.shape)}, the "
+                f"config implies {tuple(shape)}{hint or '; config.json and weights disagree'}"
             )
         if got.is_floating_point() is False and not name.endswith("inv_freq"):
             raise CheckpointError(
@@ -273,8 +273,8 @@ def check_tokenizer_vocab(tokenizer: Any, d_vocab: int, source: str) -> None:
     n = len(tokenizer)
     if n > d_vocab:
         raise CheckpointError(
-            f"{source}: the tokenizer has {n} tokens but the model's embedding only {d_vocab} rows, so ids "
-            ">= {0} would read no embedding; use the tokenizer that ships with this model".format(d_vocab)
+            f"{source}: the tokenizer has {n} tokens but the model's embedding only {d_vocab} rows, so "
+            "ids >= {0} would read no embedding; use the tokenizer that ships with this model".format(d_vocab)
         )
 
 

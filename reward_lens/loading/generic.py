@@ -33,8 +33,8 @@ def load_sequence_classifier(
         names = list(getattr(hf_config, "architectures", None) or [])
         if has_native_weight_map(hf_config):
             raise ValueError(
-                f"generic=True needs a transformers *ForSequenceClassification class, and {names} is none; "
-                "this architecture has a native weight map: load it without generic=True"
+                f"generic=True needs a transformers *ForSequenceClassification class, and {names} is "
+                "none; this architecture has a native weight map: load it without generic=True"
             )
         raise ValueError(
             f"unsupported reward-model architecture {names or '(config has no architectures field)'}; "

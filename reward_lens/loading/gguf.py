@@ -60,8 +60,8 @@ def load_gguf_hf_model(
     missing = sorted(k for k in info.get("missing_keys") or [] if not k.startswith(("score.", "classifier.")))
     if missing:
         raise ValueError(
-            f"{gguf_file} lacks {len(missing)} backbone tensor(s) ({', '.join(missing[:3])}); transformers "
-            "would initialise them at random: re-download or re-convert the file"
+            f"{gguf_file} lacks {len(missing)} backbone tensor(s) ({', '.join(missing[:3])}); "
+            "transformers would initialise them at random: re-download or re-convert the file"
         )
     model.eval()
     return model

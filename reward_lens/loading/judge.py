@@ -21,8 +21,8 @@ def answer_token_id(tokenizer: Any, answer: Union[str, int], which: str) -> int:
         return int(answer)
     if tokenizer is None:
         raise ValueError(
-            f"{which}={answer!r} needs the model's tokenizer to find its token id; pass tokenizer= or give "
-            "the token id as an int"
+            f"{which}={answer!r} needs the model's tokenizer to find its token id; pass tokenizer= or "
+            "give the token id as an int"
         )
     ids = tokenizer.encode(answer, add_special_tokens=False)
     if len(ids) != 1:

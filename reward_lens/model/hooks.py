@@ -90,8 +90,8 @@ def act_name(kind: str, layer: Optional[int] = None, norm: Optional[str] = None)
     if layer is None and re.fullmatch(r"\w+", kind):
         return f"reward_head.hook_{kind}"
     raise ValueError(
-        f"unknown activation kind {kind!r}; block kinds {_BLOCK_KINDS}, attention kinds {_ATTN_KINDS}, MLP "
-        f"kinds {_MLP_KINDS}, model kinds {tuple(_MODEL_KINDS)}"
+        f"unknown activation kind {kind!r}; block kinds {_BLOCK_KINDS}, attention kinds {_ATTN_KINDS}, "
+        f"MLP kinds {_MLP_KINDS}, model kinds {tuple(_MODEL_KINDS)}"
     )
 
 

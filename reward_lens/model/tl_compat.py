@@ -84,8 +84,8 @@ def warn_pad_is_bos(input_ids: Int[torch.Tensor, "batch pos"], pad: int, renders
     else:
         return
     warnings.warn(
-        f"the pad id {pad} is also the BOS id: {why}. Pass attention_mask= (model.to_tokens returns it) to "
-        "say which positions are padding",
+        f"the pad id {pad} is also the BOS id: {why}. Pass attention_mask= (model.to_tokens returns it) "
+        "to say which positions are padding",
         stacklevel=4,
     )
 

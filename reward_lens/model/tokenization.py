@@ -257,8 +257,8 @@ def tokenize_pairs(
     tokenizer = model.tokenizer
     if tokenizer is None:
         raise ValueError(
-            "this model has no tokenizer (the checkpoint ships no tokenizer files); set model.tokenizer = "
-            "AutoTokenizer.from_pretrained(...) or pass input_ids directly"
+            "this model has no tokenizer (the checkpoint ships no tokenizer files); set model.tokenizer "
+            "= AutoTokenizer.from_pretrained(...) or pass input_ids directly"
         )
     if prompts is None:
         raise TypeError(

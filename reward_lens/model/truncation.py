@@ -18,8 +18,8 @@ _local = threading.local()
 
 def _message(n: int, limit: int) -> str:
     return (
-        f"{n} input(s) longer than {limit} tokens were truncated from the left (the start is cut; the end, "
-        "where the reward is read, is kept); shorten them or pass a larger max_length"
+        f"{n} input(s) longer than {limit} tokens were truncated from the left (the start is cut; the "
+        "end, where the reward is read, is kept); shorten them or pass a larger max_length"
     )
 
 

@@ -411,8 +411,8 @@ class ProbeResult:
             "n_boot": self.n_boot,
             "n_perm": self.n_perm,
             "seed": self.seed,
-            "verdict_rule": "rewards if ci_low > 0 and p < alpha; penalizes if ci_high < 0 and p < alpha; "
-            "else neutral",
+            "verdict_rule": "rewards if ci_low > 0 and p < alpha; penalizes if ci_high < 0 and p < "
+            "alpha; else neutral",
             "dimensions": {
                 r["dimension"]: {k: v for k, v in r.items() if k != "dimension"} for r in self.rows
             },

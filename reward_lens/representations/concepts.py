@@ -125,8 +125,8 @@ def _as_contrast(contrast: Any) -> Tuple[str, List[ContrastPair]]:
             converted.append(ContrastPair(*map(str, it)))
         else:
             raise ValueError(
-                f"cannot read a contrast pair from {type(it).__name__}; use ContrastPair(prompt, positive, "
-                "negative)"
+                f"cannot read a contrast pair from {type(it).__name__}; use ContrastPair(prompt, "
+                "positive, negative)"
             )
     return (converted[0].concept or "concept"), converted
 

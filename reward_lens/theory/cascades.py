@@ -199,8 +199,8 @@ def _wide_effects(
             arr = np.asarray(effects, dtype=np.float64)
         except (TypeError, ValueError):
             raise ValueError(
-                f"cannot read per-item effects from a {type(effects).__name__}; pass a probe-suite result, a "
-                "frame, an items x dimensions array or a mapping dimension -> per-item effects"
+                f"cannot read per-item effects from a {type(effects).__name__}; pass a probe-suite "
+                "result, a frame, an items x dimensions array or a mapping dimension -> per-item effects"
             ) from None
         if arr.ndim != 2:
             raise ValueError(f"per-item effects must be 2-D [items, dimensions], got shape {arr.shape}")
@@ -215,8 +215,8 @@ def _wide_effects(
         item = item_col or next((c for c in _ITEM_COLS if c in frame.columns), None)
         if val is None or item is None:
             raise ValueError(
-                f"a tidy per-item frame needs an item column (one of {_ITEM_COLS}) and a value column (one "
-                f"of {_VALUE_COLS}); found {list(frame.columns)}. Pass item_col=/value_col="
+                f"a tidy per-item frame needs an item column (one of {_ITEM_COLS}) and a value column "
+                f"(one of {_VALUE_COLS}); found {list(frame.columns)}. Pass item_col=/value_col="
             )
         if frame.duplicated([item, dim_col]).any():
             frame = frame.groupby([item, dim_col], sort=False)[val].mean().reset_index()

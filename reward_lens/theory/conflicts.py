@@ -293,8 +293,8 @@ def term_directions(model) -> Tuple[np.ndarray, List[str]]:
         n_out = model.cfg.n_outputs
         if n_out < 2:
             raise ValueError(
-                "this model has one reward output, so one term: pass directions={name: vector, ...}, or a "
-                "dict of reward models that share its backbone"
+                "this model has one reward output, so one term: pass directions={name: vector, ...}, or "
+                "a dict of reward models that share its backbone"
             )
         W = np.stack([head.direction(j).detach().double().cpu().numpy() for j in range(n_out)])
         names = [f"output_{j}" for j in range(n_out)]
@@ -378,8 +378,8 @@ def reward_conflicts(
         mismatch = _same_backbone(models)
         if mismatch and not allow_different_backbones:
             raise ValueError(
-                f"these models do not share a backbone ({mismatch}), so their directions live in different "
-                "bases; use reward_lens.compare_models, or pass allow_different_backbones=True"
+                f"these models do not share a backbone ({mismatch}), so their directions live in "
+                "different bases; use reward_lens.compare_models, or pass allow_different_backbones=True"
             )
         W, deltas = [], []
         for n, m in models.items():

@@ -230,8 +230,7 @@ class EffectSpec(Spec):
         if not readout_recompute_exact(model, tcap.tok):
             raise ValueError(
                 "the effect decomposition recomputes the readout alone, which needs a native architecture "
-                "whose head reads nothing at or after the readout (not ArmoRM's gate, not the generic "
-                "path)"
+                "whose head reads nothing at or after the readout (not ArmoRM's gate, not the generic path)"
             )
         ctx = TargetRun(tcap, model.readout_context(tcap.tok, kv=tcap.full))
         direction, bias = shared.direction(model, t_side)

@@ -267,8 +267,8 @@ def _context(model, tok: Tokenized, extra: Sequence[str]) -> Tuple[Capture, Read
     L = model.cfg.n_layers
     if not readout_recompute_exact(model, tok):
         raise ValueError(
-            "the fast path recomputes the readout alone, but the head's gate reads a position at or after "
-            "it (ArmoRM's gating pattern); use method='naive' or select one objective"
+            "the fast path recomputes the readout alone, but the head's gate reads a position at or "
+            "after it (ArmoRM's gating pattern); use method='naive' or select one objective"
         )
     readout_names = [act_name("resid_pre", l) for l in range(L)]
     cap = capture(model, tok, readout_names + [final_resid_name(L)] + list(extra), model.readout_kv_names())

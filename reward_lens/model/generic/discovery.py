@@ -253,8 +253,8 @@ def _sublayer(layer: nn.Module, l: int, path: Optional[str], names, class_parts,
     if len(matches) == 1:
         return matches[0]
     raise GenericLoadError(
-        f"cannot find the {key} module of layer {l} ({type(layer).__name__}: children {sorted(children)}); "
-        f"pass module_map={{'{key}': 'child_name'}}"
+        f"cannot find the {key} module of layer {l} ({type(layer).__name__}: children "
+        f"{sorted(children)}); pass module_map={{'{key}': 'child_name'}}"
     )
 
 

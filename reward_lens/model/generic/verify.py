@@ -160,9 +160,9 @@ def _check_layers(model, cache, check: _Checker) -> None:
                 f"mlp_out on a probe input (max error {err:.3g} > tolerance {bound:.3g}): its "
                 f"'{cfg.module_map['attn']}' / '{cfg.module_map['mlp']}' outputs are transformed before "
                 "they reach the residual (post-norms, residual scaling, ...), so the reward has no exact "
-                "component decomposition on the generic path. Pass module_map={'attn': ..., 'mlp': ...} "
-                "naming the modules whose outputs are added to the residual, or ask for a native weight "
-                "map (conversion/GENERIC.md)"
+                "component decomposition on the generic path. Pass module_map={'attn': ..., 'mlp': "
+                "...} naming the modules whose outputs are added to the residual, or ask for a native "
+                "weight map (conversion/GENERIC.md)"
             )
         if l + 1 < cfg.n_layers:
             ok, err, bound = check.close(cache[act_name("resid_pre", l + 1)], post)

@@ -195,10 +195,10 @@ class ArmoRMHead(RewardHeadBase):
             masked = ~attention_mask.bool()[torch.arange(len(readout), device=readout.device), readout]
             if bool(masked.any()):
                 raise ValueError(
-                    f"ArmoRM reads the reward before the first pad_token_id ({self.cfg.pad_token_id}), but "
-                    f"rows {torch.nonzero(masked).flatten().tolist()} would read a padded position: the "
-                    "ids were padded with another token; pad with model.cfg.pad_token_id (or set it to "
-                    "the tokenizer's pad id)"
+                    f"ArmoRM reads the reward before the first pad_token_id ({self.cfg.pad_token_id}), "
+                    f"but rows {torch.nonzero(masked).flatten().tolist()} would read a padded position: "
+                    "the ids were padded with another token; pad with model.cfg.pad_token_id (or set it "
+                    "to the tokenizer's pad id)"
                 )
         return readout
 
@@ -248,8 +248,8 @@ class ArmoRMHead(RewardHeadBase):
         raise ValueError(
             "ArmoRM has no single reward direction: its score is W_reg T g(prompt) . h with a "
             "prompt-dependent gate g. Use model.reward_direction_for(input_ids, attention_mask) for the "
-            "[batch, d_model] direction, or read one objective with model.reward_head.set_objective(name) "
-            "(then model.reward_direction is W_reg[:, j])."
+            "[batch, d_model] direction, or read one objective with "
+            "model.reward_head.set_objective(name) (then model.reward_direction is W_reg[:, j])."
         )
 
     def bias(self, output: int = 0) -> torch.Tensor:

@@ -179,8 +179,8 @@ class MLPHead(RewardHeadBase):
 
     def direction(self, output: int = 0) -> torch.Tensor:
         raise ValueError(
-            f"this {self.family} head is an MLP: its reward is linear in h only with the ReLU masks of one "
-            "sequence frozen, so there is no single reward direction; use "
+            f"this {self.family} head is an MLP: its reward is linear in h only with the ReLU masks of "
+            "one sequence frozen, so there is no single reward direction; use "
             "model.reward_direction_for(input_ids, attention_mask) (and model.reward_bias_for) for the "
             "per-sequence direction and bias"
         )

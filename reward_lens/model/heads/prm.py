@@ -137,8 +137,8 @@ def resolve_step_tag(model, step_tag: Optional[Union[str, int]] = None) -> None:
             if step_tag is None:  # no tokenizer tag: the user must name it before reading steps
                 return
             raise ValueError(
-                f"step_tag={tag!r} is {len(ids)} tokens in this tokenizer (or there is no tokenizer); pass "
-                "a single token or its id"
+                f"step_tag={tag!r} is {len(ids)} tokens in this tokenizer (or there is no tokenizer); "
+                "pass a single token or its id"
             )
         tag = ids[0]
     head.step_tag_id = int(tag)
