@@ -159,7 +159,7 @@ def _token_pairs(n, seed, vocab=97):
 
 
 def test_model_path_reward_differences_are_exact(llama_model):
-    from reward_lens.theory.distortion import readout_states
+    from reward_lens.theory.distortion_model import readout_states
 
     pairs = _token_pairs(6, seed=0)
     delta, w = readout_states(llama_model, pairs, batch_size=4)
@@ -217,7 +217,7 @@ def test_adapters_take_a_probe_suite_result(text_model):
     from reward_lens.data.pairs import bundled_pairs
     from reward_lens.probes.suite import load_probe_items, probe_pairs, run_probes
     from reward_lens.theory import detect_cascades
-    from reward_lens.theory.distortion import readout_states
+    from reward_lens.theory.distortion_model import readout_states
 
     items = load_probe_items()[:6]
     probes = run_probes(

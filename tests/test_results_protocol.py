@@ -287,6 +287,6 @@ def test_summaries_hold_the_numbers_they_summarise(results):
     assert dis["faithfulness_mean_rho"] == pytest.approx(audit.results["faithfulness"].mean_rho)
     top = audit.results["disagreement"].disagreement()
     assert [d["component"] for d in dis["top"]] == list(top.component)
-    from reward_lens.app.audit import build_report
+    from reward_lens.app.audit_report import build_report
 
     assert "Why attribution and patching disagree" in build_report(audit).to_html()

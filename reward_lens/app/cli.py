@@ -281,38 +281,6 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     parser.subcommands = sub.choices  # name -> subparser, for errors named against the subcommand
 
-    def common(p):
-        p.add_argument(
-            "--pairs",
-            help="preference pairs (.jsonl/.json/.csv/.parquet with prompt, chosen, rejected; each a "
-            "string or a list of role/content messages)",
-        )
-        p.add_argument(
-            "--input-format",
-            default="auto",
-            help="how pairs become token ids: auto (default: chat if the tokenizer has a template, else "
-            "plain), chat, concat (TRL standard data), openrlhf, plain, or a template string with "
-            "{prompt} and {response}",
-        )
-        p.add_argument(
-            "--device", default=None, help="cpu or cuda[:i] (default: cuda when available, else cpu)"
-        )
-        p.add_argument("--dtype", default=None, help="float32 (default), bfloat16, float16 or float64")
-        p.add_argument("--max-pairs", type=int, default=None, help="use only the first N pairs")
-        p.add_argument(
-            "--batch-size",
-            type=batch_size_arg,
-            default=8,
-            help="pairs per batch (default 8), or auto: start by device and halve on out-of-memory",
-        )
-        p.add_argument(
-            "--threads",
-            type=int,
-            default=None,
-            help="torch CPU threads (default: 1 for models with d_model <= 1024 on CPU, else torch's)",
-        )
-        p.add_argument("--debug", action="store_true", help="show the full traceback of an error")
-
     audit = sub.add_parser(
         "audit", help="audit one reward model (default: the embedded demo model and its pairs)"
     )
@@ -325,7 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument(
         "--out", default="reward-lens-report", help="output directory (default: reward-lens-report)"
     )
-    common(audit)
+    add_common_options(audit)
     audit.set_defaults(func=cmd_audit)
 
     _add_evaluate(sub)
@@ -339,9 +307,47 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument(
         "--out", default="reward-lens-compare", help="output directory (default: reward-lens-compare)"
     )
-    common(compare)
+    add_common_options(compare)
     compare.set_defaults(func=cmd_compare)
 
+    _add_sweep_and_monitor(sub)
+    add_bench_commands(sub)
+    return parser
+
+
+def add_common_options(p: argparse.ArgumentParser) -> None:
+    """The options audit, compare, sweep and evaluate share."""
+    p.add_argument(
+        "--pairs",
+        help="preference pairs (.jsonl/.json/.csv/.parquet with prompt, chosen, rejected; each a "
+        "string or a list of role/content messages)",
+    )
+    p.add_argument(
+        "--input-format",
+        default="auto",
+        help="how pairs become token ids: auto (default: chat if the tokenizer has a template, else "
+        "plain), chat, concat (TRL standard data), openrlhf, plain, or a template string with "
+        "{prompt} and {response}",
+    )
+    p.add_argument("--device", default=None, help="cpu or cuda[:i] (default: cuda when available, else cpu)")
+    p.add_argument("--dtype", default=None, help="float32 (default), bfloat16, float16 or float64")
+    p.add_argument("--max-pairs", type=int, default=None, help="use only the first N pairs")
+    p.add_argument(
+        "--batch-size",
+        type=batch_size_arg,
+        default=8,
+        help="pairs per batch (default 8), or auto: start by device and halve on out-of-memory",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch CPU threads (default: 1 for models with d_model <= 1024 on CPU, else torch's)",
+    )
+    p.add_argument("--debug", action="store_true", help="show the full traceback of an error")
+
+
+def _add_sweep_and_monitor(sub) -> None:
     sweep = sub.add_parser(
         "sweep",
         help="ablation sweep (patching / AtP / attribution) into one tidy parquet; resumable, torchrun-aware",
@@ -360,7 +366,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--method", default="fast", help="patching method: fast (KV-cache readout path) or naive"
     )
     sweep.add_argument("--chunk-size", type=int, default=64, help="pairs per resumable part (default 64)")
-    common(sweep)
+    add_common_options(sweep)
     sweep.set_defaults(func=cmd_sweep)
 
     monitor = sub.add_parser(
@@ -372,8 +378,6 @@ def build_parser() -> argparse.ArgumentParser:
     monitor.add_argument("--out", default=None, help="output HTML file (default: LOG with .html)")
     monitor.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     monitor.set_defaults(func=cmd_monitor)
-    add_bench_commands(sub)
-    return parser
 
 
 def _add_evaluate(sub) -> None:

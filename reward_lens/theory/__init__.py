@@ -11,12 +11,8 @@ from reward_lens.theory.conflicts import (
     reward_conflicts,
     term_directions,
 )
-from reward_lens.theory.distortion import (
-    DistortionResult,
-    distortion_from_directions,
-    distortion_from_model,
-    distortion_index,
-)
+from reward_lens.theory.distortion import DistortionResult, distortion_from_directions, distortion_index
+from reward_lens.theory.distortion_model import distortion_from_model
 
 __all__ = [
     "CascadeResult",
