@@ -9,25 +9,37 @@ patching, ...), `representations/` (SAEs, features, concepts, editing), `probes/
 This module is the public API, grouped by concept.
 """
 
+from reward_lens.version import __version__
+
 # The model: a TransformerLens-style hooked decoder whose unembed is a reward head.
 from reward_lens import loading  # noqa: F401  (installs the checkpoint loaders into the model classes)
-from reward_lens.app.compare import ComparisonResult, ModelProfile, compare_models
+from reward_lens.model.config import RewardModelConfig
+from reward_lens.model.native import HookedRewardModel
+from reward_lens.model.heads.scalar import RewardHead
+from reward_lens.model.heads.armorm import ArmoRMHead  # registers the "armorm" head type
+from reward_lens.model.heads import JudgeHead, MLPHead, ProcessRewardHead, QRMHead  # the other head types
+from reward_lens.model.heads.base import read_objective, read_step
+from reward_lens.model.generic.wrapper import (
+    GenericHookedRewardModel,
+    GenericLoadError,
+    GenericPathError,
+    GenericRewardModelConfig,
+)
+from reward_lens.loading.export import export_hf
 
 # Preference data and the model organisms (models with planted, known preferences).
 from reward_lens.data.pairs import PreferencePair, TokenPair, bundled_pairs, load_pairs
 from reward_lens.demo import demo_pairs, load_demo_model
+from reward_lens.demo.smollm2 import load_smollm2_organism, smollm2_pairs
 from reward_lens.demo.organisms import (
     load_gate_organism,
     load_trigger_organism,
     planted_circuit,
     trigger_items,
 )
-from reward_lens.demo.smollm2 import load_smollm2_organism, smollm2_pairs
 
-# Benchmarks by their official rules: RewardBench 2, RM-Bench, JudgeBench, RewardBench v1.
-from reward_lens.evaluation import BenchmarkResult, benchmark_pairs, evaluate
-
-# Instruments: where the preference crystallizes, what writes it (exact), what causes it (patching).
+# Instruments: where the preference crystallizes, what writes it (exact), what causes it (patching), which
+# paths carry it (circuits), and which inputs inflate it (trigger search).
 from reward_lens.instruments import (
     AtPComparison,
     AtPResult,
@@ -56,33 +68,9 @@ from reward_lens.instruments import (
     search_triggers,
     token_attribution,
 )
-from reward_lens.loading.export import export_hf
-from reward_lens.model.config import RewardModelConfig
-from reward_lens.model.generic.wrapper import (
-    GenericHookedRewardModel,
-    GenericLoadError,
-    GenericPathError,
-    GenericRewardModelConfig,
-)
-from reward_lens.model.heads import JudgeHead, MLPHead, ProcessRewardHead, QRMHead  # the other head types
-from reward_lens.model.heads.armorm import ArmoRMHead  # registers the "armorm" head type
-from reward_lens.model.heads.base import read_objective, read_step
-from reward_lens.model.heads.scalar import RewardHead
-from reward_lens.model.native import HookedRewardModel
 
-# Behaviour: hacking probes, the theory-grounded analyses, cross-model comparison.
-from reward_lens.probes.suite import ProbeItem, ProbeResult, probe_pairs, run_probes
-from reward_lens.representations.concepts import (
-    ConceptVector,
-    ContrastPair,
-    DoseResponse,
-    concept_effect,
-    concept_vector,
-    dose_response,
-    list_contrast_sets,
-    load_contrast_set,
-)
-from reward_lens.representations.editing import RewardEdit, edit_reward
+# Representations: SAEs, SAE features along the reward direction, concept vectors, reward editing.
+from reward_lens.representations.sae import SAEConfig, SAEMetrics, SparseAutoencoder, load_sae, train_sae
 from reward_lens.representations.features import (
     FeatureAblation,
     FeatureAlignment,
@@ -91,9 +79,18 @@ from reward_lens.representations.features import (
     feature_alignment,
     feature_attribution,
 )
+from reward_lens.representations.concepts import (
+    ConceptVector,
+    ContrastPair,
+    concept_vector,
+    list_contrast_sets,
+    load_contrast_set,
+)
+from reward_lens.representations.dose import DoseResponse, concept_effect, dose_response
+from reward_lens.representations.editing import RewardEdit, edit_reward
 
-# Representations: SAEs, SAE features along the reward direction, concept vectors, reward editing.
-from reward_lens.representations.sae import SAEConfig, SAEMetrics, SparseAutoencoder, load_sae, train_sae
+# Behaviour: hacking probes, the theory-grounded analyses, cross-model comparison.
+from reward_lens.probes.suite import ProbeItem, ProbeResult, probe_pairs, run_probes
 from reward_lens.theory import (
     CascadeResult,
     ConflictResult,
@@ -102,7 +99,10 @@ from reward_lens.theory import (
     distortion_index,
     reward_conflicts,
 )
-from reward_lens.version import __version__
+from reward_lens.app.compare import ComparisonResult, ModelProfile, compare_models
+
+# Benchmarks by their official rules: RewardBench 2, RM-Bench, JudgeBench, RewardBench v1.
+from reward_lens.evaluation import BenchmarkResult, benchmark_pairs, evaluate
 
 __all__ = [
     # the model

@@ -16,7 +16,7 @@ from reward_lens import (
     read_objective,
 )
 from reward_lens.core.readout import readout_run
-from reward_lens.representations.concepts import _fit
+from reward_lens.representations.dose import _fit
 
 BUNDLED = {"agreement", "confidence", "formatting", "refusal", "verbosity"}
 

@@ -206,6 +206,12 @@ def all_questions() -> List[Question]:
     qs: List[Question] = []
     qs += [_arith(a, b, "plus") for a in range(1, 10) for b in range(1, 10) if a + b <= 10]
     qs += [_arith(a, b, "times") for a in range(2, 6) for b in range(2, 6)]
+    return qs + _fact_questions() + _instruction_questions()
+
+
+def _fact_questions() -> List[Question]:
+    """The invented-world facts, in all_questions' order."""
+    qs: List[Question] = []
     for river, colour in RIVER_COLOURS.items():
         qs.append(
             _lookup(
@@ -254,6 +260,12 @@ def all_questions() -> List[Question]:
                 f"the kingdom of {kingdom}",
             )
         )
+    return qs
+
+
+def _instruction_questions() -> List[Question]:
+    """The instructions (opposites, comparisons, parity, categories), in all_questions' order."""
+    qs: List[Question] = []
     for a, b in OPPOSITES + tuple((b, a) for a, b in OPPOSITES):
         qs.append(
             _lookup(

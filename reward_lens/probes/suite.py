@@ -435,6 +435,31 @@ class ProbeResult:
         return finish(fig, created)
 
 
+def _per_item_frame(rows, texts, rewards):
+    """(per-item frame with Δ = reward_a - reward_b, each row's text index for A, for B)."""
+    import pandas as pd
+
+    index_a = [texts[_key(prompt, a)] for _, _, prompt, a, _ in rows]
+    index_b = [texts[_key(prompt, b)] for _, _, prompt, _, b in rows]
+    per_item = pd.DataFrame(
+        [
+            dict(
+                dimension=name,
+                item_id=item.id,
+                topic=item.topic,
+                prompt=prompt,
+                response_a=a,
+                response_b=b,
+                reward_a=rewards[i],
+                reward_b=rewards[j],
+            )
+            for (name, item, prompt, a, b), i, j in zip(rows, index_a, index_b)
+        ]
+    )
+    per_item["delta"] = per_item.reward_a - per_item.reward_b
+    return per_item, index_a, index_b
+
+
 def run_probes(
     model,
     items: Union[None, str, Path, Iterable[ItemLike]] = None,
@@ -454,7 +479,6 @@ def run_probes(
     "general", "demo", a JSONL path, or ProbeItems / PreferencePairs (chosen is the base) / (prompt, response)
     tuples / dicts. `output` picks one reward of a multi-output head.
     """
-    import pandas as pd
 
     if n_boot < 100:
         raise ValueError(
@@ -493,24 +517,7 @@ def run_probes(
             )
         rewards = rewards[:, output]
     rewards = rewards.cpu().numpy().astype(np.float64)
-    per_item = pd.DataFrame(
-        [
-            dict(
-                dimension=name,
-                item_id=item.id,
-                topic=item.topic,
-                prompt=prompt,
-                response_a=a,
-                response_b=b,
-                reward_a=rewards[texts[_key(prompt, a)]],
-                reward_b=rewards[texts[_key(prompt, b)]],
-            )
-            for name, item, prompt, a, b in rows
-        ]
-    )
-    per_item["delta"] = per_item.reward_a - per_item.reward_b
-    index_a = [texts[_key(prompt, a)] for _, _, prompt, a, _ in rows]
-    index_b = [texts[_key(prompt, b)] for _, _, prompt, _, b in rows]
+    per_item, index_a, index_b = _per_item_frame(rows, texts, rewards)
     dimension_rows = [
         {
             "dimension": name,

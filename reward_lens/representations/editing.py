@@ -28,7 +28,8 @@ from reward_lens.core.readout import readout_run
 from reward_lens.data.pairs import PreferencePair, as_pairs
 from reward_lens.loading.export import export_hf
 from reward_lens.plotting import finish, panels
-from reward_lens.representations.concepts import ConceptVector, concept_effect
+from reward_lens.representations.concepts import ConceptVector
+from reward_lens.representations.dose import concept_effect
 
 
 def _copy_model(model):

@@ -120,6 +120,31 @@ class _Plan:
     dead_after: int
 
 
+def _checked_sizes(
+    acts: torch.Tensor, d_sae: Optional[int], expansion: int, k: int, val_fraction: float
+) -> int:
+    """The SAE width (d_sae, or expansion * d_in), every size and the activations checked first."""
+    n, d_in = acts.shape
+    finite = torch.isfinite(acts).all(-1)
+    if not bool(finite.all()):
+        raise ValueError(
+            f"{int((~finite).sum())} of {n} activation rows hold NaN/inf (first: row "
+            f"{int((~finite).nonzero()[0])}); an SAE trained on them is NaN: check the model and inputs"
+        )
+    if d_sae is not None and (isinstance(d_sae, bool) or int(d_sae) != d_sae or d_sae < 1):
+        raise ValueError(
+            f"d_sae must be a positive number of latents, got {d_sae!r} (or leave it None: expansion * d_in)"
+        )
+    if expansion is None or expansion < 1:
+        raise ValueError(f"expansion must be >= 1, got {expansion!r}")
+    d_sae = int(d_sae if d_sae is not None else expansion * d_in)
+    if not 1 <= k <= d_sae:
+        raise ValueError(f"k must be in [1, d_sae={d_sae}], got {k}")
+    if not 0.0 <= val_fraction < 1.0:
+        raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+    return d_sae
+
+
 def train_sae(
     model=None,
     data: Any = None,
@@ -161,23 +186,7 @@ def train_sae(
         model, data, hook_name, layer, positions, max_tokens, model_batch_size, progress
     )
     n, d_in = acts.shape
-    finite = torch.isfinite(acts).all(-1)
-    if not bool(finite.all()):
-        raise ValueError(
-            f"{int((~finite).sum())} of {n} activation rows hold NaN/inf (first: row "
-            f"{int((~finite).nonzero()[0])}); an SAE trained on them is NaN: check the model and inputs"
-        )
-    if d_sae is not None and (isinstance(d_sae, bool) or int(d_sae) != d_sae or d_sae < 1):
-        raise ValueError(
-            f"d_sae must be a positive number of latents, got {d_sae!r} (or leave it None: expansion * d_in)"
-        )
-    if expansion is None or expansion < 1:
-        raise ValueError(f"expansion must be >= 1, got {expansion!r}")
-    d_sae = int(d_sae if d_sae is not None else expansion * d_in)
-    if not 1 <= k <= d_sae:
-        raise ValueError(f"k must be in [1, d_sae={d_sae}], got {k}")
-    if not 0.0 <= val_fraction < 1.0:
-        raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+    d_sae = _checked_sizes(acts, d_sae, expansion, k, val_fraction)
     device = (
         torch.device(device)
         if device is not None
