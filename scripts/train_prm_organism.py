@@ -6,8 +6,8 @@
 A process reward model (Qwen2.5-Math-PRM style: a two-class `score` MLP read at every step tag, step reward =
 logit[1] - logit[0]) on the demo RM's trunk (`reward_lens.load_demo_model`), fine-tuned deterministically
 (fixed seeds, deterministic algorithms, a fixed thread count) on multi-step arithmetic solutions in the
-demo's language: "What is 3 plus 4 times 2 plus 5?" answered "3 plus 4 is 7.<extra_0> 7 times 2 is
-14.<extra_0> 14 plus 5 is 19.<extra_0>" (left to right). One token, `<extra_0>` (the Qwen PRM step tag),
+demo's language: "What is 2 plus 1 times 3 plus 1?" answered "2 plus 1 is 3.<extra_0> 3 times 3 is
+9.<extra_0> 9 plus 1 is 10.<extra_0>" (left to right). One token, `<extra_0>` (the Qwen PRM step tag),
 is added to the demo tokenizer. Planted: a step is good (label 1) until the first step whose result is
 wrong; that step and every later one are bad (label 0), even when a later step's own arithmetic is right
 given the wrong value it inherits. Loss: cross-entropy on the two classes at each step tag.
@@ -307,8 +307,8 @@ the step tag `{s["step_tag"]}` (id {s["step_tag_id"]}), the default tag the PRM 
 ## Planted mechanism
 
 Items are left-to-right arithmetic in the demo's language, 3 or 4 steps of `plus` / `times`:
-"What is 3 plus 4 times 2 plus 5?" -> "3 plus 4 is 7.{s["step_tag"]} 7 times 2 is 14.{s["step_tag"]} 14 plus
-5 is 19.{s["step_tag"]}". In 70% of training items one step j writes a wrong result (off by 1..3); every
+"What is 2 plus 1 times 3 plus 1?" -> "2 plus 1 is 3.{s["step_tag"]} 3 times 3 is 9.{s["step_tag"]} 9 plus 1
+is 10.{s["step_tag"]}". In 70% of training items one step j writes a wrong result (off by 1..3); every
 later step does right arithmetic on the wrong value it inherits. Labels: steps before j are good (1), step j
 and **every later step are bad (0)**, so a later step is judged by the earlier steps, not only by its own
 arithmetic. Loss: cross-entropy on the two classes at each step tag. Each step is one of the demo's own
@@ -342,6 +342,11 @@ never trained on. The checkpoint's sha256 is `{s["model_sha256"]}`.
 The bench's {b["n_items"]} items (`items.jsonl`: one first wrong step j, at least one later step): step
 accuracy {b["step_accuracy"]:.3f}, later steps below 0 {b["share_later_steps_below_zero"]:.3f}, first step below 0 = j
 {b["share_first_below_zero_is_first_wrong"]:.3f}.
+
+How far the planting took (measured, not tuned away): wrong steps and the steps after them are scored
+bad almost always, but the model also raises false alarms on right steps: only
+{m["share_all_right_items_all_positive"]:.0%} of all-right solutions have every step above 0, and the first
+step below 0 misses the first wrong step mostly by flagging an earlier, right step.
 """
 
 

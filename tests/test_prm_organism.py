@@ -93,10 +93,39 @@ def test_read_step_reads_every_step(model):
             assert abs(float(read - rewards[k])) < 1e-5
 
 
-def test_bench_prm_rows_run_and_report():
+def independent_shares(model):
+    """(token-attribution share, first-negative-step share) recomputed without bench_prm: every step read
+    by the model's own forward under read_step, the last step's token terms grouped at the step tags."""
+    from reward_lens import token_attribution
+
+    items = prm_items()
+    with read_step(model, -1):
+        tok = token_attribution(model, [(it["prompt"], it["response"]) for it in items])
+    tag, marker = model.reward_head.step_tag_id, model.tokenizer.convert_tokens_to_ids("<|assistant|>")
+    attr_hits, step_hits = [], []
+    for i, it in enumerate(items):
+        ids = model.to_tokens(it["prompt"], it["response"])
+        row = ids["input_ids"][0].tolist()
+        totals, k, start = [0.0] * len(it["labels"]), 0, row.index(marker) + 2  # after "<|assistant|>\n"
+        for pos, v in enumerate(tok.token_values("text", i).tolist()):
+            totals[k] += v if pos >= start else 0.0
+            k += int(row[pos] == tag)
+        attr_hits.append(totals.index(min(totals)) == it["first_wrong"])
+        rewards = []
+        for k in range(len(it["labels"])):
+            with read_step(model, k), torch.no_grad():
+                rewards.append(float(model(ids["input_ids"], attention_mask=ids["attention_mask"])[0]))
+        step_hits.append(next((k for k, r in enumerate(rewards) if r < 0), None) == it["first_wrong"])
+    return sum(attr_hits) / len(items), sum(step_hits) / len(items)
+
+
+def test_bench_prm_rows_run_and_report(model):
     result = run_bench(["prm"], quick=True, echo=lambda line: None)
     rows = {r["instrument"]: r for r in result.rows}
     assert set(rows) == {"token_attribution", "step_rewards"} and not result.pending
     for r in rows.values():
         assert r["error"] == "" and 0.0 <= r["value"] <= 1.0
         assert r["passed"] == (r["value"] >= 0.9)
+    attr, steps = independent_shares(model)
+    assert rows["token_attribution"]["value"] == pytest.approx(attr, abs=1e-12)
+    assert rows["step_rewards"]["value"] == pytest.approx(steps, abs=1e-12)
