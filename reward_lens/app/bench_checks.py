@@ -107,13 +107,19 @@ def _load_circuit(device):
     return model.to(device), pairs
 
 
+def _load_prm(device):
+    from reward_lens.demo.organisms import load_prm_organism
+
+    return load_prm_organism(device=device)
+
+
 ORGANISMS: Dict[str, Callable[[Any], Any]] = {
     "demo": _load_demo,
     "smollm2": _load_smollm2,
     "trigger": _load_trigger,
     "gate": _load_gate,
     "circuit": _load_circuit,
-    # extension point: "prm" -> the process-RM organism (reward_lens.demo.<prm loader>) once it exists
+    "prm": _load_prm,
 }
 
 
@@ -407,8 +413,8 @@ def gate_objective_gap(ctx) -> float:
 
 # ---------------------------------------------------------------------------------------------- process RM
 def prm_first_wrong_step(ctx) -> float:
-    """EXTENSION POINT (process-RM organism): share of the PRM organism's items whose first wrong step is
-    ranked first by token_attribution / the per-step scores of `reward_lens.read_step`. To fill in at merge:
-    add the organism's loader to ORGANISMS ("prm"), then score here; until then this row is pending (its
-    `requires` attribute does not exist) and, if run, a miss that says so."""
-    raise NotImplementedError("the process-RM organism arrives with the PRM head; add its scoring here")
+    """Share of the PRM organism's items whose first wrong step's tokens carry the most negative total
+    token attribution of the last step's reward (`reward_lens.app.bench_prm`)."""
+    from reward_lens.app.bench_prm import first_wrong_step_share
+
+    return first_wrong_step_share(ctx)

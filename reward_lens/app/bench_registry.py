@@ -31,6 +31,7 @@ from reward_lens.app.bench_checks import (
     trigger_fast_vs_naive,
     trigger_rank,
 )
+from reward_lens.app.bench_prm import first_negative_step_share
 
 CHECKS: List[Check] = [
     Check(
@@ -259,6 +260,22 @@ EXTENSIONS: List[Check] = [
         "first wrong step ranked first (share of items)",
         (">=", 0.9),
         prm_first_wrong_step,
+        "read_step(-1) on 48 held-out items (one first wrong step j, a later step): response tokens' terms "
+        "summed per step (reward_head.step_index); step j should hold the most negative total. "
+        "token_attribution credits the token a head reads from directly (one hop): where the verdict on "
+        "step j was relayed into the read step's own tokens, or read from step j + 1's restated copy of "
+        "j's wrong result, it is credited there, not to step j",
+        requires="reward_lens:read_step",
+    ),
+    Check(
+        "prm",
+        "step",
+        "step_rewards",
+        "first step below 0 is the first wrong step (share of items)",
+        (">=", 0.9),
+        first_negative_step_share,
+        "the same 48 items; measures the organism's own step verdicts (a false alarm on a good step "
+        "before j, or a missed step j, is a miss)",
         requires="reward_lens:read_step",
     ),
 ]

@@ -50,6 +50,13 @@ def load_trigger_organism(device: Union[str, torch.device, None] = "cpu"):
     return _load(TRIGGER_DIR, device)
 
 
+def load_prm_organism(device: Union[str, torch.device, None] = "cpu"):
+    """The process-RM organism (`prm_organism/GROUND_TRUTH.md`): a PRM head on the demo's trunk scoring
+    multi-step arithmetic; a step is bad from the first wrong result on (later steps inherit it). Its
+    held-out items (one first wrong step, at least one later step) are `prm_organism/items.jsonl`."""
+    return _load(DEMO_DIR / "prm_organism", device)
+
+
 def trigger_items() -> List[PreferencePair]:
     """The trigger organism's held-out items: chosen = the right answer, rejected = a wrong one."""
     return load_pairs(TRIGGER_DIR / "pairs.jsonl")
@@ -161,6 +168,7 @@ __all__ = [
     "gate_model",
     "gate_truth",
     "load_gate_organism",
+    "load_prm_organism",
     "load_trigger_organism",
     "planted_circuit",
     "trigger_items",
