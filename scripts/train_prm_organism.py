@@ -115,7 +115,11 @@ def build_model(demo):
     d = demo.cfg.d_model
     head_config = mlp_head_config("reward-lens-prm", [d], "last_non_pad", (-1.0, 1.0), step_tag_id=tag_id)
     cfg = dataclasses.replace(
-        demo.cfg, head_type="prm", n_outputs=1, model_name=MODEL_NAME, head_config=head_config,
+        demo.cfg,
+        head_type="prm",
+        n_outputs=1,
+        model_name=MODEL_NAME,
+        head_config=head_config,
         d_vocab=len(tok),
     )
     model = HookedRewardModel(cfg, tokenizer=tok)
@@ -125,8 +129,14 @@ def build_model(demo):
     state["embed.W_E"] = torch.cat([old, old.std() * torch.randn(len(tok) - old.shape[0], d, generator=g)])
     w0 = torch.randn(d, d, generator=g) / math.sqrt(d)
     w1 = torch.randn(d, 2, generator=g) / math.sqrt(d)
-    state.update({"reward_head.W_mlp.0": w0, "reward_head.b_mlp.0": torch.zeros(d),
-                  "reward_head.W_mlp.1": w1, "reward_head.b_mlp.1": torch.zeros(2)})
+    state.update(
+        {
+            "reward_head.W_mlp.0": w0,
+            "reward_head.b_mlp.0": torch.zeros(d),
+            "reward_head.W_mlp.1": w1,
+            "reward_head.b_mlp.1": torch.zeros(2),
+        }
+    )
     model.load_state_dict(state, strict=True)
     return model
 
