@@ -123,3 +123,29 @@ def diverging_heatmap(
                 ax.text(j, i, str(text), ha="center", va="center", fontsize=fontsize)
     ax.figure.colorbar(im, ax=ax, fraction=0.046, label=label)
     return im
+
+
+def sender_receiver_heatmap(
+    grid: np.ndarray, senders: Sequence[str], receivers: Sequence[str], label: str, title: str, ax=None
+):
+    """A senders x receivers grid (NaN: no such path, left blank) on a symmetric diverging scale; drawn into
+    `ax` when given. Returns the Figure."""
+    plt = pyplot()
+    fig, ax = (
+        (ax.figure, ax)
+        if ax is not None
+        else plt.subplots(figsize=(max(5, 0.3 * len(receivers) + 2), max(2.5, 0.3 * len(senders) + 1.5)))
+    )
+    finite = grid[np.isfinite(grid)]
+    lim = float(np.abs(finite).max()) if finite.size and np.abs(finite).max() > 0 else 1.0
+    im = ax.imshow(np.ma.masked_invalid(grid), aspect="auto", cmap="RdBu", vmin=-lim, vmax=lim)
+    ax.set_xticks(range(len(receivers)))
+    ax.set_xticklabels(receivers, rotation=90, fontsize=7)
+    ax.set_yticks(range(len(senders)))
+    ax.set_yticklabels(senders, fontsize=7)
+    ax.set_xlabel("receiver")
+    ax.set_ylabel("sender")
+    fig.colorbar(im, ax=ax, label=label)
+    ax.set_title(title)
+    fig.tight_layout()
+    return fig

@@ -114,6 +114,28 @@ class Spec:
         return to_host(merge_results(pieces, pair_ids))
 
 
+def run_spec(
+    model,
+    pairs: Sequence,
+    spec: Spec,
+    *,
+    batch_size: Union[int, str, BatchSize] = 8,
+    padding_side: Optional[str] = None,
+    progress: Union[bool, str] = False,
+) -> Any:
+    """One instrument alone, in this process: `run_pipeline(model, pairs, [spec])[spec.name]`."""
+    out = run_pipeline(
+        model,
+        pairs,
+        [spec],
+        batch_size=batch_size,
+        ranks=Ranks(),
+        padding_side=padding_side,
+        progress=progress,
+    )
+    return out[spec.name]
+
+
 def merge_results(parts: Sequence[Any], pair_ids: List[str]) -> Any:
     """One result from results over consecutive pair sets: per-pair tensors (first axis) concatenated,
     `pair_ids` set to the whole set's, the rest (sites, options) taken from the first; then the

@@ -24,8 +24,7 @@ import pandas as pd
 import torch
 from jaxtyping import Float
 
-from reward_lens.core.pipeline import Reads, Shared, Spec, run_pipeline
-from reward_lens.core.ranks import Ranks
+from reward_lens.core.pipeline import Reads, Shared, Spec, run_spec
 from reward_lens.instruments.sites import component_sites
 from reward_lens.model.hooks import act_name
 from reward_lens.model.validation import check_model
@@ -338,12 +337,11 @@ def attribute(
     heads=None: per-head terms when the model has per-head hooks (native architectures).
     """
     check_model(model, "attribute")
-    return run_pipeline(
+    return run_spec(
         model,
         pairs,
-        [AttributionSpec(heads, neurons)],
+        AttributionSpec(heads, neurons),
         batch_size=batch_size,
-        ranks=Ranks(),
         padding_side=padding_side,
         progress=progress and "attribute",
-    )["attribution"]
+    )

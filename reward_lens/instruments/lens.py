@@ -26,8 +26,7 @@ import torch
 from jaxtyping import Float
 
 from reward_lens.core.directions import reward_from_final_resid
-from reward_lens.core.pipeline import Reads, Shared, Spec, run_pipeline
-from reward_lens.core.ranks import Ranks
+from reward_lens.core.pipeline import Reads, Shared, Spec, run_spec
 from reward_lens.instruments.sites import resid_mid_name, resid_name
 from reward_lens.model.hooks import act_name
 from reward_lens.model.validation import check_model
@@ -201,12 +200,11 @@ def lens(
 ) -> LensResult:
     """The reward lens of each pair's chosen and rejected response in both variants (module docstring)."""
     check_model(model, "lens")
-    return run_pipeline(
+    return run_spec(
         model,
         pairs,
-        [LensSpec(include_mid)],
+        LensSpec(include_mid),
         batch_size=batch_size,
-        ranks=Ranks(),
         padding_side=padding_side,
         progress=progress and "lens",
-    )["lens"]
+    )

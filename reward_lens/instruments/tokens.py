@@ -37,8 +37,7 @@ import torch
 from jaxtyping import Float
 
 from reward_lens.core.directions import readout_direction
-from reward_lens.core.pipeline import Reads, Shared, Spec, run_pipeline
-from reward_lens.core.ranks import Ranks
+from reward_lens.core.pipeline import Reads, Shared, Spec, run_spec
 from reward_lens.core.readout import Capture, Tokenized, batches, capture, tokenize
 from reward_lens.data.pairs import PreferencePair, TokenPair, as_pairs, pair_labels
 from reward_lens.model.hooks import act_name
@@ -492,15 +491,14 @@ def token_attribution(
     }
     prompt_len: List[torch.Tensor] = []
     if pairs is not None:
-        pieces = run_pipeline(
+        pieces = run_spec(
             model,
             pairs,
-            [TokenSpec()],
+            TokenSpec(),
             batch_size=batch_size,
-            ranks=Ranks(),
             padding_side=padding_side,
             progress=progress and "token attribution",
-        )["tokens"]
+        )
         for piece in pieces:
             for side in sides:
                 for k, v in piece[side].items():

@@ -10,8 +10,7 @@ from typing import Any, Dict, List, Mapping, Optional, Union
 
 import numpy as np
 
-from reward_lens.core.pipeline import Reads, Shared, Spec, run_pipeline
-from reward_lens.core.ranks import Ranks
+from reward_lens.core.pipeline import Reads, Shared, Spec, run_spec
 from reward_lens.data.pairs import PreferencePair, as_pairs
 from reward_lens.model.hooks import act_name, final_resid_name
 from reward_lens.stats import to_float64
@@ -50,10 +49,8 @@ class StatesSpec(Spec):
 def readout_states(model, pairs: Any, *, batch_size: int = 8, progress: Union[bool, str] = False):
     """(delta, direction) numpy arrays of `ReadoutStates` (one forward per side and batch)."""
     spec = StatesSpec()
-    out = run_pipeline(
-        model, as_pairs(pairs), [spec], batch_size=batch_size, ranks=Ranks(), progress=progress
-    )
-    return out[spec.name].delta.numpy(), out[spec.name].direction.numpy()
+    states = run_spec(model, as_pairs(pairs), spec, batch_size=batch_size, progress=progress)
+    return states.delta.numpy(), states.direction.numpy()
 
 
 def _dimension_specs(dimensions: Any) -> Dict[str, Any]:

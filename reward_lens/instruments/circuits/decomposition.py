@@ -26,8 +26,7 @@ import torch
 from jaxtyping import Float
 
 from reward_lens.core.directions import reward_from_final_resid
-from reward_lens.core.pipeline import Reads, Shared, Spec, run_pipeline
-from reward_lens.core.ranks import Ranks
+from reward_lens.core.pipeline import Reads, Shared, Spec, run_spec
 from reward_lens.instruments.circuits.graph import TARGET, TargetRun, capture_names
 from reward_lens.instruments.patching.engines import readout_recompute_exact
 from reward_lens.instruments.sites import component_sites
@@ -265,12 +264,11 @@ def effect_decomposition(
     if level != "component":
         raise ValueError(f"level must be 'component' (embed, attn_L{{l}}, mlp_L{{l}}), got {level!r}")
     spec = EffectSpec(mode)
-    return run_pipeline(
+    return run_spec(
         model,
         pairs,
-        [spec],
+        spec,
         batch_size=batch_size,
-        ranks=Ranks(),
         padding_side=padding_side,
         progress=progress and "effect decomposition",
-    )[spec.name]
+    )

@@ -46,7 +46,7 @@ from reward_lens.instruments.circuits.graph import (
     sender_offsets,
     target_run,
 )
-from reward_lens.plotting import pyplot
+from reward_lens.plotting import sender_receiver_heatmap
 from reward_lens.results import CleanPairRewards, to_numpy
 
 EDGE_METHODS = ("eap", "eap-ig", "eap-ig-joint")
@@ -139,28 +139,10 @@ class EdgeAttributionResult(CleanPairRewards):
 
     def plot(self, normalized: bool = True, ax=None):
         """Sender x receiver heatmap of the mean (normalised) score over pairs (blank: no such edge)."""
-        plt = pyplot()
         grid = to_numpy(self.normalized() if normalized else self.scores).mean(0)
-        fig, ax = (
-            (ax.figure, ax)
-            if ax is not None
-            else plt.subplots(
-                figsize=(max(5, 0.3 * len(self.receivers) + 2), max(2.5, 0.3 * len(self.senders) + 1.5))
-            )
-        )
-        finite = grid[np.isfinite(grid)]
-        lim = float(np.abs(finite).max()) if finite.size and np.abs(finite).max() > 0 else 1.0
-        im = ax.imshow(np.ma.masked_invalid(grid), aspect="auto", cmap="RdBu", vmin=-lim, vmax=lim)
-        ax.set_xticks(range(len(self.receivers)))
-        ax.set_xticklabels(self.receivers, rotation=90, fontsize=7)
-        ax.set_yticks(range(len(self.senders)))
-        ax.set_yticklabels(self.senders, fontsize=7)
-        ax.set_xlabel("receiver")
-        ax.set_ylabel("sender")
-        fig.colorbar(im, ax=ax, label="normalised score" if normalized else "score")
-        ax.set_title(f"Edge attribution ({self.method}, {self.mode}), mean over {len(self.pair_ids)} pair(s)")
-        fig.tight_layout()
-        return fig
+        title = f"Edge attribution ({self.method}, {self.mode}), mean over {len(self.pair_ids)} pair(s)"
+        label = "normalised score" if normalized else "score"
+        return sender_receiver_heatmap(grid, self.senders, self.receivers, label, title, ax)
 
 
 def step_points(method: str, steps: int) -> torch.Tensor:

@@ -21,8 +21,7 @@ import pandas as pd
 import torch
 
 from reward_lens.core.directions import reward_from_final_resid
-from reward_lens.core.pipeline import Reads, Shared, run_pipeline
-from reward_lens.core.ranks import Ranks
+from reward_lens.core.pipeline import Reads, Shared, run_spec
 from reward_lens.core.readout import Capture
 from reward_lens.instruments.patching.contrastive import MeansPrePass, PatchResult
 from reward_lens.instruments.patching.engines import readout_capture_names, readout_recompute_exact
@@ -369,12 +368,11 @@ def attribution_patch(
 ) -> AtPResult:
     """AtP estimates of `patch(model, pairs, mode=..., level=..., positions=...)` for every site."""
     spec = AtPSpec(mode, level, positions, layers, means, name="atp")
-    return run_pipeline(
+    return run_spec(
         model,
         pairs,
-        [spec],
+        spec,
         batch_size=batch_size,
-        ranks=Ranks(),
         padding_side=padding_side,
         progress=progress and "attribution patching",
-    )["atp"]
+    )

@@ -41,8 +41,7 @@ import pandas as pd
 import torch
 from jaxtyping import Float
 
-from reward_lens.core.pipeline import Reads, Shared, Spec, run_pipeline
-from reward_lens.core.ranks import Ranks
+from reward_lens.core.pipeline import Reads, Shared, Spec, run_spec
 from reward_lens.instruments.patching.engines import clean_reads, has_readout_fast_path, patch_batch  # noqa: F401
 from reward_lens.instruments.patching.positions import select
 from reward_lens.instruments.patching.spec import METHODS, MODES, POSITIONS, TARGETS, check_options  # noqa: F401
@@ -355,15 +354,14 @@ def site_sums(
 ) -> Tuple[Dict[str, torch.Tensor], int]:
     """(hook name -> float64 sum of its activation, count) over both responses of every pair: at the
     readout (positions="readout") or over every real token. Sums of disjoint pair sets add up (ranks)."""
-    return run_pipeline(
+    return run_spec(
         model,
         pairs,
-        [SumsSpec(sites, positions)],
+        SumsSpec(sites, positions),
         batch_size=batch_size,
-        ranks=Ranks(),
         padding_side=padding_side,
         progress=progress and "means",
-    )["site_sums"]
+    )
 
 
 def means_from_sums(
@@ -418,12 +416,6 @@ def patch(
     """
     check_model(model, "patch")
     spec = PatchSpec(mode, level, positions, layers, method, max_rows, means, name="patch")
-    return run_pipeline(
-        model,
-        pairs,
-        [spec],
-        batch_size=batch_size,
-        ranks=Ranks(),
-        padding_side=padding_side,
-        progress=progress and "patch",
-    )["patch"]
+    return run_spec(
+        model, pairs, spec, batch_size=batch_size, padding_side=padding_side, progress=progress and "patch"
+    )

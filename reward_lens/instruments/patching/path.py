@@ -50,7 +50,7 @@ from reward_lens.instruments.patching.engines import readout_recompute_exact
 from reward_lens.model.hooks import act_name, final_resid_name
 from reward_lens.model.recompute import ReadoutContext
 from reward_lens.model.validation import safe_ratio
-from reward_lens.plotting import pyplot
+from reward_lens.plotting import sender_receiver_heatmap
 from reward_lens.results import CleanPairRewards, to_numpy
 
 PATH_MODES = ("noising", "denoising")
@@ -200,30 +200,10 @@ class PathPatchResult(CleanPairRewards):
 
     def plot(self, normalized: bool = True, ax=None):
         """Sender x receiver heatmap of the mean effect over pairs (blank: no such path)."""
-        plt = pyplot()
         grid = to_numpy(self.effect(normalized=normalized)).mean(0)
-        fig, ax = (
-            (ax.figure, ax)
-            if ax is not None
-            else plt.subplots(
-                figsize=(max(5, 0.3 * len(self.receivers) + 2), max(2.5, 0.3 * len(self.senders) + 1.5))
-            )
-        )
-        finite = grid[np.isfinite(grid)]
-        lim = float(np.abs(finite).max()) if finite.size and np.abs(finite).max() > 0 else 1.0
-        im = ax.imshow(np.ma.masked_invalid(grid), aspect="auto", cmap="RdBu", vmin=-lim, vmax=lim)
-        ax.set_xticks(range(len(self.receivers)))
-        ax.set_xticklabels(self.receivers, rotation=90, fontsize=7)
-        ax.set_yticks(range(len(self.senders)))
-        ax.set_yticklabels(self.senders, fontsize=7)
-        ax.set_xlabel("receiver")
-        ax.set_ylabel("sender")
-        fig.colorbar(im, ax=ax, label="normalised effect" if normalized else "effect")
-        ax.set_title(
-            f"Path patching ({self.mode}, target {self.target}), mean over {len(self.pair_ids)} pair(s)"
-        )
-        fig.tight_layout()
-        return fig
+        title = f"Path patching ({self.mode}, target {self.target}), mean over {len(self.pair_ids)} pair(s)"
+        label = "normalised effect" if normalized else "effect"
+        return sender_receiver_heatmap(grid, self.senders, self.receivers, label, title, ax)
 
 
 # ---------------------------------------------------------------------------------------------------
