@@ -128,3 +128,22 @@ def test_new_organisms_are_small_documented_and_otherwise_the_demo():
             model(c["input_ids"], c["attention_mask"]) > model(r["input_ids"], r["attention_mask"])
         ).float()
     assert acc.mean() >= 0.9  # without a trigger, the demo's preferences
+
+
+def test_bench_and_triggers_outputs_get_the_audit_checks(tmp_path, capsys):
+    from reward_lens.app.cli import main
+
+    a_file = tmp_path / "notes.md"
+    a_file.write_text("mine")
+    assert main(["bench", "--only", "circuit", "--quick", "--out", str(a_file)]) == 2
+    assert a_file.read_text() == "mine"
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.md").write_text("mine")
+    assert main(["triggers", "--max-pairs", "2", "--out", str(foreign)]) == 2
+    err = capsys.readouterr().err
+    assert "notes.md" in err and (foreign / "notes.md").read_text() == "mine"
+    out = tmp_path / "bench"
+    main(["bench", "--only", "circuit", "--quick", "--out", str(out)])
+    csv = pd.read_csv(out / "bench.csv")
+    assert len(csv) >= 6 and (out / "results.json").exists() and (out / "bench.html").exists()

@@ -12,7 +12,6 @@ is a miss with the error as its note.
 from __future__ import annotations
 
 import html
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +22,7 @@ import pandas as pd
 
 from reward_lens.app.bench_checks import BenchContext, Check
 from reward_lens.app.bench_registry import all_checks, select
+from reward_lens.app.output import write_csv, write_json
 from reward_lens.plotting import pyplot
 
 COLUMNS = ["organism", "mechanism", "instrument", "metric", "value", "goal", "passed"]
@@ -128,14 +128,14 @@ def write_bench(result: BenchResult, out: Path) -> List[Path]:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     frame = result.to_frame()
-    frame[COLUMNS].to_csv(out / "bench.csv", index=False)
+    write_csv(out / "bench.csv", frame[COLUMNS])  # a value not found (a rank of inf): an empty cell
     payload = {
         "passed": result.passed,
         "seconds": round(result.seconds, 1),
-        "rows": json.loads(frame.to_json(orient="records")),
+        "rows": frame.to_dict(orient="records"),
         "pending": result.pending,
     }
-    (out / "results.json").write_text(json.dumps(payload, indent=1) + "\n")
+    write_json(out / "results.json", payload)  # non-finite values: null
     (out / "bench.html").write_text(render_html(result))
     return [out / "bench.csv", out / "results.json", out / "bench.html"]
 

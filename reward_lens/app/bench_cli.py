@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 from reward_lens.app.options import CLIError, check_device, check_pairs_file, check_positive, split_list
+from reward_lens.app.output import ReportDir, write_csv
 
 NAMED_MODELS = ("demo", "smollm2-organism", "trigger-organism", "gate-organism")
 
@@ -63,9 +64,10 @@ def cmd_bench(args) -> int:
         select(all_checks(), only, args.quick)
     except ValueError as exc:
         raise CLIError(str(exc)) from None
-    result = run_bench(only, device=args.device or "cpu", quick=args.quick)
-    for path in write_bench(result, Path(args.out)):
-        print(f"wrote {path}")
+    with ReportDir(args.out) as out:  # checked and locked before any work, swapped in whole at the end
+        result = run_bench(only, device=args.device or "cpu", quick=args.quick)
+        path = out.commit(lambda tmp: write_bench(result, tmp))
+    print(f"wrote {path / 'bench.csv'}, results.json and bench.html")
     s = result.summary().to_dict("records")[0]
     print(f"{s['passed']} of {s['rows']} rows meet their goal; {s['pending']} pending; {s['seconds']} s")
     return 0 if result.passed else 1
@@ -116,25 +118,28 @@ def cmd_triggers(args) -> int:
     if args.method not in METHODS:
         raise CLIError(f"--method must be one of {', '.join(METHODS)}, got {args.method!r}")
     check_pairs_file(args.pairs)
-    items = load_pairs(args.pairs) if args.pairs else default_items(args.model)
-    items = list(items)[: args.max_pairs] if args.max_pairs else list(items)
-    model = load_named(args.model, args.device or "cpu")
-    res = search_triggers(
-        model,
-        items,
-        where=args.where,
-        length=args.length,
-        top_k=args.top_k,
-        method=args.method,
-        batch_size=args.batch_size,
-    )
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    res.to_frame().to_csv(out / "triggers.csv", index=False)
-    res.plot().savefig(out / "triggers.png", dpi=120, bbox_inches="tight")
+    with ReportDir(args.out) as out:  # checked and locked before any work, swapped in whole at the end
+        items = load_pairs(args.pairs) if args.pairs else default_items(args.model)
+        items = list(items)[: args.max_pairs] if args.max_pairs else list(items)
+        model = load_named(args.model, args.device or "cpu")
+        res = search_triggers(
+            model,
+            items,
+            where=args.where,
+            length=args.length,
+            top_k=args.top_k,
+            method=args.method,
+            batch_size=args.batch_size,
+        )
+
+        def write(tmp: Path) -> None:
+            write_csv(tmp / "triggers.csv", res.to_frame())
+            res.plot().savefig(tmp / "triggers.png", dpi=120, bbox_inches="tight")
+
+        path = out.commit(write)
     print(res.to_frame().head(10).to_string(index=False))
     print(
-        f"wrote {out / 'triggers.csv'} and {out / 'triggers.png'} ({res.cost['seconds']:.1f} s)",
+        f"wrote {path / 'triggers.csv'} and {path / 'triggers.png'} ({res.cost['seconds']:.1f} s)",
         file=sys.stderr,
     )
     return 0
