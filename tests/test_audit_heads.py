@@ -110,3 +110,29 @@ def test_audit_of_qrm(tmp_path):
     assert results["head_family"]["family"] == "qrm" and len(results["armorm"]["objectives"]) == 19
     assert results["head_family"]["direction_cosine"]["to_mean_direction"]["min"] < 0.9999
     assert "ArmoRM: gate and objectives" in html and "qrm" in html
+
+
+def test_direction_spread_from_the_shared_passes_equals_a_direct_computation(tmp_path):
+    """The audit reads the per-sequence directions from its pipeline call; recomputed here batch by batch
+    with `readout_direction` (chosen and rejected of every pair), the cosines agree."""
+    from reward_lens.app.head_family import head_family_view
+    from reward_lens.core.batching import pair_batches
+    from reward_lens.core.directions import readout_direction
+    from reward_lens.data.pairs import load_pairs
+
+    tok = tokenizer()
+    path = save_tiny("inform", tmp_path / "inform", vocab_size=len(tok), pad_token_id=tok.pad_token_id)
+    tok.save_pretrained(path)
+    model = HookedRewardModel.from_pretrained(path, device="cpu")
+    pairs = load_pairs(write_pairs(tmp_path / "pairs.jsonl", conversational=False))[:N]
+    spread = head_family_view(model, pairs, 3)["summary"]["direction_cosine"]
+    sides = {"chosen": [], "rejected": []}
+    for batch in pair_batches(model, pairs, 2):
+        for side in sides:
+            sides[side].append(readout_direction(model, getattr(batch, side))[0].double())
+    c, r = (torch.nn.functional.normalize(torch.cat(v), dim=-1) for v in sides.values())
+    every = torch.cat([c, r])
+    mean = torch.nn.functional.normalize(every.mean(0), dim=0)
+    assert spread["to_mean_direction"]["mean"] == pytest.approx(float((every @ mean).mean()), abs=1e-6)
+    assert spread["to_mean_direction"]["min"] == pytest.approx(float((every @ mean).min()), abs=1e-6)
+    assert spread["chosen_vs_rejected"]["mean"] == pytest.approx(float((c * r).sum(-1).mean()), abs=1e-6)

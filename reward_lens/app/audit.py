@@ -26,7 +26,7 @@ from reward_lens import distributed as dist
 from reward_lens import instruments as ins
 from reward_lens.app.audit_report import build_report, headline_frame, summary_table
 from reward_lens.app.benchmark import benchmark_outputs
-from reward_lens.app.head_family import head_family_view
+from reward_lens.app.head_family import DirectionsSpec, head_family_view
 from reward_lens.app.output import (
     ReportDir,
     check_finite_columns,
@@ -238,6 +238,8 @@ def sharded_steps(model, pairs, batch: BatchSize, ranks: dist.Ranks, step: "_Ste
     if model.has_readout_fast_path and not model.reward_head.is_gated:  # the readout recomputed alone
         specs.append(ins.EffectSpec("noising"))
         label += ", effect decomposition"
+    if model.reward_head.is_gated:  # per-sequence directions: their spread, for the head-family view
+        specs.append(DirectionsSpec())
     # one pipeline: the clean passes of every batch shared by the instruments
     got = step(label, lambda: dist.run(model, pairs, specs, ranks=ranks, batch_size=batch))
     if got is None:
@@ -249,6 +251,7 @@ def sharded_steps(model, pairs, batch: BatchSize, ranks: dist.Ranks, step: "_Ste
         "divergence": "divergence",
         "disagreement": "effect_decomposition",
         "readout_states": "readout_states",
+        "directions": "directions",
     }
     return {key: got[name] for key, name in names.items() if name in got}
 
@@ -394,7 +397,8 @@ def _head_family_step(
     """The head family read, and the cosine spread of per-sequence directions (app/head_family.py)."""
 
     view = results["head_family"] = step(
-        "head family", lambda: batch.run(lambda bs: head_family_view(model, pairs, bs))
+        "head family",
+        lambda: batch.run(lambda bs: head_family_view(model, pairs, bs, results.get("directions"))),
     )
     record["head_family"] = view["summary"]
 

@@ -5,13 +5,13 @@ is close to one linear direction; low values mean each sequence is read along it
 
 from __future__ import annotations
 
-from typing import Any, Dict, Sequence
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence
 
 import pandas as pd
 import torch
 
-from reward_lens.core.batching import pair_batches
-from reward_lens.core.directions import readout_direction
+from reward_lens.core.pipeline import Shared, Spec, run_spec
 
 
 def _stats(x: torch.Tensor) -> Dict[str, float]:
@@ -24,16 +24,31 @@ def _stats(x: torch.Tensor) -> Dict[str, float]:
     }
 
 
-@torch.no_grad()
-def direction_spread(model, pairs: Sequence, batch_size: int) -> Dict[str, Dict[str, float]]:
+@dataclass
+class ReadoutDirections:
+    """Each pair's per-sequence reward directions [n_pairs, d_model], chosen and rejected."""
+
+    pair_ids: List[str]
+    chosen: torch.Tensor
+    rejected: torch.Tensor
+
+
+class DirectionsSpec(Spec):
+    """The per-sequence reward directions as a pipeline instrument: the directions the other instruments'
+    steps compute anyway (memoised per batch and side), so they cost no forward of their own."""
+
+    name = "directions"
+
+    def step(self, model, shared: Shared) -> ReadoutDirections:
+        c, r = (shared.direction(model, side)[0].float() for side in ("chosen", "rejected"))
+        return ReadoutDirections(shared.pair_ids, c, r)
+
+
+def direction_spread(directions: ReadoutDirections) -> Dict[str, Dict[str, float]]:
     """Cosines of the per-sequence reward directions (chosen and rejected of every pair): to their mean
     direction, between all pairs of sequences, and between each pair's chosen and rejected."""
-    chosen, rejected = [], []
-    for batch in pair_batches(model, pairs, batch_size):
-        chosen.append(readout_direction(model, batch.chosen)[0].cpu())
-        rejected.append(readout_direction(model, batch.rejected)[0].cpu())
-    c = torch.nn.functional.normalize(torch.cat(chosen).double(), dim=-1)
-    r = torch.nn.functional.normalize(torch.cat(rejected).double(), dim=-1)
+    c = torch.nn.functional.normalize(directions.chosen.double(), dim=-1)
+    r = torch.nn.functional.normalize(directions.rejected.double(), dim=-1)
     every = torch.cat([c, r])
     mean = torch.nn.functional.normalize(every.mean(0), dim=0)
     gram = every @ every.T
@@ -45,8 +60,11 @@ def direction_spread(model, pairs: Sequence, batch_size: int) -> Dict[str, Dict[
     }
 
 
-def head_family_view(model, pairs: Sequence, batch_size: int) -> Dict[str, Any]:
-    """{"summary": what results.json records, "frame": the cosine-spread table (None for one direction)}."""
+def head_family_view(
+    model, pairs: Sequence, batch_size: int, directions: Optional[ReadoutDirections] = None
+) -> Dict[str, Any]:
+    """{"summary": what results.json records, "frame": the cosine-spread table (None for one direction)}.
+    `directions`: the pairs' `ReadoutDirections` when already computed (the audit's shared passes)."""
     head = model.reward_head
     summary: Dict[str, Any] = {
         "family": head.family,
@@ -58,7 +76,9 @@ def head_family_view(model, pairs: Sequence, batch_size: int) -> Dict[str, Any]:
         summary["step_read"] = head.step
     frame = None
     if head.is_gated:
-        spread = direction_spread(model, pairs, batch_size)
+        if directions is None:
+            directions = run_spec(model, pairs, DirectionsSpec(), batch_size=batch_size)
+        spread = direction_spread(directions)
         summary["direction_cosine"] = spread
         frame = pd.DataFrame([{"cosine": k, **v} for k, v in spread.items()])
     return {"summary": summary, "frame": frame}
