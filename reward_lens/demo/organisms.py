@@ -6,6 +6,7 @@
 
     model = load_gate_organism()           # an ArmoRM-style RM whose gate routes by topic
     model, pairs = planted_circuit()       # 2 layers, hand-set weights: head L0H0 -> head L1H2 -> reward
+    pairs = minimal_pairs(model, 8)        # token-aligned demo pairs: only the answer's number differs
 
 Each shipped organism has a GROUND_TRUTH.md in its directory and a deterministic script under `scripts/`
 that rebuilds it (`train_trigger_organism.py`, `train_gate_organism.py`); the planted circuit is built here.
@@ -14,6 +15,7 @@ that rebuilds it (`train_trigger_organism.py`, `train_gate_organism.py`); the pl
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import List, Tuple, Union
 
@@ -42,6 +44,37 @@ def _load(directory: Path, device):
             f"{directory / 'GROUND_TRUTH.md'}"
         )
     return HookedRewardModel.from_pretrained(directory, device=device)
+
+
+_RESULT = re.compile(r"(\d+) (plus|minus|times) (\d+) is (\d+)")
+
+
+def minimal_pairs(model, n: int = 8) -> List[PreferencePair]:
+    """Token-aligned minimal pairs from the demo's held-out arithmetic pairs: the chosen answer, and the same
+    text with its result replaced by a wrong number of the same token count (both sides the same length
+    and padding, as `positions="all"` circuits need). `model` supplies the tokenizer (the demo's, or an
+    organism on the demo's trunk)."""
+    from reward_lens.demo import demo_pairs
+
+    def length(prompt: str, response: str) -> int:
+        return int(model.to_tokens([prompt], [response])["input_ids"].shape[1])
+
+    out: List[PreferencePair] = []
+    for pair in demo_pairs():
+        m = _RESULT.search(pair.chosen)
+        if pair.subset != "arithmetic" or m is None:
+            continue
+        right = int(m.group(4))
+        for wrong in (right + 1, right - 1, right + 2, right + 10):
+            if wrong < 0:
+                continue
+            text = pair.chosen[: m.start(4)] + str(wrong) + pair.chosen[m.end(4) :]
+            if length(pair.prompt, text) == length(pair.prompt, pair.chosen):
+                out.append(PreferencePair(pair.prompt, pair.chosen, text, "arithmetic", f"{pair.id}-minimal"))
+                break
+        if len(out) == n:
+            return out
+    raise ValueError(f"the demo pairs hold only {len(out)} arithmetic answers to turn into minimal pairs")
 
 
 def load_trigger_organism(device: Union[str, torch.device, None] = "cpu"):
@@ -170,6 +203,7 @@ __all__ = [
     "load_gate_organism",
     "load_prm_organism",
     "load_trigger_organism",
+    "minimal_pairs",
     "planted_circuit",
     "trigger_items",
     "trigger_token_ids",

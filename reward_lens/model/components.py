@@ -244,6 +244,21 @@ class Attention(nn.Module):
     ) -> Float[torch.Tensor, "batch pos d_model"]:
         """The attention output of the normalised input `x`, or of per-head inputs `per_head` = (q, k, v
         inputs, [batch, pos, heads, d_model]: the block's split inputs) when given."""
+        z = self.heads_z(x, cos, sin, allowed, per_head)
+        if self.cfg.use_attn_result:
+            result = self.hook_result(torch.einsum("bqnh,nhm->bqnm", z, self.W_O))
+            return result.sum(-2) + self.b_O
+        return self.project_z(z)
+
+    def heads_z(
+        self,
+        x: Optional[Float[torch.Tensor, "batch pos d_model"]],
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        allowed: Bool[torch.Tensor, "batch query_pos key_pos"],
+        per_head: Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None,
+    ) -> Float[torch.Tensor, "batch pos n_heads d_head"]:
+        """Every head's z (as hook_z holds it) over the whole sequence, from `x` or `per_head` (`forward`)."""
         cfg = self.cfg
         if per_head is None:
             q, k, v = self._rotated_qkv(x, cos, sin)
@@ -265,11 +280,7 @@ class Attention(nn.Module):
                 scale=1.0 / cfg.attn_scale,
                 enable_gqa=cfg.n_heads != cfg.n_key_value_heads,
             ).transpose(1, 2)
-        z = self.hook_z(z)
-        if cfg.use_attn_result:
-            result = self.hook_result(torch.einsum("bqnh,nhm->bqnm", z, self.W_O))
-            return result.sum(-2) + self.b_O
-        return self.project_z(z)
+        return self.hook_z(z)
 
     def forward_with_past(
         self,
@@ -501,6 +512,30 @@ class TransformerBlock(nn.Module):
         xq, xk, xv = (x if t is None else self.ln1(t) for t in (q_input, k_input, v_input))
         z = self.attn.forward_readout(xq, cos, sin, past_k, past_v, sees, xk, xv)
         return resid + self.attn_out_from_z(z)
+
+    def z_with_inputs(
+        self,
+        resid: Float[torch.Tensor, "batch pos d_model"],
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        allowed: Bool[torch.Tensor, "batch query_pos key_pos"],
+        q_input: Optional[torch.Tensor] = None,
+        k_input: Optional[torch.Tensor] = None,
+        v_input: Optional[torch.Tensor] = None,
+    ) -> Float[torch.Tensor, "batch pos n_heads d_head"]:
+        """Every head's z over the whole sequence when each head reads its own input at every position
+        (`q_input` [batch, pos, n_heads, d_model], `k_input` / `v_input` [..., n_key_value_heads, d_model]:
+        the residual before ln1, as TransformerLens's split inputs; default `resid`). The block's output is
+        then `resid + attn_out_from_z(z)` and `readout_mlp` (position-wise) on that."""
+        if q_input is None and k_input is None and v_input is None:
+            return self.attn.heads_z(self.ln1(resid), cos, sin, allowed)
+        x = self.ln1(resid)
+        counts = (self.cfg.n_heads, self.cfg.n_key_value_heads, self.cfg.n_key_value_heads)
+        per_head = tuple(
+            x[:, :, None].expand(-1, -1, n, -1) if t is None else self.ln1(t)
+            for t, n in zip((q_input, k_input, v_input), counts)
+        )
+        return self.attn.heads_z(None, cos, sin, allowed, per_head=per_head)
 
     def readout_mlp(
         self, resid_mid: Float[torch.Tensor, "... d_model"], mlp_delta: Optional[torch.Tensor] = None

@@ -18,7 +18,7 @@ import torch.nn as nn
 from jaxtyping import Float, Int
 from transformer_lens.hook_points import HookPoint
 
-from reward_lens.model import recompute, suffix
+from reward_lens.model import recompute, sequence, suffix
 from reward_lens.model.base import RewardModelBase
 from reward_lens.model.components import Embed, RMSNorm, RotaryEmbedding, TransformerBlock, attention_masks
 from reward_lens.model.config import RewardModelConfig
@@ -342,6 +342,28 @@ class HookedRewardModel(TransformerLensConveniences, RewardModelBase):
     ) -> Float[torch.Tensor, "batch k d_model"]:
         """The readout's resid_mid [batch, k, d_model] with head heads[j]'s z replaced by new_z[:, j]."""
         return recompute.resid_mid_with_heads(self, layer, resid_pre, z, heads, new_z)
+
+    # ------------------------------------------------------------------ whole sequences from a layer on
+    def sequence_context(self, tok: Any) -> sequence.SequenceContext:
+        """A tokenised batch's whole-sequence positional state (ids, mask, readout, RoPE tables, masks),
+        computed once; `.repeat(n)` for n alternatives per row. See `reward_lens.model.sequence`."""
+        return sequence.sequence_context(self, tok)
+
+    def final_from_layer(
+        self,
+        ctx: sequence.SequenceContext,
+        layer: int,
+        resid_pre: torch.Tensor,
+        *,
+        q_input: Optional[torch.Tensor] = None,
+        k_input: Optional[torch.Tensor] = None,
+        v_input: Optional[torch.Tensor] = None,
+        mlp_delta: Optional[torch.Tensor] = None,
+    ) -> Float[torch.Tensor, "batch d_model"]:
+        """The final residual at the readout [batch, d_model] when block `layer` runs on `resid_pre`
+        [batch, pos, d_model] with per-head q/k/v inputs and/or an MLP input shift at every position,
+        every later block as in a forward (all-position path patching's receivers)."""
+        return sequence.final_from_layer(self, ctx, layer, resid_pre, q_input, k_input, v_input, mlp_delta)
 
     # ------------------------------------------------------------------ suffixes over a shared prefix
     def prefix_cache(self, prefix_ids: Int[torch.Tensor, "1 prefix"]) -> suffix.PrefixCache:

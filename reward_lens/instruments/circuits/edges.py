@@ -46,6 +46,15 @@ from reward_lens.instruments.circuits.graph import (
     sender_offsets,
     target_run,
 )
+from reward_lens.instruments.circuits.positions import (
+    full_adjoints,
+    joint_offsets_all,
+    sender_deltas_all,
+    sender_offsets_all,
+    source_run_all,
+    target_run_all,
+)
+from reward_lens.instruments.patching.path import check_positions, token_aligned_batches
 from reward_lens.plotting import sender_receiver_heatmap
 from reward_lens.results import CleanPairRewards, to_numpy
 
@@ -57,7 +66,8 @@ Edge = Tuple[str, str]
 class EdgeAttributionResult(CleanPairRewards):
     """Estimated path-patching effects `scores` [n_pairs, n_senders, n_receivers] (NaN where the receiver
     does not read the sender), in the units of `PathPatchResult.effect()`; `clean_chosen` /
-    `clean_rejected` [n_pairs]. normalized_score = score / clean gap (chosen - rejected)."""
+    `clean_rejected` [n_pairs]. normalized_score = score / clean gap (chosen - rejected). `positions`: the
+    path-patching definition estimated ("readout" or "all", as `path_patch`)."""
 
     pair_ids: List[str]
     senders: List[str]
@@ -68,6 +78,7 @@ class EdgeAttributionResult(CleanPairRewards):
     clean_chosen: Float[torch.Tensor, " pair"]
     clean_rejected: Float[torch.Tensor, " pair"]
     scores: Float[torch.Tensor, "pair sender receiver"]
+    positions: str = "readout"
 
     def normalized(self) -> torch.Tensor:
         return self.scores / self.clean_gap[:, None, None]
@@ -140,7 +151,10 @@ class EdgeAttributionResult(CleanPairRewards):
     def plot(self, normalized: bool = True, ax=None):
         """Sender x receiver heatmap of the mean (normalised) score over pairs (blank: no such edge)."""
         grid = to_numpy(self.normalized() if normalized else self.scores).mean(0)
-        title = f"Edge attribution ({self.method}, {self.mode}), mean over {len(self.pair_ids)} pair(s)"
+        title = (
+            f"Edge attribution ({self.method}, {self.mode}, positions={self.positions}), mean over "
+            f"{len(self.pair_ids)} pair(s)"
+        )
         label = "normalised score" if normalized else "score"
         return sender_receiver_heatmap(grid, self.senders, self.receivers, label, title, ax)
 
@@ -193,6 +207,37 @@ def batch_scores(model, batch, snodes, rnodes, mode: str, method: str, alphas: t
     return scores, {t_side: ctx.cap.rewards.float().cpu(), s_side: src.rewards.float().cpu()}
 
 
+def batch_scores_all(
+    model, batch, snodes, rnodes, mode: str, method: str, alphas: torch.Tensor, max_rows: int
+):
+    """`batch_scores` at every position (token-aligned pairs): score = sum over positions of Δ_S . g_R."""
+    t_side, s_side = TARGET[mode]
+    tok, stok = getattr(batch, t_side), getattr(batch, s_side)
+    tcap, seq = target_run_all(model, tok)
+    src = source_run_all(model, stok)
+    tgt, srcf = tcap.full, src.full
+    direction, bias = readout_direction(model, tok)
+    delta = sender_deltas_all(model, snodes, tgt, srcf)  # [B, S, T, d]
+    B, P = delta.shape[0], alphas.numel()
+    grads = 0.0
+    per = max(1, max_rows // B)
+    for lo in range(0, P, per):  # the joint line, `per` points at a time
+        part = alphas[lo : lo + per]
+        joint = joint_offsets_all(model, tgt, srcf, part)
+        g = full_adjoints(model, seq, tgt, joint, rnodes, direction, bias, mean_over=part.numel())[:, 0]
+        grads = grads + g * (part.numel() / P)
+    scores = torch.einsum("bstd,brtd->bsr", delta, grads)
+    if method == "eap-ig":
+        own = torch.tensor([j for j, r in enumerate(rnodes) if r.kind != "readout"])  # readout: joint line
+        for start, part in sender_chunks(model, snodes, max(1, max_rows // (B * P))):
+            offsets = sender_offsets_all(model, [snodes[i] for i in part], delta[:, part], alphas)
+            g = full_adjoints(model, seq, tgt, offsets, [rnodes[j] for j in own], direction, bias, start, P)
+            scores[:, part[:, None], own[None]] = torch.einsum("bstd,bsrtd->bsr", delta[:, part], g)
+    scores = scores.cpu()
+    scores[:, ~edge_mask(snodes, rnodes)] = float("nan")
+    return scores, {t_side: tcap.rewards.float().cpu(), s_side: src.rewards.float().cpu()}
+
+
 def edge_attribution(
     model,
     pairs,
@@ -202,14 +247,16 @@ def edge_attribution(
     steps: int = 16,
     senders: Optional[Sequence[str]] = None,
     receivers: Optional[Sequence[str]] = None,
+    positions: str = "readout",
     batch_size: int = 8,
     max_rows: int = 256,
     padding_side: Optional[str] = None,
     progress: Union[bool, str] = False,
 ) -> EdgeAttributionResult:
-    """EAP / EAP-IG scores of every (sender, receiver) edge, estimating `path_patch(model, pairs, mode=mode)`
-    (module docstring). senders: "embed", "L{l}H{h}", "attn_L{l}", "mlp_L{l}" (default: embed, every head,
-    every MLP); receivers: `path_patch`'s (default: all)."""
+    """EAP / EAP-IG scores of every (sender, receiver) edge, estimating `path_patch(model, pairs, mode=mode,
+    positions=positions)` (module docstring). senders: "embed", "L{l}H{h}", "attn_L{l}", "mlp_L{l}"
+    (default: embed, every head, every MLP); receivers: `path_patch`'s (default: all). positions="all":
+    token-aligned pairs, every position (gradients at every position, one full-sequence pass per point)."""
     if method not in EDGE_METHODS:
         raise ValueError(f"method must be one of {EDGE_METHODS}, got {method!r}")
     if mode not in TARGET:
@@ -220,12 +267,18 @@ def edge_attribution(
         raise ValueError(f"steps must be >= 1, got {steps}")
     if not model.has_head_hooks:
         raise ValueError("edge_attribution needs per-head hooks and weights (a native architecture)")
+    everywhere = check_positions(positions) == "all"
     pairs = as_pairs(pairs)
     snodes, rnodes = nodes(model, senders, receivers)
     alphas = step_points(method, steps)
     scores, clean = [], {"chosen": [], "rejected": []}
-    for batch in pair_batches(model, pairs, batch_size, progress and "edge attribution", padding_side):
-        out, rewards = batch_scores(model, batch, snodes, rnodes, mode, method, alphas, max_rows)
+    batches = (token_aligned_batches if everywhere else pair_batches)(
+        model, pairs, batch_size, progress and "edge attribution", padding_side
+    )
+    for batch in batches:
+        out, rewards = (batch_scores_all if everywhere else batch_scores)(
+            model, batch, snodes, rnodes, mode, method, alphas, max_rows
+        )
         scores.append(out)
         for side, r in rewards.items():
             clean[side].append(r)
@@ -239,4 +292,5 @@ def edge_attribution(
         clean_chosen=torch.cat(clean["chosen"]),
         clean_rejected=torch.cat(clean["rejected"]),
         scores=torch.cat(scores),
+        positions=positions,
     )

@@ -35,6 +35,8 @@ from reward_lens.instruments.circuits.graph import (
     nodes,
     target_run,
 )
+from reward_lens.instruments.circuits.positions import circuit_rewards_all, source_run_all, target_run_all
+from reward_lens.instruments.patching.path import check_positions, token_aligned_batches
 from reward_lens.plotting import finish, panels
 from reward_lens.results import to_numpy
 
@@ -63,11 +65,33 @@ def _assignments(model, circuits: Sequence[Union[str, Sequence[Edge]]], mode: st
     return snodes, rnodes, (out if mode == "noising" else ~out)  # True: the edge carries the recomputed value
 
 
+def _circuit_batch(model, tok, stok, snodes, rnodes, recomputed, everywhere: bool):
+    """(circuit rewards [B, K], target rewards, source rewards) of one batch."""
+    direction, bias = readout_direction(model, tok)
+    if everywhere:
+        tcap, seq = target_run_all(model, tok)
+        src = source_run_all(model, stok)
+        r = circuit_rewards_all(model, tcap.full, seq, src.full, snodes, rnodes, recomputed, direction, bias)
+        return r.cpu(), tcap.rewards, src.rewards
+    ctx = target_run(model, tok)
+    src = capture(model, stok, capture_names(model))
+    r = circuit_rewards(model, ctx, src.at_readout, snodes, rnodes, recomputed, direction, bias)
+    return r.cpu(), ctx.cap.rewards, src.rewards
+
+
 @torch.no_grad()
 def circuit_faithfulness_matrix(
-    model, pairs, circuits, *, mode: str = "noising", batch_size: int = 8, padding_side: Optional[str] = None
+    model,
+    pairs,
+    circuits,
+    *,
+    mode: str = "noising",
+    positions: str = "readout",
+    batch_size: int = 8,
+    padding_side: Optional[str] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """(faithfulness [n_pairs, n_circuits], clean gap [n_pairs]) of several circuits at once."""
+    everywhere = check_positions(positions) == "all"
     if mode not in TARGET:
         raise ValueError(f"mode must be one of {tuple(TARGET)}, got {mode!r}")
     if not model.has_head_hooks or any(b.output_gain_hooks() for b in model.blocks):
@@ -78,13 +102,13 @@ def circuit_faithfulness_matrix(
     snodes, rnodes, recomputed = _assignments(model, circuits, mode)
     t_side, s_side = TARGET[mode]
     out, gaps = [], []
-    for batch in pair_batches(model, as_pairs(pairs), batch_size, False, padding_side):
+    batches = (token_aligned_batches if everywhere else pair_batches)(
+        model, as_pairs(pairs), batch_size, False, padding_side
+    )
+    for batch in batches:
         tok, stok = getattr(batch, t_side), getattr(batch, s_side)
-        ctx = target_run(model, tok)
-        src = capture(model, stok, capture_names(model))
-        direction, bias = readout_direction(model, tok)
-        r = circuit_rewards(model, ctx, src.at_readout, snodes, rnodes, recomputed, direction, bias).cpu()
-        rc, rr = (ctx.cap.rewards, src.rewards) if t_side == "chosen" else (src.rewards, ctx.cap.rewards)
+        r, r_target, r_source = _circuit_batch(model, tok, stok, snodes, rnodes, recomputed, everywhere)
+        rc, rr = (r_target, r_source) if t_side == "chosen" else (r_source, r_target)
         gap = (rc - rr).float().cpu()
         out.append((r - rr.float().cpu()[:, None]) / gap[:, None])
         gaps.append(gap)
@@ -97,13 +121,22 @@ def circuit_faithfulness(
     edges: Union[str, Sequence[Edge]] = "all",
     *,
     mode: str = "noising",
+    positions: str = "readout",
     batch_size: int = 8,
     padding_side: Optional[str] = None,
 ) -> torch.Tensor:
     """Per pair [n_pairs]: the fraction of the clean gap the circuit `edges` keeps (module docstring).
-    edges: "all", or (sender, receiver) pairs (e.g. `EdgeAttributionResult.circuit(top_n=20)`)."""
+    edges: "all", or (sender, receiver) pairs (e.g. `EdgeAttributionResult.circuit(top_n=20)`).
+    positions: "readout" (edges at the readout token) or "all" (every edge at every position;
+    token-aligned pairs)."""
     return circuit_faithfulness_matrix(
-        model, pairs, [edges], mode=mode, batch_size=batch_size, padding_side=padding_side
+        model,
+        pairs,
+        [edges],
+        mode=mode,
+        positions=positions,
+        batch_size=batch_size,
+        padding_side=padding_side,
     )[0][:, 0]
 
 
@@ -116,6 +149,7 @@ class FaithfulnessCurve:
     n_edges: int
     mode: str
     faithfulness: torch.Tensor
+    positions: str = "readout"
 
     @property
     def fraction(self) -> np.ndarray:
@@ -167,7 +201,10 @@ class FaithfulnessCurve:
         ax.set_xscale("symlog")
         ax.set_xlabel("edges in the circuit")
         ax.set_ylabel("faithfulness")
-        ax.set_title(f"Faithfulness curve ({self.mode}): CPR {self.cpr:.3f}, CMD {self.cmd:.3f}")
+        ax.set_title(
+            f"Faithfulness curve ({self.mode}, positions={self.positions}): CPR {self.cpr:.3f}, CMD "
+            f"{self.cmd:.3f}"
+        )
         ax.legend(fontsize=7)
         return finish(fig, created)
 
@@ -188,15 +225,19 @@ def faithfulness_curve(
     *,
     sizes: Optional[Sequence[int]] = None,
     mode: Optional[str] = None,
+    positions: Optional[str] = None,
     batch_size: int = 8,
     padding_side: Optional[str] = None,
 ) -> FaithfulnessCurve:
     """Faithfulness of the top-n edges of `ranking` (an EdgeAttributionResult, ranked by |mean score|,
-    or an ordered list of edges) for each n in `sizes` (default 0, 1, 2, 4, ..., every edge)."""
+    or an ordered list of edges) for each n in `sizes` (default 0, 1, 2, 4, ..., every edge). `mode` and
+    `positions` default to the ranking's (else "noising", "readout")."""
     if hasattr(ranking, "ranking"):
         mode = mode or ranking.mode
+        positions = positions or getattr(ranking, "positions", None)
         ranking = ranking.ranking()
     mode = mode or "noising"
+    positions = check_positions(positions or "readout")
     snodes, rnodes = nodes(model, None, None)
     n_edges = int(edge_mask(snodes, rnodes).sum())
     sizes = list(sizes) if sizes is not None else default_sizes(n_edges)
@@ -207,7 +248,8 @@ def faithfulness_curve(
         pairs,
         [list(ranking[:n]) for n in sizes],
         mode=mode,
+        positions=positions,
         batch_size=batch_size,
         padding_side=padding_side,
     )
-    return FaithfulnessCurve(pair_labels(as_pairs(pairs)), sizes, n_edges, mode, f)
+    return FaithfulnessCurve(pair_labels(as_pairs(pairs)), sizes, n_edges, mode, f, positions)

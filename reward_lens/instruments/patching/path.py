@@ -55,6 +55,7 @@ from reward_lens.results import CleanPairRewards, to_numpy
 
 PATH_MODES = ("noising", "denoising")
 PATH_METHODS = ("fast", "naive")
+POSITIONS = ("readout", "all")
 _TARGET = {"noising": ("chosen", "rejected"), "denoising": ("rejected", "chosen")}  # (target, source)
 
 
@@ -134,7 +135,9 @@ class PathPatchResult(CleanPairRewards):
     """Patched rewards of the target run per pair, sender and receiver: `patched` [n_pairs, n_senders,
     n_receivers] (NaN where the receiver does not read the sender's output); `clean_chosen` /
     `clean_rejected` [n_pairs]. effect = patched - clean target reward; normalised by the clean gap
-    (chosen - rejected), noising -1 means the path carries the whole preference."""
+    (chosen - rejected), noising -1 means the path carries the whole preference. `positions`: "readout"
+    (the sender's difference at the readout only, the readout token recomputed) or "all" (at every
+    position, every position of the receiver recomputed); docs/theory.md, "Path patching"."""
 
     pair_ids: List[str]
     senders: List[str]
@@ -144,6 +147,7 @@ class PathPatchResult(CleanPairRewards):
     clean_chosen: Float[torch.Tensor, " pair"]
     clean_rejected: Float[torch.Tensor, " pair"]
     patched: Float[torch.Tensor, "pair sender receiver"]
+    positions: str = "readout"
 
     @property
     def target(self) -> str:
@@ -201,7 +205,10 @@ class PathPatchResult(CleanPairRewards):
     def plot(self, normalized: bool = True, ax=None):
         """Sender x receiver heatmap of the mean effect over pairs (blank: no such path)."""
         grid = to_numpy(self.effect(normalized=normalized)).mean(0)
-        title = f"Path patching ({self.mode}, target {self.target}), mean over {len(self.pair_ids)} pair(s)"
+        title = (
+            f"Path patching ({self.mode}, target {self.target}, positions={self.positions}), mean over "
+            f"{len(self.pair_ids)} pair(s)"
+        )
         label = "normalised effect" if normalized else "effect"
         return sender_receiver_heatmap(grid, self.senders, self.receivers, label, title, ax)
 
@@ -224,15 +231,16 @@ def _sender_names(model, senders: Sequence[PathNode]) -> List[str]:
 def sender_delta(
     model, sender: PathNode, tgt: Dict[str, torch.Tensor], src: Dict[str, torch.Tensor]
 ) -> torch.Tensor:
-    """Δ [B, d_model]: the sender's output at the source readout minus at the target readout (head outputs
-    through Gemma-2's post-norm with the target's scale frozen)."""
+    """Δ [B, d_model]: the sender's output at the source readout minus at the target readout, from readout
+    activations; [B, T, d_model] at every position from whole-sequence ones (head outputs through Gemma-2's
+    post-norm with the target's scale frozen)."""
     if sender.kind != "head":
         name = act_name(f"{sender.kind}_out", sender.layer)
         return src[name] - tgt[name]
     z = act_name("z", sender.layer)
     home = tgt[z].device  # a placed model's weights may live elsewhere: brought to the activations
     W_O = model.blocks[sender.layer].attn.W_O[sender.index].to(home)
-    delta = (src[z][:, sender.index] - tgt[z][:, sender.index]) @ W_O
+    delta = (src[z][..., sender.index, :] - tgt[z][..., sender.index, :]) @ W_O
     gain = model.blocks[sender.layer].output_gain("attn", tgt)  # the target's post-norm scale frozen
     return delta * (gain.to(delta.device) if torch.is_tensor(gain) else gain)
 
@@ -280,16 +288,20 @@ def _fast_receiver(
 # Naive reference: full forwards with hooks
 
 
-def _naive_receiver(model, receiver: PathNode, delta: torch.Tensor, tok: Tokenized) -> torch.Tensor:
+def _naive_receiver(
+    model, receiver: PathNode, delta: torch.Tensor, tok: Tokenized, everywhere: bool = False
+) -> torch.Tensor:
     """Patched rewards [B]: a target forward computing the receiver's value from its input + Δ, then a
-    target forward with that value written in (everything downstream recomputed)."""
+    target forward with that value written in (everything downstream recomputed). At the readout (Δ
+    [B, d]), or with `everywhere` at every position (Δ [B, T, d])."""
     L = model.cfg.n_layers
     B = tok.input_ids.shape[0]
     rows, readout = torch.arange(B, device=tok.input_ids.device), tok.readout.to(tok.input_ids.device)
+    at = (slice(None), slice(None)) if everywhere else (rows, readout)
 
     def add_delta(t, hook):
         t = t.clone()
-        t[rows, readout] += delta.to(t.dtype)
+        t[at] += delta.to(t.dtype)
         return t
 
     def run(hooks):
@@ -306,20 +318,117 @@ def _naive_receiver(model, receiver: PathNode, delta: torch.Tensor, tok: Tokeniz
         entry, value_name, index = act_name("resid_pre", l), act_name(receiver.kind, l), receiver.index
     kept = {}
 
+    where = at if index is None else (*at, index)
+
     def keep(t, hook):
-        kept["value"] = t[rows, readout].clone() if index is None else t[rows, readout, index].clone()
+        kept["value"] = t[where].clone()
 
     run([(entry, add_delta), (value_name, keep)])
 
     def write(t, hook):
         t = t.clone()
-        if index is None:
-            t[rows, readout] = kept["value"]
-        else:
-            t[rows, readout, index] = kept["value"]
+        t[where] = kept["value"]
         return t
 
     return run([(value_name, write)]).float()
+
+
+# ---------------------------------------------------------------------------------------------------
+# Every position: token-aligned pairs, the receiver recomputed at every position from its layer on
+
+
+def check_positions(positions: str) -> str:
+    if positions not in POSITIONS:
+        raise ValueError(
+            f"positions must be one of {POSITIONS} ('readout': the readout token only; 'all': every "
+            f"position of token-aligned pairs), got {positions!r}"
+        )
+    return positions
+
+
+def token_aligned_batches(model, pairs, batch_size: int, progress, padding_side: Optional[str]):
+    """`pair_batches`, after checking (tokenisation only) that every pair's two sides are token-aligned:
+    the same length and padding, so position k of one side faces position k of the other."""
+    bad = []
+    labels = pair_labels(pairs)
+    for batch in pair_batches(model, pairs, batch_size, False, padding_side):
+        c, r = batch.chosen.attention_mask, batch.rejected.attention_mask
+        lc, lr = c.sum(1).tolist(), r.sum(1).tolist()
+        same = c.shape == r.shape and bool((c == r).all(1).all())
+        if not same:
+            rows = range(c.shape[0])
+            bad += [(labels[batch.index.start + b], lc[b], lr[b]) for b in rows if lc[b] != lr[b]] or [
+                (labels[batch.index.start], lc[0], lr[0])
+            ]
+    if bad:
+        shown = ", ".join(f"{pid} ({a} vs {b} tokens)" for pid, a, b in bad[:5])
+        more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
+        raise ValueError(
+            f"positions='all' needs token-aligned pairs (both sides the same length and padding), but "
+            f"pair(s) {shown}{more} differ; use positions='readout' (defined for any lengths) or "
+            "reward_lens.attribution_graph for one text at every position"
+        )
+    return pair_batches(model, pairs, batch_size, progress, padding_side)
+
+
+def _fast_receiver_all(
+    model, receiver: PathNode, deltas, tgt, seq, direction, bias, max_rows: int
+) -> torch.Tensor:
+    """Patched rewards [B, P] for P sender differences `deltas` [B, P, T, d] added to one receiver's
+    input at every position; the model recomputes every position from the receiver's layer on."""
+    cfg, L = model.cfg, model.cfg.n_layers
+    B, P, T, d = deltas.shape
+    rows = torch.arange(B, device=deltas.device)
+    if receiver.kind == "readout":
+        final = tgt[final_resid_name(L)][rows, seq.readout][:, None] + deltas[rows, :, seq.readout]
+        return reward_from_final_resid(model, final, direction[:, None], bias[:, None])
+    l = receiver.layer
+    pre = tgt[act_name("resid_pre", l)]
+    out = []
+    for lo in range(0, P, max(1, max_rows // B)):
+        d_part = deltas[:, lo : lo + max(1, max_rows // B)]
+        n = d_part.shape[1]
+        base = pre.repeat_interleave(n, 0)
+        shift = d_part.reshape(B * n, T, d).to(base.dtype)
+        if receiver.kind == "mlp":
+            inputs = {"mlp_delta": shift}
+        else:
+            heads = cfg.n_heads if receiver.kind == "q" else cfg.n_key_value_heads
+            x = base[:, :, None].expand(-1, -1, heads, -1).clone()  # every head reads the target's ...
+            x[:, :, receiver.index] += shift  # ... but the receiver, which reads Δ too
+            inputs = {f"{receiver.kind}_input": x}
+        out.append(model.final_from_layer(seq.repeat(n), l, base, **inputs).view(B, n, d))
+    final = torch.cat(out, 1)
+    return reward_from_final_resid(model, final, direction[:, None], bias[:, None])
+
+
+@torch.no_grad()
+def _batch_paths_all(model, batch, senders, receivers, mode, method, max_rows: int = 64):
+    """`_batch_paths` at every position (token-aligned pairs)."""
+    t_side, s_side = _TARGET[mode]
+    tok, stok = getattr(batch, t_side), getattr(batch, s_side)
+    L = model.cfg.n_layers
+    names = _sender_names(model, senders)
+    src = capture(model, stok, full_names=names)
+    resids = [act_name("resid_pre", l) for l in range(L)] + [final_resid_name(L)]
+    tcap = capture(model, tok, full_names=sorted(set(names + resids)))
+    B = tok.input_ids.shape[0]
+    deltas = torch.stack([sender_delta(model, s, tcap.full, src.full) for s in senders], 1)  # [B, S, T, d]
+    out = torch.full((B, len(senders), len(receivers)), float("nan"))
+    if method == "fast":
+        direction, bias = readout_direction(model, tok)
+        seq = model.sequence_context(tok)
+    for j, r in enumerate(receivers):
+        valid = [i for i, s in enumerate(senders) if s.writes_before(r)]
+        if not valid:
+            continue
+        if method == "fast":
+            got = _fast_receiver_all(model, r, deltas[:, valid], tcap.full, seq, direction, bias, max_rows)
+            out[:, valid, j] = got.float().cpu()
+        else:
+            for i in valid:
+                out[:, i, j] = _naive_receiver(model, r, deltas[:, i], tok, everywhere=True).cpu()
+    return out, {t_side: tcap.rewards.float().cpu(), s_side: src.rewards.float().cpu()}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -365,15 +474,19 @@ def path_patch(
     *,
     mode: str = "noising",
     method: str = "fast",
+    positions: str = "readout",
     batch_size: int = 8,
     padding_side: Optional[str] = None,
     progress: Union[bool, str] = False,
 ) -> PathPatchResult:
-    """Readout-aligned path patching of every (sender, receiver) path (module docstring; docs/theory.md).
+    """Path patching of every (sender, receiver) path (module docstring; docs/theory.md).
 
     senders: 'L{l}H{h}', 'attn_L{l}', 'mlp_L{l}' (default: every head). receivers: 'L{l}H{h}.q',
     'L{l}KV{g}.k', 'L{l}KV{g}.v', 'mlp_L{l}', 'readout' (default: all of them). mode: 'noising' or
-    'denoising'. method: 'fast' (default) or 'naive' (full forwards; the reference).
+    'denoising'. method: 'fast' (default) or 'naive' (full forwards; the reference). positions:
+    'readout' (default: the sender's difference at the readout, the readout token recomputed; any
+    lengths) or 'all' (Wang et al.'s path patching: the difference at every position, the receiver and
+    everything after it recomputed at every position; token-aligned pairs only, else a ValueError).
     """
     cfg = model.cfg
     if not model.has_head_hooks:
@@ -388,6 +501,7 @@ def path_patch(
         )
     if method not in PATH_METHODS:
         raise ValueError(f"method must be one of {PATH_METHODS}, got {method!r}")
+    check_positions(positions)
     for name, given in (("senders", senders), ("receivers", receivers)):
         if given is not None and (isinstance(given, str) or len(given) == 0):
             raise ValueError(
@@ -400,8 +514,14 @@ def path_patch(
     ]
     rnodes = [parse_receiver(cfg, r) for r in (receivers or default_receivers(cfg))]
     patched, clean = [], {"chosen": [], "rejected": []}
-    for batch in pair_batches(model, pairs, batch_size, progress and "path patching", padding_side):
-        out, rewards = _batch_paths(model, batch, snodes, rnodes, mode, method)
+    everywhere = positions == "all"
+    batches = (token_aligned_batches if everywhere else pair_batches)(
+        model, pairs, batch_size, progress and "path patching", padding_side
+    )
+    for batch in batches:
+        out, rewards = (_batch_paths_all if everywhere else _batch_paths)(
+            model, batch, snodes, rnodes, mode, method
+        )
         patched.append(out)
         for side, r in rewards.items():
             clean[side].append(r)
@@ -414,4 +534,5 @@ def path_patch(
         clean_chosen=torch.cat(clean["chosen"]),
         clean_rejected=torch.cat(clean["rejected"]),
         patched=torch.cat(patched),
+        positions=positions,
     )
