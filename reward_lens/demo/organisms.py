@@ -49,20 +49,20 @@ def _load(directory: Path, device):
 _RESULT = re.compile(r"(\d+) (plus|minus|times) (\d+) is (\d+)")
 
 
-def minimal_pairs(model, n: int = 8) -> List[PreferencePair]:
-    """Token-aligned minimal pairs from the demo's held-out arithmetic pairs: the chosen answer, and the same
-    text with its result replaced by a wrong number of the same token count (both sides the same length
-    and padding, as `positions="all"` circuits need). `model` supplies the tokenizer (the demo's, or an
-    organism on the demo's trunk)."""
+def minimal_pairs(model, n: int = 8, source=None) -> List[PreferencePair]:
+    """Token-aligned minimal pairs from arithmetic pairs (`source`, default the demo's held-out pairs; e.g.
+    `smollm2_pairs()`): the chosen answer, and the same text with its result replaced by a wrong number of
+    the same token count (both sides the same length and padding, as `positions="all"` circuits need).
+    `model` supplies the tokenizer."""
     from reward_lens.demo import demo_pairs
 
     def length(prompt: str, response: str) -> int:
         return int(model.to_tokens([prompt], [response])["input_ids"].shape[1])
 
     out: List[PreferencePair] = []
-    for pair in demo_pairs():
+    for pair in demo_pairs() if source is None else source:
         m = _RESULT.search(pair.chosen)
-        if pair.subset != "arithmetic" or m is None:
+        if m is None:
             continue
         right = int(m.group(4))
         for wrong in (right + 1, right - 1, right + 2, right + 10):
