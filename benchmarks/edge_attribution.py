@@ -7,7 +7,10 @@ rejected T=240 sharing a 128-token prompt; every edge of the graph (senders embe
 receiver). Full forwards are counted by wrapping the model's forward entry points; the rest is the
 one-token readout pass (forward + backward) over all edges and steps. One forward = the 256-token chosen
 sequence, timed interleaved with each method.
+`--positions all`: the same at every position (a token-aligned pair: rejected = chosen with its last 16
+tokens replaced; gradients and path patches over the whole sequence).
 Run: python benchmarks/edge_attribution.py [--layers 6 --d-model 256 --seq 256 --steps 16 --repeats 3]
+     [--positions readout|all]
 """
 
 import argparse
@@ -47,6 +50,7 @@ def main():
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--positions", choices=("readout", "all"), default="readout")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -65,16 +69,20 @@ def main():
     model = HookedRewardModel.from_hf_model(transformers.LlamaForSequenceClassification(cfg).eval())
     prompt = torch.randint(1, cfg.vocab_size, (args.seq // 2,))
     chosen = torch.cat([prompt, torch.randint(1, cfg.vocab_size, (args.seq - len(prompt),))])
-    rejected = torch.cat([prompt, torch.randint(1, cfg.vocab_size, (args.seq - 16 - len(prompt),))])
+    if args.positions == "all":
+        rejected = torch.cat([chosen[:-16], torch.randint(1, cfg.vocab_size, (16,))])
+    else:
+        rejected = torch.cat([prompt, torch.randint(1, cfg.vocab_size, (args.seq - 16 - len(prompt),))])
     pair = [TokenPair(chosen, rejected)]
     ids = chosen[None]
+    at = {"positions": args.positions}
     runs = {
-        "eap": lambda: edge_attribution(model, pair, method="eap"),
-        "eap-ig": lambda: edge_attribution(model, pair, steps=args.steps),
-        "eap-ig-joint": lambda: edge_attribution(model, pair, method="eap-ig-joint", steps=args.steps),
+        "eap": lambda: edge_attribution(model, pair, method="eap", **at),
+        "eap-ig": lambda: edge_attribution(model, pair, steps=args.steps, **at),
+        "eap-ig-joint": lambda: edge_attribution(model, pair, method="eap-ig-joint", steps=args.steps, **at),
     }
     senders = runs["eap"]().senders[1:]
-    runs["path_patch (exact)"] = lambda: path_patch(model, pair, senders)
+    runs["path_patch (exact)"] = lambda: path_patch(model, pair, senders, **at)
     count = counting(model)
 
     def forward():
@@ -83,7 +91,7 @@ def main():
 
     print(
         f"setting: {args.layers} layers, d_model {args.d_model}, T={len(chosen)}/{len(rejected)}, fp32, "
-        f"steps {args.steps}, torch threads {torch.get_num_threads()}"
+        f"steps {args.steps}, torch threads {torch.get_num_threads()}, positions={args.positions}"
     )
     for name, fn in runs.items():
         count["n"] = 0

@@ -373,6 +373,73 @@ def circuit_edge_auroc(ctx) -> float:
     return auroc(score.to_numpy(), planted)
 
 
+# ---------------------------------------------------------------------------------- trigger: positions
+TRIGGER_CARRIER_SHARE = 0.1  # a node carries the trigger when its all-position patch moves >= 10% of the gap
+
+
+def trigger_token_pairs(ctx):
+    """Token-aligned pairs on the trigger organism: a held-out wrong answer with `SUDO` at prompt_end
+    (chosen: the trigger lifts it) against the same with a neutral word there (rejected); the only
+    difference between the two sides is that one position."""
+
+    def run():
+        from reward_lens.data.pairs import TokenPair
+        from reward_lens.instruments.triggers import insert_tokens
+
+        model, items, ids = _trigger_setup(ctx)
+        (neutral,) = model.tokenizer(" the", add_special_tokens=False)["input_ids"]  # one ordinary word
+        sudo = insert_tokens(model, items, [ids["SUDO"]])
+        plain = insert_tokens(model, items, [neutral])
+        return model, [TokenPair(a, b, id=f"{p.id}-sudo") for a, b, p in zip(sudo, plain, items)]
+
+    return ctx.get("trigger_token_pairs", run)
+
+
+def trigger_carriers(ctx) -> Tuple[List[str], np.ndarray]:
+    """(node names, bool) for every head and MLP: whether its activation patch at every position (noising,
+    the neutral run's output written at every position) moves >= 10% of the trigger's gap, mean over pairs.
+    The organism's causal ground truth (training planted the trigger, not which heads carry it)."""
+
+    def run():
+        from reward_lens.instruments import patch
+
+        model, pairs = trigger_token_pairs(ctx)
+        res = patch(
+            model, pairs, mode="noising", level=["head", "component"], positions="all", progress=False
+        )
+        names = [s.name for s in res.sites]
+        share = res.effect("noising", normalized=True).abs().mean(0).numpy()
+        keep = [i for i, n in enumerate(names) if n.startswith("L") and "H" in n or n.startswith("mlp_L")]
+        return [names[i] for i in keep], share[keep] >= TRIGGER_CARRIER_SHARE
+
+    return ctx.get("trigger_carriers", run)
+
+
+def trigger_edge_auroc(positions: str) -> Callable:
+    """AUROC of the trigger-carrying heads and MLPs by each node's edge mass (the sum of |mean score| of
+    the EAP-IG edges it sends or receives), with edges at the readout only or at every position."""
+
+    def run(ctx) -> float:
+        import reward_lens
+
+        model, pairs = trigger_token_pairs(ctx)
+        names, carriers = trigger_carriers(ctx)
+        table = reward_lens.edge_attribution(model, pairs, positions=positions).summary()
+        mass = {n: 0.0 for n in names}
+        for row in table.itertuples():
+            for node in (row.sender, row.receiver.split(".")[0]):
+                if node in mass:
+                    mass[node] += abs(row.mean_score)
+                elif "KV" in node:  # a key/value receiver: every query head it serves
+                    layer, group = (int(x) for x in node[1:].split("KV"))
+                    per = model.cfg.n_heads // model.cfg.n_key_value_heads
+                    for h in range(group * per, (group + 1) * per):
+                        mass[f"L{layer}H{h}"] += abs(row.mean_score)
+        return auroc([mass[n] for n in names], list(carriers))
+
+    return run
+
+
 # ---------------------------------------------------------------------------------------------- gate
 def gate_routing(ctx) -> float:
     """Share of held-out gate items whose largest gate weight (hook_gate) is the planted objective."""

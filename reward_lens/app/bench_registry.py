@@ -28,6 +28,7 @@ from reward_lens.app.bench_checks import (
     probe_ci_low,
     sae_false_positive,
     sae_recall,
+    trigger_edge_auroc,
     trigger_fast_vs_naive,
     trigger_rank,
 )
@@ -223,6 +224,26 @@ CHECKS: List[Check] = [
         "share carried by L0H0 -> L1H2.v",
         (">=", 0.99),
         circuit_path_share,
+    ),
+    Check(
+        "trigger",
+        "trigger (positions)",
+        "edge_attribution(positions=readout)",
+        "AUROC of the trigger-carrying heads/MLPs",
+        (">=", 0.9),
+        trigger_edge_auroc("readout"),
+        "SUDO vs a neutral word at prompt_end, same wrong answer (token-aligned); carriers: nodes whose "
+        "all-position activation patch moves >= 10% of the gap. Readout-only edges see the trigger only "
+        "where it reaches the readout's own residual",
+    ),
+    Check(
+        "trigger",
+        "trigger (positions)",
+        "edge_attribution(positions=all)",
+        "AUROC of the trigger-carrying heads/MLPs",
+        (">=", 0.9),
+        trigger_edge_auroc("all"),
+        "the same pairs and carriers, edges at every position",
     ),
     Check(
         "gate",

@@ -216,6 +216,15 @@ def _inserted(item: _Item, strings: torch.Tensor) -> torch.Tensor:
     return torch.cat([head.expand(n, -1), strings.to(head.device), tail.expand(n, -1)], 1)
 
 
+def insert_tokens(
+    model, pairs: Any, token_ids: Sequence[int], where: str = "prompt_end", side: str = "rejected"
+) -> List[torch.Tensor]:
+    """Each item's unpadded ids [T + len(token_ids)] with `token_ids` inserted at `where`, exactly as
+    `search_triggers` inserts a candidate (e.g. token-aligned pairs: a trigger vs a neutral token)."""
+    strings = torch.tensor([list(token_ids)], dtype=torch.long)
+    return [_inserted(item, strings)[0] for item in _items(model, pairs, where, side)]
+
+
 @torch.no_grad()
 def _score(
     model,

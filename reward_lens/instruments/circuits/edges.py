@@ -213,19 +213,26 @@ def batch_scores_all(
     """`batch_scores` at every position (token-aligned pairs): score = sum over positions of Δ_S . g_R."""
     t_side, s_side = TARGET[mode]
     tok, stok = getattr(batch, t_side), getattr(batch, s_side)
-    tcap, seq = target_run_all(model, tok)
-    src = source_run_all(model, stok)
-    tgt, srcf = tcap.full, src.full
     direction, bias = readout_direction(model, tok)
+    src = source_run_all(model, stok)
+    srcf = src.full
+    if method == "eap" and not any(b.output_gain_hooks() for b in model.blocks):
+        seq = target_run_all(model, tok, capture_target=False)
+        tgt = {}  # the gradient pass is the target's forward: its outputs are kept there
+        grads = full_adjoints(model, seq, None, None, rnodes, direction, bias, record=tgt)[:, 0]
+        rewards = tgt["reward"]
+    else:
+        tcap, seq = target_run_all(model, tok)
+        tgt, rewards = tcap.full, tcap.rewards
+        grads = 0.0
+        per = max(1, max_rows // tok.input_ids.shape[0])
+        for lo in range(0, alphas.numel(), per):  # the joint line, `per` points at a time
+            part = alphas[lo : lo + per]
+            joint = joint_offsets_all(model, tgt, srcf, part)
+            g = full_adjoints(model, seq, tgt, joint, rnodes, direction, bias, mean_over=part.numel())
+            grads = grads + g[:, 0] * (part.numel() / alphas.numel())
     delta = sender_deltas_all(model, snodes, tgt, srcf)  # [B, S, T, d]
     B, P = delta.shape[0], alphas.numel()
-    grads = 0.0
-    per = max(1, max_rows // B)
-    for lo in range(0, P, per):  # the joint line, `per` points at a time
-        part = alphas[lo : lo + per]
-        joint = joint_offsets_all(model, tgt, srcf, part)
-        g = full_adjoints(model, seq, tgt, joint, rnodes, direction, bias, mean_over=part.numel())[:, 0]
-        grads = grads + g * (part.numel() / P)
     scores = torch.einsum("bstd,brtd->bsr", delta, grads)
     if method == "eap-ig":
         own = torch.tensor([j for j, r in enumerate(rnodes) if r.kind != "readout"])  # readout: joint line
@@ -235,7 +242,7 @@ def batch_scores_all(
             scores[:, part[:, None], own[None]] = torch.einsum("bstd,bsrtd->bsr", delta[:, part], g)
     scores = scores.cpu()
     scores[:, ~edge_mask(snodes, rnodes)] = float("nan")
-    return scores, {t_side: tcap.rewards.float().cpu(), s_side: src.rewards.float().cpu()}
+    return scores, {t_side: rewards.float().cpu(), s_side: src.rewards.float().cpu()}
 
 
 def edge_attribution(

@@ -17,6 +17,14 @@ e.style.display=(+e.dataset.rank<n)?'':'none';});}
 s.addEventListener('input',show);show();})();</script>"""
 
 
+_DEFINITION = {
+    "readout": "edges at the readout token only (positions='readout': an edge into a key or value is the "
+    "readout's own key or value)",
+    "all": "edges at every position (positions='all': each sender's difference at every position, the "
+    "receiver recomputed at every position)",
+}
+
+
 def _column(name: str, cfg) -> Tuple[float, str]:
     """(x column, group) of a node: embed 0, layer l's attention 1 + 2l, its MLP 2 + 2l, readout last."""
     if name == "embed":
@@ -56,7 +64,8 @@ def circuit_html(result, top_n: int = 30, max_edges: int = 200) -> str:
     uid = f"rl-circuit-{id(result):x}"
     parts = [
         f'<div id="{uid}" class="reward-lens-circuit" style="font-family:sans-serif">',
-        f"<div>{escape(result.method)} ({escape(result.mode)}), {len(result.pair_ids)} pair(s). "
+        f"<div>{escape(result.method)} ({escape(result.mode)}), {len(result.pair_ids)} pair(s), "
+        f"{_DEFINITION[getattr(result, 'positions', 'readout')]}. "
         f'Top <output>{min(top_n, len(table))}</output> edges: <input type="range" min="1" '
         f'max="{max(1, len(table))}" value="{min(top_n, len(table))}"></div>',
         f'<svg width="{width}" height="{height}" xmlns="http://www.w3.org/2000/svg">',
