@@ -51,6 +51,33 @@ def test_loaded_models_keep_gradients(model):
     assert all(p.requires_grad for p in HookedRewardModel.from_hf_model(hf, device="cpu").parameters())
 
 
+def test_the_librarys_instruments_take_no_weight_gradients(model):
+    """While an instrument runs, no weight requires a gradient where autograd records (activation-only
+    gradients: no weight-gradient graph is built); after, the weights are as loaded and hold no .grad."""
+    import reward_lens as rl
+
+    params = list(model.parameters())
+    recorded = []
+    handle = model.embed.register_forward_hook(
+        lambda *a: recorded.append(torch.is_grad_enabled() and any(p.requires_grad for p in params))
+    )
+    pairs = demo_pairs()[:2]
+    try:
+        results = [
+            rl.patch(model, pairs, progress=False),
+            rl.attribution_patch(model, pairs, level=["component", "head"], progress=False),
+            rl.attribute(model, pairs, progress=False),
+            rl.edge_attribution(model, pairs, method="eap"),
+            rl.path_patch(model, pairs, ["L0H0"], ["readout"]),
+        ]
+    finally:
+        handle.remove()
+    assert recorded and not any(recorded)
+    assert all(p.requires_grad and p.grad is None for p in params)
+    for res in results:
+        assert not any(v.requires_grad for v in vars(res).values() if isinstance(v, torch.Tensor)), res
+
+
 # ------------------------------------------------------------------ the Attribution Patching Demo's cells
 def filter_not_qkv_input(name):
     return "_input" not in name

@@ -323,6 +323,7 @@ def _gcg(
     return seen
 
 
+@with_frozen_weights
 def search_triggers(
     model,
     pairs: Any,

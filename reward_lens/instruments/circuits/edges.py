@@ -46,6 +46,7 @@ from reward_lens.instruments.circuits.graph import (
     sender_offsets,
     target_run,
 )
+from reward_lens.model.frozen import with_frozen_weights
 from reward_lens.plotting import sender_receiver_heatmap
 from reward_lens.results import CleanPairRewards, to_numpy
 
@@ -193,6 +194,7 @@ def batch_scores(model, batch, snodes, rnodes, mode: str, method: str, alphas: t
     return scores, {t_side: ctx.cap.rewards.float().cpu(), s_side: src.rewards.float().cpu()}
 
 
+@with_frozen_weights
 def edge_attribution(
     model,
     pairs,

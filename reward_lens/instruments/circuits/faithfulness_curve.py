@@ -35,6 +35,7 @@ from reward_lens.instruments.circuits.graph import (
     nodes,
     target_run,
 )
+from reward_lens.model.frozen import with_frozen_weights
 from reward_lens.plotting import finish, panels
 from reward_lens.results import to_numpy
 
@@ -91,6 +92,7 @@ def circuit_faithfulness_matrix(
     return torch.cat(out), torch.cat(gaps)
 
 
+@with_frozen_weights
 def circuit_faithfulness(
     model,
     pairs,
@@ -181,6 +183,7 @@ def default_sizes(n_edges: int) -> List[int]:
     return sorted(out)
 
 
+@with_frozen_weights
 def faithfulness_curve(
     model,
     pairs,
