@@ -98,8 +98,11 @@ def test_estimates_over_all_positions(model64):
 
 
 def test_cost_is_two_forwards_and_one_backward(llama_model, monkeypatch):
-    forwards = []
-    handle = llama_model.embed.register_forward_hook(lambda *a: forwards.append(1))
+    forwards = []  # per forward: whether any weight required a gradient while it ran
+    params = list(llama_model.parameters())
+    handle = llama_model.embed.register_forward_hook(
+        lambda *a: forwards.append(any(p.requires_grad for p in params))
+    )
     grads = []
     original = torch.autograd.grad
     monkeypatch.setattr(torch.autograd, "grad", lambda *a, **k: grads.append(1) or original(*a, **k))
@@ -108,7 +111,8 @@ def test_cost_is_two_forwards_and_one_backward(llama_model, monkeypatch):
     finally:
         handle.remove()
     assert len(forwards) == 2 and len(grads) == 1  # one batch: target (with grad) + source, one backward
-    assert all(not p.requires_grad and p.grad is None for p in llama_model.parameters())
+    assert not any(forwards)  # activation-only autograd: the weights frozen while the instrument runs
+    assert all(p.requires_grad and p.grad is None for p in params)  # as loaded (TL's), no .grad kept
 
 
 def test_zero_and_mean_modes_and_comparison_with_real_patching(llama_model):

@@ -254,7 +254,7 @@ INPUT_ERRORS = [
     ("float ids", lambda m, b: m(b["input_ids"].float()), TypeError, "integer token ids"),
     ("empty input", lambda m, b: m(torch.zeros(1, 0, dtype=torch.long)), ValueError, "is empty"),
     ("3-D ids", lambda m, b: m(b["input_ids"][None]), ValueError, "must be [batch, pos]"),
-    ("text as input", lambda m, b: m(["hello", "world"]), TypeError, "model.to_tokens"),
+    ("text mixed with ids", lambda m, b: m(["hello", 3]), TypeError, "only strings"),
     ("ragged list", lambda m, b: m([[1, 2, 3], [1, 2]]), ValueError, "ragged"),
     ("beyond n_ctx", lambda m, b: m(torch.ones(1, m.cfg.n_ctx + 1, dtype=torch.long)), ValueError, "n_ctx"),
     ("to_tokens(None)", lambda m, b: m.to_tokens(None, ["a"]), TypeError, "needs prompts and responses"),

@@ -272,8 +272,12 @@ def test_return_type_and_text_input(model):
     assert model(ids, return_type=None) is None
     with pytest.raises(ValueError, match="loss"):
         model(ids, return_type="loss")
-    with pytest.raises(TypeError, match="to_tokens"):
-        model("What is 2 plus 3?")
+    # a bare text has TransformerLens's meaning: BOS + the text's ids, the reward read at its last token
+    text = "What is 2 plus 3?"
+    tok = model.tokenizer
+    by_hand = torch.tensor([[tok.bos_token_id] + tok(text, add_special_tokens=False)["input_ids"]])
+    assert torch.equal(model.to_tokens(text), by_hand)
+    assert torch.equal(model(text), model(by_hand))
 
 
 def test_token_helpers_follow_transformer_lens(model):

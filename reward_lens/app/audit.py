@@ -40,6 +40,7 @@ from reward_lens.core.readout import readout_run
 from reward_lens.data.pairs import PreferencePair, as_pairs
 from reward_lens.data.validate import tie_indices
 from reward_lens.instruments.tokens import supports_token_attribution, token_attribution
+from reward_lens.model.frozen import with_frozen_weights
 from reward_lens.model.tokenization import model_input_format
 from reward_lens.model.truncation import one_truncation_warning
 from reward_lens.plotting import finish, panels
@@ -139,6 +140,7 @@ def input_format_name(model) -> str:
 
 
 @one_truncation_warning()  # the steps tokenise the same pairs again and again: one warning for the audit
+@with_frozen_weights
 def run_audit(
     model,
     pairs: Union[str, Path, Sequence[PreferencePair]],

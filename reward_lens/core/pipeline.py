@@ -35,6 +35,7 @@ from reward_lens.core.directions import readout_direction
 from reward_lens.core.ranks import Ranks, current, to_host
 from reward_lens.core.readout import Capture, capture
 from reward_lens.data.pairs import as_pairs, pair_labels
+from reward_lens.model.frozen import with_frozen_weights
 
 SIDES = ("chosen", "rejected")
 CLEAN = "clean passes"  # the timings key of the shared captures
@@ -260,6 +261,7 @@ def _run_pass(
     return steps, pres
 
 
+@with_frozen_weights
 def run_pipeline(
     model,
     pairs,

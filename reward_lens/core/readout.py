@@ -12,6 +12,7 @@ import torch
 
 from reward_lens.core.batching import Tokenized, batches, cat_padded, tokenize
 from reward_lens.model import hooks
+from reward_lens.model.frozen import with_frozen_weights
 from reward_lens.model.validation import check_finite_rewards
 
 NamesFilter = Union[None, str, Sequence[str], Callable[[str], bool]]
@@ -138,6 +139,7 @@ class Capture:
     grads: Dict[str, torch.Tensor] = field(default_factory=dict)
 
 
+@with_frozen_weights
 def capture(
     model,
     tok: Tokenized,

@@ -40,6 +40,7 @@ from reward_lens.core.directions import readout_direction
 from reward_lens.core.pipeline import Reads, Shared, Spec, run_spec
 from reward_lens.core.readout import Capture, Tokenized, batches, capture, tokenize
 from reward_lens.data.pairs import PreferencePair, TokenPair, as_pairs, pair_labels
+from reward_lens.model.frozen import with_frozen_weights
 from reward_lens.model.hooks import act_name
 from reward_lens.plotting import pyplot
 from reward_lens.results import to_numpy
@@ -467,6 +468,7 @@ def _as_inputs(pairs_or_texts):
     )
 
 
+@with_frozen_weights
 def token_attribution(
     model,
     pairs_or_texts: Union[Sequence[PreferencePair], Sequence[TokenPair], Sequence[Tuple[str, str]], str],

@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from reward_lens.model.frozen import with_frozen_weights
 from reward_lens.model.tokenization import (
     INSERTION_POINTS,
     encode_pair,
@@ -263,6 +264,7 @@ def _decode(model, ids: Sequence[int]) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- GCG
+@with_frozen_weights
 def _gradient(model, items, caches, current: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
     """[L, V] d(sum of rewards over items) / d(one-hot of the inserted tokens); -inf off the candidates."""
     one_hot = torch.nn.functional.one_hot(current, model.cfg.d_vocab).to(model.cfg.dtype)
@@ -330,6 +332,7 @@ def _gcg(
     return seen
 
 
+@with_frozen_weights
 def search_triggers(
     model,
     pairs: Any,

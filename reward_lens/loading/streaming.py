@@ -330,6 +330,5 @@ def build_model(
             )
     finally:
         src.release()
-    model.requires_grad_(False)
     model.placed_devices = list(devices) if devices else None
     return model

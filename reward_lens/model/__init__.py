@@ -5,7 +5,8 @@ readout context and the fast paths' recomputations), `heads/` (the head protocol
 transformers sequence classifier), `readout` (where each convention reads the reward), `validation` (model
 inputs checked), `tokenization` (input formats), `truncation` (one warning per call), `tl_compat`
 (TransformerLens conveniences), `placement` (multi-device), `devices`, `loaders` (the table the loading
-layer, `reward_lens.loading`, installs its entry points into). `reward_lens.model.HookedRewardModel` is the
+layer, `reward_lens.loading`, installs its entry points into), `frozen` (the weights frozen while an
+instrument runs). `reward_lens.model.HookedRewardModel` is the
 main class."""
 
 from reward_lens.model.native import HookedRewardModel

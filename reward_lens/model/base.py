@@ -28,9 +28,10 @@ from reward_lens.model.tl_compat import (
     leading_pad_mask,
     record_cache_mask,
     resolve_names_filter,
+    text_input,
     warn_pad_is_bos,
 )
-from reward_lens.model.tokenization import check_input_format, tokenize_pairs
+from reward_lens.model.tokenization import check_input_format, is_bare_text, tokenize_pairs, tokenize_texts
 from reward_lens.model.validation import check_model_inputs
 
 
@@ -141,13 +142,30 @@ class RewardModelBase(HookedRootModule):
         prompts: Union[str, Sequence[Any]],
         responses: Union[str, Sequence[Any], None] = None,
         *,
+        prepend_bos: Optional[bool] = None,
         padding_side: Optional[str] = None,
         max_length: Optional[int] = None,
         input_format: Optional[str] = None,
-    ) -> Dict[str, torch.Tensor]:
+    ) -> Union[Dict[str, torch.Tensor], torch.Tensor]:
         """Tokenise (prompt, response) pairs as the reward model was trained on them, in `input_format`
-        (default `model.input_format`). Rows end at their readout and are padded on the LEFT (default), so
-        the readout is position -1; see `reward_lens.model.tokenization`."""
+        (default `model.input_format`): {"input_ids", "attention_mask"}. Rows end at their readout and are
+        padded on the LEFT (default), so the readout is position -1; see `reward_lens.model.tokenization`.
+
+        A bare text (or list of texts) with no responses has TransformerLens's meaning: a [batch, pos]
+        tensor of BOS + the text's ids (`prepend_bos=False`: none), no input format, as `to_str_tokens(text)`
+        and `model(text)` see it; several texts are padded on the left (`padding_side=`)."""
+        if responses is None and is_bare_text(prompts):
+            if max_length is not None or input_format is not None:
+                raise ValueError(
+                    "max_length= and input_format= apply to (prompt, response) pairs; a bare text is "
+                    "tokenised as TransformerLens does (BOS + text): pass responses to render pairs"
+                )
+            return tokenize_texts(self, prompts, prepend_bos, padding_side)["input_ids"]
+        if prepend_bos is not None:
+            raise ValueError(
+                "prepend_bos= applies to a bare text (TransformerLens's to_tokens(text)); a (prompt, "
+                "response) pair is rendered in its input format, with the BOS that format has"
+            )
         return tokenize_pairs(
             self,
             prompts,
@@ -221,6 +239,8 @@ class RewardModelBase(HookedRootModule):
 
     def run_with_readout_cache(self, input, attention_mask=None, *, names_filter=None, device=None, **kwargs):
         """`run_with_cache(..., readout_only=True)`."""
+        prepend_bos, padding_side = kwargs.pop("prepend_bos", None), kwargs.pop("padding_side", None)
+        input, attention_mask = text_input(self, input, attention_mask, prepend_bos, padding_side)
         if kwargs.get("start_at_layer") is None:  # checked here too: the readout is found before the forward
             input, attention_mask = check_model_inputs(self, input, attention_mask)
         ids = kwargs.get("input_ids", input if kwargs.get("start_at_layer") is None else None)

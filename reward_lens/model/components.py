@@ -159,6 +159,12 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(cfg, h)
             self.k_norm = RMSNorm(cfg, h)
         self.window = cfg.window_sizes[layer]
+        # the residual each head reads, before the block's ln1 (TransformerLens 4.x's names; the block-level
+        # `blocks.{l}.hook_q_input` etc. are aliases): filled by `TransformerBlock.per_head_inputs`
+        self.hook_attn_in = HookPoint()  # [batch, pos, n_heads, d_model], only with cfg.use_attn_in
+        self.hook_q_input = HookPoint()  # [batch, pos, n_heads, d_model], only with cfg.use_split_qkv_input
+        self.hook_k_input = HookPoint()  # [batch, pos, n_key_value_heads, d_model], likewise
+        self.hook_v_input = HookPoint()
         self.hook_q = HookPoint()  # [batch, pos, n_heads, d_head]
         self.hook_k = HookPoint()  # [batch, pos, n_key_value_heads, d_head]
         self.hook_v = HookPoint()
@@ -409,10 +415,6 @@ class TransformerBlock(nn.Module):
             self.ln1_post = RMSNorm(cfg)
             self.ln2_post = RMSNorm(cfg)
         self.hook_resid_pre = HookPoint()
-        self.hook_attn_in = HookPoint()  # [batch, pos, n_heads, d_model], only with cfg.use_attn_in
-        self.hook_q_input = HookPoint()  # [batch, pos, n_heads, d_model], only with cfg.use_split_qkv_input
-        self.hook_k_input = HookPoint()  # [batch, pos, n_key_value_heads, d_model], likewise
-        self.hook_v_input = HookPoint()
         self.hook_attn_out = HookPoint()
         self.hook_resid_mid = HookPoint()
         self.hook_mlp_in = HookPoint()  # [batch, pos, d_model] before ln2, only with cfg.use_hook_mlp_in
@@ -461,9 +463,9 @@ class TransformerBlock(nn.Module):
 
     def per_head_inputs(self, resid_pre: Float[torch.Tensor, "batch pos d_model"]):
         """TransformerLens's per-head copies of resid_pre, before `ln1`: (q, k, v) inputs [batch, pos, heads,
-        d_model] with `use_split_qkv_input` (hook_q_input per query head, hook_k_input / hook_v_input per kv
-        head) or `use_attn_in` (hook_attn_in per query head; kv head j reads slot j, as TransformerLens 4.x's
-        bridge); None when neither is on."""
+        d_model] with `use_split_qkv_input` (attn.hook_q_input per query head, attn.hook_k_input /
+        attn.hook_v_input per kv head) or `use_attn_in` (attn.hook_attn_in per query head; kv head j reads
+        slot j, as TransformerLens 4.x's bridge); None when neither is on."""
         cfg = self.cfg
         if not (cfg.use_split_qkv_input or cfg.use_attn_in):
             return None
@@ -472,10 +474,11 @@ class TransformerBlock(nn.Module):
         def copies(heads: int) -> torch.Tensor:
             return resid_pre[:, :, None, :].expand(-1, -1, heads, -1).clone()
 
+        attn = self.attn
         if cfg.use_split_qkv_input:
-            q_input, k_input = self.hook_q_input(copies(n)), self.hook_k_input(copies(nkv))
-            return q_input, k_input, self.hook_v_input(copies(nkv))
-        attn_in = self.hook_attn_in(copies(n))
+            q_input, k_input = attn.hook_q_input(copies(n)), attn.hook_k_input(copies(nkv))
+            return q_input, k_input, attn.hook_v_input(copies(nkv))
+        attn_in = attn.hook_attn_in(copies(n))
         return attn_in, attn_in[:, :, :nkv], attn_in[:, :, :nkv]
 
     def forward_with_past(self, resid, cos, sin, past_k, past_v, allowed):

@@ -66,8 +66,9 @@ _NAME = re.compile(r"^blocks\.(\d+)\.(?:(attn|mlp|ln1|ln2|ln1_post|ln2_post)\.)?
 def act_name(kind: str, layer: Optional[int] = None, norm: Optional[str] = None) -> str:
     """The hook name of activation `kind` at block `layer`.
 
-    Block kinds: resid_pre, resid_mid, resid_post, attn_out, mlp_out, attn_in, mlp_in, q_input, k_input,
-    v_input (the last four [batch, pos, heads, d_model], TransformerLens's split inputs); attention kinds
+    Block kinds: resid_pre, resid_mid, resid_post, attn_out, mlp_out, mlp_in, and attn_in, q_input, k_input,
+    v_input ([batch, pos, heads, d_model], TransformerLens's split inputs, named under `attn.` as in its 4.x
+    bridge: "blocks.{l}.attn.hook_q_input"); attention kinds
     (per head): q, k, v, rot_q, rot_k, z, result, attn_scores, pattern; MLP kinds: pre, pre_linear, post;
     norm kinds: scale / normalized with `norm` in ln1, ln2, ln1_post, ln2_post (layer given) or the final
     norm (no layer). Model-level kinds (no layer): embed, pos_embed, final_scale, final_normalized,
@@ -85,7 +86,8 @@ def act_name(kind: str, layer: Optional[int] = None, norm: Optional[str] = None)
     if kind in _BLOCK_KINDS + _ATTN_KINDS + _MLP_KINDS:
         if layer is None:
             raise ValueError(f"act_name({kind!r}) needs a layer")
-        where = "attn." if kind in _ATTN_KINDS else "mlp." if kind in _MLP_KINDS else ""
+        in_attn = kind in _ATTN_KINDS + _PER_HEAD_INPUT_KINDS
+        where = "attn." if in_attn else "mlp." if kind in _MLP_KINDS else ""
         return f"blocks.{int(layer)}.{where}hook_{kind}"
     if layer is None and re.fullmatch(r"\w+", kind):
         return f"reward_head.hook_{kind}"
@@ -184,8 +186,9 @@ def stop_layer(name: str) -> Optional[int]:
 
 def tl_hook_aliases(n_layers: int, post_norms: bool = False, norms_folded: bool = True) -> Dict[str, str]:
     """TransformerLens names with an exact analogue here -> our hook name: the 4.x bridge's
-    `blocks.{l}.hook_in` / `hook_out` (resid_pre / resid_post), `attn.hook_q_input` / `k_input` / `v_input` /
-    `attn.hook_attn_in` (what `transformer_lens.patching.get_act_patch_direct_path` hooks), `attn.hook_out` /
+    `blocks.{l}.hook_in` / `hook_out` (resid_pre / resid_post), the block-level `hook_q_input` / `k_input` /
+    `v_input` / `hook_attn_in` of TransformerLens 2/3 and its `get_act_name` (ours, as the 4.x bridge's, are
+    `attn.hook_q_input` etc., which TL 4.3's edge `attribution_patch` enumerates), `attn.hook_out` /
     `mlp.hook_out` (without post-norms, which act after them), and `attn.hook_in` / `mlp.hook_in` (the
     normalised inputs; only with the norms' weights folded, when `ln1/ln2.hook_normalized` is that input)."""
     aliases: Dict[str, str] = {}
@@ -193,8 +196,8 @@ def tl_hook_aliases(n_layers: int, post_norms: bool = False, norms_folded: bool 
         block = f"blocks.{layer}"
         aliases[f"{block}.hook_in"] = act_name("resid_pre", layer)
         aliases[f"{block}.hook_out"] = act_name("resid_post", layer)
-        for kind in _PER_HEAD_INPUT_KINDS:
-            aliases[f"{block}.attn.hook_{kind}"] = act_name(kind, layer)
+        for kind in _PER_HEAD_INPUT_KINDS:  # TransformerLens 2/3's block-level names
+            aliases[f"{block}.hook_{kind}"] = act_name(kind, layer)
         if not post_norms:
             aliases[f"{block}.attn.hook_out"] = act_name("attn_out", layer)
             aliases[f"{block}.mlp.hook_out"] = act_name("mlp_out", layer)

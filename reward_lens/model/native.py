@@ -27,7 +27,7 @@ from reward_lens.model.heads.prm import resolve_step_tag
 from reward_lens.model.loaders import loader
 from reward_lens.model.placement import head_device, module_device, resolve_devices
 from reward_lens.model.readout import set_readout
-from reward_lens.model.tl_compat import TransformerLensConveniences, check_forward_input
+from reward_lens.model.tl_compat import TransformerLensConveniences, check_forward_input, text_input
 from reward_lens.model.tokenization import check_input_format
 from reward_lens.model.validation import check_attention_mask
 
@@ -242,9 +242,13 @@ class HookedRewardModel(TransformerLensConveniences, RewardModelBase):
         stop_at_layer: Optional[int] = None,
         readout_positions: Optional[Int[torch.Tensor, " batch"]] = None,
         return_type: Optional[str] = "reward",
+        prepend_bos: Optional[bool] = None,
+        padding_side: Optional[str] = None,
     ) -> Optional[torch.Tensor]:
         """Rewards [batch] (or [batch, n_outputs]); the residual before block `stop_at_layer` if given.
 
+        `input`: ids, or a text / list of texts tokenised as `to_tokens(text, prepend_bos, padding_side)`
+        (TransformerLens's meaning: BOS + the text, no chat template; the reward read at its last token).
         With `start_at_layer=l`, `input` is the residual entering block l; pass `input_ids` too (or
         `readout_positions`) so the readout is found, and the mask inferred, as in a full run.
         Position ids default to the count of attended tokens before each position, so a left-padded
@@ -253,6 +257,7 @@ class HookedRewardModel(TransformerLensConveniences, RewardModelBase):
         "logits" (both the reward), None (the final norm runs, its hooks fire, the head is skipped,
         nothing is returned).
         """
+        input, attention_mask = text_input(self, input, attention_mask, prepend_bos, padding_side)
         check_forward_input(input, return_type)
         if start_at_layer is None:
             input_ids, attention_mask = self.checked_ids(
@@ -409,7 +414,7 @@ class HookedRewardModel(TransformerLensConveniences, RewardModelBase):
 
     def set_use_split_qkv_input(self, use_split_qkv_input: bool) -> None:
         """TransformerLens's split inputs: each head reads its own copy of resid_pre, hooked before `ln1` as
-        `blocks.{l}.hook_q_input` [batch, pos, n_heads, d_model] and `hook_k_input` / `hook_v_input`
+        `blocks.{l}.attn.hook_q_input` [batch, pos, n_heads, d_model] and `hook_k_input` / `hook_v_input`
         [batch, pos, n_key_value_heads, d_model] (per kv head under grouped-query attention, as
         TransformerLens's grouped-query attention and its 4.x bridge). Rewards are unchanged; patching one
         head's slot changes that head's query (or that kv head's keys / values) only."""
@@ -421,9 +426,9 @@ class HookedRewardModel(TransformerLensConveniences, RewardModelBase):
         self.cfg.use_split_qkv_input = use_split_qkv_input
 
     def set_use_attn_in(self, use_attn_in: bool) -> None:
-        """`blocks.{l}.hook_attn_in` [batch, pos, n_heads, d_model]: resid_pre copied per query head, before
-        `ln1` (TransformerLens). Under grouped-query attention kv head j reads slot j (as TransformerLens
-        4.x's bridge)."""
+        """`blocks.{l}.attn.hook_attn_in` [batch, pos, n_heads, d_model]: resid_pre copied per query head,
+        before `ln1` (TransformerLens). Under grouped-query attention kv head j reads slot j (as
+        TransformerLens 4.x's bridge)."""
         if use_attn_in and self.cfg.use_split_qkv_input:
             raise ValueError(
                 "use_attn_in and use_split_qkv_input are exclusive (as in TransformerLens): call "

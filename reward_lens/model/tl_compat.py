@@ -27,19 +27,35 @@ from transformer_lens import FactoredMatrix
 from transformer_lens.ActivationCache import ActivationCache
 
 from reward_lens.model import hooks
+from reward_lens.model.tokenization import is_bare_text, text_ids, tl_bos_token_id, tokenize_texts
 
 RETURN_TYPES = ("reward", "logits", None)
 
 INPUT_FORMAT_DEFAULT = "auto"
 
 
+def text_input(
+    model, input: Any, attention_mask: Any, prepend_bos: Optional[bool], padding_side: Optional[str]
+) -> Tuple[Any, Any]:
+    """(input, attention_mask) of a forward: a bare text (or list of texts) becomes `model.to_tokens(text)`'s
+    ids (TransformerLens's meaning: BOS + the text, no input format) and their mask; anything else is
+    returned as given (`prepend_bos` / `padding_side` apply to text only)."""
+    if not is_bare_text(input):
+        if prepend_bos is not None or padding_side is not None:
+            raise ValueError(
+                "prepend_bos= and padding_side= apply to a text input; these ids are already tokenised"
+            )
+        return input, attention_mask
+    if attention_mask is not None:
+        raise ValueError("a text input makes its own attention mask; pass attention_mask= with ids only")
+    batch = tokenize_texts(model, input, prepend_bos, padding_side)
+    return batch["input_ids"], batch["attention_mask"]
+
+
 def check_forward_input(input: Any, return_type: Optional[str]) -> None:
-    """TL's forward takes text and return_type="loss"; a reward model takes token ids and has no loss."""
-    if isinstance(input, str) or (isinstance(input, (list, tuple)) and input and isinstance(input[0], str)):
-        raise TypeError(
-            "the model takes token ids, not text: tokenise (prompt, response) pairs with "
-            "model.to_tokens(prompts, responses) and pass batch['input_ids'] (a reward needs both parts)"
-        )
+    """TL's forward takes return_type="loss"; a reward model has no loss."""
+    if isinstance(input, (list, tuple)) and input and isinstance(input[0], str):
+        raise TypeError("a list of texts must hold only strings (TransformerLens's text input)")
     if return_type not in RETURN_TYPES:
         hint = (
             " (a reward model has no language-modelling loss; use the reward as your metric)"
@@ -104,22 +120,12 @@ class TransformerLensConveniences:
     @property
     def tl_bos_token_id(self) -> Optional[int]:
         """The id TransformerLens prepends: the tokenizer's BOS, else its EOS (TL's fallback), else None."""
-        tok = self._tokenizer_or_error()
-        bos = getattr(tok, "bos_token_id", None)
-        return bos if bos is not None else getattr(tok, "eos_token_id", None)
+        return tl_bos_token_id(self._tokenizer_or_error())
 
     def _text_ids(self, text: str, prepend_bos: Optional[bool]) -> torch.Tensor:
-        """A text's ids as TransformerLens's `to_tokens(text, prepend_bos)` makes them: the text without the
-        tokenizer's own special tokens, then exactly one BOS in front when `prepend_bos` (default
-        `cfg.default_prepend_bos`, True as in TransformerLens)."""
-        tok = self._tokenizer_or_error()
-        ids = list(tok(text, add_special_tokens=False)["input_ids"])
-        if prepend_bos is None:
-            prepend_bos = getattr(self.cfg, "default_prepend_bos", True)
-        bos = self.tl_bos_token_id
-        if prepend_bos and bos is not None:
-            ids = [bos] + ids
-        return torch.tensor(ids, dtype=torch.long)
+        """A text's ids as `to_tokens(text, prepend_bos)` makes them (`tokenization.text_ids`)."""
+        self._tokenizer_or_error()
+        return torch.tensor(text_ids(self, text, prepend_bos), dtype=torch.long)
 
     def to_str_tokens(
         self,

@@ -332,3 +332,53 @@ def insertion_index(tokenizer, prompt: str, response: str, where: str, input_for
         if start >= end and _stop > start:
             return i
     return len(enc["input_ids"])
+
+
+# ------------------------------------------------------------------------------ bare text, as TransformerLens
+def is_bare_text(x: Any) -> bool:
+    """A text or a non-empty list of texts (what TransformerLens's `to_tokens` and forward take)."""
+    return isinstance(x, str) or (
+        isinstance(x, (list, tuple)) and len(x) > 0 and all(isinstance(t, str) for t in x)
+    )
+
+
+def tl_bos_token_id(tokenizer) -> Optional[int]:
+    """The id TransformerLens prepends: the tokenizer's BOS, else its EOS (TL's fallback), else None."""
+    bos = getattr(tokenizer, "bos_token_id", None)
+    return bos if bos is not None else getattr(tokenizer, "eos_token_id", None)
+
+
+def text_ids(model, text: str, prepend_bos: Optional[bool] = None) -> List[int]:
+    """A text's ids as TransformerLens's `to_tokens(text, prepend_bos)` makes them: the text without the
+    tokenizer's own special tokens, then exactly one BOS in front when `prepend_bos` (default
+    `cfg.default_prepend_bos`, True as in TransformerLens)."""
+    tokenizer = model.tokenizer
+    if tokenizer is None:
+        raise ValueError(
+            "this model has no tokenizer; set model.tokenizer = AutoTokenizer.from_pretrained(...)"
+        )
+    check_unicode(text, "the text")
+    ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    if prepend_bos is None:
+        prepend_bos = getattr(model.cfg, "default_prepend_bos", True)
+    bos = tl_bos_token_id(tokenizer)
+    return [bos] + ids if prepend_bos and bos is not None else ids
+
+
+def tokenize_texts(
+    model,
+    texts: Union[str, Sequence[str]],
+    prepend_bos: Optional[bool] = None,
+    padding_side: Optional[str] = None,
+) -> Dict[str, torch.Tensor]:
+    """{"input_ids", "attention_mask"} [batch, pos] of bare texts, TransformerLens's meaning of
+    `to_tokens(text)`: BOS + the text's ids (`text_ids`), no chat template or input format; several texts
+    padded on the LEFT by default (the last position is every row's last token)."""
+    if padding_side not in (None, "left", "right"):
+        raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
+    rows = [text_ids(model, t, prepend_bos) for t in ([texts] if isinstance(texts, str) else texts)]
+    if any(len(r) == 0 for r in rows):
+        raise ValueError(
+            "an empty text without a BOS has no tokens; pass prepend_bos=True or a non-empty text"
+        )
+    return pad_rows(model, rows, padding_side or "left")

@@ -30,6 +30,7 @@ from reward_lens.core.pipeline import Reads, Shared, Spec, run_spec
 from reward_lens.instruments.circuits.graph import TARGET, TargetRun, capture_names
 from reward_lens.instruments.patching.engines import readout_recompute_exact
 from reward_lens.instruments.sites import component_sites
+from reward_lens.model.frozen import with_frozen_weights
 from reward_lens.model.hooks import act_name, final_resid_name
 from reward_lens.plotting import finish, panels
 from reward_lens.results import CleanPairRewards, to_numpy
@@ -249,6 +250,7 @@ class EffectSpec(Spec):
         )
 
 
+@with_frozen_weights
 def effect_decomposition(
     model,
     pairs,

@@ -55,6 +55,7 @@ from reward_lens.instruments.circuits.positions import (
     target_run_all,
 )
 from reward_lens.instruments.patching.path import check_positions, token_aligned_batches
+from reward_lens.model.frozen import with_frozen_weights
 from reward_lens.plotting import sender_receiver_heatmap
 from reward_lens.results import CleanPairRewards, to_numpy
 
@@ -245,6 +246,7 @@ def batch_scores_all(
     return scores, {t_side: rewards.float().cpu(), s_side: src.rewards.float().cpu()}
 
 
+@with_frozen_weights
 def edge_attribution(
     model,
     pairs,

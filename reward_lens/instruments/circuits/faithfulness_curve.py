@@ -37,6 +37,7 @@ from reward_lens.instruments.circuits.graph import (
 )
 from reward_lens.instruments.circuits.positions import circuit_rewards_all, source_run_all, target_run_all
 from reward_lens.instruments.patching.path import check_positions, token_aligned_batches
+from reward_lens.model.frozen import with_frozen_weights
 from reward_lens.plotting import finish, panels
 from reward_lens.results import to_numpy
 
@@ -115,6 +116,7 @@ def circuit_faithfulness_matrix(
     return torch.cat(out), torch.cat(gaps)
 
 
+@with_frozen_weights
 def circuit_faithfulness(
     model,
     pairs,
@@ -218,6 +220,7 @@ def default_sizes(n_edges: int) -> List[int]:
     return sorted(out)
 
 
+@with_frozen_weights
 def faithfulness_curve(
     model,
     pairs,

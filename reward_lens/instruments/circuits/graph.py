@@ -33,6 +33,7 @@ from reward_lens.instruments.patching.path import (
     parse_sender,
     sender_delta,
 )
+from reward_lens.model.frozen import with_frozen_weights
 from reward_lens.model.hooks import act_name, final_resid_name
 from reward_lens.model.recompute import ReadoutContext
 
@@ -143,6 +144,7 @@ def sender_offsets(model, senders: Sequence[PathNode], deltas: torch.Tensor, alp
     return out
 
 
+@with_frozen_weights
 def interpolated_adjoints(
     model, ctx: TargetRun, offsets: Dict[str, torch.Tensor], direction, bias, start: int = 0
 ) -> Dict[str, torch.Tensor]:

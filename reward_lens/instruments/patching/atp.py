@@ -28,6 +28,7 @@ from reward_lens.instruments.patching.engines import readout_capture_names, read
 from reward_lens.instruments.patching.positions import patch_positions, select, site_values
 from reward_lens.instruments.patching.spec import SOURCE, TARGETS, check_options
 from reward_lens.instruments.sites import Site, sites_for
+from reward_lens.model.frozen import with_frozen_weights
 from reward_lens.model.hooks import act_name, resid_entering
 from reward_lens.model.placement import block_device
 from reward_lens.model.validation import safe_ratio
@@ -208,6 +209,7 @@ class AtPResult(CleanPairRewards):
         return AtPComparison(pd.concat(rows, ignore_index=True), pd.DataFrame(metrics))
 
 
+@with_frozen_weights
 def readout_gradients(
     model, cap: Capture, sites: Sequence[Site], direction: torch.Tensor, bias: torch.Tensor
 ) -> Dict[str, torch.Tensor]:

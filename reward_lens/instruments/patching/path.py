@@ -47,6 +47,7 @@ from reward_lens.core.directions import readout_direction, reward_from_final_res
 from reward_lens.core.readout import Capture, Tokenized, capture
 from reward_lens.data.pairs import as_pairs, pair_labels
 from reward_lens.instruments.patching.engines import readout_recompute_exact
+from reward_lens.model.frozen import with_frozen_weights
 from reward_lens.model.hooks import act_name, final_resid_name
 from reward_lens.model.recompute import ReadoutContext
 from reward_lens.model.validation import safe_ratio
@@ -466,6 +467,7 @@ def _batch_paths(
     return out, {t_side: rewards.float().cpu(), s_side: src.rewards.float().cpu()}
 
 
+@with_frozen_weights
 def path_patch(
     model,
     pairs,

@@ -72,7 +72,7 @@ from reward_lens.model.generic.final_norm import GenericFinalNorm, identify_norm
 from reward_lens.model.generic.verify import sequential_layers, verify
 from reward_lens.model.heads.scalar import RewardHead
 from reward_lens.model.loaders import loader
-from reward_lens.model.tl_compat import check_forward_input
+from reward_lens.model.tl_compat import check_forward_input, text_input
 
 
 class GenericBlock(nn.Module):
@@ -147,7 +147,6 @@ class GenericHookedRewardModel(RewardModelBase):
     ):
         super().__init__()
         hf_model.eval()
-        hf_model.requires_grad_(False)
         found = find_modules(hf_model, module_map)
         d_model = found.score.in_features
         kind, offset, eps = identify_norm(
@@ -411,13 +410,17 @@ class GenericHookedRewardModel(RewardModelBase):
         stop_at_layer: Optional[int] = None,
         readout_positions: Optional[Int[torch.Tensor, " batch"]] = None,
         return_type: Optional[str] = "reward",
+        prepend_bos: Optional[bool] = None,
+        padding_side: Optional[str] = None,
     ) -> Optional[torch.Tensor]:
         """Rewards [batch] (or [batch, n_outputs]); the residual before block `stop_at_layer` if given.
 
-        As `HookedRewardModel.forward` (ids without a mask: the leading pad run is masked; `return_type`).
+        As `HookedRewardModel.forward` (ids without a mask: the leading pad run is masked; a text is
+        `to_tokens(text)`'s ids; `return_type`).
         With `start_at_layer=l`, `input` is the residual entering block l (blocks before l are skipped);
         position ids default to cumsum(attention_mask) - 1.
         """
+        input, attention_mask = text_input(self, input, attention_mask, prepend_bos, padding_side)
         check_forward_input(input, return_type)
         n = self.cfg.n_layers
         start = (
