@@ -206,3 +206,61 @@ def test_readout_context_refuses_the_generic_path():
     model = HookedRewardModel.from_hf_model(tiny_hf_model("llama"), generic=True)
     with pytest.raises(ValueError, match="native architecture"):
         readout_context(model, torch.randint(1, 97, (2, 5)))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Whole sequences from a layer on (`reward_lens.model.sequence`)
+
+
+class _Tok:
+    def __init__(self, ids, mask, readout):
+        self.input_ids, self.attention_mask, self.readout = ids, mask, readout
+
+
+def test_final_from_layer_without_inputs_is_the_clean_run(model, batch):
+    ids, mask, readout, cache = batch
+    seq = model.sequence_context(_Tok(ids, mask, readout))
+    want = at_readout(cache[final_resid_name(model.cfg.n_layers)], readout)
+    for layer in range(model.cfg.n_layers):
+        got = model.final_from_layer(seq, layer, cache[act_name("resid_pre", layer)])
+        assert_close(got, want, f"from block {layer}")
+
+
+def test_final_from_layer_with_inputs_at_every_position(model, batch):
+    """Per-head inputs and an MLP input shift at every position, two alternatives per row (`repeat`): equal
+    to a hooked full forward with TransformerLens's split inputs / hook_mlp_in shifted the same way."""
+    ids, mask, readout, cache = batch
+    seq = model.sequence_context(_Tok(ids, mask, readout)).repeat(2)
+    cfg, layer = model.cfg, model.cfg.n_layers - 1
+    g = torch.Generator().manual_seed(0)
+    shift = torch.randn(ids.shape[0] * 2, ids.shape[1], cfg.d_model, generator=g) * 0.3
+    pre = cache[act_name("resid_pre", layer)].repeat_interleave(2, 0)
+    k_in = pre[:, :, None].expand(-1, -1, cfg.n_key_value_heads, -1).clone()
+    k_in[:, :, 0] += shift
+    got = model.final_from_layer(seq, layer, pre, k_input=k_in, mlp_delta=shift)
+
+    def add_k(t, hook):
+        t = t.clone()
+        t[:, :, 0] += shift
+        return t
+
+    def add_mlp(t, hook):
+        return t + shift
+
+    model.set_use_split_qkv_input(True)
+    model.set_use_hook_mlp_in(True)
+    try:
+        kept = {}
+        model.run_with_hooks(
+            ids.repeat_interleave(2, 0),
+            attention_mask=mask.repeat_interleave(2, 0),
+            fwd_hooks=[
+                (act_name("k_input", layer), add_k),
+                (f"blocks.{layer}.hook_mlp_in", add_mlp),
+                (final_resid_name(cfg.n_layers), lambda t, hook: kept.setdefault("final", t.clone())),
+            ],
+        )
+    finally:
+        model.set_use_split_qkv_input(False)
+        model.set_use_hook_mlp_in(False)
+    assert_close(got, at_readout(kept["final"], readout.repeat_interleave(2, 0)), "k input and MLP shift")
