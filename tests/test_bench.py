@@ -147,3 +147,30 @@ def test_bench_and_triggers_outputs_get_the_audit_checks(tmp_path, capsys):
     main(["bench", "--only", "circuit", "--quick", "--out", str(out)])
     csv = pd.read_csv(out / "bench.csv")
     assert len(csv) >= 6 and (out / "results.json").exists() and (out / "bench.html").exists()
+
+
+def test_trigger_position_rows_pairs_and_carriers():
+    """The trigger rows' pairs are token-aligned and differ at one position only, where the chosen side
+    holds SUDO; the carriers are the nodes whose all-position patch moves >= 10% of the gap (recomputed
+    here from the patching result); both edge rows run and give an AUROC."""
+    from reward_lens import patch
+    from reward_lens.app import bench_checks as bc
+
+    ctx = bc.BenchContext()
+    model, pairs = bc.trigger_token_pairs(ctx)
+    sudo = int(model.tokenizer.convert_tokens_to_ids("SUDO"))
+    for p in pairs:
+        assert p.chosen.shape == p.rejected.shape
+        where = (p.chosen != p.rejected).nonzero().flatten().tolist()
+        assert len(where) == 1 and int(p.chosen[where[0]]) == sudo
+    names, carriers = bc.trigger_carriers(ctx)
+    res = patch(model, pairs, mode="noising", level="head", positions="all", progress=False)
+    share = res.effect("noising", normalized=True).abs().mean(0)
+    heads = {s.name: float(v) for s, v in zip(res.sites, share)}
+    for n, c in zip(names, carriers):
+        if n in heads:
+            assert c == (heads[n] >= bc.TRIGGER_CARRIER_SHARE)
+    assert 0 < carriers.sum() < len(names)
+    for positions in ("readout", "all"):
+        value = bc.trigger_edge_auroc(positions)(ctx)
+        assert 0.0 <= value <= 1.0
