@@ -112,7 +112,7 @@ class AttributionGraph:
         created = ax is None
         fig, ax = figure_axes(ax, figsize=(10, 5))
         frame = self.nodes[self.nodes.kind != "error"]
-        y = [_row_of(k, l, self.n_layers) for k, l in zip(frame.kind, frame.layer)]
+        y = [gb.row_of(k, l, self.n_layers) for k, l in zip(frame.kind, frame.layer)]
         size = 400 * frame.influence / max(frame.influence.max(), 1e-12) + 2
         colour = np.where(frame.value >= 0, "#2166ac", "#b2182b")
         ax.scatter(frame.position, y, s=size, c=colour, alpha=0.6)
@@ -196,15 +196,6 @@ class AttributionGraph:
         from reward_lens.instruments.circuits.graph_html import graph_json
 
         return graph_json(self, path)
-
-
-def _row_of(kind: str, layer: int, n_layers: int) -> float:
-    """The y row of a node: embed 0, layer l's heads 1 + 2l, its MLP 2 + 2l, the reward at the top."""
-    if kind == "embed":
-        return 0.0
-    if kind == "reward":
-        return 1.0 + 2 * n_layers
-    return 2.0 + 2 * layer if kind == "mlp" else 1.0 + 2 * layer
 
 
 # ---------------------------------------------------------------------------------------------------

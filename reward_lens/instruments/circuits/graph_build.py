@@ -203,6 +203,15 @@ def _gains(model, caps, norm: str) -> torch.Tensor:
     return torch.stack(out)
 
 
+def row_of(kind: str, layer: int, n_layers: int) -> float:
+    """The y row of a node: embed 0, layer l's heads 1 + 2l, its MLP 2 + 2l, the reward at the top."""
+    if kind == "embed":
+        return 0.0
+    if kind == "reward":
+        return 1.0 + 2 * n_layers
+    return 2.0 + 2 * layer if kind == "mlp" else 1.0 + 2 * layer
+
+
 # ---------------------------------------------------------------------------------------------------
 # Edge rows: the direct effect of every source slot on one target, [T, K] per target.
 

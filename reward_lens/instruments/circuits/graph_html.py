@@ -16,6 +16,8 @@ from typing import Any, Dict
 
 import numpy as np
 
+from reward_lens.instruments.circuits.graph_build import row_of
+
 WIDTH, HEIGHT = 1200, 560
 
 _SCRIPT = """<script>(function(){var root=document.getElementById('%(id)s');
@@ -40,8 +42,6 @@ _STYLE = """<style>.rl-graph line.off{stroke-opacity:0.05}.rl-graph line.on{stro
 
 def _xy(row, graph) -> tuple:
     """(x, y) of a node: its position's column (heads spread inside it), its layer's row."""
-    from reward_lens.instruments.circuits.attribution_graph import _row_of
-
     T, L, H = len(graph.tokens), graph.n_layers, graph.n_heads
     cell = (WIDTH - 80) / T
     x = 60 + cell * (row.position + 0.5)
@@ -50,7 +50,7 @@ def _xy(row, graph) -> tuple:
         kind = "mlp"
     if kind == "head" or row.kind == "bias":
         x += cell * ((row.head if row.head >= 0 else H) - H / 2) / (H + 2)
-    y = HEIGHT - 70 - (HEIGHT - 110) * _row_of(kind, row.layer, L) / (2 * L + 1)
+    y = HEIGHT - 70 - (HEIGHT - 110) * row_of(kind, row.layer, L) / (2 * L + 1)
     return x, y + (6 if row.kind == "error" else 0)
 
 
@@ -111,8 +111,6 @@ def graph_html(graph) -> str:
 
 def _axes(graph) -> list:
     """The tokens along the x axis and the layer names along the y axis."""
-    from reward_lens.instruments.circuits.attribution_graph import _row_of
-
     T, L = len(graph.tokens), graph.n_layers
     cell = (WIDTH - 80) / T
     out = []
@@ -127,7 +125,7 @@ def _axes(graph) -> list:
         + [(k, l, f"L{l} {'attn' if k == 'head' else 'mlp'}") for l in range(L) for k in ("head", "mlp")]
         + [("reward", 0, "reward")]
     ):
-        y = HEIGHT - 70 - (HEIGHT - 110) * _row_of(kind, layer, L) / (2 * L + 1)
+        y = HEIGHT - 70 - (HEIGHT - 110) * row_of(kind, layer, L) / (2 * L + 1)
         out.append(f'<text x="2" y="{y + 3:.1f}" font-size="9">{escape(label)}</text>')
     return out
 
