@@ -301,3 +301,36 @@ def test_a_pair_gives_both_sides(demo):
     assert set(graphs) == {"chosen", "rejected"}
     chosen = float(model(model.to_tokens(pair.prompt, pair.chosen)["input_ids"]))
     assert abs(graphs["chosen"].reward - chosen) <= REL * max(1.0, abs(chosen))
+
+
+def test_smollm2_graph_is_exact():
+    from reward_lens.demo import smollm2
+
+    try:
+        smollm2.gguf_dir()
+    except FileNotFoundError:
+        pytest.skip(f"the SmolLM2 GGUF wheel is not installed (`{smollm2.INSTALL_COMMAND}`)")
+    model = smollm2.load_smollm2_organism()
+    ids = model.to_tokens("Name a fruit.", "Pear is a fruit. I hope this helps.")["input_ids"][0]
+    g = rl.attribution_graph(model, input_ids=ids, max_nodes=256)
+    reward = float(model(ids[None]))
+    assert abs(g.reward - reward) <= 1e-4 * max(1.0, abs(reward))
+    checks = g.completeness()
+    assert checks["reward_error"] <= REL and checks["max_error"] <= REL, checks
+    assert (g.rows.shape[0], int(g.nodes.has_row.sum())) == (257, 256 * 2 + 1)
+    # the largest node's value: the reward lost when its write is removed from the frozen model
+    frozen = _frozen_hooks(model, ids)
+    base = float(model.run_with_hooks(ids[None], fwd_hooks=frozen))
+    top = g.nodes[g.nodes.kind.isin(["head", "mlp"])].sort_values("value", key=abs).iloc[-1]
+    name = act_name("z", top.layer) if top.kind == "head" else act_name("mlp_out", top.layer)
+
+    def zero(t, hook):
+        t = t.clone()
+        if top.kind == "head":
+            t[0, top.position, top.head] = 0
+        else:
+            t[0, top.position] = 0
+        return t
+
+    ablated = float(model.run_with_hooks(ids[None], fwd_hooks=frozen + [(name, zero)]))
+    assert abs((base - ablated) - top.value) <= 1e-4 * max(1.0, abs(top.value))
