@@ -18,6 +18,7 @@ layer its heads, the attention output bias (only where a layer has one) and its 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Dict, List, Optional
 
 import torch
@@ -80,7 +81,7 @@ class Linearised:
     reward: float
     bias: float
 
-    @property
+    @cached_property
     def values(self) -> torch.Tensor:
         """[T, K] each slot's exact total effect on the reward in the linearised model, G . out."""
         return (self.out * self.grad).sum(-1)
