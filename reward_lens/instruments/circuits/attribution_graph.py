@@ -192,10 +192,12 @@ class AttributionGraph:
 
     def to_json(self, path) -> Dict[str, Any]:
         """Write the graph in circuit-tracer's graph-file layout (`metadata`, `qParams`, `nodes`, `links`;
-        the reward as the one target logit; docs/theory.md lists every field) and return it."""
+        the reward as the one target logit; docs/theory.md lists every field) and return it. A graph not
+        yet pruned is pruned first with the default thresholds, as circuit-tracer's `create_graph_files`
+        does."""
         from reward_lens.instruments.circuits.graph_html import graph_json
 
-        return graph_json(self, path)
+        return graph_json(self if self.thresholds else self.prune(), path)
 
 
 # ---------------------------------------------------------------------------------------------------
