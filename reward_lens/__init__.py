@@ -68,6 +68,7 @@ from reward_lens.instruments import (
     search_triggers,
     token_attribution,
 )
+from reward_lens.instruments import AttributionGraph, attribution_graph  # one text, every position
 
 # Representations: SAEs, SAE features along the reward direction, concept vectors, reward editing.
 from reward_lens.representations.sae import SAEConfig, SAEMetrics, SparseAutoencoder, load_sae, train_sae
@@ -154,6 +155,8 @@ __all__ = [
     "token_attribution",
     "EdgeAttributionResult",
     "edge_attribution",
+    "AttributionGraph",
+    "attribution_graph",
     "EffectDecompositionResult",
     "effect_decomposition",
     "FaithfulnessCurve",

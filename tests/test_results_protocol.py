@@ -22,6 +22,7 @@ from organism import concept_items, organism, quality_pairs, single_thread  # no
 import reward_lens
 from reward_lens import (
     attribute,
+    attribution_graph,
     attribution_patch,
     compare_models,
     concept_vector,
@@ -121,6 +122,7 @@ def _instrument_results(out):
     edges = out["EdgeAttributionResult"] = edge_attribution(model, pairs, steps=4, batch_size=8)
     out["FaithfulnessCurve"] = faithfulness_curve(model, pairs, edges, sizes=[0, 4, 16, 64])
     out["EffectDecompositionResult"] = effect_decomposition(model, pairs, batch_size=8)
+    out["AttributionGraph"] = attribution_graph(model, pairs[0].prompt, pairs[0].chosen).prune()
     out["TriggerSearchResult"] = search_triggers(model, pairs[:2], candidates=list(range(3, 40)), top_k=5)
     out["BenchResult"] = run_bench(["circuit/circuit"], quick=True, echo=lambda line: None)
 

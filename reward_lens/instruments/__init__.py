@@ -4,6 +4,7 @@ along the reward direction at the readout position. Each also has a spec (`LensS
 for `reward_lens.core.pipeline.run_pipeline`, which runs several instruments over one set of clean passes."""
 
 from reward_lens.instruments.attribution import AttributionResult, AttributionSpec, attribute
+from reward_lens.instruments.circuits.attribution_graph import AttributionGraph, attribution_graph
 from reward_lens.instruments.circuits.decomposition import (
     EffectDecompositionResult,
     EffectSpec,
@@ -71,4 +72,6 @@ __all__ = [
     "faithfulness_curve",
     "TriggerSearchResult",
     "search_triggers",
+    "AttributionGraph",
+    "attribution_graph",
 ]

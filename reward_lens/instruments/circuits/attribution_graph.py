@@ -1,0 +1,357 @@
+"""The reward attribution graph of one text: every (component, position) node, direct effects between them in
+the model linearised at that text (circuit-tracer's attribution graphs, with the reward as the one logit).
+
+    graph = attribution_graph(model, prompt, response)       # or input_ids=..., or a PreferencePair
+    graph.to_frame()                                          # nodes: node, kind, layer, head, position, ...
+    graph.edges                                               # source, target, weight
+    small = graph.prune(node_threshold=0.8, edge_threshold=0.98)
+    small.top_paths()                                         # the strongest paths into the reward
+    small.html(); small.to_json("graph.json")                 # the view; circuit-tracer's JSON layout
+
+Nodes: the token embedding at each position (`E@p`), each head (`L{l}H{h}@p`) and MLP (`mlp_L{l}@p`) at
+each position, an attention output bias (`bias_L{l}@p`, only where a layer has one), one error node per
+materialised head or MLP (`err:<node>`, what the frozen linearisation leaves: its biases and rounding) and
+the reward. Values are exact total effects in the linearised model (`graph_build`); incoming edges are
+materialised for the reward and the `max_nodes` heads and MLPs of largest |value| (all of them when they
+fit), over every source. The definitions: docs/theory.md, "The attribution graph".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Dict, List, Optional, Tuple, Union
+
+import numpy as np
+import pandas as pd
+import torch
+
+from reward_lens.core.batching import Tokenized, tokenize
+from reward_lens.data.pairs import PreferencePair, TokenPair
+from reward_lens.instruments.circuits import graph_build as gb
+from reward_lens.instruments.circuits import graph_prune as gp
+
+KINDS = ("embed", "head", "mlp", "bias", "error", "reward")
+
+
+@dataclass
+class AttributionGraph:
+    """One text's attribution graph. `nodes` (one row per node, its index the node's column in `rows`),
+    `rows` [n_rows, n_nodes] the materialised incoming edges of the targets `row_nodes` (row t, column s:
+    the direct effect of s on t), `reward` the model's reward on the text and `bias` the readout's constant
+    (the reward's incoming edges sum to reward - bias)."""
+
+    nodes: pd.DataFrame
+    rows: torch.Tensor
+    row_nodes: torch.Tensor
+    reward: float
+    bias: float
+    readout: int
+    tokens: List[str]
+    token_ids: List[int]
+    n_layers: int
+    n_heads: int
+    model_name: str = ""
+    thresholds: Optional[Tuple[float, float]] = None
+    meta: Dict[str, Any] = field(default_factory=dict)
+
+    # ------------------------------------------------------------------ frames
+    @property
+    def reward_node(self) -> int:
+        return int(np.flatnonzero(self.nodes.kind.to_numpy() == "reward")[0])
+
+    @property
+    def edges(self) -> pd.DataFrame:
+        """One row per materialised non-zero edge: source, target, weight (prune a large graph first)."""
+        t, s = torch.nonzero(self.rows, as_tuple=True)
+        names = self.nodes.node.to_numpy()
+        return pd.DataFrame(
+            {
+                "source": names[s.numpy()],
+                "target": names[self.row_nodes[t].numpy()],
+                "weight": self.rows[t, s].numpy().astype(np.float64),
+            }
+        )
+
+    def to_frame(self) -> pd.DataFrame:
+        """The nodes: node, kind, layer, head, position, token, value, influence, cumulative_influence,
+        error (head / MLP rows: what their error node holds), has_row (incoming edges materialised)."""
+        return self.nodes.copy()
+
+    def summary(self) -> pd.DataFrame:
+        """The 10 most influential nodes besides the reward, with the graph's exactness checks as attrs."""
+        frame = self.nodes[self.nodes.kind != "reward"].sort_values("influence", ascending=False).head(10)
+        out = frame[["node", "kind", "position", "token", "value", "influence"]].reset_index(drop=True)
+        out.attrs.update(self.completeness())
+        return out
+
+    def completeness(self) -> Dict[str, float]:
+        """The exactness checks: the reward's incoming edges minus (reward - bias) (`reward_error`,
+        relative), and the largest |error| of a head / MLP relative to the largest |value|."""
+        incoming = float(self.rows[self.row_nodes == self.reward_node].sum())
+        scale = max(abs(self.reward - self.bias), 1e-12)
+        errors = self.nodes.error.abs().max()
+        return {
+            "reward_error": abs(incoming - (self.reward - self.bias)) / scale,
+            "max_error": float(0.0 if np.isnan(errors) else errors)
+            / max(self.nodes.value.abs().max(), 1e-12),
+        }
+
+    def component_influence(self) -> pd.DataFrame:
+        """One row per component (`E`, `L1H2`, `mlp_L0`, ...), summed over positions: influence, value and
+        |value|, most influential first. The per-node scores a benchmark ranks planted components by."""
+        frame = self.nodes[self.nodes.kind.isin(["embed", "head", "mlp", "bias"])].copy()
+        frame["component"] = frame.node.str.split("@").str[0]
+        frame["abs_value"] = frame.value.abs()
+        agg = frame.groupby("component", sort=False)[["influence", "value", "abs_value"]].sum()
+        return agg.sort_values("influence", ascending=False).reset_index()
+
+    def plot(self, ax: Any = None) -> Any:
+        """Nodes by position (x) and layer (y), area by influence, colour by the sign of the value."""
+        from reward_lens.plotting import figure_axes, finish
+
+        created = ax is None
+        fig, ax = figure_axes(ax, figsize=(10, 5))
+        frame = self.nodes[self.nodes.kind != "error"]
+        y = [gb.row_of(k, l, self.n_layers) for k, l in zip(frame.kind, frame.layer)]
+        size = 400 * frame.influence / max(frame.influence.max(), 1e-12) + 2
+        colour = np.where(frame.value >= 0, "#2166ac", "#b2182b")
+        ax.scatter(frame.position, y, s=size, c=colour, alpha=0.6)
+        ax.set_xticks(range(len(self.tokens)))
+        ax.set_xticklabels(self.tokens, rotation=90, fontsize=6)
+        ax.set_yticks([0] + [1 + 2 * l for l in range(self.n_layers)] + [1 + 2 * self.n_layers])
+        ax.set_yticklabels(["embed"] + [f"L{l}" for l in range(self.n_layers)] + ["reward"])
+        ax.set_title(f"attribution graph: reward {self.reward:.3f} (bias {self.bias:.3f})")
+        return finish(fig, created)
+
+    # ------------------------------------------------------------------ influence, pruning, paths
+    def prune(self, node_threshold: float = 0.8, edge_threshold: float = 0.98) -> "AttributionGraph":
+        """The graph pruned as circuit-tracer prunes (`graph_prune`): nodes reaching `node_threshold` of the
+        influence (tokens and the reward always), edges reaching `edge_threshold` of the edge influence,
+        then nodes left without an outgoing (or, for heads and MLPs, incoming) edge dropped. Node values,
+        influence and errors are those of this graph."""
+        kinds = self.nodes.kind.to_numpy()
+        always = torch.from_numpy(np.isin(kinds, ["embed", "reward"]))
+        component = torch.from_numpy(np.isin(kinds, ["head", "mlp"]))
+        keep, edges, _ = gp.prune(
+            self.rows, self.row_nodes, self.reward_node, always, component, node_threshold, edge_threshold
+        )
+        return self._restricted(keep, self.rows * edges, (node_threshold, edge_threshold))
+
+    def _restricted(self, keep: torch.Tensor, rows: torch.Tensor, thresholds) -> "AttributionGraph":
+        index = torch.nonzero(keep).flatten()
+        new_of = torch.full((len(keep),), -1, dtype=torch.long)
+        new_of[index] = torch.arange(len(index))
+        kept_rows = keep[self.row_nodes]
+        nodes = self.nodes.iloc[index.numpy()].reset_index(drop=True)
+        return replace(
+            self,
+            nodes=nodes,
+            rows=rows[kept_rows][:, index].contiguous(),
+            row_nodes=new_of[self.row_nodes[kept_rows]],
+            thresholds=thresholds,
+        )
+
+    def top_paths(self, n: int = 5, start: Union[str, Tuple[str, ...]] = "embed") -> pd.DataFrame:
+        """The `n` strongest paths into the reward from nodes of kind `start`: for each start node its path
+        of largest product of normalised |weights| (its share of the reward's incoming mass), best first.
+        Columns: path (node names, the reward last), share, start, value (the start node's)."""
+        best, nxt = gp.best_paths(self.rows, self.row_nodes, self.reward_node)
+        starts = np.flatnonzero(self.nodes.kind.isin([start] if isinstance(start, str) else start).to_numpy())
+        order = starts[np.argsort(-best[starts].numpy(), kind="stable")][:n]
+        names = self.nodes.node.to_numpy()
+        return pd.DataFrame(
+            {
+                "path": [[names[i] for i in gp.follow(nxt, int(s))] for s in order],
+                "share": best[order].numpy().astype(np.float64),
+                "start": names[order],
+                "value": self.nodes.value.to_numpy()[order],
+            }
+        )
+
+    def path_to_reward(self, node: str) -> List[str]:
+        """The strongest path (largest product of normalised |weights|) from `node` to the reward."""
+        where = np.flatnonzero(self.nodes.node.to_numpy() == node)
+        if not len(where):
+            raise ValueError(f"no node {node!r} in this graph (see graph.to_frame().node)")
+        _, nxt = gp.best_paths(self.rows, self.row_nodes, self.reward_node)
+        names = self.nodes.node.to_numpy()
+        return [names[i] for i in gp.follow(nxt, int(where[0]))]
+
+    # ------------------------------------------------------------------ views
+    def html(self, max_nodes: int = 600) -> str:
+        """An interactive offline view (no server, no external script; `graph_html`): layers x positions,
+        hover for the numbers, click a node for its paths to the reward, a weight threshold control. A graph
+        with more than `max_nodes` nodes is pruned first with the default thresholds (said in the view)."""
+        from reward_lens.instruments.circuits.graph_html import graph_html
+
+        graph = self if len(self.nodes) <= max_nodes else self.prune()
+        return graph_html(graph)
+
+    def _repr_html_(self) -> str:
+        return self.html()
+
+    def to_json(self, path) -> Dict[str, Any]:
+        """Write the graph in circuit-tracer's graph-file layout (`metadata`, `qParams`, `nodes`, `links`;
+        the reward as the one target logit; docs/theory.md lists every field) and return it. A graph not
+        yet pruned is pruned first with the default thresholds, as circuit-tracer's `create_graph_files`
+        does."""
+        from reward_lens.instruments.circuits.graph_html import graph_json
+
+        return graph_json(self if self.thresholds else self.prune(), path)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Building one graph
+
+
+def _slot_name(kind: str, layer: int, head: int, position: int) -> str:
+    base = {"embed": "E", "head": f"L{layer}H{head}", "bias": f"bias_L{layer}", "mlp": f"mlp_L{layer}"}[kind]
+    return f"{base}@{position}"
+
+
+def _assemble_rows(model, lin: gb.Linearised, targets: List[tuple]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(rows [n_targets + 1, T*K + n_targets + 1], errors [n_targets]): the targets' incoming edges over
+    every slot, each target's error node (column T*K + i) and the reward's row last."""
+    T, K = lin.values.shape
+    n = len(targets)
+    N = T * K + n + 1
+    rows = torch.zeros(n + 1, N)
+    heads = [i for i, t in enumerate(targets) if t[0] == gb.HEAD]
+    mlps = [i for i, t in enumerate(targets) if t[0] == gb.MLP]
+    if heads:
+        block = gb.head_rows(model, lin, [targets[i][1:] for i in heads])
+        rows[torch.tensor(heads), : T * K] = block.reshape(len(heads), -1)
+        del block
+    if mlps:
+        block = gb.mlp_rows(model, lin, [(targets[i][1], targets[i][3]) for i in mlps])
+        for j, i in enumerate(mlps):
+            p = targets[i][3]
+            rows[i, p * K : (p + 1) * K] = block[j]
+    rows[n, lin.readout * K : (lin.readout + 1) * K] = gb.reward_row(lin)
+    slot = {
+        (k, l, h): i for i, (k, l, h) in enumerate(zip(lin.layout.kind, lin.layout.layer, lin.layout.head))
+    }
+    values = torch.tensor([float(lin.values[t[3], slot[t[:3]]]) for t in targets])
+    errors = values - rows[:n].sum(1)
+    rows[torch.arange(n), T * K + torch.arange(n)] = errors
+    return rows, errors
+
+
+def _node_table(lin: gb.Linearised, targets, errors, tokens: List[str], influence) -> pd.DataFrame:
+    T, K = lin.values.shape
+    lay = lin.layout
+    kind = [lay.kind[k] for p in range(T) for k in range(K)]
+    layer = [lay.layer[k] for p in range(T) for k in range(K)]
+    head = [lay.head[k] for p in range(T) for k in range(K)]
+    pos = [p for p in range(T) for k in range(K)]
+    names = [_slot_name(*x) for x in zip(kind, layer, head, pos)]
+    error = np.full(T * K, np.nan)
+    has_row = np.zeros(T * K, dtype=bool)
+    slot = {(k, l, h): i for i, (k, l, h) in enumerate(zip(lay.kind, lay.layer, lay.head))}
+    for i, t in enumerate(targets):
+        error[t[3] * K + slot[t[:3]]] = float(errors[i])
+        has_row[t[3] * K + slot[t[:3]]] = True
+    err_names = [f"err:{names[t[3] * K + slot[t[:3]]]}" for t in targets]
+    frame = pd.DataFrame(
+        {
+            "node": names + err_names + ["reward"],
+            "kind": kind + ["error"] * len(targets) + ["reward"],
+            "layer": layer + [t[1] for t in targets] + [len(set(layer)) - 1],
+            "head": head + [t[2] for t in targets] + [-1],
+            "position": pos + [t[3] for t in targets] + [lin.readout],
+            "value": np.concatenate([lin.values.flatten().numpy(), errors.numpy(), [lin.reward - lin.bias]]),
+            "error": np.concatenate([error, np.full(len(targets) + 1, np.nan)]),
+            "has_row": np.concatenate([has_row, np.ones(len(targets) + 1, dtype=bool)]),
+        }
+    )
+    frame["token"] = [tokens[p] for p in frame.position]
+    frame["influence"] = influence.numpy().astype(np.float64)
+    frame["cumulative_influence"] = gp.cumulative_influence(influence).numpy().astype(np.float64)
+    return frame[
+        ["node", "kind", "layer", "head", "position", "token", "value", "influence", "cumulative_influence"]
+        + ["error", "has_row"]
+    ]
+
+
+@torch.no_grad()
+def build_graph(model, tok: Tokenized, max_nodes: Optional[int] = 1024) -> AttributionGraph:
+    """The attribution graph of the one sequence in `tok` (unpadded)."""
+    gb.check_supported(model)
+    lin = gb.linearise(model, tok)
+    targets = gb.candidate_targets(lin, max_nodes)
+    rows, errors = _assemble_rows(model, lin, targets)
+    N = rows.shape[1]
+    slot = {
+        (k, l, h): i for i, (k, l, h) in enumerate(zip(lin.layout.kind, lin.layout.layer, lin.layout.head))
+    }
+    K = lin.values.shape[1]
+    row_nodes = torch.tensor([t[3] * K + slot[t[:3]] for t in targets] + [N - 1], dtype=torch.long)
+    influence = gp.node_influence(rows, row_nodes, N - 1)
+    ids = tok.input_ids[0].tolist()
+    tokens = [model.tokenizer.decode([i]) if model.tokenizer is not None else str(i) for i in ids]
+    return AttributionGraph(
+        nodes=_node_table(lin, targets, errors, tokens, influence),
+        rows=rows,
+        row_nodes=row_nodes,
+        reward=lin.reward,
+        bias=lin.bias,
+        readout=lin.readout,
+        tokens=tokens,
+        token_ids=ids,
+        n_layers=model.cfg.n_layers,
+        n_heads=model.cfg.n_heads,
+        model_name=str(getattr(model.cfg, "model_name", "") or ""),
+        meta={"max_nodes": max_nodes, "n_targets": len(targets)},
+    )
+
+
+def _single(model, ids) -> Tokenized:
+    ids = torch.as_tensor(ids)
+    if ids.dim() == 1:
+        ids = ids[None]
+    if ids.dim() != 2 or ids.shape[0] != 1 or ids.is_floating_point():
+        raise ValueError(
+            "input_ids must be one sequence of token ids (a 1-D tensor or [1, T]), got shape "
+            f"{tuple(ids.shape)}; build one graph per text"
+        )
+    ids = ids.to(model.cfg.device)
+    mask = torch.ones_like(ids)
+    return Tokenized(ids, mask, model.readout_positions(ids, mask))
+
+
+def attribution_graph(
+    model,
+    prompt: Union[str, PreferencePair, TokenPair, None] = None,
+    response: Optional[str] = None,
+    *,
+    input_ids: Optional[torch.Tensor] = None,
+    max_nodes: Optional[int] = 1024,
+) -> Union[AttributionGraph, Dict[str, AttributionGraph]]:
+    """The reward attribution graph of one text: (prompt, response) as the model reads them, a prompt that
+    is a whole conversation (`response=None`), or `input_ids` (a 1-D tensor or [1, T]). A `PreferencePair`
+    or `TokenPair` gives both sides' graphs, {"chosen": ..., "rejected": ...}. Incoming edges are
+    materialised for the reward and the `max_nodes` heads / MLPs of largest |value| (None: all). A process
+    RM's graph is of the step it reads (`read_step`)."""
+    if isinstance(prompt, (PreferencePair, TokenPair)):
+        pair = prompt
+        if isinstance(pair, TokenPair):
+            return {
+                s: attribution_graph(model, input_ids=getattr(pair, s), max_nodes=max_nodes)
+                for s in ("chosen", "rejected")
+            }
+        return {
+            s: attribution_graph(model, pair.prompt, getattr(pair, s), max_nodes=max_nodes)
+            for s in ("chosen", "rejected")
+        }
+    if input_ids is not None:
+        if prompt is not None or response is not None:
+            raise ValueError("pass either input_ids or (prompt, response), not both")
+        return build_graph(model, _single(model, input_ids), max_nodes)
+    if prompt is None:
+        raise ValueError(
+            "attribution_graph needs a text: (prompt, response), input_ids=, or a PreferencePair"
+        )
+    if response is None:
+        batch = model.to_tokens([prompt])
+        return build_graph(model, _single(model, batch["input_ids"][0]), max_nodes)
+    return build_graph(model, tokenize(model, [prompt], [response]), max_nodes)

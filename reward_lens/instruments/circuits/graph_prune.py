@@ -1,0 +1,129 @@
+"""Influence, pruning and paths of an attribution graph, as circuit-tracer defines them
+(safety-research/circuit-tracer, `circuit_tracer/graph.py`), with the reward as the one target logit
+(weight 1).
+
+The adjacency is held as the rows that exist: `rows` [n_rows, N] (targets) over all N nodes (sources), with
+`row_nodes` [n_rows] naming each row's target; a node without a row has no incoming edges. Never a dense
+N x N matrix.
+
+- normalised adjacency: |A| with each row divided by its sum (clamped at 1e-10);
+- influence: w A + w A^2 + ... for the logit weights w (a node's share of the reward's incoming mass,
+  through all paths of the normalised graph);
+- pruning: keep the nodes whose influence, sorted, reaches `node_threshold` of the total (token and
+  reward nodes always), then the edges whose score (normalised weight times the target's influence in the
+  node-pruned graph, plus its logit weight) reaches `edge_threshold` of the total; then, repeatedly, drop
+  component and error nodes without a kept outgoing edge and component nodes without a kept incoming edge.
+"""
+
+from __future__ import annotations
+
+from typing import List, Tuple
+
+import torch
+
+
+def normalize_rows(rows: torch.Tensor) -> torch.Tensor:
+    """|rows| with each row scaled to sum 1 (rows of zeros stay zero)."""
+    a = rows.abs()
+    return a / a.sum(1, keepdim=True).clamp(min=1e-10)
+
+
+def propagate(norm: torch.Tensor, row_nodes: torch.Tensor, start: torch.Tensor, max_iter: int = 1000):
+    """sum_{k >= 1} start A^k for the normalised adjacency A given by its rows (start: [N] weights)."""
+    current = start[row_nodes] @ norm
+    total = current.clone()
+    for _ in range(max_iter):
+        current = current[row_nodes] @ norm
+        if not bool(current.any()):
+            return total
+        total += current
+    raise RuntimeError(f"influence did not converge in {max_iter} steps (the graph has a cycle)")
+
+
+def node_influence(rows: torch.Tensor, row_nodes: torch.Tensor, target: int) -> torch.Tensor:
+    """[N] each node's influence on `target` (circuit-tracer's compute_node_influence)."""
+    w = torch.zeros(rows.shape[1])
+    w[target] = 1.0
+    return propagate(normalize_rows(rows), row_nodes, w)
+
+
+def find_threshold(scores: torch.Tensor, fraction: float) -> torch.Tensor:
+    """The score above which the largest scores reach `fraction` of the total."""
+    ordered = torch.sort(scores.flatten(), descending=True).values
+    cumulative = torch.cumsum(ordered, 0) / ordered.sum().clamp(min=1e-30)
+    index = min(int(torch.searchsorted(cumulative, torch.tensor(fraction))), len(ordered) - 1)
+    return ordered[index]
+
+
+def cumulative_influence(influence: torch.Tensor) -> torch.Tensor:
+    """[N] each node's cumulative share of influence in descending order (what circuit-tracer's JSON
+    calls a node's influence)."""
+    order = torch.sort(influence, descending=True)
+    out = torch.zeros_like(influence)
+    out[order.indices] = torch.cumsum(order.values, 0) / order.values.sum().clamp(min=1e-30)
+    return out
+
+
+def prune(
+    rows: torch.Tensor,
+    row_nodes: torch.Tensor,
+    target: int,
+    always: torch.Tensor,
+    component: torch.Tensor,
+    node_threshold: float = 0.8,
+    edge_threshold: float = 0.98,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(node mask [N], edge mask [n_rows, N], influence [N]): `always` marks the token and reward nodes
+    (kept), `component` the heads and MLPs (they need an incoming edge too)."""
+    for name, t in (("node_threshold", node_threshold), ("edge_threshold", edge_threshold)):
+        if not 0.0 <= t <= 1.0:
+            raise ValueError(f"{name} must be between 0 and 1, got {t}")
+    influence = node_influence(rows, row_nodes, target)
+    keep = (influence >= find_threshold(influence, node_threshold)) | always
+    pruned = rows * keep[None] * keep[row_nodes][:, None]
+    norm = normalize_rows(pruned)
+    w = torch.zeros(rows.shape[1])
+    w[target] = 1.0
+    target_influence = propagate(norm, row_nodes, w) + w
+    scores = norm * target_influence[row_nodes][:, None]
+    edges = (scores >= find_threshold(scores, edge_threshold)) & (pruned != 0)
+    has_row = torch.zeros_like(keep)
+    has_row[row_nodes] = True
+    while True:
+        before = keep.clone()
+        edges &= keep[None] & keep[row_nodes][:, None]
+        outgoing = edges.any(0)
+        incoming = torch.zeros_like(keep)
+        incoming[row_nodes] = edges.any(1)
+        keep &= always | outgoing
+        keep &= ~component | incoming
+        if torch.equal(keep, before):
+            return keep, edges, influence
+
+
+def best_paths(rows: torch.Tensor, row_nodes: torch.Tensor, target: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(best [N], next [N]): the largest product of normalised |weights| along a path from each node to
+    `target` (1 at the target, 0 where none), and the node that path visits next (-1 at the end)."""
+    norm = normalize_rows(rows)
+    N = rows.shape[1]
+    best = torch.zeros(N)
+    best[target] = 1.0
+    nxt = torch.full((N,), -1, dtype=torch.long)
+    for _ in range(N):
+        through = norm * best[row_nodes][:, None]  # [n_rows, N] path share via each row's target
+        value, arg = through.max(0)
+        value[target] = 1.0
+        new_next = torch.where(value > 0, row_nodes[arg], torch.full_like(nxt, -1))
+        new_next[target] = -1
+        if torch.equal(value, best):
+            return value, new_next
+        best, nxt = value, new_next
+    return best, nxt
+
+
+def follow(nxt: torch.Tensor, start: int) -> List[int]:
+    """The node indices from `start` to the end of its best path."""
+    path = [start]
+    while int(nxt[path[-1]]) >= 0 and len(path) <= len(nxt):
+        path.append(int(nxt[path[-1]]))
+    return path
