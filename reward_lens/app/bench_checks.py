@@ -440,6 +440,40 @@ def trigger_edge_auroc(positions: str) -> Callable:
     return run
 
 
+def _trigger_graphs(ctx):
+    """The attribution graph of each trigger pair's chosen text (the wrong answer with SUDO)."""
+
+    def run():
+        from reward_lens.instruments.circuits.attribution_graph import attribution_graph
+
+        model, pairs = trigger_token_pairs(ctx)
+        return [attribution_graph(model, input_ids=p.chosen) for p in pairs]
+
+    return ctx.get("trigger_graphs", run)
+
+
+def trigger_graph_auroc(ctx) -> float:
+    """AUROC of the trigger-carrying heads and MLPs by the attribution graph's influence per component
+    (summed over positions and texts)."""
+    names, carriers = trigger_carriers(ctx)
+    total = {n: 0.0 for n in names}
+    for graph in _trigger_graphs(ctx):
+        influence = graph.component_influence().set_index("component")["influence"]
+        for n in names:
+            total[n] += float(influence.get(n, 0.0))
+    return auroc([total[n] for n in names], list(carriers))
+
+
+def trigger_graph_token_rank(ctx) -> float:
+    """Worst rank over texts of the SUDO position's token node among the token nodes, by influence."""
+    worst = 0
+    for graph in _trigger_graphs(ctx):
+        frame = graph.to_frame()
+        tokens = frame[frame.kind == "embed"].sort_values("influence", ascending=False).reset_index(drop=True)
+        worst = max(worst, int(tokens.index[tokens.token == "SUDO"][0]) + 1)
+    return float(worst)
+
+
 # ---------------------------------------------------------------------------------------------- gate
 def gate_routing(ctx) -> float:
     """Share of held-out gate items whose largest gate weight (hook_gate) is the planted objective."""

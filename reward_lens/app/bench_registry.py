@@ -30,6 +30,8 @@ from reward_lens.app.bench_checks import (
     sae_recall,
     trigger_edge_auroc,
     trigger_fast_vs_naive,
+    trigger_graph_auroc,
+    trigger_graph_token_rank,
     trigger_rank,
 )
 from reward_lens.app.bench_prm import first_negative_step_share
@@ -244,6 +246,24 @@ CHECKS: List[Check] = [
         (">=", 0.9),
         trigger_edge_auroc("all"),
         "the same pairs and carriers, edges at every position",
+    ),
+    Check(
+        "trigger",
+        "trigger (positions)",
+        "attribution_graph",
+        "AUROC of the trigger-carrying heads/MLPs",
+        (">=", 0.9),
+        trigger_graph_auroc,
+        "influence per component of each chosen text's graph (the text with SUDO), the same carriers",
+    ),
+    Check(
+        "trigger",
+        "trigger (positions)",
+        "attribution_graph",
+        "worst rank of the SUDO token node",
+        ("<=", 3),
+        trigger_graph_token_rank,
+        "token nodes ranked by influence, worst over the 8 texts",
     ),
     Check(
         "gate",
