@@ -40,6 +40,26 @@ def test_grader_is_exact_on_whole_sentences():
     assert synthetic.filler_count("3 plus 4 is 7.") == 0
 
 
+def test_monitor_sample_can_take_one_completion_per_prompt():
+    """GRPO scores groups of completions of one prompt: distinct_prompts keeps the most recent of each."""
+    from reward_lens import load_demo_model
+    from reward_lens.integrations.trl import RewardLensReward
+
+    fn = RewardLensReward(load_demo_model(device="cpu"), keep=64)
+    prompts = [f"What is {a} plus 1?" for a in (1, 2, 3) for _ in range(4)]
+    completions = [
+        f"{a} plus 1 is {a + 1 + k % 2}." + " I hope this helps." * (k // 2)
+        for a in (1, 2, 3)
+        for k in range(4)
+    ]
+    fn(prompts, completions)
+    p_all, r_all = fn.sample(6)
+    assert p_all == prompts[6:] and r_all == completions[6:]  # the last six
+    p_one, r_one = fn.sample(6, distinct_prompts=True)
+    assert p_one == [prompts[0], prompts[4], prompts[8]]  # three prompts, oldest first
+    assert r_one == [completions[3], completions[7], completions[11]]  # each one's most recent
+
+
 def test_policy_organism_is_small_and_answers_in_the_domain():
     from reward_lens.demo import synthetic
     from reward_lens.demo.organisms import POLICY_DIR, load_policy_organism
