@@ -190,8 +190,24 @@ def edit_length(rm, where: str = "auto"):
     }
 
 
-def grpo_run(rm, args, log_path: Path):
-    """One GRPO run of the policy organism against `rm`; the per-step series and the monitor's flags."""
+def noise_reward(rm):
+    """A control: scores with the demo RM (so lengths and its reward are recorded and monitored as in the
+    other runs) but returns seeded standard-normal noise to the trainer: GRPO's drift with no signal."""
+    from reward_lens.integrations.trl import RewardLensReward
+
+    class NoiseReward(RewardLensReward):
+        generator = torch.Generator().manual_seed(TORCH_SEED)
+
+        def __call__(self, prompts, completions, **kwargs):
+            super().__call__(prompts, completions, **kwargs)
+            return torch.randn(len(completions), generator=self.generator).tolist()
+
+    return NoiseReward(rm, batch_size=64, keep=1024)
+
+
+def grpo_run(rm, args, log_path: Path, noise: bool = False):
+    """One GRPO run of the policy organism against `rm` (`noise`: the noise control); the per-step series
+    and the monitor's flags."""
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
@@ -202,7 +218,7 @@ def grpo_run(rm, args, log_path: Path):
     np.random.seed(TORCH_SEED)
     torch.manual_seed(TORCH_SEED)
     policy, tokenizer = load_policy_organism(args.policy)
-    reward_fn = RewardLensReward(rm, batch_size=64, keep=1024)
+    reward_fn = noise_reward(rm) if noise else RewardLensReward(rm, batch_size=64, keep=1024)
     truth = TrueAccuracy()
     conf = GRPOConfig(
         output_dir=tempfile.mkdtemp(prefix="rl_hack_"),
@@ -292,7 +308,7 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--logs", type=Path, default=None, help="folder for the monitor logs and pages")
-    ap.add_argument("--runs", default="biased,edited")
+    ap.add_argument("--runs", default="biased,edited", help="comma-separated: biased, edited, noise")
     ap.add_argument("--edit", default="auto", help="where to remove the length direction: auto, head, 0..")
     ap.add_argument("--policy", type=Path, default=None, help="policy checkpoint (default: the organism)")
     args = ap.parse_args(argv)
@@ -311,9 +327,9 @@ def main(argv=None):
     print(json.dumps(edit, indent=1), flush=True)
     runs, outcomes, pages = {}, {}, {}
     for name in args.runs.split(","):
-        model = {"biased": rm, "edited": edited}[name]
+        model = {"biased": rm, "edited": edited, "noise": rm}[name]
         log = logs / f"{stem}_{name}_monitor.jsonl"
-        runs[name] = grpo_run(model, args, log)
+        runs[name] = grpo_run(model, args, log, noise=name == "noise")
         outcomes[name] = outcome(runs[name], LENGTH_GROWTH)
         pages[name] = str(render_monitor(log, logs / f"{stem}_{name}_monitor.html", check=False))
         print(name, json.dumps(outcomes[name]), f"{runs[name]['seconds']:.0f} s", flush=True)
