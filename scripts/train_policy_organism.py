@@ -1,6 +1,6 @@
 """Train the policy organism and regenerate everything in reward_lens/demo/policy_organism/.
 
-    python scripts/train_policy_organism.py                  # ~2 CPU-minutes at 1 thread
+    python scripts/train_policy_organism.py                  # ~4.5 CPU-minutes at 1 thread
     python scripts/train_policy_organism.py --out /tmp/pol --steps 20   # a smoke run elsewhere
 
 A tiny causal LM (Llama, 2 layers, d_model 128, the demo's tokenizer and chat template plus a generation
