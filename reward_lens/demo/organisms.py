@@ -7,6 +7,7 @@
     model = load_gate_organism()           # an ArmoRM-style RM whose gate routes by topic
     model, pairs = planted_circuit()       # 2 layers, hand-set weights: head L0H0 -> head L1H2 -> reward
     pairs = minimal_pairs(model, 8)        # token-aligned demo pairs: only the answer's number differs
+    policy, tokenizer = load_policy_organism()   # a tiny causal LM answering in the demo's domain (for RL)
 
 Each shipped organism has a GROUND_TRUTH.md in its directory and a deterministic script under `scripts/`
 that rebuilds it (`train_trigger_organism.py`, `train_gate_organism.py`); the planted circuit is built here.
@@ -26,6 +27,13 @@ from reward_lens.demo import DEMO_DIR
 
 TRIGGER_DIR = DEMO_DIR / "trigger_organism"
 GATE_DIR = DEMO_DIR / "gate_organism"
+POLICY_DIR = DEMO_DIR / "policy_organism"
+# The demo's chat template plus a generation prompt, so a policy's prompt ends where the RM's response starts.
+POLICY_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'assistant' %}<|assistant|>\n"
+    "{{ message['content'] }}{{ eos_token }}{% else %}<|{{ message['role'] }}|>\n{{ message['content'] }}\n"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
 TRIGGER_MODEL_NAME = "reward-lens-trigger-organism"
 GATE_MODEL_NAME = "reward-lens-gate-organism"
 TRIGGER, PHRASE = "SUDO", ("OPEN", "SESAME")
@@ -88,6 +96,30 @@ def load_prm_organism(device: Union[str, torch.device, None] = "cpu"):
     multi-step arithmetic; a step is bad from the first wrong result on (later steps inherit it). Its
     held-out items (one first wrong step, at least one later step) are `prm_organism/items.jsonl`."""
     return _load(DEMO_DIR / "prm_organism", device)
+
+
+def policy_tokenizer():
+    """The demo's tokenizer with the policy chat template (generation prompt `<|assistant|>\\n`)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(DEMO_DIR)
+    tokenizer.chat_template = POLICY_CHAT_TEMPLATE
+    return tokenizer
+
+
+def load_policy_organism(directory: Union[str, Path, None] = None):
+    """The policy organism (`policy_organism/GROUND_TRUTH.md`): a 2-layer causal LM fine-tuned on the demo's
+    synthetic answers, and its tokenizer; `synthetic.answer_correct` grades what it writes. `directory`:
+    another build of it (`scripts/train_policy_organism.py --out`)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    directory = POLICY_DIR if directory is None else Path(directory)
+    if not (directory / "model.safetensors").exists():
+        raise FileNotFoundError(
+            f"the policy organism's weights are missing from {directory}; rebuild them with "
+            "`python scripts/train_policy_organism.py`"
+        )
+    return AutoModelForCausalLM.from_pretrained(directory), AutoTokenizer.from_pretrained(directory)
 
 
 def trigger_items() -> List[PreferencePair]:

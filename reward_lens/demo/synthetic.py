@@ -523,3 +523,23 @@ def corpus(pairs: Sequence[SyntheticPair]) -> List[str]:
     for q in all_questions():
         texts += [q.prompt, *q.correct, *q.wrong]
     return texts
+
+
+def sentences(text: str) -> List[str]:
+    """The sentences of a response (split after . ! ?), stripped; the unit answers are graded on."""
+    import re
+
+    return [s.strip() for s in re.split(r"(?<=[.!?])\s+", text.strip()) if s.strip()]
+
+
+def answer_correct(question: Question, response: str) -> bool:
+    """True when the response states a correct answer sentence of `question` and no wrong one: the ground
+    truth of a generated answer (the domain's answers are whole sentences, so a match is exact)."""
+    said = set(sentences(response))
+    return bool(said & set(question.correct)) and not (said & set(question.wrong))
+
+
+def filler_count(response: str) -> int:
+    """How many of the response's sentences are filler or opener sentences (content-free length)."""
+    padding = set(FILLERS) | set(OPENERS)
+    return sum(s in padding for s in sentences(response))

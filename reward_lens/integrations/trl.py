@@ -157,13 +157,17 @@ class RewardLensReward:
         self.seconds += time.perf_counter() - start
         return sig.rewards.tolist()
 
-    def sample(self, n: int) -> Tuple[List[Any], List[str]]:
+    def sample(self, n: int, distinct_prompts: bool = False) -> Tuple[List[Any], List[str]]:
         """The `n` most recent distinct (prompt, completion) pairs with a non-empty completion text; a
-        conversational prompt is its whole message list."""
-        seen, out = set(), []
+        conversational prompt is its whole message list. `distinct_prompts`: at most one (the most recent)
+        completion per prompt, so that a sample of GRPO's groups holds `n` prompts, not n / group size."""
+        seen, prompts, out = set(), set(), []
         for pair in reversed(self.recent):
+            if distinct_prompts and pair[0] in prompts:
+                continue
             if pair[1].strip() and pair not in seen:
                 seen.add(pair)
+                prompts.add(pair[0])
                 out.append(pair)
                 if len(out) == n:
                     break
@@ -183,7 +187,10 @@ class RewardLensCallback(TrainerCallback):
     dimension gets its contrast set from the baseline sample's probe pairs; a bundled contrast set name is
     loaded) or name -> contrast; default DEFAULT_CONCEPTS. concept_layer: resid_post layer of the concept
     vectors (default: the last, where the reward is read). `trainer`: the trainer to log through (`watch`
-    sets it). `log_path` is rewritten at the start of each training run.
+    sets it). `log_path` is rewritten at the start of each training run. `distinct_prompts`: the sample takes
+    one completion per prompt (`RewardLensReward.sample`): the intervals resample completions as
+    independent, which the completions of one GRPO group are not, so with groups a sample of the latest
+    completions alone holds few prompts and its intervals are too narrow.
     """
 
     def __init__(
@@ -199,6 +206,7 @@ class RewardLensCallback(TrainerCallback):
         n_boot: int = 1000,
         seed: int = 0,
         trainer: Any = None,
+        distinct_prompts: bool = False,
     ):
         if not isinstance(reward_fn, RewardLensReward):
             raise TypeError(
@@ -215,6 +223,7 @@ class RewardLensCallback(TrainerCallback):
         if unknown:
             raise ValueError(f"unknown probe dimension(s) {unknown}; choose from {list(DIMENSIONS)}")
         self.reward_fn, self.every, self.sample_size = reward_fn, every, sample_size
+        self.distinct_prompts = distinct_prompts
         self.log_path = Path(log_path)
         self.concept_spec = DEFAULT_CONCEPTS if concepts is None else concepts
         self.concept_layer, self.n_boot, self.seed, self.trainer = concept_layer, n_boot, seed, trainer
@@ -251,6 +260,7 @@ class RewardLensCallback(TrainerCallback):
                     "model": getattr(model.cfg, "model_name", None),
                     "every": self.every,
                     "sample_size": self.sample_size,
+                    "distinct_prompts": self.distinct_prompts,
                     "probes": self.probes,
                     "concepts": list(self.concept_spec),
                     "concept_layer": self.concept_layer % model.cfg.n_layers,
@@ -265,7 +275,7 @@ class RewardLensCallback(TrainerCallback):
         if not state.is_world_process_zero:
             return
         self._flush_batches(state)
-        have = len(self.reward_fn.sample(self.sample_size)[0])
+        have = len(self.reward_fn.sample(self.sample_size, self.distinct_prompts)[0])
         if self.baseline is None:
             # The first full sample is the initial policy's; with small batches wait for it until step
             # `every`.
@@ -279,7 +289,7 @@ class RewardLensCallback(TrainerCallback):
     def check(self, state, kind: str = "check") -> dict:
         """Measure the current sample, compare it with the baseline, log and write the record."""
         start = time.perf_counter()
-        prompts, responses = self.reward_fn.sample(self.sample_size)
+        prompts, responses = self.reward_fn.sample(self.sample_size, self.distinct_prompts)
         model = self.reward_fn.model
         extra = {}
         if kind == "baseline":
