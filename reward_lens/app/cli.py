@@ -140,7 +140,13 @@ def cmd_evaluate(args) -> int:
         model, label = _load_model(args.model, args.device, args.dtype, args.input_format)
         _set_threads(args.threads, model)
         result = evaluate(
-            model, args.source, benchmark=args.benchmark, batch_size=args.batch_size, split=args.split
+            model,
+            args.source,
+            benchmark=args.benchmark,
+            batch_size=args.batch_size,
+            split=args.split,
+            single_game=args.single_game,
+            domain=args.domain,
         )
         is_file = _Path(args.source).expanduser().exists()
         info = provenance(
@@ -400,7 +406,17 @@ def _add_evaluate(sub) -> None:
     ev.add_argument("--model", default=None, help="checkpoint directory or hub id (default: the demo model)")
     ev.add_argument("--out", default="reward-lens-eval", help="output directory (default: reward-lens-eval)")
     ev.add_argument("--batch-size", type=int, default=16, help="responses per forward pass (default 16)")
-    ev.add_argument("--split", default=None, help="one split of a hub dataset (default: all, in order)")
+    ev.add_argument(
+        "--split", default=None, help="one split of a hub dataset (default: the benchmark's official split)"
+    )
+    ev.add_argument(
+        "--single-game",
+        action="store_true",
+        help="JudgeBench: one order per pair, as run_judge.py --single_game (default: both orders)",
+    )
+    ev.add_argument(
+        "--domain", default=None, help="RM-Bench: the domain of a per-domain file's rows (chat, math, ...)"
+    )
     ev.add_argument("--input-format", default="auto", help="how texts become token ids (as for audit)")
     ev.add_argument("--device", default=None, help="cpu or cuda[:i] (default: cuda when available, else cpu)")
     ev.add_argument("--dtype", default=None, help="float32 (default), bfloat16, float16 or float64")

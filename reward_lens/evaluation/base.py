@@ -24,7 +24,9 @@ class Benchmark:
     """One benchmark: `columns` it needs, `matches(columns)` (does a row's column set look like it),
     `responses(rows)` (one frame row per response to score: row, id, subset, role, k, prompt, response),
     `summarize(frame)` (the frame with `reward` -> (summary frame, details)) and `pairs(rows)` (pairwise
-    preference pairs, chosen vs each rejected, for the audit's instruments)."""
+    preference pairs, chosen vs each rejected, for the audit's instruments); `accepts(columns, row)`: the
+    rows it scores when named explicitly (default `matches`; wider where auto-detection must not guess);
+    `options`: the keyword options of `evaluate` its `summarize` takes."""
 
     name: str
     columns: Tuple[str, ...]
@@ -33,6 +35,11 @@ class Benchmark:
     responses: Callable[[List[Row]], pd.DataFrame]
     summarize: Callable[[pd.DataFrame], Tuple[pd.DataFrame, Dict[str, Any]]]
     pairs: Optional[Callable[[List[Row]], list]] = None
+    accepts: Optional[Callable[[Sequence[str], Row], bool]] = None
+    options: Tuple[str, ...] = ()
+
+    def takes(self, columns: Sequence[str], row: Row) -> bool:
+        return (self.accepts or self.matches)(columns, row)
 
 
 BENCHMARKS: Dict[str, Benchmark] = {}
@@ -101,11 +108,14 @@ def row_list(row: Row, column: str, where: str, n: Optional[int] = None) -> List
 
 
 def row_label(row: Row, column: str, default: Optional[str] = None) -> Optional[str]:
+    """An id / subset / domain cell as text, stripped (a stray space must not change which rule scores a
+    subset); missing or blank -> `default`."""
     try:
         value = normalize_label(row.get(column), column)
     except PairDataError:
         value = str(row.get(column))
-    return default if value is None else value
+    value = None if value is None else value.strip()
+    return default if not value else value
 
 
 def is_text_list(value: Any) -> bool:
