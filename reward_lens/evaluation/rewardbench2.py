@@ -15,6 +15,21 @@ The rule of allenai/reward-bench `scripts/run_v2.py` (with `reroll_and_score_dat
   tied row.
 - overall ("all"): run_v2 reports subsets only; the leaderboard's score is the unweighted mean of the
   subset scores, which is what "all" is.
+
+Ties ids are checked where run_v2 would silently mix rows: an id given twice (also spelled "ref:1" and
+"ref:01", one prompt to run_v2) is refused, since run_v2 appends the second row's responses to the first
+one's; a Ties subset with only ref: or only tied: rows has no prompt for the margin terms, so its score is
+NaN (as np.mean of nothing in run_v2), said in a warning and in `details["ties"]["nan_reason"]`.
+
+Where PyPI's `rewardbench` 0.1.4 (its `process_single_model`, read from the 0.1.4 wheel) differs from the
+current run_v2 followed here: with no prompt having both a ref and a tied row it sets the three margin
+terms to 0 (a score of 0.3 tied + 0.3 ref, not NaN); it averages the two "preferred" terms only over the
+prompts whose tied row has more than one correct answer, and the margin term only over those whose
+correct answers differ (spread > 0), where run_v2 takes every shared prompt (a 0/0 ratio counting 0; a
+tied row with one correct answer has no spread, which run_v2's array comparison cannot take and which
+counts False here); it scores a row without incorrect (or correct) answers as inaccurate, which is refused
+here; and a repeated id overwrites the earlier row's responses position by position. On data without
+those cases both give the same score. (Checked against the code, not by running the package.)
 """
 
 from __future__ import annotations
