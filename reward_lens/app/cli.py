@@ -448,6 +448,9 @@ def run_command(argv: Optional[List[str]] = None) -> int:
     if getattr(args, "models", None) is not None and len(args.models) < 2:
         print("reward-lens compare: error: give at least two models to compare", file=sys.stderr)
         return 2
+    from reward_lens.app.output import WRITTEN
+
+    written_before = len(WRITTEN)
     try:
         if args.command in ("audit", "evaluate", "compare", "sweep"):  # every option checked before any work
             validate_args(args)
@@ -455,6 +458,13 @@ def run_command(argv: Optional[List[str]] = None) -> int:
     except KeyboardInterrupt:
         if args.debug:
             raise
+        if len(WRITTEN) > written_before and args.command != "sweep":  # after the swap: the report is whole
+            print(
+                f"reward-lens {args.command}: interrupted after the report was written; {WRITTEN[-1]} is "
+                "complete",
+                file=sys.stderr,
+            )
+            return 0
         done = (
             "finished chunks are kept; rerun the same command to resume"
             if args.command == "sweep"

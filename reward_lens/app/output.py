@@ -32,6 +32,7 @@ from typing import Any, Callable, List, Optional, Union
 import numpy as np
 
 MARKER = ".reward-lens-report"
+WRITTEN: List[Path] = []  # every report swapped in whole by this process, in order (the CLI's Ctrl-C says so)
 
 
 class OutputError(ValueError):
@@ -194,6 +195,7 @@ def write_text_atomic(path: Path, text: str) -> Path:
         os.replace(tmp, path)
     finally:
         Path(tmp).unlink(missing_ok=True)
+    WRITTEN.append(path)
     return path
 
 
@@ -323,6 +325,7 @@ class ReportDir:
         finally:
             if old is not None:
                 shutil.rmtree(old, ignore_errors=True)
+        WRITTEN.append(self.path)
         return self.path
 
     def _keep_foreign(self, tmp: Path) -> None:

@@ -41,6 +41,7 @@ from reward_lens.core.pipeline import Reads, Shared, Spec, run_spec
 from reward_lens.core.readout import Capture, Tokenized, batches, capture, tokenize
 from reward_lens.data.pairs import PreferencePair, TokenPair, as_pairs, pair_labels
 from reward_lens.model.hooks import act_name
+from reward_lens.model.tokenization import is_messages
 from reward_lens.plotting import pyplot
 from reward_lens.results import to_numpy
 
@@ -445,17 +446,26 @@ def _split_rows(model, tok: Tokenized, terms: Dict[str, torch.Tensor], out: Dict
         out[key].append(terms[key].cpu())
 
 
+def _is_text(x) -> bool:
+    return isinstance(x, str) or is_messages(x)
+
+
+def _is_text_input(x) -> bool:
+    """(prompt, response): each text or chat messages; the response may be None (the prompt is then the
+    whole text or conversation, as `to_tokens` takes it)."""
+    return (
+        isinstance(x, (tuple, list)) and len(x) == 2 and _is_text(x[0]) and (x[1] is None or _is_text(x[1]))
+    )
+
+
 def _as_inputs(pairs_or_texts):
     """(pairs, None) for preference pairs / a path; (None, [(prompt, response)]) for texts."""
     if (
         isinstance(pairs_or_texts, (list, tuple))
         and pairs_or_texts
-        and all(
-            isinstance(x, (tuple, list)) and len(x) == 2 and all(isinstance(s, str) for s in x)
-            for x in pairs_or_texts
-        )
+        and all(_is_text_input(x) for x in pairs_or_texts)
     ):
-        return None, [tuple(x) for x in pairs_or_texts]
+        return None, [(p, ([] if is_messages(p) else "") if r is None else r) for p, r in pairs_or_texts]
     if (
         isinstance(pairs_or_texts, (PreferencePair, TokenPair, str))
         or hasattr(pairs_or_texts, "__fspath__")

@@ -230,6 +230,13 @@ def edit_reward(
                 f"the direction must have shape [d_model={model.cfg.d_model}], got {tuple(concept.shape)}"
             )
         v = concept.float() / concept.float().norm()
+    norm = float(v.detach().float().norm())
+    if not norm > 0 or not torch.isfinite(v).all():  # 0/0: a NaN direction, then NaN rewards
+        raise ValueError(
+            f"the concept direction is {'zero' if norm == 0 else 'not finite'} (norm {norm}), so there is "
+            "nothing to project out; build the concept from contrast pairs that differ (concept_vector) or "
+            "pass a non-zero direction"
+        )
     if probes is None or len(probes) == 0:
         raise ValueError(
             "edit_reward verifies on held-out probes: pass probes=<ContrastPairs> (not used to build the "

@@ -46,6 +46,7 @@ from reward_lens.instruments.circuits.graph import (
     sender_offsets,
     target_run,
 )
+from reward_lens.model.validation import as_index, check_name_list
 from reward_lens.plotting import sender_receiver_heatmap
 from reward_lens.results import CleanPairRewards, to_numpy
 
@@ -216,8 +217,11 @@ def edge_attribution(
         raise ValueError(
             f"mode must be one of {tuple(TARGET)} (edges carry a source - target difference), got {mode!r}"
         )
+    steps = as_index(steps, "steps", hint=" (the number of interpolation points, e.g. 16)")
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
+    check_name_list("senders", senders, "['embed', 'L0H1']")
+    check_name_list("receivers", receivers, "['readout']")
     if not model.has_head_hooks:
         raise ValueError("edge_attribution needs per-head hooks and weights (a native architecture)")
     pairs = as_pairs(pairs)
