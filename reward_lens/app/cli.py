@@ -96,13 +96,13 @@ def _set_threads(threads: Optional[int], model) -> None:
         torch.set_num_threads(threads)
 
 
-def _report_dir(out: str, ranks):
+def _report_dir(out: str, ranks, sweep: bool = False):
     """The locked output directory on rank 0 (the only writer); nothing on the other ranks of a torchrun."""
     import contextlib
 
     from reward_lens.app.output import ReportDir
 
-    return ReportDir(out) if ranks.is_main else contextlib.nullcontext()
+    return ReportDir(out, sweep=sweep) if ranks.is_main else contextlib.nullcontext()
 
 
 def cmd_audit(args) -> int:
@@ -232,12 +232,19 @@ def _write_comparison(models, pairs, args, out, info, ranks) -> None:
 
 
 def cmd_sweep(args) -> int:
-    from reward_lens.app.options import sweep_spec
-    from reward_lens.app.output import provenance
-    from reward_lens.app.sweep import run_sweep
     from reward_lens.distributed import Ranks
 
     ranks = Ranks.from_env()
+    with _report_dir(args.out, ranks, sweep=True) as out:  # checked and locked before any work
+        _run_sweep(args, ranks, out if ranks.is_main else args.out)
+    return 0
+
+
+def _run_sweep(args, ranks, out) -> None:
+    from reward_lens.app.options import sweep_spec
+    from reward_lens.app.output import provenance
+    from reward_lens.app.sweep import run_sweep
+
     model, label = _load_model(args.model, ranks.device(args.device), args.dtype, args.input_format)
     _set_threads(args.threads, model)
     pairs = _load_pairs(args.pairs, model)
@@ -247,7 +254,7 @@ def cmd_sweep(args) -> int:
     run_sweep(
         model,
         pairs,
-        args.out,
+        out,
         sweep_spec(args),
         batch_size=args.batch_size,
         model_label=label,
@@ -255,7 +262,6 @@ def cmd_sweep(args) -> int:
         run_info=info,
         echo=print if ranks.is_main else (lambda _: None),
     )
-    return 0
 
 
 def cmd_monitor(args) -> int:

@@ -305,7 +305,9 @@ def run_sweep(
     """Run (or resume) the sweep into `out_dir`; the whole table on rank 0 (None on the other ranks)."""
     spec.check()
     ranks = ranks or dist.current()
-    pairs, out = as_pairs(pairs), Path(out_dir).expanduser().absolute()
+    held = out_dir if isinstance(out_dir, ReportDir) else None  # the CLI checks and locks it first
+    pairs = as_pairs(pairs)
+    out = held.path if held is not None else Path(out_dir).expanduser().absolute()
     ids, batch = pair_labels(pairs), BatchSize.parse(batch_size, model.cfg.device, echo)
     n_chunks = -(-len(pairs) // spec.chunk_size)
     manifest = {
@@ -319,7 +321,7 @@ def run_sweep(
         "input_format": model_input_format(model),
         "world_size": ranks.world_size,
     }
-    with ReportDir(out, sweep=True) if ranks.is_main else contextlib.nullcontext():
+    with (held or ReportDir(out, sweep=True)) if ranks.is_main else contextlib.nullcontext():
         if ranks.is_main:
             done = _prepare(out, manifest, echo)
             echo(f"[reward-lens] sweep: {n_chunks} chunk(s) of {spec.chunk_size} pairs, {done} already done")
