@@ -447,7 +447,8 @@ def _split_rows(model, tok: Tokenized, terms: Dict[str, torch.Tensor], out: Dict
 
 
 def _is_text(x) -> bool:
-    return isinstance(x, str) or is_messages(x)
+    """Text, chat messages, or no messages ([]: the empty response after a whole conversation)."""
+    return isinstance(x, str) or is_messages(x) or (isinstance(x, (list, tuple)) and len(x) == 0)
 
 
 def _is_text_input(x) -> bool:
