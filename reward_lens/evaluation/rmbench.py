@@ -12,7 +12,10 @@ easy = the mean of the lower triangle, and the domain's score the mean of the th
 normal / easy are each the mean over the domains, and "all" the mean of the domain scores (so every domain
 weighs the same, whatever its number of rows; rows are not pooled). A per-domain file is that one domain.
 Rows whose domain has none of the four prefixes form a domain of their own (the script would leave them
-out). The two safety parts are also reported on their own (extra rows, not in the overall means).
+out), and the overall means are over the domains present (the script needs all four in a total file: an
+absent one fails there). The two safety parts are also reported on their own (extra rows, not in the
+overall means). Checked against the text of compute_accuracy / split_dataset_by_domain as copied into a
+public fork's scripts (the THU-KEG repository's scripts/utils.py itself was not at hand), not by running it.
 """
 
 from __future__ import annotations
