@@ -301,6 +301,17 @@ def test_circuit_entry_points(demo, circuit_pairs, cls, name, call, words):
     raises_one_line(ValueError, words, lambda: call(demo, circuit_pairs))
 
 
+def test_a_reward_tie_of_different_texts_has_nan_never_inf(demo):
+    """Equal rewards but different texts: the edges carry something, the gap is 0: NaN, not ±inf."""
+    from reward_lens.instruments.circuits.edges import EdgeAttributionResult
+
+    res = rl.edge_attribution(
+        demo, rl.demo_pairs()[:1], method="eap", senders=["L0H0"], receivers=["readout"]
+    )
+    tied = EdgeAttributionResult(**{**res.__dict__, "clean_rejected": res.clean_chosen.clone()})
+    assert float(res.scores.abs().sum()) > 0 and torch.isnan(tied.normalized()).all()
+
+
 def test_a_tie_has_nan_faithfulness_never_inf(demo):
     p = rl.demo_pairs()[0]
     pairs = [PreferencePair(p.prompt, p.chosen, p.chosen, id="tie"), p]

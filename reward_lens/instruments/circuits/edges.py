@@ -46,7 +46,7 @@ from reward_lens.instruments.circuits.graph import (
     sender_offsets,
     target_run,
 )
-from reward_lens.model.validation import as_index, check_name_list
+from reward_lens.model.validation import as_index, check_name_list, safe_ratio
 from reward_lens.plotting import sender_receiver_heatmap
 from reward_lens.results import CleanPairRewards, to_numpy
 
@@ -71,7 +71,7 @@ class EdgeAttributionResult(CleanPairRewards):
     scores: Float[torch.Tensor, "pair sender receiver"]
 
     def normalized(self) -> torch.Tensor:
-        return self.scores / self.clean_gap[:, None, None]
+        return safe_ratio(self.scores, self.clean_gap[:, None, None])  # a tie (no gap): NaN, never ±inf
 
     def to_frame(self) -> pd.DataFrame:
         """One row per (pair, sender, receiver) edge: pair, sender, receiver, mode, method, score,
