@@ -22,6 +22,7 @@ import reward_lens as rl
 from reward_lens import HookedRewardModel, PreferencePair, read_step
 from reward_lens.app.cli import main
 from reward_lens.evaluation import BenchmarkFormatError
+from reward_lens.model.hooks import act_name
 
 
 def one_line(text: str) -> str:
@@ -74,6 +75,13 @@ def _enter(ctx):
 
 
 HEADS = [  # (class, name, call(heads), exception, words)
+    (
+        "silent",
+        "a hook name's layer as a float",
+        lambda h: act_name("resid_post", 1.5),
+        ValueError,
+        ["act_name('resid_post', 1.5)", "must be an integer"],
+    ),
     (
         "silent",
         "quantile as a float",
