@@ -248,6 +248,66 @@ def test_evaluate_subset_names(demo, cls, name, rows, meant, words):
     assert got.equals(want), (got, want)
 
 
+def _rb2_rows(subsets):
+    return [
+        {"id": str(i), "prompt": p.prompt, "chosen": [p.chosen], "rejected": [p.rejected, "No."], "subset": s}
+        for i, (p, s) in enumerate(zip(rl.demo_pairs()[:6], subsets))
+    ]
+
+
+def _rmbench_rows(domains):
+    return [
+        {"prompt": p.prompt, "chosen": [p.chosen] * 3, "rejected": [p.rejected] * 3, "domain": d}
+        for p, d in zip(rl.demo_pairs()[:6], domains)
+    ]
+
+
+def _judge_rows(sources):
+    return [
+        {"question": p.prompt, "response_A": p.chosen, "response_B": p.rejected, "label": "A>B", "source": s}
+        for p, s in zip(rl.demo_pairs()[:6], sources)
+    ]
+
+
+SPELLINGS = [  # (class, name, rows, words): one group spelled two ways would be scored as two
+    (
+        "silent",
+        "RewardBench 2 subset in two cases",
+        _rb2_rows(["Factuality", "factuality", "Math"]),
+        ["'Factuality', 'factuality'", "one RewardBench 2 subset spelled 2 ways", "spell them 'Factuality'"],
+    ),
+    (
+        "silent",
+        "RewardBench 2 subset with a typo",
+        _rb2_rows(["Precise IF", "Precise I", "Math"]),
+        ["'Precise IF', 'Precise I'", "spell them 'Precise IF'"],
+    ),
+    (
+        "silent",
+        "RM-Bench domain in two cases",
+        _rmbench_rows(["chat", "Chat", "math"]),
+        ["domains 'chat', 'Chat'", "one RM-Bench domain", "spell them 'chat'"],
+    ),
+    (
+        "silent",
+        "JudgeBench source with a typo",
+        _judge_rows(["livebench-reasoning", "livebench-reasonin", "livecodebench"]),
+        ["sources 'livebench-reasoning', 'livebench-reasonin'", "one JudgeBench source"],
+    ),
+]
+
+
+@pytest.mark.parametrize("cls,name,rows,words", SPELLINGS, ids=[c[1] for c in SPELLINGS])
+def test_one_group_spelled_two_ways_is_refused(demo, cls, name, rows, words):
+    raises_one_line(BenchmarkFormatError, words, lambda: rl.evaluate(demo, rows, progress=False))
+
+
+def test_one_spelling_alone_is_scored_by_its_rule(demo):
+    lower = rl.evaluate(demo, _rb2_rows(["factuality", "factuality", "Math"]), progress=False).summary()
+    upper = rl.evaluate(demo, _rb2_rows(["Factuality", "Factuality", "Math"]), progress=False).summary()
+    assert lower.accuracy.tolist() == upper.accuracy.tolist()
+
+
 @pytest.mark.parametrize("domain", [" chat", "chat "])
 def test_rmbench_domain_with_stray_whitespace_is_its_domain(demo, domain):
     p = rl.demo_pairs()[0]

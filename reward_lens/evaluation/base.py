@@ -3,6 +3,7 @@ registry of benchmarks, and `BenchmarkResult`."""
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -116,6 +117,29 @@ def row_label(row: Row, column: str, default: Optional[str] = None) -> Optional[
         value = str(row.get(column))
     value = None if value is None else value.strip()
     return default if not value else value
+
+
+def check_spelling(names: Sequence[str], known: Sequence[str], what: str, benchmark: str) -> None:
+    """Two spellings of one of the benchmark's `known` names (another case, a typo) would be scored as two
+    groups, changing an unweighted mean: refused, naming both and the official spelling. One spelling
+    alone is scored as it is (by the rule that name gets)."""
+    lowered = {k.lower(): k for k in known}
+    spelled: Dict[str, List[str]] = {}
+    for name in dict.fromkeys(map(str, names)):
+        key = name.lower()
+        near = (
+            key
+            if key in lowered
+            else next(iter(difflib.get_close_matches(key, list(lowered), n=1, cutoff=0.8)), None)
+        )
+        if near is not None:
+            spelled.setdefault(lowered[near], []).append(name)
+    for official, variants in spelled.items():
+        if len(variants) > 1:
+            raise BenchmarkFormatError(
+                f"{what}s {', '.join(map(repr, variants))} are one {benchmark} {what} spelled "
+                f"{len(variants)} ways and would be scored as {len(variants)}; spell them {official!r}"
+            )
 
 
 def is_text_list(value: Any) -> bool:

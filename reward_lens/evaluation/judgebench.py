@@ -25,6 +25,7 @@ from reward_lens.evaluation.base import (
     Benchmark,
     BenchmarkFormatError,
     Row,
+    check_spelling,
     register,
     row_label,
     row_text,
@@ -71,6 +72,7 @@ def _responses(rows: List[Row]) -> pd.DataFrame:
                     "response": row_text(row, f"response_{side}", where),
                 }
             )
+    check_spelling([r["subset"] for r in out], SOURCES, "source", "JudgeBench")
     return pd.DataFrame(out)
 
 

@@ -45,6 +45,7 @@ from reward_lens.evaluation.base import (
     Benchmark,
     BenchmarkFormatError,
     Row,
+    check_spelling,
     is_text_list,
     register,
     row_label,
@@ -54,6 +55,7 @@ from reward_lens.evaluation.base import (
 )
 
 NAME = "rewardbench2"
+SUBSETS = ("Factuality", "Precise IF", "Math", "Safety", "Focus", "Ties")  # the released dataset's
 
 
 def _accepts(columns: Sequence[str], row: Row) -> bool:
@@ -101,6 +103,7 @@ def _responses(rows: List[Row]) -> pd.DataFrame:
                 for k, t in enumerate(texts)
             )
     frame = pd.DataFrame(out)
+    check_spelling(frame.subset, SUBSETS, "subset", "RewardBench 2")
     _check_ties_names(frame)
     return frame
 

@@ -32,6 +32,7 @@ from reward_lens.evaluation.base import (
     Benchmark,
     BenchmarkFormatError,
     Row,
+    check_spelling,
     is_text_list,
     register,
     row_label,
@@ -119,6 +120,7 @@ def _responses(rows: List[Row]) -> pd.DataFrame:
                         "response": t,
                     }
                 )
+    check_spelling([domain_group(r["subset"]) for r in out], DOMAINS, "domain", "RM-Bench")
     return pd.DataFrame(out)
 
 
