@@ -400,6 +400,31 @@ def test_triggers_names_a_missing_checkpoint_first(tmp_path, capsys, monkeypatch
     assert f"--model {spec!r} {what}" in message and "give --pairs" not in message, message
 
 
+@pytest.mark.parametrize("command", ["audit", "evaluate", "compare", "sweep"])
+@pytest.mark.parametrize("spec", ["./no-such-dir", "no-such/dir"])
+def test_every_command_names_a_missing_checkpoint(tmp_path, capsys, monkeypatch, command, spec):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
+    p = rl.demo_pairs()[0]
+    (tmp_path / "pairs.jsonl").write_text(
+        json.dumps({"prompt": p.prompt, "chosen": p.chosen, "rejected": p.rejected})
+    )
+    argv = {
+        "audit": ["audit", "--model", spec, "--pairs", "pairs.jsonl"],
+        "evaluate": ["evaluate", "pairs.jsonl", "--benchmark", "rewardbench", "--model", spec],
+        "compare": ["compare", spec, "demo", "--pairs", "pairs.jsonl"],
+        "sweep": ["sweep", "--model", spec, "--pairs", "pairs.jsonl"],
+    }[command]
+    assert main([*argv, "--out", "o"]) == 2
+    message = one_line(capsys.readouterr().err)
+    said = (
+        "no checkpoint directory at './no-such-dir'"
+        if spec.startswith(".")
+        else "no local directory 'no-such/dir'"
+    )
+    assert said in message, message
+
+
 # ------------------------------------------------------------------------------- left over
 def test_a_pairs_file_without_prompt_is_the_missing_columns_line(tmp_path):
     path = tmp_path / "qa.jsonl"
