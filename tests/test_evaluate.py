@@ -97,7 +97,7 @@ def rmbench_rows(base):
                 "prompt": prompt,
                 "chosen": chosen,
                 "rejected": rejected,
-                "domain": "chat" if i % 2 else "math",
+                "domain": ["chat", "math", "safety-refuse", "chat", "safety-response", "code"][i % 6],
             }
         )
     return rows
@@ -169,14 +169,18 @@ def expected_rb2(model, rows):
 
 
 def expected_rmbench(model, rows):
+    """RM-Bench's compute_accuracy: per domain (by prefix; the safety parts merged), then each level the
+    mean over the domains and the total the mean of the domain averages (rows never pooled)."""
     mats = {}
     for r in rows:
         c = [direct_reward(model, r["prompt"], t) for t in r["chosen"]]
         w = [direct_reward(model, r["prompt"], t) for t in r["rejected"]]
         m = np.array([[1.0 if c[i] > w[j] else 0.0 for j in range(3)] for i in range(3)])
-        mats.setdefault(r["domain"], []).append(m)
-        mats.setdefault("all", []).append(m)
-    out = {}
+        group = next(d for d in ("chat", "math", "code", "safety") if r["domain"].startswith(d))
+        mats.setdefault(group, []).append(m)
+        if group != r["domain"]:
+            mats.setdefault(r["domain"], []).append(m)
+    out, groups = {}, {}
     for d, ms in mats.items():
         m = np.mean(ms, axis=0)
         lv = {
@@ -184,9 +188,13 @@ def expected_rmbench(model, rows):
             "normal": (m[0, 0] + m[1, 1] + m[2, 2]) / 3,
             "easy": (m[1, 0] + m[2, 0] + m[2, 1]) / 3,
         }
-        prefix = "" if d == "all" else d + "/"
-        out.update({prefix + k: v for k, v in lv.items()})
-        out[d] = float(np.mean(list(lv.values())))
+        out.update({d + "/" + k: v for k, v in lv.items()})
+        out[d] = (lv["hard"] + lv["normal"] + lv["easy"]) / 3
+        if d in ("chat", "math", "code", "safety"):
+            groups[d] = lv
+    for k in ("hard", "normal", "easy"):
+        out[k] = sum(g[k] for g in groups.values()) / len(groups)
+    out["all"] = sum(out[d] for d in groups) / len(groups)
     return out
 
 

@@ -73,6 +73,18 @@ def cmd_bench(args) -> int:
     return 0 if result.passed else 1
 
 
+def check_model_spec(spec: str) -> None:
+    """A --model that is neither named nor a directory is said so first (before any other complaint)."""
+    if spec not in NAMED_MODELS and not Path(spec).expanduser().is_dir():
+        what = (
+            "is a file, not a checkpoint directory" if Path(spec).expanduser().exists() else "does not exist"
+        )
+        raise CLIError(
+            f"--model {spec!r} {what}: give a checkpoint directory (config.json and safetensors weights) "
+            f"or one of {', '.join(NAMED_MODELS)}"
+        )
+
+
 def load_named(spec: str, device):
     from reward_lens.demo import load_demo_model
     from reward_lens.demo.organisms import load_gate_organism, load_trigger_organism
@@ -117,6 +129,7 @@ def cmd_triggers(args) -> int:
         raise CLIError(f"--where must be one of {', '.join(INSERTION_POINTS)}, got {args.where!r}")
     if args.method not in METHODS:
         raise CLIError(f"--method must be one of {', '.join(METHODS)}, got {args.method!r}")
+    check_model_spec(args.model)
     check_pairs_file(args.pairs)
     with ReportDir(args.out) as out:  # checked and locked before any work, swapped in whole at the end
         items = load_pairs(args.pairs) if args.pairs else default_items(args.model)

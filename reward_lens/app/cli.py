@@ -96,13 +96,13 @@ def _set_threads(threads: Optional[int], model) -> None:
         torch.set_num_threads(threads)
 
 
-def _report_dir(out: str, ranks):
+def _report_dir(out: str, ranks, sweep: bool = False):
     """The locked output directory on rank 0 (the only writer); nothing on the other ranks of a torchrun."""
     import contextlib
 
     from reward_lens.app.output import ReportDir
 
-    return ReportDir(out) if ranks.is_main else contextlib.nullcontext()
+    return ReportDir(out, sweep=sweep) if ranks.is_main else contextlib.nullcontext()
 
 
 def cmd_audit(args) -> int:
@@ -140,7 +140,13 @@ def cmd_evaluate(args) -> int:
         model, label = _load_model(args.model, args.device, args.dtype, args.input_format)
         _set_threads(args.threads, model)
         result = evaluate(
-            model, args.source, benchmark=args.benchmark, batch_size=args.batch_size, split=args.split
+            model,
+            args.source,
+            benchmark=args.benchmark,
+            batch_size=args.batch_size,
+            split=args.split,
+            single_game=args.single_game,
+            domain=args.domain,
         )
         is_file = _Path(args.source).expanduser().exists()
         info = provenance(
@@ -226,12 +232,19 @@ def _write_comparison(models, pairs, args, out, info, ranks) -> None:
 
 
 def cmd_sweep(args) -> int:
-    from reward_lens.app.options import sweep_spec
-    from reward_lens.app.output import provenance
-    from reward_lens.app.sweep import run_sweep
     from reward_lens.distributed import Ranks
 
     ranks = Ranks.from_env()
+    with _report_dir(args.out, ranks, sweep=True) as out:  # checked and locked before any work
+        _run_sweep(args, ranks, out if ranks.is_main else args.out)
+    return 0
+
+
+def _run_sweep(args, ranks, out) -> None:
+    from reward_lens.app.options import sweep_spec
+    from reward_lens.app.output import provenance
+    from reward_lens.app.sweep import run_sweep
+
     model, label = _load_model(args.model, ranks.device(args.device), args.dtype, args.input_format)
     _set_threads(args.threads, model)
     pairs = _load_pairs(args.pairs, model)
@@ -241,7 +254,7 @@ def cmd_sweep(args) -> int:
     run_sweep(
         model,
         pairs,
-        args.out,
+        out,
         sweep_spec(args),
         batch_size=args.batch_size,
         model_label=label,
@@ -249,7 +262,6 @@ def cmd_sweep(args) -> int:
         run_info=info,
         echo=print if ranks.is_main else (lambda _: None),
     )
-    return 0
 
 
 def cmd_monitor(args) -> int:
@@ -400,7 +412,17 @@ def _add_evaluate(sub) -> None:
     ev.add_argument("--model", default=None, help="checkpoint directory or hub id (default: the demo model)")
     ev.add_argument("--out", default="reward-lens-eval", help="output directory (default: reward-lens-eval)")
     ev.add_argument("--batch-size", type=int, default=16, help="responses per forward pass (default 16)")
-    ev.add_argument("--split", default=None, help="one split of a hub dataset (default: all, in order)")
+    ev.add_argument(
+        "--split", default=None, help="one split of a hub dataset (default: the benchmark's official split)"
+    )
+    ev.add_argument(
+        "--single-game",
+        action="store_true",
+        help="JudgeBench: one order per pair, as run_judge.py --single_game (default: both orders)",
+    )
+    ev.add_argument(
+        "--domain", default=None, help="RM-Bench: the domain of a per-domain file's rows (chat, math, ...)"
+    )
     ev.add_argument("--input-format", default="auto", help="how texts become token ids (as for audit)")
     ev.add_argument("--device", default=None, help="cpu or cuda[:i] (default: cuda when available, else cpu)")
     ev.add_argument("--dtype", default=None, help="float32 (default), bfloat16, float16 or float64")
@@ -432,6 +454,9 @@ def run_command(argv: Optional[List[str]] = None) -> int:
     if getattr(args, "models", None) is not None and len(args.models) < 2:
         print("reward-lens compare: error: give at least two models to compare", file=sys.stderr)
         return 2
+    from reward_lens.app.output import WRITTEN
+
+    written_before = len(WRITTEN)
     try:
         if args.command in ("audit", "evaluate", "compare", "sweep"):  # every option checked before any work
             validate_args(args)
@@ -439,6 +464,13 @@ def run_command(argv: Optional[List[str]] = None) -> int:
     except KeyboardInterrupt:
         if args.debug:
             raise
+        if len(WRITTEN) > written_before and args.command != "sweep":  # after the swap: the report is whole
+            print(
+                f"reward-lens {args.command}: interrupted after the report was written; {WRITTEN[-1]} is "
+                "complete",
+                file=sys.stderr,
+            )
+            return 0
         done = (
             "finished chunks are kept; rerun the same command to resume"
             if args.command == "sweep"

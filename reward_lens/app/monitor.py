@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional, Union
 
 import pandas as pd
 
-from reward_lens.app.output import check_out_file
+from reward_lens.app.output import check_out_file, locked_file
 from reward_lens.app.report import Report
 
 GROUPS: Dict[str, str] = {
@@ -255,8 +255,14 @@ def render_monitor(
     path. `out` is checked first (`check_out_file`: never the log itself, never a file reward-lens did not
     write)."""
     out = Path(path).with_suffix(".html") if out is None else out
-    if check:
-        out = check_out_file(out, path)
+    if not check:
+        return _render(path, out)
+    out = check_out_file(out, path)
+    with locked_file(out):  # one writer at a time, as for a report directory
+        return _render(path, out)
+
+
+def _render(path: Union[str, Path], out: Union[str, Path]) -> Path:
     mon = load_monitor(path)
     report = Report(f"reward-lens training monitor: {mon.run.get('model') or Path(path).name}")
     sec = report.section("Summary")

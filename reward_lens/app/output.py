@@ -19,6 +19,7 @@ input file itself, never a file reward-lens did not write; `write_text_atomic` w
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -27,11 +28,12 @@ import shutil
 import stat
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, List, Optional, Union
+from typing import Any, Callable, Iterator, List, Optional, Union
 
 import numpy as np
 
 MARKER = ".reward-lens-report"
+WRITTEN: List[Path] = []  # every report swapped in whole by this process, in order (the CLI's Ctrl-C says so)
 
 
 class OutputError(ValueError):
@@ -194,6 +196,7 @@ def write_text_atomic(path: Path, text: str) -> Path:
         os.replace(tmp, path)
     finally:
         Path(tmp).unlink(missing_ok=True)
+    WRITTEN.append(path)
     return path
 
 
@@ -237,6 +240,41 @@ def _pid_alive(pid: int) -> bool:
 SWEEP_MANIFEST = "sweep.json"
 
 
+def take_lock(lock: Path, target: Path) -> None:
+    """Create `lock` exclusively (holding this pid); a live holder is refused (one line), a dead one's lock
+    taken over."""
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    for _ in range(2):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            try:
+                pid = int(lock.read_text().strip() or 0)
+            except (OSError, ValueError):
+                pid = 0
+            if pid and not _pid_alive(pid):  # left by a run that died: take it over
+                lock.unlink(missing_ok=True)
+                continue
+            raise OutputError(
+                f"another reward-lens run (pid {pid or '?'}) is writing {str(target)!r} (lock "
+                f"{lock.name}); wait for it, use another --out, or delete the lock if it is stale"
+            ) from None
+        with os.fdopen(fd, "w") as f:
+            f.write(str(os.getpid()))
+        return
+
+
+@contextlib.contextmanager
+def locked_file(path: Path) -> Iterator[Path]:
+    """A one-file output (`monitor`'s page) written under `<path>.lock`, as a report directory is."""
+    lock = path.with_name(path.name + ".lock")
+    take_lock(lock, path)
+    try:
+        yield path
+    finally:
+        lock.unlink(missing_ok=True)
+
+
 class ReportDir:
     """A checked output directory with an exclusive lock; `commit(write)` swaps a finished report in."""
 
@@ -258,26 +296,8 @@ class ReportDir:
             self.release()
 
     def acquire(self) -> None:
-        self.lock.parent.mkdir(parents=True, exist_ok=True)
-        for _ in range(2):
-            try:
-                fd = os.open(self.lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                try:
-                    pid = int(self.lock.read_text().strip() or 0)
-                except (OSError, ValueError):
-                    pid = 0
-                if pid and not _pid_alive(pid):  # left by a run that died: take it over
-                    self.lock.unlink(missing_ok=True)
-                    continue
-                raise OutputError(
-                    f"another reward-lens run (pid {pid or '?'}) is writing {str(self.path)!r} (lock "
-                    f"{self.lock.name}); wait for it, use another --out, or delete the lock if it is stale"
-                ) from None
-            with os.fdopen(fd, "w") as f:
-                f.write(str(os.getpid()))
-            self._held = True
-            return
+        take_lock(self.lock, self.path)
+        self._held = True
 
     def release(self) -> None:
         if self._held:
@@ -323,6 +343,7 @@ class ReportDir:
         finally:
             if old is not None:
                 shutil.rmtree(old, ignore_errors=True)
+        WRITTEN.append(self.path)
         return self.path
 
     def _keep_foreign(self, tmp: Path) -> None:

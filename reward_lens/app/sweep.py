@@ -198,6 +198,21 @@ def read_manifest(path: Path) -> Dict[str, Any]:
     return earlier
 
 
+def _model_key(label: Any) -> Any:
+    """A checkpoint given as a path, spelled any way (./dir, absolute, a trailing slash), as one key."""
+    if isinstance(label, str) and label.strip():
+        path = Path(label).expanduser()
+        if path.exists():
+            return str(path.resolve())
+    return label
+
+
+def _same(key: str, earlier: Any, now: Any) -> bool:
+    if key == "model":
+        return _model_key(earlier) == _model_key(clean_json(now))
+    return earlier == clean_json(now)
+
+
 def _prepare(out: Path, manifest: Dict[str, Any], echo: Callable[[str], None] = print) -> int:
     """Check an earlier sweep in `out` is this one (or start one); the number of parts already written.
     An earlier sweep with other settings is refused, unless none of its parts was finished (it was refused
@@ -207,7 +222,7 @@ def _prepare(out: Path, manifest: Dict[str, Any], echo: Callable[[str], None] = 
     done = len(list((out / PARTS).glob("chunk-*.parquet"))) if (out / PARTS).is_dir() else 0
     if path.exists():
         earlier = read_manifest(path)
-        differ = [k for k in RESUME_KEYS if k in earlier and earlier.get(k) != clean_json(manifest[k])]
+        differ = [k for k in RESUME_KEYS if k in earlier and not _same(k, earlier.get(k), manifest[k])]
         if differ and done:
             key = differ[0]
             raise ValueError(
@@ -290,7 +305,9 @@ def run_sweep(
     """Run (or resume) the sweep into `out_dir`; the whole table on rank 0 (None on the other ranks)."""
     spec.check()
     ranks = ranks or dist.current()
-    pairs, out = as_pairs(pairs), Path(out_dir).expanduser().absolute()
+    held = out_dir if isinstance(out_dir, ReportDir) else None  # the CLI checks and locks it first
+    pairs = as_pairs(pairs)
+    out = held.path if held is not None else Path(out_dir).expanduser().absolute()
     ids, batch = pair_labels(pairs), BatchSize.parse(batch_size, model.cfg.device, echo)
     n_chunks = -(-len(pairs) // spec.chunk_size)
     manifest = {
@@ -304,7 +321,7 @@ def run_sweep(
         "input_format": model_input_format(model),
         "world_size": ranks.world_size,
     }
-    with ReportDir(out, sweep=True) if ranks.is_main else contextlib.nullcontext():
+    with (held or ReportDir(out, sweep=True)) if ranks.is_main else contextlib.nullcontext():
         if ranks.is_main:
             done = _prepare(out, manifest, echo)
             echo(f"[reward-lens] sweep: {n_chunks} chunk(s) of {spec.chunk_size} pairs, {done} already done")

@@ -54,11 +54,14 @@ def judge_weight_map(
         return cfg
 
     def convert_rest(sd: StateDict, cfg: RewardModelConfig, c: Any) -> StateDict:
-        key = (
-            "lm_head.weight"
-            if "lm_head.weight" in sd and not getattr(text, "tie_word_embeddings", False)
-            else "model.embed_tokens.weight"
-        )
+        tied = bool(getattr(text, "tie_word_embeddings", False))
+        if "lm_head.weight" not in sd and not tied:
+            raise ValueError(
+                "this checkpoint has no lm_head.weight and does not tie its embeddings "
+                "(tie_word_embeddings is false), so it has no language-model head to read answer logits "
+                "from (a base model or a classifier); load the causal LM checkpoint (...ForCausalLM)"
+            )
+        key = "lm_head.weight" if "lm_head.weight" in sd and not tied else "model.embed_tokens.weight"
         W_U = sd[key]
         out = {**convert_decoder_rest(sd, cfg), "rotary.inv_freq": rope_inverse_frequencies(text)[0]}
         diff_U = W_U[positive_id].double() - W_U[negative_id].double()

@@ -290,7 +290,11 @@ def validate_records(records: Sequence[Record], source: str, pair_cls: Any) -> L
         missing = [c for c in TEXT_FIELDS if c not in r]
         if missing == ["prompt"]:
             r = implicit_prompt_record(r, f"{source}, {where}")  # chosen / rejected are whole conversations
-        elif r["prompt"] == "" and all(isinstance(r[c], str) and dialogue_messages(r[c]) for c in SIDES):
+        elif (
+            not missing
+            and r["prompt"] == ""
+            and all(isinstance(r[c], str) and dialogue_messages(r[c]) for c in SIDES)
+        ):
             r = {**r, **{c: dialogue_messages(r[c]) for c in SIDES}}  # HH dialogues, empty prompt
         elif missing:
             raise PairDataError(

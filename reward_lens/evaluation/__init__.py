@@ -23,7 +23,7 @@ from reward_lens.evaluation.base import (
     formats_text,
     get,
 )
-from reward_lens.evaluation.scoring import score_texts
+from reward_lens.evaluation.scoring import check_finite, score_texts
 from reward_lens.evaluation.sources import SourceError, read_source
 
 AUTO = "auto"
@@ -34,12 +34,23 @@ def resolve(rows: List[dict], benchmark: str, source: str) -> Benchmark:
     if benchmark == AUTO:
         return detect(rows, source)
     b = get(benchmark)
-    if rows and not b.matches([str(c) for c in rows[0]], rows[0]):
+    if rows and not b.takes([str(c) for c in rows[0]], rows[0]):
         raise BenchmarkFormatError(
             f"{source}: columns {sorted(map(str, rows[0]))[:10]} are not {b.name}'s layout "
             f"({', '.join(b.columns)}); the formats are {formats_text()}"
         )
     return b
+
+
+def _prepare(rows: List[dict], bench: Benchmark, label: str, domain: Optional[str]) -> List[dict]:
+    """RM-Bench rows with their domain (from `domain=` or a per-domain file's name); `domain` elsewhere is
+    refused."""
+    if bench.name == rmbench.NAME:
+        with _naming(label):
+            return rmbench.with_domain(rows, domain, label)
+    if domain is not None:
+        raise ValueError(f"domain= applies to RM-Bench rows; {label} is {bench.name}, leave domain out")
+    return rows
 
 
 def evaluate(
@@ -50,12 +61,16 @@ def evaluate(
     batch_size: int = 16,
     progress: Union[bool, str] = True,
     split: Optional[str] = None,
+    single_game: bool = False,
+    domain: Optional[str] = None,
 ) -> BenchmarkResult:
     """Score `model` on a benchmark by its official rule.
 
     `source`: a .jsonl / .json / .csv / .parquet file, a `datasets.Dataset` or `DatasetDict` (every split), a
     hub dataset id (needs the hub; offline, a one-line error naming HF_HUB_OFFLINE), or a list of row dicts;
-    `split` picks one split of a DatasetDict / hub dataset (default: all splits, in order).
+    `split` picks one split of a DatasetDict (default: all splits, in order) or of a hub dataset (default:
+    the benchmark's official split, e.g. allenai/reward-bench's `filtered`; asked for where the benchmark
+    scores its splits separately, as JudgeBench's `gpt` and `claude`).
     `benchmark`: "rewardbench2", "rmbench", "judgebench", "rewardbench", or "auto" (recognised by the
     columns). Every response is tokenised by `model.to_tokens` and scored by `model(ids, attention_mask=...)`
     in batches of `batch_size` (identical texts once, so they tie exactly).
@@ -63,11 +78,23 @@ def evaluate(
     Ties in rewards count as the official scripts count them: RewardBench 2 gives a row 1/k when its chosen
     response shares the top reward with k - 1 others (Ties subset: equal rewards count wrong); RM-Bench,
     JudgeBench (both orders played: one vote each way, not a win) and RewardBench v1 count a tie as wrong.
+    `single_game=True` (JudgeBench only): one order per pair, as `run_judge.py --single_game`, the mode
+    JudgeBench recommends for reward models (a tie counts as B>A). `domain` (RM-Bench only): the domain of
+    rows without one, as in RM-Bench's per-domain files (else taken from a `{domain}_filtered` file name).
+    Non-finite rewards (e.g. a float16 overflow) are refused, naming the row and response.
+
     The rules in full: each benchmark module's docstring, also in `BenchmarkResult.rule`."""
-    if not isinstance(batch_size, int) or batch_size < 1:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    if not isinstance(single_game, bool):
+        raise ValueError(f"single_game must be True or False, got {single_game!r}")
     rows, label = read_source(source, split)
     bench = resolve(rows, benchmark, label)
+    options = {"single_game": single_game} if single_game else {}
+    unused = [k for k in options if k not in bench.options]
+    if unused:
+        raise ValueError(f"{unused[0]}= applies to JudgeBench; {label} is {bench.name}, leave it out")
+    rows = _prepare(rows, bench, label, domain)
     with _naming(label):
         frame = bench.responses(rows)
     frame["reward"] = score_texts(
@@ -77,8 +104,9 @@ def evaluate(
         batch_size=batch_size,
         progress=f"{bench.name}: scoring" if progress else False,
     )
+    check_finite(frame, label)
     with _naming(label):
-        table, details = bench.summarize(frame)
+        table, details = bench.summarize(frame, **options)
     scores = frame.drop(columns=["prompt", "response"])
     scores.insert(0, "benchmark", bench.name)
     return BenchmarkResult(
@@ -92,10 +120,11 @@ def evaluate(
     )
 
 
-def benchmark_pairs(source: Any, benchmark: str = AUTO) -> list:
+def benchmark_pairs(source: Any, benchmark: str = AUTO, domain: Optional[str] = None) -> list:
     """A benchmark's rows as pairwise preference pairs (each chosen against each rejected), for the audit."""
     rows, label = read_source(source)
     bench = resolve(rows, benchmark, label)
+    rows = _prepare(rows, bench, label, domain)
     with _naming(label):
         return bench.pairs(rows)
 

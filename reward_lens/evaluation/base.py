@@ -3,6 +3,7 @@ registry of benchmarks, and `BenchmarkResult`."""
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -24,7 +25,9 @@ class Benchmark:
     """One benchmark: `columns` it needs, `matches(columns)` (does a row's column set look like it),
     `responses(rows)` (one frame row per response to score: row, id, subset, role, k, prompt, response),
     `summarize(frame)` (the frame with `reward` -> (summary frame, details)) and `pairs(rows)` (pairwise
-    preference pairs, chosen vs each rejected, for the audit's instruments)."""
+    preference pairs, chosen vs each rejected, for the audit's instruments); `accepts(columns, row)`: the
+    rows it scores when named explicitly (default `matches`; wider where auto-detection must not guess);
+    `options`: the keyword options of `evaluate` its `summarize` takes."""
 
     name: str
     columns: Tuple[str, ...]
@@ -33,6 +36,11 @@ class Benchmark:
     responses: Callable[[List[Row]], pd.DataFrame]
     summarize: Callable[[pd.DataFrame], Tuple[pd.DataFrame, Dict[str, Any]]]
     pairs: Optional[Callable[[List[Row]], list]] = None
+    accepts: Optional[Callable[[Sequence[str], Row], bool]] = None
+    options: Tuple[str, ...] = ()
+
+    def takes(self, columns: Sequence[str], row: Row) -> bool:
+        return (self.accepts or self.matches)(columns, row)
 
 
 BENCHMARKS: Dict[str, Benchmark] = {}
@@ -101,11 +109,37 @@ def row_list(row: Row, column: str, where: str, n: Optional[int] = None) -> List
 
 
 def row_label(row: Row, column: str, default: Optional[str] = None) -> Optional[str]:
+    """An id / subset / domain cell as text, stripped (a stray space must not change which rule scores a
+    subset); missing or blank -> `default`."""
     try:
         value = normalize_label(row.get(column), column)
     except PairDataError:
         value = str(row.get(column))
-    return default if value is None else value
+    value = None if value is None else value.strip()
+    return default if not value else value
+
+
+def check_spelling(names: Sequence[str], known: Sequence[str], what: str, benchmark: str) -> None:
+    """Two spellings of one of the benchmark's `known` names (another case, a typo) would be scored as two
+    groups, changing an unweighted mean: refused, naming both and the official spelling. One spelling
+    alone is scored as it is (by the rule that name gets)."""
+    lowered = {k.lower(): k for k in known}
+    spelled: Dict[str, List[str]] = {}
+    for name in dict.fromkeys(map(str, names)):
+        key = name.lower()
+        near = (
+            key
+            if key in lowered
+            else next(iter(difflib.get_close_matches(key, list(lowered), n=1, cutoff=0.8)), None)
+        )
+        if near is not None:
+            spelled.setdefault(lowered[near], []).append(name)
+    for official, variants in spelled.items():
+        if len(variants) > 1:
+            raise BenchmarkFormatError(
+                f"{what}s {', '.join(map(repr, variants))} are one {benchmark} {what} spelled "
+                f"{len(variants)} ways and would be scored as {len(variants)}; spell them {official!r}"
+            )
 
 
 def is_text_list(value: Any) -> bool:

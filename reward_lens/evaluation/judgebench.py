@@ -5,7 +5,10 @@ The rule of JudgeBench's `run_judge.py` and `utils/metrics.py` for a reward-mode
 pair is judged twice, as (A, B) and as (B, A); a game's decision is "first > second" when the first
 response's reward is strictly higher, else "second > first", and the second game's decision is flipped
 back. A pair counts correct when more of its two decisions agree with the label than contradict it.
-Equal rewards give one decision each way, so a tie counts wrong (never half). Accuracy is reported per
+Equal rewards give one decision each way, so a tie counts wrong (never half). With `single_game=True`
+(`run_judge.py --single_game`, which JudgeBench's README recommends for reward models, whose score of a
+response does not depend on the order) only the game (A, B) is played: "A>B" when r_A > r_B, else "B>A",
+so a tie counts as B>A (right when the label is B>A). Accuracy is reported per
 source (the prefixes mmlu-pro, livebench-reasoning, livebench-math, livecodebench, as the script groups
 them; other sources by name) and over all pairs ("all").
 """
@@ -22,6 +25,7 @@ from reward_lens.evaluation.base import (
     Benchmark,
     BenchmarkFormatError,
     Row,
+    check_spelling,
     register,
     row_label,
     row_text,
@@ -68,6 +72,7 @@ def _responses(rows: List[Row]) -> pd.DataFrame:
                     "response": row_text(row, f"response_{side}", where),
                 }
             )
+    check_spelling([r["subset"] for r in out], SOURCES, "source", "JudgeBench")
     return pd.DataFrame(out)
 
 
@@ -83,16 +88,23 @@ def pair_correct(score_a: float, score_b: float, label: str) -> bool:
     return lean > 0
 
 
-def _summarize(frame: pd.DataFrame) -> Tuple[pd.DataFrame, Dict[str, Any]]:
+def single_game_correct(score_a: float, score_b: float, label: str) -> bool:
+    """`--single_game`: the one game (A, B), decided "A>B" only when A's reward is strictly higher."""
+    return ("A>B" if score_a > score_b else "B>A") == label
+
+
+def _summarize(frame: pd.DataFrame, single_game: bool = False) -> Tuple[pd.DataFrame, Dict[str, Any]]:
     a = frame[frame.role == "A"].set_index("row")
     b = frame[frame.role == "B"].set_index("row")
-    correct = pd.Series({r: pair_correct(a.reward[r], b.reward[r], a.label[r]) for r in a.index}, dtype=bool)
+    rule = single_game_correct if single_game else pair_correct
+    correct = pd.Series({r: rule(a.reward[r], b.reward[r], a.label[r]) for r in a.index}, dtype=bool)
     out = [
         summary_row(NAME, s, correct[a.subset == s].mean(), int((a.subset == s).sum()))
         for s in dict.fromkeys(a.subset)
     ]
     out.append(summary_row(NAME, "all", float(np.mean(correct)), len(correct)))
-    return pd.DataFrame(out), {"n_tied": int((a.reward == b.reward).sum())}
+    games = "single game (A, B)" if single_game else "both orders"
+    return pd.DataFrame(out), {"n_tied": int((a.reward == b.reward).sum()), "games": games}
 
 
 def _pairs(rows: List[Row]) -> List[PreferencePair]:
@@ -118,5 +130,6 @@ BENCHMARK = register(
         responses=_responses,
         summarize=_summarize,
         pairs=_pairs,
+        options=("single_game",),
     )
 )

@@ -6,11 +6,14 @@ over its rows. Sections (Chat, Chat Hard, Safety, Reasoning) average their subse
 `EXAMPLE_COUNTS` (`calculate_scores_per_section`; math-prm weighted as 984 to equal the code subsets),
 over the subsets present. "all" is the mean of the sections present (the leaderboard's equal section
 weights; the prior preference sets are not part of the core set); a file with no known subset is scored
-as the plain accuracy over its rows.
+as the plain accuracy over its rows, and a file mixing known and unknown subset names is refused (the
+unknown rows would be counted in n but left out of "all"). The hub id allenai/reward-bench is read from
+its `filtered` split, as run_rm.py loads it.
 """
 
 from __future__ import annotations
 
+import difflib
 from typing import Any, Dict, List, Sequence, Tuple
 
 import numpy as np
@@ -19,6 +22,7 @@ import pandas as pd
 from reward_lens.data.pairs import PreferencePair
 from reward_lens.evaluation.base import (
     Benchmark,
+    BenchmarkFormatError,
     Row,
     is_text_list,
     register,
@@ -86,6 +90,19 @@ def _matches(columns: Sequence[str], row: Row) -> bool:
     )
 
 
+def _check_subsets(names: List[str]) -> None:
+    """Subsets outside RewardBench's sections would drop out of "all" while counted in n: refused (with the
+    nearest name) once any known subset is present; a file of other subsets only is scored plainly."""
+    unknown = [s for s in dict.fromkeys(names) if s not in EXAMPLE_COUNTS]
+    if unknown and len(unknown) < len(set(names)):
+        near = difflib.get_close_matches(unknown[0], list(EXAMPLE_COUNTS), n=1)
+        hint = f"did you mean {near[0]!r}? " if near else ""
+        raise BenchmarkFormatError(
+            f"subset {unknown[0]!r} is not a RewardBench subset ({len(unknown)} unknown) and would be left "
+            f"out of the sections and 'all'; {hint}the subsets are {', '.join(EXAMPLE_COUNTS)}"
+        )
+
+
 def _responses(rows: List[Row]) -> pd.DataFrame:
     out = []
     for i, row in enumerate(rows):
@@ -104,6 +121,7 @@ def _responses(rows: List[Row]) -> pd.DataFrame:
                     "response": row_text(row, role, where),
                 }
             )
+    _check_subsets([r["subset"] for r in out])
     return pd.DataFrame(out)
 
 

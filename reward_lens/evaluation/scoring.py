@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Sequence, Union
 
 import numpy as np
+import pandas as pd
 import torch
 
 from reward_lens.core.batching import batches, tokenize
@@ -52,3 +53,15 @@ def score_texts(
             out = out.reshape(out.shape[0], -1)[:, 0]
         rewards[ids] = out.detach().float().cpu().numpy()
     return rewards[np.asarray(which, dtype=np.int64)] if which else np.empty(0)
+
+
+def check_finite(frame: pd.DataFrame, source: str) -> None:
+    """Refuse non-finite rewards (a float16 overflow, a broken head): no score is computed from them."""
+    bad = ~np.isfinite(frame["reward"].to_numpy(dtype=np.float64))
+    if bad.any():
+        r = frame[bad].iloc[0]
+        raise ValueError(
+            f"{source}: non-finite reward ({r.reward}) for row {int(r.row) + 1} (id {r.id!r}), {r.role} "
+            f"response {int(r.k) + 1}, and {int(bad.sum()) - 1} more; no score computed: load the model "
+            "in float32 (--dtype float32) or check its weights"
+        )

@@ -16,6 +16,11 @@ from reward_lens.data.validate import SUFFIXES, PairDataError, read_records
 
 Row = Dict[str, Any]
 OFFLINE_VARS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+# The split each benchmark's official script scores (RewardBench v1's run_rm.py: `filtered`; `raw` holds
+# the unfiltered prompts), and the benchmarks whose splits are scored one at a time, never pooled
+# (JudgeBench: its responses by GPT-4o and by Claude are two leaderboards).
+OFFICIAL_SPLIT = {"allenai/reward-bench": "filtered"}
+SEPARATE_SPLITS = {"scalerlab/judgebench": ("gpt", "claude")}
 
 
 class SourceError(ValueError):
@@ -100,7 +105,23 @@ def _hub_rows(name: str, split: Optional[str]) -> List[Row]:
         raise SourceError(
             f"cannot load hub dataset {name!r} ({text}); offline (HF_HUB_OFFLINE=1) pass a local file instead"
         ) from None
+    if split is None and isinstance(data, dict) and len(data) > 1:
+        split = _official_split(name, list(data))
     return _dataset_rows(data, split)
+
+
+def _official_split(name: str, splits: List[str]) -> str:
+    """The split a hub id's benchmark scores; a one-line request for `split=` where it has none."""
+    key = name.lower()
+    if key in OFFICIAL_SPLIT and OFFICIAL_SPLIT[key] in splits:
+        return OFFICIAL_SPLIT[key]
+    if key in SEPARATE_SPLITS:
+        why = f"its splits {', '.join(SEPARATE_SPLITS[key])} are scored separately, as its script does"
+    else:
+        why = "pooling its splits is not a benchmark score"
+    raise SourceError(
+        f"hub dataset {name!r} has splits {', '.join(splits)}; {why}: give split=NAME (--split NAME)"
+    )
 
 
 def read_source(source: Any, split: Optional[str] = None) -> Tuple[List[Row], str]:

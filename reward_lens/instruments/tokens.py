@@ -42,6 +42,7 @@ from reward_lens.core.readout import Capture, Tokenized, batches, capture, token
 from reward_lens.data.pairs import PreferencePair, TokenPair, as_pairs, pair_labels
 from reward_lens.model.frozen import with_frozen_weights
 from reward_lens.model.hooks import act_name
+from reward_lens.model.tokenization import is_messages
 from reward_lens.plotting import pyplot
 from reward_lens.results import to_numpy
 
@@ -446,17 +447,27 @@ def _split_rows(model, tok: Tokenized, terms: Dict[str, torch.Tensor], out: Dict
         out[key].append(terms[key].cpu())
 
 
+def _is_text(x) -> bool:
+    """Text, chat messages, or no messages ([]: the empty response after a whole conversation)."""
+    return isinstance(x, str) or is_messages(x) or (isinstance(x, (list, tuple)) and len(x) == 0)
+
+
+def _is_text_input(x) -> bool:
+    """(prompt, response): each text or chat messages; the response may be None (the prompt is then the
+    whole text or conversation, as `to_tokens` takes it)."""
+    return (
+        isinstance(x, (tuple, list)) and len(x) == 2 and _is_text(x[0]) and (x[1] is None or _is_text(x[1]))
+    )
+
+
 def _as_inputs(pairs_or_texts):
     """(pairs, None) for preference pairs / a path; (None, [(prompt, response)]) for texts."""
     if (
         isinstance(pairs_or_texts, (list, tuple))
         and pairs_or_texts
-        and all(
-            isinstance(x, (tuple, list)) and len(x) == 2 and all(isinstance(s, str) for s in x)
-            for x in pairs_or_texts
-        )
+        and all(_is_text_input(x) for x in pairs_or_texts)
     ):
-        return None, [tuple(x) for x in pairs_or_texts]
+        return None, [(p, ([] if is_messages(p) else "") if r is None else r) for p, r in pairs_or_texts]
     if (
         isinstance(pairs_or_texts, (PreferencePair, TokenPair, str))
         or hasattr(pairs_or_texts, "__fspath__")

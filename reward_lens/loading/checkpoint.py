@@ -40,8 +40,9 @@ def resolve_checkpoint_dir(path_or_id: Union[str, Path]) -> Path:
     except Exception as exc:  # offline, unknown repo, gated repo, ...
         raise FileNotFoundError(
             f"could not fetch {str(path_or_id)!r} from the HuggingFace hub ({type(exc).__name__}: "
-            f"{(str(exc).strip().splitlines() or [''])[0][:160]}); download it where the hub is reachable "
-            "and pass the local directory"
+            f"{(str(exc).strip().splitlines() or [''])[0][:160]}), and there is no local directory "
+            f"{str(path_or_id)!r} either (for a local one, check the path); download it where the hub is "
+            "reachable and pass the local directory"
         ) from None
 
 

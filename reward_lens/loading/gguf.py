@@ -17,6 +17,8 @@ from typing import Any, Union
 
 import torch
 
+from reward_lens.loading.checks import check_overrides
+
 SCORE_HEAD_NOTE = (
     "{file} holds a language model, not a reward head: the score head is randomly initialised (as "
     "transformers does); set model weights for a trained head before reading rewards"
@@ -35,6 +37,7 @@ def load_gguf_hf_model(
     _check_gguf_available()
     config_overrides.setdefault("num_labels", 1)
     check_gguf_file(path_or_id, gguf_file)
+    check_gguf_overrides(Path(path_or_id).expanduser() / gguf_file, config_overrides)
     from transformers.utils import logging as hf_logging
 
     verbosity = hf_logging.get_verbosity()
@@ -65,6 +68,34 @@ def load_gguf_hf_model(
         )
     model.eval()
     return model
+
+
+# transformers' `from_pretrained` keywords that are not config fields (everything else must be one)
+LOADER_KEYWORDS = frozenset(
+    {"revision", "cache_dir", "token", "local_files_only", "force_download", "proxies", "subfolder"}
+    | {"trust_remote_code", "torch_dtype", "attn_implementation", "low_cpu_mem_usage", "device_map"}
+)
+
+
+def check_gguf_overrides(path: Path, overrides: dict) -> None:
+    """A keyword that is neither a transformers loading option nor a field of the file's architecture's
+    config is a TypeError naming it (a misspelled `dtpye=` is not a damaged file). Files that cannot be
+    read here are left to the loader's own error."""
+    unknown = [k for k in overrides if k not in LOADER_KEYWORDS]
+    if not unknown or not path.is_file():
+        return
+    try:
+        import gguf
+        from transformers import CONFIG_MAPPING
+
+        field = gguf.GGUFReader(str(path)).fields["general.architecture"]
+        arch = bytes(field.parts[field.data[0]]).decode()
+        config = CONFIG_MAPPING[arch]()
+    except Exception as exc:  # damaged file, unknown architecture: the loader says which
+        if isinstance(exc, (KeyboardInterrupt, MemoryError)):
+            raise
+        return
+    check_overrides(config, {k: overrides[k] for k in unknown})
 
 
 def check_gguf_file(path_or_id: Union[str, Path], gguf_file: str) -> None:

@@ -13,12 +13,15 @@ import torch
 from reward_lens.converters.judge import judge_weight_map
 from reward_lens.loading.checkpoint import load_hf_config, load_tokenizer, resolve_checkpoint_dir
 from reward_lens.loading.streaming import LazyStateDict, converted_source
+from reward_lens.model.heads.prm import is_unknown_token
+from reward_lens.model.validation import as_index
 
 
 def answer_token_id(tokenizer: Any, answer: Union[str, int], which: str) -> int:
-    """The id of the one token `answer` (a string or an id); a clear error when it is several tokens."""
-    if isinstance(answer, int):
-        return int(answer)
+    """The id of the one token `answer` (a string or an id); a clear error when it is several tokens or
+    unknown to the tokenizer (it would read the unk token's logit)."""
+    if not isinstance(answer, str):
+        return as_index(answer, f"{which} token id", hint=" (or give the answer as a string)")
     if tokenizer is None:
         raise ValueError(
             f"{which}={answer!r} needs the model's tokenizer to find its token id; pass tokenizer= or "
@@ -31,6 +34,11 @@ def answer_token_id(tokenizer: Any, answer: Union[str, int], which: str) -> int:
             f"{which}={answer!r} is {len(ids)} tokens {pieces} in this tokenizer, not one; a judge's "
             f"reward is one token's logit minus another's: pass a single-token answer (e.g. {pieces[:1]}) "
             "or its id"
+        )
+    if is_unknown_token(tokenizer, answer, ids[0]):
+        raise ValueError(
+            f"{which}={answer!r} is unknown to this tokenizer (it encodes as the unk token "
+            f"{tokenizer.unk_token!r}, so the judge would read the unk logit); pass a word of its vocabulary"
         )
     return int(ids[0])
 

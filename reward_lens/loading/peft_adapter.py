@@ -132,8 +132,25 @@ def merged_adapter_model(directory: Path, *, base_model: Optional[str] = None, t
             "would initialise them at random (a score head not saved with modules_to_save?), so the "
             "rewards would be meaningless"
         )
+    config = None
+    if head is None and task == "SEQ_CLS":
+        # PEFT's SEQ_CLS model expects the score head among the adapter's tensors (its KeyError otherwise);
+        # an adapter without one changes the backbone only and keeps the base's own score head.
+        import warnings
+
+        from peft import PeftConfig
+
+        config = PeftConfig.from_pretrained(str(directory))
+        config.task_type = None
+        saved = [m for m in config.modules_to_save or [] if any(f".{m}." in name for name in shapes)]
+        config.modules_to_save = saved or None
+        warnings.warn(
+            f"the adapter in {directory} holds no score head; the base {base!r}'s own score head is used",
+            stacklevel=3,
+        )
     try:
-        merged = PeftModel.from_pretrained(hf, str(directory)).merge_and_unload()
+        loaded = PeftModel.from_pretrained(hf, str(directory), **({"config": config} if config else {}))
+        merged = loaded.merge_and_unload()
     except RuntimeError as exc:  # torch's "size mismatch for ...": the adapter was trained on another base
         lines = str(exc).splitlines() or [""]
         first = next((ln.strip() for ln in lines if "size mismatch" in ln), lines[0])

@@ -9,8 +9,9 @@ and the width of its last axis.
 
 from __future__ import annotations
 
+import operator
 import re
-from typing import Dict, Optional
+from typing import Any, Dict, Optional
 
 # kind -> (where the hook lives relative to a block, None for model-level hooks)
 _BLOCK_KINDS = (
@@ -88,7 +89,7 @@ def act_name(kind: str, layer: Optional[int] = None, norm: Optional[str] = None)
             raise ValueError(f"act_name({kind!r}) needs a layer")
         in_attn = kind in _ATTN_KINDS + _PER_HEAD_INPUT_KINDS
         where = "attn." if in_attn else "mlp." if kind in _MLP_KINDS else ""
-        return f"blocks.{int(layer)}.{where}hook_{kind}"
+        return f"blocks.{_layer_index(layer, kind)}.{where}hook_{kind}"
     if layer is None and re.fullmatch(r"\w+", kind):
         return f"reward_head.hook_{kind}"
     raise ValueError(
@@ -205,3 +206,15 @@ def tl_hook_aliases(n_layers: int, post_norms: bool = False, norms_folded: bool 
             aliases[f"{block}.attn.hook_in"] = act_name("normalized", layer, norm="ln1")
             aliases[f"{block}.mlp.hook_in"] = act_name("normalized", layer, norm="ln2")
     return aliases
+
+
+def _layer_index(layer: Any, kind: str) -> int:
+    """A layer as an integer (numpy / 0-d tensor integers too); a float is never truncated to a layer."""
+    try:
+        if isinstance(layer, bool):
+            raise TypeError
+        return operator.index(layer)
+    except TypeError:
+        raise ValueError(
+            f"act_name({kind!r}, {layer!r}): the layer must be an integer, got {type(layer).__name__}"
+        ) from None

@@ -5,6 +5,8 @@ instrument's inputs are checked once: token ids are integers in [0, d_vocab) (a 
 last embedding row), masks are binary, of the ids' shape, with no all-zero row, and no longer than n_ctx.
 `check_finite_rewards` stops a run at the first non-finite reward, naming the pair and side.
 `safe_ratio` is the NaN-not-inf division every normalised quantity uses (a tie has a zero gap).
+`as_index` takes an index argument (a quantile, an objective, a step, a token id) only as an integer: a
+float would be truncated to another index without a word.
 """
 
 from __future__ import annotations
@@ -13,6 +15,37 @@ from typing import Any, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
+
+
+def as_index(
+    value: Any, what: str, size: Optional[int] = None, negative: bool = False, hint: str = ""
+) -> int:
+    """`value` as an int index (a Python / numpy / 0-d tensor integer, not a bool or a float), in
+    [0, size) (or [-size, size) with `negative`) when `size` is given; a one-line error otherwise."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point():
+        value = value.item()
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise ValueError(
+            f"{what} must be an integer index, got {value!r} ({type(value).__name__}){hint}; an index is "
+            "never rounded"
+        )
+    i = int(value)
+    low = -size if (negative and size is not None) else 0
+    if size is not None and not low <= i < size:
+        span = f"{low}..{size - 1}" if size > 0 else "none (it is empty)"
+        raise ValueError(f"{what} {i} out of range: valid indices are {span}{hint}")
+    if size is None and not negative and i < 0:
+        raise ValueError(f"{what} must be >= 0, got {i}{hint}")
+    return i
+
+
+def check_name_list(name: str, given: Any, example: str = "['L0H1']") -> None:
+    """An optional list of node names: None (all) or a non-empty list; an empty one is refused, never
+    widened to all."""
+    if given is not None and (isinstance(given, str) or len(given) == 0):
+        raise ValueError(
+            f"{name}={given!r}: give a non-empty list of names (e.g. {example}), or None for all"
+        )
 
 
 def _as_tensor(value: Any, name: str) -> torch.Tensor:

@@ -229,13 +229,22 @@ def edit_reward(
             raise ValueError(
                 f"the direction must have shape [d_model={model.cfg.d_model}], got {tuple(concept.shape)}"
             )
-        v = concept.float() / concept.float().norm()
+        v = concept.float()
+    norm = float(v.detach().float().norm())
+    if not norm > 0 or not torch.isfinite(v).all():  # 0/0 would give a NaN direction, then NaN rewards
+        raise ValueError(
+            f"the concept direction is {'zero' if norm == 0 else 'not finite'} (norm {norm}), so there is "
+            "nothing to project out; build the concept from contrast pairs that differ (concept_vector) or "
+            "pass a non-zero direction"
+        )
     if probes is None or len(probes) == 0:
         raise ValueError(
             "edit_reward verifies on held-out probes: pass probes=<ContrastPairs> (not used to build the "
             "concept)"
         )
     v = v.detach().float()
+    if not isinstance(concept, ConceptVector):
+        v = v / v.norm()
     edited = _copy_model(model)
     if where == "head":
         project_out_of_head(edited, v)

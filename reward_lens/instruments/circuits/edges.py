@@ -56,6 +56,7 @@ from reward_lens.instruments.circuits.positions import (
 )
 from reward_lens.instruments.patching.path import check_positions, token_aligned_batches
 from reward_lens.model.frozen import with_frozen_weights
+from reward_lens.model.validation import as_index, check_name_list, safe_ratio
 from reward_lens.plotting import sender_receiver_heatmap
 from reward_lens.results import CleanPairRewards, to_numpy
 
@@ -82,7 +83,7 @@ class EdgeAttributionResult(CleanPairRewards):
     positions: str = "readout"
 
     def normalized(self) -> torch.Tensor:
-        return self.scores / self.clean_gap[:, None, None]
+        return safe_ratio(self.scores, self.clean_gap[:, None, None])  # a tie (no gap): NaN, never ±inf
 
     def to_frame(self) -> pd.DataFrame:
         """One row per (pair, sender, receiver) edge: pair, sender, receiver, mode, method, score,
@@ -272,8 +273,11 @@ def edge_attribution(
         raise ValueError(
             f"mode must be one of {tuple(TARGET)} (edges carry a source - target difference), got {mode!r}"
         )
+    steps = as_index(steps, "steps", hint=" (the number of interpolation points, e.g. 16)")
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
+    check_name_list("senders", senders, "['embed', 'L0H1']")
+    check_name_list("receivers", receivers, "['readout']")
     if not model.has_head_hooks:
         raise ValueError("edge_attribution needs per-head hooks and weights (a native architecture)")
     everywhere = check_positions(positions) == "all"

@@ -7,7 +7,8 @@ chosen run's outputs, the others the recomputed ones. Either way
 
     faithfulness = (r(circuit) - r_rejected) / (r_chosen - r_rejected)      per pair
 
-is 1 for every edge and 0 for none, exactly: the readout's input is then one run's final residual. The
+is 1 for every edge and 0 for none, exactly (NaN for a tie: no gap to keep); the readout's input is then
+one run's final residual. The
 readout token is recomputed over the target's cached keys/values (`graph.circuit_rewards`).
 
 The curve: faithfulness of the top-n edges of a ranking for n in `sizes`; x = n / n_edges. CPR = the area
@@ -38,6 +39,7 @@ from reward_lens.instruments.circuits.graph import (
 from reward_lens.instruments.circuits.positions import circuit_rewards_all, source_run_all, target_run_all
 from reward_lens.instruments.patching.path import check_positions, token_aligned_batches
 from reward_lens.model.frozen import with_frozen_weights
+from reward_lens.model.validation import as_index, safe_ratio
 from reward_lens.plotting import finish, panels
 from reward_lens.results import to_numpy
 
@@ -111,7 +113,7 @@ def circuit_faithfulness_matrix(
         r, r_target, r_source = _circuit_batch(model, tok, stok, snodes, rnodes, recomputed, everywhere)
         rc, rr = (r_target, r_source) if t_side == "chosen" else (r_source, r_target)
         gap = (rc - rr).float().cpu()
-        out.append((r - rr.float().cpu()[:, None]) / gap[:, None])
+        out.append(safe_ratio(r - rr.float().cpu()[:, None], gap[:, None]))  # a tie (no gap): NaN
         gaps.append(gap)
     return torch.cat(out), torch.cat(gaps)
 
@@ -221,6 +223,18 @@ def default_sizes(n_edges: int) -> List[int]:
 
 
 @with_frozen_weights
+def _check_sizes(sizes: Sequence[int], n_ranked: int) -> List[int]:
+    """A non-empty list of circuit sizes, each an integer in [0, n_ranked] (never widened or rounded)."""
+    if isinstance(sizes, (str, bytes)) or not hasattr(sizes, "__len__") or len(sizes) == 0:
+        raise ValueError(
+            f"sizes={sizes!r}: give a non-empty list of circuit sizes (edge counts, e.g. [0, 4, 16]), or "
+            "None for the default"
+        )
+    return [
+        as_index(n, "circuit size", n_ranked + 1, hint=f" (the ranking has {n_ranked} edges)") for n in sizes
+    ]
+
+
 def faithfulness_curve(
     model,
     pairs,
@@ -243,7 +257,7 @@ def faithfulness_curve(
     positions = check_positions(positions or "readout")
     snodes, rnodes = nodes(model, None, None)
     n_edges = int(edge_mask(snodes, rnodes).sum())
-    sizes = list(sizes) if sizes is not None else default_sizes(n_edges)
+    sizes = _check_sizes(sizes, len(ranking)) if sizes is not None else default_sizes(n_edges)
     if any(n > len(ranking) for n in sizes):
         raise ValueError(f"sizes go up to {max(sizes)} but the ranking has {len(ranking)} edges")
     f, _ = circuit_faithfulness_matrix(

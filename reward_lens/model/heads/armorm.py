@@ -34,6 +34,7 @@ from reward_lens.model.heads.base import (
     last_position_without_pad,
     register_head,
 )
+from reward_lens.model.validation import as_index
 
 # The 19 objectives of RLHFlow/ArmoRM-Llama3-8B-v0.1, in the order of its regression layer's rows.
 ARMORM_OBJECTIVES: tuple = (
@@ -158,12 +159,7 @@ class ArmoRMHead(RewardHeadBase):
             if objective not in self.objective_names:
                 raise ValueError(f"unknown objective {objective!r}; known: {', '.join(self.objective_names)}")
             return self.objective_names.index(objective)
-        j = int(objective)
-        if not 0 <= j < self.num_objectives:
-            raise ValueError(
-                f"objective index {j} out of range: this head has {self.num_objectives} objectives"
-            )
-        return j
+        return as_index(objective, "objective index", self.num_objectives, hint=" (or give its name)")
 
     @property
     def objective(self) -> Optional[int]:

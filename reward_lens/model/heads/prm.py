@@ -21,6 +21,7 @@ from reward_lens.model import hooks
 from reward_lens.model.config import RewardModelConfig
 from reward_lens.model.heads.base import gather_positions, register_head
 from reward_lens.model.heads.mlp import MLPHead
+from reward_lens.model.validation import as_index
 
 DEFAULT_STEP_TAG = "<extra_0>"
 
@@ -30,9 +31,18 @@ class ProcessRewardHead(MLPHead):
 
     def __init__(self, cfg: RewardModelConfig):
         super().__init__(cfg)
-        tag = cfg.head_config.get("step_tag_id")
-        self.step_tag_id: Optional[int] = None if tag is None else int(tag)
+        self._step_tag_id: Optional[int] = None
+        self.step_tag_id = cfg.head_config.get("step_tag_id")
         self._step: int = -1
+
+    @property
+    def step_tag_id(self) -> Optional[int]:
+        return self._step_tag_id
+
+    @step_tag_id.setter
+    def step_tag_id(self, tag: Optional[int]) -> None:
+        """A token id of the vocabulary: an id past it would match no token (every step reward NaN)."""
+        self._step_tag_id = None if tag is None else as_index(tag, "step tag id", self.cfg.d_vocab)
 
     @property
     def family(self) -> str:
@@ -48,7 +58,7 @@ class ProcessRewardHead(MLPHead):
 
     def set_step(self, step: Optional[int]) -> None:
         """Read step `step` (None: the last step, -1)."""
-        self._step = -1 if step is None else int(step)
+        self._step = -1 if step is None else as_index(step, "step", negative=True)
 
     def tag_id(self) -> int:
         if self.step_tag_id is None:
@@ -97,7 +107,15 @@ class ProcessRewardHead(MLPHead):
         return self.step_positions(input_ids, attention_mask).gather(1, k[:, None])[:, 0]
 
     def step_rewards(self, model, input_ids, attention_mask=None) -> torch.Tensor:
-        """Every step's reward (log-odds) [batch, max_steps], NaN after a sequence's last step."""
+        """Every step's reward (log-odds) [batch, max_steps], NaN after a sequence's last step; a sequence
+        without step tags is refused, as the model's forward refuses it."""
+        counts = self.step_mask(input_ids, attention_mask).sum(-1)
+        if bool((counts == 0).any()):
+            rows = torch.nonzero(counts == 0).flatten().tolist()
+            raise ValueError(
+                f"rows {rows} of input_ids have no step tag (id {self.tag_id()}), so they have no step "
+                "rewards; end every step with the step tag (Qwen2.5-Math-PRM: '<extra_0>')"
+            )
         grabbed = {}
 
         def grab(resid: torch.Tensor, hook) -> None:
@@ -133,13 +151,21 @@ def resolve_step_tag(model, step_tag: Optional[Union[str, int]] = None) -> None:
     if isinstance(tag, str):
         tok = model.tokenizer
         ids = [] if tok is None else tok.encode(tag, add_special_tokens=False)
-        if len(ids) != 1:
+        unknown = len(ids) == 1 and is_unknown_token(tok, tag, ids[0])
+        if len(ids) != 1 or unknown:
             if step_tag is None:  # no tokenizer tag: the user must name it before reading steps
                 return
+            what = "unknown to this tokenizer (read as its unk token)" if unknown else f"{len(ids)} tokens"
             raise ValueError(
-                f"step_tag={tag!r} is {len(ids)} tokens in this tokenizer (or there is no tokenizer); "
-                "pass a single token or its id"
+                f"step_tag={tag!r} is {what} in this tokenizer (or there is no tokenizer); pass a single "
+                "token of its vocabulary or its id"
             )
         tag = ids[0]
-    head.step_tag_id = int(tag)
-    model.cfg.head_config["step_tag_id"] = int(tag)
+    head.step_tag_id = tag  # checked: an integer id of the vocabulary
+    model.cfg.head_config["step_tag_id"] = head.step_tag_id
+
+
+def is_unknown_token(tokenizer, text: str, token_id: int) -> bool:
+    """`text` encoded as the tokenizer's unknown token (and not the unknown token's own text)."""
+    unk = getattr(tokenizer, "unk_token_id", None)
+    return unk is not None and int(token_id) == int(unk) and text != getattr(tokenizer, "unk_token", None)

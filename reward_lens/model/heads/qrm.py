@@ -29,6 +29,7 @@ from transformer_lens.hook_points import HookPoint
 from reward_lens.model.config import RewardModelConfig
 from reward_lens.model.heads.armorm import DEFAULT_GATING_PATTERN, ArmoRMHead, default_objective_names
 from reward_lens.model.heads.base import RewardHeadBase, gather_positions, register_head
+from reward_lens.model.validation import as_index
 
 
 class QRMHead(ArmoRMHead):
@@ -90,11 +91,10 @@ class QRMHead(ArmoRMHead):
 
     def set_quantile(self, quantile: Optional[int]) -> None:
         """Read quantile `quantile` (0-based) of the score (or of the selected objective); None: the mean."""
-        if quantile is not None and not 0 <= int(quantile) < self.num_quantiles:
-            raise ValueError(
-                f"quantile index {quantile} out of range: this head has {self.num_quantiles} quantiles"
-            )
-        self._quantile = None if quantile is None else int(quantile)
+        if quantile is not None:
+            levels = ", ".join(f"{q}: {v:.3g}" for q, v in enumerate(self.quantile_levels().tolist()))
+            quantile = as_index(quantile, "quantile index", self.num_quantiles, hint=f" (levels {levels})")
+        self._quantile = quantile
 
     def quantile_levels(self) -> torch.Tensor:
         """The quantile levels the regression layer was trained on: linspace(0, 1, n_q + 2)[1:-1]."""

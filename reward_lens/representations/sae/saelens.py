@@ -230,7 +230,7 @@ def read_extras(path: Union[str, Path], d_sae: int) -> Tuple[Optional[torch.Tens
             freq = (10.0 ** log_freq.float()).clamp(max=1.0)
             freq[freq < 1e-9] = 0.0
     training = directory / TRAINING_FILENAME
-    info = json.loads(training.read_text()) if training.exists() else {}
+    info = read_json(training) if training.exists() else {}  # damaged: one line naming the file
     return freq, info
 
 
