@@ -11,9 +11,9 @@ This module is the public API, grouped by concept.
 
 from reward_lens.version import __version__
 
-# The public API is imported on first use of one of its names (`reward_lens.HookedRewardModel`, `from reward_lens
-# import lens`), not by `import reward_lens` itself: the command line parses its arguments and answers --help
-# without loading torch. `_API` holds the import statements, run once, in this module's namespace.
+# The public API is imported on first use of one of its names (`reward_lens.HookedRewardModel`, `from
+# reward_lens import lens`), not by `import reward_lens` itself: the command line parses its arguments and
+# answers --help without loading torch. `_API` holds the import statements, run once, in this namespace.
 _API = """
 # The model: a TransformerLens-style hooked decoder whose unembed is a reward head.
 from reward_lens import loading  # noqa: F401  (installs the checkpoint loaders into the model classes)
@@ -208,7 +208,6 @@ __all__ = [
     "evaluate",
     "__version__",
 ]
-
 
 
 def _load_api() -> None:

@@ -371,7 +371,8 @@ def _probe_steps(
     """Hacking probes, misalignment cascades and the distortion index."""
 
     probes = results["probes"] = step(
-        "hacking probes", lambda: batch.run(
+        "hacking probes",
+        lambda: batch.run(
             lambda bs: run_probes(model, items=probe_items, batch_size=bs, progress=step.show_bars)
         ),
     )

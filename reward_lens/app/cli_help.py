@@ -65,7 +65,9 @@ def state_default(action: argparse.Action) -> None:
         return
     if action.help == argparse.SUPPRESS or "default" in (action.help or ""):
         return
-    action.help = f"{action.help} (default: {action.default})" if action.help else f"default: {action.default}"
+    action.help = (
+        f"{action.help} (default: {action.default})" if action.help else f"default: {action.default}"
+    )
 
 
 def progress_echo(args: argparse.Namespace) -> Callable[[str], None]:

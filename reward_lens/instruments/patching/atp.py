@@ -95,7 +95,7 @@ class AtPResult(CleanPairRewards):
                 f"no estimates for mode={mode!r}, target={target!r}; have {sorted(self.estimates)}"
             )
         eff = self.estimates[(mode, target)]
-        return safe_ratio(eff, self.clean_gap[:, None]) if normalized else eff
+        return safe_ratio(eff, self.clean_gap[:, None], self.reward_scale()) if normalized else eff
 
     def to_frame(self) -> pd.DataFrame:
         """pair, component, layer, head, level, mode, target, position, atp_effect, normalized_effect."""
@@ -116,7 +116,7 @@ class AtPResult(CleanPairRewards):
                         "target": target,
                         "position": self.positions,
                         "atp_effect": e.ravel(),
-                        "normalized_effect": safe_ratio(e, gap[:, None]).ravel(),
+                        "normalized_effect": safe_ratio(e, gap[:, None], self.reward_scale()).ravel(),
                     }
                 )
             )

@@ -89,7 +89,7 @@ class PatchResult(CleanPairRewards):
         mode, target = self._key(mode, target)
         clean = self.clean_chosen if target == "chosen" else self.clean_rejected
         eff = self.patched[(mode, target)] - clean[:, None]
-        return safe_ratio(eff, self.clean_gap[:, None]) if normalized else eff
+        return safe_ratio(eff, self.clean_gap[:, None], self.reward_scale()) if normalized else eff
 
     def to_frame(self) -> pd.DataFrame:
         """One row per (pair, site, mode, target): pair, component, layer, head, level, mode, target,
@@ -116,7 +116,7 @@ class PatchResult(CleanPairRewards):
                         "patched_reward": p.ravel(),
                         "effect": eff.ravel(),
                         "clean_gap": gap.repeat(S),
-                        "normalized_effect": safe_ratio(eff, gap[:, None]).ravel(),
+                        "normalized_effect": safe_ratio(eff, gap[:, None], self.reward_scale()).ravel(),
                     }
                 )
             )

@@ -152,7 +152,9 @@ class PathPatchResult(CleanPairRewards):
     def effect(self, normalized: bool = False) -> torch.Tensor:
         clean = self.clean_chosen if self.target == "chosen" else self.clean_rejected
         eff = self.patched - clean[:, None, None]
-        return safe_ratio(eff, self.clean_gap[:, None, None]) if normalized else eff  # ties: NaN
+        return (
+            safe_ratio(eff, self.clean_gap[:, None, None], self.reward_scale()) if normalized else eff
+        )  # ties: NaN
 
     def to_frame(self) -> pd.DataFrame:
         """One row per (pair, sender, receiver) path that exists: pair, sender, receiver, mode, target,
