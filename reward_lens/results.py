@@ -19,8 +19,6 @@ import numpy as np
 import pandas as pd
 import torch
 
-from reward_lens.stats import reward_scale
-
 
 @runtime_checkable
 class Result(Protocol):
@@ -71,10 +69,6 @@ class CleanPairRewards(PairRewards):
     @property
     def clean_gap(self) -> torch.Tensor:
         return self.clean_chosen - self.clean_rejected
-
-    def reward_scale(self) -> float:
-        """The clean rewards' size: gaps within `ZERO_GAP_RTOL` of it are ties (`reward_lens.stats`)."""
-        return reward_scale(self.clean_chosen, self.clean_rejected)
 
 
 def to_numpy(x: Any) -> np.ndarray:
