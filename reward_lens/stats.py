@@ -42,10 +42,26 @@ def bootstrap_ci(
 
 
 def ranks(x: np.ndarray, axis: int = -1) -> np.ndarray:
-    """Average ranks along `axis` (ties share their mean rank), as scipy.stats.rankdata."""
-    from scipy.stats import rankdata
+    """Average ranks along `axis` (ties share their mean rank), equal to scipy.stats.rankdata (tested), in
+    numpy: importing scipy.stats costs about one forward of the demo's audit pairs."""
+    x = np.moveaxis(np.asarray(x, dtype=np.float64), axis, -1)
+    if np.isnan(x).any():  # scipy's NaN rule (a row holding NaN ranks as NaN)
+        from scipy.stats import rankdata
 
-    return rankdata(np.asarray(x, dtype=np.float64), axis=axis)
+        return np.moveaxis(rankdata(x, axis=-1), -1, axis)
+    n = x.shape[-1]
+    order = np.argsort(x, axis=-1, kind="stable")
+    xs = np.take_along_axis(x, order, -1)
+    pos = np.broadcast_to(np.arange(n), xs.shape)
+    starts = np.ones(xs.shape, dtype=bool)  # each tie group's first sorted position ...
+    starts[..., 1:] = xs[..., 1:] != xs[..., :-1]
+    ends = np.ones(xs.shape, dtype=bool)  # ... and its last
+    ends[..., :-1] = starts[..., 1:]
+    first = np.maximum.accumulate(np.where(starts, pos, 0), axis=-1)
+    last = np.flip(np.minimum.accumulate(np.flip(np.where(ends, pos, n), -1), axis=-1), -1)
+    out = np.empty_like(xs)
+    np.put_along_axis(out, order, (first + last) / 2.0 + 1.0, -1)
+    return np.moveaxis(out, -1, axis)
 
 
 def pearson_rows(x: np.ndarray, y: np.ndarray) -> np.ndarray:

@@ -147,3 +147,23 @@ def test_a_noise_sized_gap_counts_as_zero():
 
     t = safe_ratio(torch.ones(4, 2), torch.tensor(gap)[:, None], scale)
     assert torch.isnan(t).all(1).tolist() == [False, False, True, False]
+
+
+def test_ranks_equal_scipy_rankdata_bit_for_bit():
+    from scipy.special import stdtr
+    from scipy.stats import rankdata
+    from scipy.stats import t as t_dist
+
+    from reward_lens.stats import ranks
+
+    rng = np.random.default_rng(0)
+    for shape, axis in [((7,), -1), ((5, 12), -1), ((6, 4, 9), 1), ((3, 40), 0)]:
+        x = rng.integers(0, 5, size=shape).astype(float)  # many ties
+        x[..., 0] = -0.0 if x.ndim > 1 else 0.0  # -0.0 ties 0.0
+        assert np.array_equal(ranks(x, axis), rankdata(x, axis=axis))
+        y = rng.normal(size=shape)
+        assert np.array_equal(ranks(y, axis), rankdata(y, axis=axis))
+    z = np.array([[1.0, np.nan, 2.0], [3.0, 1.0, 1.0]])
+    assert np.array_equal(ranks(z), rankdata(z, axis=-1), equal_nan=True)
+    tstat = rng.normal(size=20) * 3
+    assert np.array_equal(stdtr(7, -np.abs(tstat)), t_dist.sf(np.abs(tstat), 7))  # the cascades' p-value
