@@ -366,10 +366,10 @@ def sign_flip_ci(
                 outer = 0.0
         if accepted(outer):
             return float(np.sign(outer - mean) * np.inf)
-        for _ in range(60):
+        for _ in range(48):  # to 2^-48 of the bracket: far below the data's float resolution
             mid = 0.5 * (inner + outer)
             inner, outer = (mid, outer) if accepted(mid) else (inner, mid)
-        return inner
+        return float(inner)
 
     return end(mean - far), end(mean + far)
 
