@@ -11,6 +11,10 @@ This module is the public API, grouped by concept.
 
 from reward_lens.version import __version__
 
+# The public API is imported on first use of one of its names (`reward_lens.HookedRewardModel`, `from
+# reward_lens import lens`), not by `import reward_lens` itself: the command line parses its arguments and
+# answers --help without loading torch. `_API` holds the import statements, run once, in this namespace.
+_API = """
 # The model: a TransformerLens-style hooked decoder whose unembed is a reward head.
 from reward_lens import loading  # noqa: F401  (installs the checkpoint loaders into the model classes)
 from reward_lens.model.config import RewardModelConfig
@@ -104,6 +108,7 @@ from reward_lens.app.compare import ComparisonResult, ModelProfile, compare_mode
 
 # Benchmarks by their official rules: RewardBench 2, RM-Bench, JudgeBench, RewardBench v1.
 from reward_lens.evaluation import BenchmarkResult, benchmark_pairs, evaluate
+"""
 
 __all__ = [
     # the model
@@ -206,3 +211,26 @@ __all__ = [
     "evaluate",
     "__version__",
 ]
+
+
+def _load_api() -> None:
+    """Run `_API`'s statements in this module (line numbers as in this file, for tracebacks)."""
+    if "HookedRewardModel" not in globals():
+        first_line = _source_line('_API = """')
+        exec(compile("\n" * first_line + _API, __file__, "exec"), globals())
+
+
+def _source_line(text: str) -> int:
+    with open(__file__, encoding="utf-8") as f:
+        return next(i for i, line in enumerate(f, 1) if line.startswith(text))
+
+
+def __getattr__(name: str):
+    if name in __all__:
+        _load_api()
+        return globals()[name]
+    raise AttributeError(f"module 'reward_lens' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

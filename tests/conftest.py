@@ -13,6 +13,48 @@ from reward_lens import HookedRewardModel  # noqa: E402
 
 ARCHS = ["llama", "mistral", "qwen2", "qwen3"]
 
+# The slow part of the suite, run by `python -m pytest -q --full` (and CI): the real-weights SmolLM2 tests
+# (a 20 s dequantisation, then 30-layer forwards), the notebooks, torchrun, TRL training runs, the bench and
+# the scripts that train or convert models. The default selection checks every instrument on tiny and demo
+# models in a few minutes on 2 cores.
+SLOW_MODULES = {
+    "test_smollm2",
+    "test_circuits_smollm2",
+    "test_notebooks",
+    "test_distributed",
+    "test_trl_integration",
+    "test_bench",
+    "test_tl_tutorial",
+    "test_tl_tutorials_padded",
+    "test_trained_models",
+    "test_conversion_scripts",
+    "test_gpu_audit_benchmark",
+    "test_rl_hack",
+}
+SLOW_FIXTURES = {"smol", "backbone", "testbed", "smollm2_judge"}  # tests elsewhere on SmolLM2's weights
+
+
+def pytest_addoption(parser):
+    parser.addoption("--full", action="store_true", help="run the whole suite (default: the fast selection)")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: part of the full suite only (`pytest --full`)")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
+        on_smollm2 = "smollm2" in item.name.lower() or SLOW_FIXTURES & set(getattr(item, "fixturenames", ()))
+        if module in SLOW_MODULES or on_smollm2:
+            item.add_marker(pytest.mark.slow)
+    if config.getoption("--full") or config.getoption("-m"):  # an explicit -m selects by itself
+        return
+    fast = [item for item in items if "slow" not in item.keywords]
+    if len(fast) < len(items):
+        config.hook.pytest_deselected(items=[item for item in items if "slow" in item.keywords])
+        items[:] = fast
+
 
 @pytest.fixture(scope="session")
 def hf_models():

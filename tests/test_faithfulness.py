@@ -108,3 +108,20 @@ def test_atp_as_the_attribution_and_errors(llama_model, results):
         faithfulness(att, patch(llama_model, PAIRS, level="head", progress=False))
     with pytest.raises(ValueError, match="give the pairs"):
         faithfulness(llama_model)
+
+
+def test_batched_pooled_bootstrap_equals_the_loop():
+    """The pooled rho of each bootstrap resample, batched, is the per-resample spearman call, bit for bit."""
+    import numpy as np
+
+    from reward_lens.instruments.faithfulness import pooled_spearman
+    from reward_lens.stats import bootstrap_indices, spearman
+
+    rng = np.random.default_rng(3)
+    a, e = rng.normal(size=(40, 9)), rng.normal(size=(40, 9))
+    a[:, 2] = a[:, 3]  # ties within and across pairs
+    e[5] = e[6]
+    idx = bootstrap_indices(40, 250, seed=1)
+    loop = np.array([spearman(np.abs(a[i]), np.abs(e[i])) for i in idx])
+    batched = pooled_spearman(np.abs(a), np.abs(e), idx, chunk=64)
+    assert np.array_equal(loop, batched)

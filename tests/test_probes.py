@@ -288,3 +288,31 @@ def test_demo_model_planted_biases_read_rewards(demo_result):
     )
     # the default items for the demo model are its own domain
     assert set(demo_result.per_item.topic) == {"arithmetic", "facts", "instructions"}
+
+
+def test_verdict_p_value_and_interval_come_from_one_test():
+    """The interval is the sign-flip test's inversion: it excludes 0 exactly when p < alpha, so a verdict
+    never contradicts its interval (as 'neutral' beside [+0.0018, +0.0971] with p = 0.068 did); each end
+    is where the test's p-value crosses alpha."""
+    from reward_lens.probes.suite import _flip_pvalue, sign_flip_ci, sign_vectors
+
+    rng = np.random.default_rng(7)
+    seen = set()
+    for k in range(120):
+        n = int(rng.integers(5, 60))
+        x = rng.normal(loc=rng.uniform(-0.6, 0.6), size=n)
+        s = summarize(x, n_perm=2000, seed=k)
+        lo, hi, p = s["ci_low"], s["ci_high"], s["p_value"]
+        excludes_zero = lo > 0 or hi < 0
+        assert excludes_zero == (p < 0.05), (n, lo, hi, p)
+        assert (s["verdict"] != "neutral") == excludes_zero
+        assert lo <= x.mean() <= hi
+        seen.add(s["verdict"])
+        if n > 12 and np.isfinite(lo):  # the ends: accepted just inside, rejected just outside
+            signs, exact = sign_vectors(n, 2000, k)
+            width = hi - lo
+            assert _flip_pvalue(x, signs, exact, lo + 1e-9 * width) >= 0.05
+            assert _flip_pvalue(x, signs, exact, lo - 1e-3 * width) < 0.05
+            assert _flip_pvalue(x, signs, exact, hi + 1e-3 * width) < 0.05
+    assert seen == {"rewards", "penalizes", "neutral"}
+    assert sign_flip_ci(np.array([1.0, 2.0, 3.0]), 10000) == (-np.inf, np.inf)  # 2^3 signs: never rejects

@@ -122,3 +122,46 @@ def test_report_in_a_browser(browser, reports, name):
             assert m, title
             assert int(m.group(1)) == pos
             assert float(m.group(2)) == pytest.approx(value, abs=5e-6)  # the title shows 5 decimals
+
+
+READING = """
+const firstH2 = document.querySelector('h2');
+const firstTable = document.querySelector('table');
+const findings = document.querySelector('ul.findings');
+const cell = document.querySelector('.table-wrap td');
+const style = getComputedStyle(cell);
+return {inner: window.innerWidth, scroll: document.documentElement.scrollWidth,
+        client: document.documentElement.clientWidth,
+        first: firstH2.textContent, findings: findings ? findings.innerText : '',
+        findings_before_tables: !!findings &&
+            (findings.compareDocumentPosition(firstTable) & Node.DOCUMENT_POSITION_FOLLOWING) > 0,
+        font: parseFloat(getComputedStyle(document.querySelector('p')).fontSize),
+        wrap: style.overflowWrap, wordBreak: style.wordBreak,
+        wide: Array.from(document.body.querySelectorAll('*')).filter(
+            e => e.getBoundingClientRect().right > window.innerWidth + 0.5 &&
+                 !e.closest('.table-wrap') && !e.closest('.rl-tokens')).map(e => e.tagName)};
+"""
+
+
+@pytest.mark.parametrize("width,mobile", [(390, True), (1280, False)])
+def test_report_reads_on_a_phone_and_a_desktop_finding_first(browser, reports, width, mobile):
+    """Emulated as a phone (390 CSS px, mobile: without the viewport tag Chromium would lay the page out
+    at 980 px and shrink it) and a 1280 px window: no sideways scrolling, no element past the right edge
+    outside a table's own scroll box, readable text, table cells that never break inside a word; the
+    finding, in words, comes before any table."""
+    metrics = {"width": width, "height": 900, "deviceScaleFactor": 3 if mobile else 1, "mobile": mobile}
+    browser.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", metrics)
+    try:
+        browser.get((reports["demo"] / "report.html").resolve().as_uri())
+        got = browser.execute_script(READING)
+    finally:
+        browser.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
+    assert got["inner"] == width, f"laid out at {got['inner']} px, not the device's {width} (viewport tag?)"
+    assert got["scroll"] <= got["client"], f"page is {got['scroll']} px wide at {width} px"
+    assert got["wide"] == [], got["wide"]
+    assert got["font"] >= 14
+    assert got["wrap"] == "normal" and got["wordBreak"] == "normal"
+    assert got["first"] == "What the audit found" and got["findings_before_tables"]
+    text = got["findings"]
+    assert "rewards sycophancy" in text and "rewards length" in text and "95% CI" in text
+    assert "Attribution and patching" in text and "ρ = " in text

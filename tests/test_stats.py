@@ -120,3 +120,50 @@ def test_lens_and_compare_use_the_one_rule():
     expected = _depth_loop(gap.double().numpy(), depths, 0.1, 0.0)
     np.testing.assert_array_equal(res.crystallization_depth().numpy(), expected)
     np.testing.assert_array_equal(crystallization_depths(gap.double().numpy(), np.array(depths)), expected)
+
+
+def test_a_noise_sized_gap_counts_as_zero():
+    """A tie scored at two padding offsets has a gap of a few float32 ulps, not 0: it has no crystallization
+    depth and no normalised effect (NaN), as an exact 0 has; a real gap, however small next to the others,
+    keeps both."""
+    from reward_lens.model.validation import safe_ratio
+    from reward_lens.stats import ZERO_GAP_RTOL, crystallization_depth, reward_scale, zero_gaps
+
+    chosen = np.array([-0.0469, -0.0279, -0.0340, -0.0360])
+    noise = 4 * np.finfo(np.float32).eps * abs(chosen[2])  # measured: 1.5e-8 on the reward -0.034
+    gap = np.array([0.0478, -0.0160, -noise, 1e-4])
+    scale = reward_scale(chosen, chosen - gap)
+    assert abs(scale - np.sqrt(np.mean(np.r_[chosen, chosen - gap] ** 2))) < 1e-15
+    assert zero_gaps(gap, scale).tolist() == [False, False, True, False]
+    assert zero_gaps(np.array([0.0, 0.0])).tolist() == [True, True]  # exact zeros, whatever the scale
+    assert 100 * ZERO_GAP_RTOL * scale < 1e-4  # the smallest real gap is far above the threshold
+    lens = np.stack([gap * f for f in (0.2, 0.95, 1.0)], 1)
+    depth = crystallization_depth(lens, [0.0, 0.5, 1.0], scale=scale)
+    assert np.isnan(depth).tolist() == [False, False, True, False] and depth[0] == 0.5
+    ratio = safe_ratio(np.ones((4, 2)), gap[:, None], scale)
+    assert np.isnan(ratio).all(1).tolist() == [False, False, True, False]
+    assert np.allclose(ratio[~np.isnan(ratio[:, 0]), 0], 1 / gap[[0, 1, 3]], rtol=0, atol=0)
+    import torch
+
+    t = safe_ratio(torch.ones(4, 2), torch.tensor(gap)[:, None], scale)
+    assert torch.isnan(t).all(1).tolist() == [False, False, True, False]
+
+
+def test_ranks_equal_scipy_rankdata_bit_for_bit():
+    from scipy.special import stdtr
+    from scipy.stats import rankdata
+    from scipy.stats import t as t_dist
+
+    from reward_lens.stats import ranks
+
+    rng = np.random.default_rng(0)
+    for shape, axis in [((7,), -1), ((5, 12), -1), ((6, 4, 9), 1), ((3, 40), 0)]:
+        x = rng.integers(0, 5, size=shape).astype(float)  # many ties
+        x[..., 0] = -0.0 if x.ndim > 1 else 0.0  # -0.0 ties 0.0
+        assert np.array_equal(ranks(x, axis), rankdata(x, axis=axis))
+        y = rng.normal(size=shape)
+        assert np.array_equal(ranks(y, axis), rankdata(y, axis=axis))
+    z = np.array([[1.0, np.nan, 2.0], [3.0, 1.0, 1.0]])
+    assert np.array_equal(ranks(z), rankdata(z, axis=-1), equal_nan=True)
+    tstat = rng.normal(size=20) * 3
+    assert np.array_equal(stdtr(7, -np.abs(tstat)), t_dist.sf(np.abs(tstat), 7))  # the cascades' p-value

@@ -116,17 +116,25 @@ def _jsonable(x: Any) -> Any:
 
 
 class _Steps:
-    """Runs named steps, timing each and echoing progress lines."""
+    """Runs named steps, timing each and echoing progress lines (`verbose`: each step's time too);
+    `progress`: the label of a step's tqdm bar, or False for none."""
 
-    def __init__(self, echo: Callable[[str], None]):
+    def __init__(self, echo: Callable[[str], None], progress: bool = False, verbose: bool = False):
         self.echo = echo
+        self.show_bars = progress
+        self.verbose = verbose
         self.timings: Dict[str, float] = {}
+
+    def progress(self, label: str):
+        return label if self.show_bars else False
 
     def __call__(self, name: str, fn: Callable[[], Any]) -> Any:
         self.echo(f"[reward-lens] {name} ...")
         start = time.perf_counter()
         out = fn()
         self.timings[name] = round(time.perf_counter() - start, 3)
+        if self.verbose:
+            self.echo(f"[reward-lens]   {self.timings[name]:.2f} s")
         return out
 
 
@@ -154,6 +162,8 @@ def run_audit(
     run_info: Optional[Dict[str, Any]] = None,
     ranks: Optional[dist.Ranks] = None,
     benchmark: Any = None,
+    progress: bool = False,
+    verbose: bool = False,
 ) -> Optional[AuditResult]:
     """Run the whole audit; write report.html, results.json and CSVs into `out_dir` (None: write nothing).
 
@@ -163,7 +173,9 @@ def run_audit(
     process group) the pair-level instruments are sharded over ranks (`reward_lens.distributed`); rank 0
     computes everything else on the merged results and writes the report; the other ranks return None.
     `benchmark`: a `BenchmarkResult` of the file the pairs came from: its summary goes into the report and
-    results.json (for RM-Bench with the hard-subset misses and their largest attribution terms)."""
+    results.json (for RM-Bench with the hard-subset misses and their largest attribution terms).
+    `echo` gets the progress lines; `progress`: tqdm bars (stderr) on the long steps; `verbose`: each step's
+    time echoed. The summary is `AuditResult.summary_text()` (the CLI prints it)."""
     ranks = ranks or dist.current()
     if not ranks.is_main:
         shard_worker(model, pairs, max_pairs=max_pairs, batch_size=batch_size, ranks=ranks)
@@ -189,6 +201,7 @@ def run_audit(
             model_label=model_label,
             echo=echo,
             ranks=ranks,
+            step=_Steps(echo, progress, verbose),
         )
         audit.record = {**clean_json(run_info), **audit.record}
         if benchmark is not None:
@@ -243,7 +256,8 @@ def sharded_steps(model, pairs, batch: BatchSize, ranks: dist.Ranks, step: "_Ste
     if model.reward_head.is_gated:  # per-sequence directions: their spread, for the head-family view
         specs.append(DirectionsSpec())
     # one pipeline: the clean passes of every batch shared by the instruments
-    got = step(label, lambda: dist.run(model, pairs, specs, ranks=ranks, batch_size=batch))
+    bar = step.progress("audit: pair-level instruments")
+    got = step(label, lambda: dist.run(model, pairs, specs, ranks=ranks, batch_size=batch, progress=bar))
     if got is None:
         return {}
     names = {
@@ -258,11 +272,12 @@ def sharded_steps(model, pairs, batch: BatchSize, ranks: dist.Ranks, step: "_Ste
     return {key: got[name] for key, name in names.items() if name in got}
 
 
-def _audit(model, pairs, *, max_pairs, batch_size, probe_items, model_label, echo, ranks) -> AuditResult:
+def _audit(
+    model, pairs, *, max_pairs, batch_size, probe_items, model_label, echo, ranks, step
+) -> AuditResult:
     """The audit's steps; `run_audit` checks the output first and writes it after."""
     pairs = _audit_pairs(pairs, max_pairs)
     batch = BatchSize.parse(batch_size, model.cfg.device, echo)
-    step = _Steps(echo)
     t0 = time.perf_counter()
     record: Dict[str, Any] = {
         "model": model_label or model.cfg.model_name,
@@ -358,7 +373,10 @@ def _probe_steps(
     """Hacking probes, misalignment cascades and the distortion index."""
 
     probes = results["probes"] = step(
-        "hacking probes", lambda: batch.run(lambda bs: run_probes(model, items=probe_items, batch_size=bs))
+        "hacking probes",
+        lambda: batch.run(
+            lambda bs: run_probes(model, items=probe_items, batch_size=bs, progress=step.show_bars)
+        ),
     )
     record["probes"] = probes.to_dict()["dimensions"]
     record["probe_verdict_rule"] = probes.to_dict()["verdict_rule"]
@@ -510,7 +528,6 @@ def write_outputs(
 
     with report_dir:
         audit.out_dir = report_dir.commit(write)
-    echo(summary_table(audit))
     echo(
         f"[reward-lens] wrote {audit.out_dir / 'report.html'}, results.json and {len(audit.frames)} CSV files"
     )

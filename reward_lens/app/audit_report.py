@@ -9,6 +9,7 @@ from typing import Any, Optional
 import pandas as pd
 
 from reward_lens.app.benchmark import benchmark_section
+from reward_lens.app.findings import SECTION_GUIDES, findings, labelled
 from reward_lens.app.head_family import head_family_text
 from reward_lens.app.report import Report
 
@@ -117,10 +118,21 @@ def headline_frame(audit: Any) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["metric", "value"])
 
 
+READOUT_DEFINITION = (
+    "These patches are at the readout token (positions='readout', defined for chosen and rejected of any "
+    "lengths): a preference computed at earlier tokens and read through attention shows only where it "
+    "reaches the readout; path_patch / edge_attribution with positions='all' see it on token-aligned pairs "
+    "(docs/theory.md, 'Every position')."
+)
+
+
 def build_report(audit: Any):
     s, r = audit.record, audit.results
     rep = Report(f"reward-lens audit: {s['model']}")
+    sec = rep.section("What the audit found")
+    sec.bullets(findings(s), cls="findings")
     sec = rep.section("Summary")
+    sec.explain("The headline numbers behind the findings above, each defined in its section below.")
     sec.table(headline_frame(audit))
     sec.text(
         "Every number here is also in results.json; per-pair and per-component values are in the CSV files.",
@@ -168,7 +180,8 @@ def build_report(audit: Any):
         "per pair and pooled. Observational attribution need not predict causal effects; both views are "
         "shown."
     )
-    sec.table(r["faithfulness"].summary())
+    sec.explain(SECTION_GUIDES["faithfulness"])
+    sec.table(labelled(r["faithfulness"].summary()))
     sec.figure(r["faithfulness"].plot())
     if "disagreement" in r:
         d = s["disagreement"]
@@ -179,13 +192,14 @@ def build_report(audit: Any):
             "via_L{k} (layer k re-reading the patch, later layers frozen); the terms sum to the "
             "patching effect. Shares of total - direct for the components where it is largest. Spearman "
             f"rho(|direct|, |total|) {fmt(d['direct_total_rho'])}; faithfulness rho "
-            f"{fmt(d['faithfulness_mean_rho'])}."
+            f"{fmt(d['faithfulness_mean_rho'])}. {READOUT_DEFINITION}"
         )
-        sec.table(r["disagreement"].disagreement())
+        sec.table(labelled(r["disagreement"].disagreement()))
         sec.figure(r["disagreement"].plot())
     if "divergence" in r:
         sec = rep.section("Divergence-aware patching")
-        sec.table(r["divergence"].summary())
+        sec.explain(SECTION_GUIDES["divergence"])
+        sec.table(labelled(r["divergence"].summary()))
         sec.figure(r["divergence"].plot())
     behaviour_sections(rep, s, r)
     return rep
@@ -194,14 +208,17 @@ def build_report(audit: Any):
 def behaviour_sections(rep: Report, s: dict, r: dict) -> None:
     """The report's sections on behaviour: hacking probes, cascades, distortion, ArmoRM's objectives."""
     sec = rep.section("Hacking probes")
-    sec.text(s["probe_verdict_rule"])
-    sec.table(r["probes"].to_frame())
+    sec.explain(SECTION_GUIDES["probes"])
+    sec.text(s["probe_verdict_rule"], note=True)
+    sec.table(labelled(r["probes"].to_frame()))
     sec.figure(r["probes"].plot())
     sec = rep.section("Misalignment cascades")
+    sec.explain(SECTION_GUIDES["cascades"])
     sec.figure(r["cascades"].plot())
     if "distortion" in r:
         sec = rep.section("Distortion index")
-        sec.table(r["distortion"].to_frame())
+        sec.explain(SECTION_GUIDES["distortion"])
+        sec.table(labelled(r["distortion"].to_frame()))
         sec.figure(r["distortion"].plot())
     if "armorm" in r:
         sec = rep.section("ArmoRM: gate and objectives")

@@ -1,6 +1,9 @@
 """The `reward-lens` command line: `audit` (the main job), `evaluate`, `compare`, `sweep` and `monitor`.
 
-`audit`, `compare` and `sweep` run data-parallel when launched by torchrun (`reward_lens.distributed`)."""
+`audit`, `compare` and `sweep` run data-parallel when launched by torchrun (`reward_lens.distributed`).
+Parsing, `--help` and argument errors import no torch: every heavy import is inside the command functions
+(`tests/test_cli_speed.py`). Results go to stdout; progress lines and bars to stderr (`--quiet`: none;
+`--verbose`: each step's time as well)."""
 
 from __future__ import annotations
 
@@ -12,8 +15,12 @@ from pathlib import Path
 from typing import List, Optional
 
 from reward_lens.app.bench_cli import add_commands as add_bench_commands
+from reward_lens.app.cli_help import add_examples_and_verbosity, progress_echo
 from reward_lens.app.options import CLIError, validate_args
 from reward_lens.version import __version__
+
+# Options that change what is printed, not what is computed: left out of results.json's options
+RUN_ONLY = ("func", "debug", "quiet", "verbose")
 
 # What a user can cause (bad paths, values, files, checkpoints): one line, exit 2. Anything else is a bug
 # and keeps its traceback; --debug shows the traceback of user errors too.
@@ -111,12 +118,13 @@ def cmd_audit(args) -> int:
     from reward_lens.distributed import Ranks
 
     ranks = Ranks.from_env()  # torchrun: this process's rank; one rank otherwise
+    echo = progress_echo(args) if ranks.is_main else (lambda _: None)
     with _report_dir(args.out, ranks) as out:  # checked and locked before any work
         model, label = _load_model(args.model, ranks.device(args.device), args.dtype, args.input_format)
         _set_threads(args.threads, model)
         pairs, bench = _audit_input(args.pairs, model, args.batch_size)
-        info = provenance(args.pairs, {k: v for k, v in vars(args).items() if k not in ("func", "debug")})
-        run_audit(
+        info = provenance(args.pairs, {k: v for k, v in vars(args).items() if k not in RUN_ONLY})
+        audit = run_audit(
             model,
             pairs,
             out,
@@ -126,7 +134,12 @@ def cmd_audit(args) -> int:
             run_info=info,
             ranks=ranks,
             benchmark=bench,
+            echo=echo,
+            progress=not args.quiet,
+            verbose=args.verbose,
         )
+    if audit is not None:
+        print(audit.summary_text())
     return 0
 
 
@@ -151,7 +164,7 @@ def cmd_evaluate(args) -> int:
         is_file = _Path(args.source).expanduser().exists()
         info = provenance(
             args.source if is_file else None,
-            {k: v for k, v in vars(args).items() if k not in ("func", "debug")},
+            {k: v for k, v in vars(args).items() if k not in RUN_ONLY},
         )
         record = {
             **info,
@@ -171,7 +184,7 @@ def cmd_evaluate(args) -> int:
 
         path = out.commit(write)
     print(result.summary_text())
-    print(f"[reward-lens] wrote {path / 'summary.csv'}, scores.csv and results.json")
+    progress_echo(args)(f"[reward-lens] wrote {path / 'summary.csv'}, scores.csv and results.json")
     return 0
 
 
@@ -192,7 +205,7 @@ def cmd_compare(args) -> int:
         pairs = _load_pairs(args.pairs, next(iter(models.values())))
         if args.max_pairs:
             pairs = pairs[: args.max_pairs]
-        info = provenance(args.pairs, {k: v for k, v in vars(args).items() if k not in ("func", "debug")})
+        info = provenance(args.pairs, {k: v for k, v in vars(args).items() if k not in RUN_ONLY})
         info["world_size"] = ranks.world_size
         _write_comparison(models, pairs, args, out, info, ranks)
     return 0
@@ -228,7 +241,7 @@ def _write_comparison(models, pairs, args, out, info, ranks) -> None:
 
     path = out.commit(write)
     print(summary.to_string(index=False))
-    print(f"[reward-lens] wrote {path / 'report.html'}")
+    progress_echo(args)(f"[reward-lens] wrote {path / 'report.html'}")
 
 
 def cmd_sweep(args) -> int:
@@ -250,7 +263,7 @@ def _run_sweep(args, ranks, out) -> None:
     pairs = _load_pairs(args.pairs, model)
     if args.max_pairs:
         pairs = pairs[: args.max_pairs]
-    info = provenance(args.pairs, {k: v for k, v in vars(args).items() if k not in ("func", "debug")})
+    info = provenance(args.pairs, {k: v for k, v in vars(args).items() if k not in RUN_ONLY})
     run_sweep(
         model,
         pairs,
@@ -260,14 +273,14 @@ def _run_sweep(args, ranks, out) -> None:
         model_label=label,
         ranks=ranks,
         run_info=info,
-        echo=print if ranks.is_main else (lambda _: None),
+        echo=progress_echo(args) if ranks.is_main else (lambda _: None),
     )
 
 
 def cmd_monitor(args) -> int:
     from reward_lens.app.monitor import render_monitor
 
-    print(f"[reward-lens] wrote {render_monitor(args.log, args.out, check=True)}")
+    progress_echo(args)(f"[reward-lens] wrote {render_monitor(args.log, args.out, check=True)}")
     return 0
 
 
@@ -324,6 +337,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_sweep_and_monitor(sub)
     add_bench_commands(sub)
+    add_examples_and_verbosity(parser, sub.choices)
     return parser
 
 
@@ -392,9 +406,11 @@ def _add_sweep_and_monitor(sub) -> None:
     monitor.set_defaults(func=cmd_monitor)
 
 
-def _add_evaluate(sub) -> None:
-    from reward_lens.evaluation import BENCHMARKS
+# reward_lens.evaluation.BENCHMARKS' names (spelled here: importing it imports torch; a test keeps them equal)
+BENCHMARK_NAMES = ("judgebench", "rewardbench", "rewardbench2", "rmbench")
 
+
+def _add_evaluate(sub) -> None:
     ev = sub.add_parser(
         "evaluate",
         help="score a reward model on RewardBench 2, RM-Bench, JudgeBench or RewardBench by the official "
@@ -406,7 +422,7 @@ def _add_evaluate(sub) -> None:
     ev.add_argument(
         "--benchmark",
         default="auto",
-        choices=["auto", *BENCHMARKS],
+        choices=["auto", *BENCHMARK_NAMES],
         help="the benchmark's layout and rule (default auto: recognised by the columns)",
     )
     ev.add_argument("--model", default=None, help="checkpoint directory or hub id (default: the demo model)")

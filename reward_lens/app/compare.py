@@ -48,7 +48,7 @@ from reward_lens.app.profiles import (
 from reward_lens.core.autobatch import BatchSize
 from reward_lens.data.pairs import as_pairs
 from reward_lens.plotting import figure_axes, finish, panels, pyplot
-from reward_lens.stats import bootstrap_indices, check_level, percentile_ci
+from reward_lens.stats import bootstrap_indices, check_level, percentile_ci, zero_gaps
 
 # ------------------------------------------------------------------------------------------- the result
 
@@ -329,7 +329,7 @@ def _model_views(p: ModelProfile, grid: np.ndarray, tol: float, n_bins: int) -> 
     share = (
         (np.sign(g)[:, None] * p.lens_gap).sum(0) / mass if mass > 0 else np.full(p.lens_gap.shape[1], np.nan)
     )
-    nz = g != 0
+    nz = ~zero_gaps(g)  # ties and float-noise gaps have no share
     q = (
         np.nanquantile(p.lens_gap[nz] / g[nz, None], [0.25, 0.5, 0.75], axis=0)
         if nz.any()

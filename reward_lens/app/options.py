@@ -18,10 +18,10 @@ class CLIError(ValueError):
 
 
 def check_device(device: Optional[str]) -> None:
+    if device is None or device == "cpu":  # the common cases answered without importing torch
+        return
     import torch
 
-    if device is None:
-        return
     try:
         dev = torch.device(device)
     except (RuntimeError, ValueError):
@@ -40,6 +40,8 @@ def check_device(device: Optional[str]) -> None:
 
 
 def check_dtype(dtype: Optional[str]) -> None:
+    if dtype is None:
+        return
     from reward_lens.model.devices import resolve_dtype
 
     try:

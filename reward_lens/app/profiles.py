@@ -14,7 +14,7 @@ from reward_lens import distributed as dist
 from reward_lens.data.pairs import as_pairs
 from reward_lens.instruments import AttributionSpec, LensSpec
 from reward_lens.plotting import figure_axes, finish
-from reward_lens.stats import crystallization_depth
+from reward_lens.stats import crystallization_depth, zero_gaps
 
 # ------------------------------------------------------------------------------------------- profiles
 
@@ -65,7 +65,7 @@ class ModelProfile:
     def plot(self, ax=None):
         """The lens of the gap over fractional depth as a share of the final gap: median and quartiles."""
         g = np.asarray(self.gaps)
-        nz = g != 0
+        nz = ~zero_gaps(g)  # ties and float-noise gaps have no share
         per_pair = self.lens_gap[nz] / g[nz, None]
         created = ax is None
         fig, ax = figure_axes(ax, (6.0, 3.6))

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterable, List, Optional, Sequence, Union
-
-import torch
+from typing import TYPE_CHECKING, Iterable, List, Optional, Sequence, Union
 
 from reward_lens.data.validate import (
     Text,
@@ -18,6 +16,9 @@ from reward_lens.data.validate import (
     validate_records,
     warn_ties,
 )
+
+if TYPE_CHECKING:  # torch is imported where a TokenPair is made: the CLI reads pairs' names without it
+    import torch
 
 REQUIRED_COLUMNS = ("prompt", "chosen", "rejected")
 BUNDLED_PAIRS = Path(__file__).resolve().parent / "pairs.jsonl"
@@ -61,6 +62,8 @@ class TokenPair:
     id: Optional[str] = None
 
     def __post_init__(self) -> None:
+        import torch
+
         self.chosen = torch.as_tensor(self.chosen, dtype=torch.long).flatten()
         self.rejected = torch.as_tensor(self.rejected, dtype=torch.long).flatten()
         if len(self.chosen) == 0 or len(self.rejected) == 0:

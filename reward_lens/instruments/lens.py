@@ -32,7 +32,7 @@ from reward_lens.model.hooks import act_name
 from reward_lens.model.validation import check_model
 from reward_lens.plotting import figure_axes, finish
 from reward_lens.results import PairRewards, to_numpy
-from reward_lens.stats import crystallization_depth
+from reward_lens.stats import crystallization_depth, reward_scale
 
 VARIANTS = ("normed", "frozen")
 
@@ -66,9 +66,11 @@ class LensResult(PairRewards):
     ) -> torch.Tensor:
         """Per pair, the first depth from which the gap stays within `rtol * |final gap| + atol` of the
         final gap and has the final gap's sign at every later site ([n_pairs] float64; NaN when the final
-        gap is 0). Defaults: the normed lens, 10% relative tolerance
-        (`reward_lens.stats.crystallization_depth`)."""
-        depth = crystallization_depth(to_numpy(self.get(variant, "gap").double()), self.depths, rtol, atol)
+        gap is zero up to float noise, `reward_lens.stats.zero_gaps`). Defaults: the normed lens, 10% relative
+        tolerance (`reward_lens.stats.crystallization_depth`)."""
+        scale = reward_scale(self.reward_chosen, self.reward_rejected)
+        gap = to_numpy(self.get(variant, "gap").double())
+        depth = crystallization_depth(gap, self.depths, rtol, atol, scale=scale)
         return torch.from_numpy(depth)
 
     def to_frame(self) -> pd.DataFrame:

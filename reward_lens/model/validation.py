@@ -16,6 +16,8 @@ from typing import Any, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
+from reward_lens.stats import zero_gaps
+
 
 def as_index(
     value: Any, what: str, size: Optional[int] = None, negative: bool = False, hint: str = ""
@@ -161,13 +163,16 @@ def check_finite_rewards(rewards: torch.Tensor, labels: Optional[Sequence[str]] 
 ArrayLike = Union[torch.Tensor, np.ndarray]
 
 
-def safe_ratio(numerator: ArrayLike, denominator: ArrayLike) -> ArrayLike:
-    """numerator / denominator with NaN (never ±inf) where the denominator is 0 (e.g. a tie's zero gap)."""
+def safe_ratio(numerator: ArrayLike, denominator: ArrayLike, scale: Optional[float] = None) -> ArrayLike:
+    """numerator / gap with NaN (never ±inf or a noise-sized divisor) where the gap is zero up to float
+    noise (a tie's gap; `reward_lens.stats.zero_gaps`, `scale` the rewards' size)."""
     if isinstance(numerator, torch.Tensor) or isinstance(denominator, torch.Tensor):
         num, den = torch.as_tensor(numerator), torch.as_tensor(denominator)
-        out = num / torch.where(den == 0, torch.ones_like(den), den)
-        return torch.where(den == 0, torch.full_like(out, float("nan")), out)
+        zero = torch.from_numpy(zero_gaps(den, scale)).to(den.device)
+        out = num / torch.where(zero, torch.ones_like(den), den)
+        return torch.where(zero, torch.full_like(out, float("nan")), out)
     num, den = np.asarray(numerator, dtype=float), np.asarray(denominator, dtype=float)
+    zero = zero_gaps(den, scale)
     with np.errstate(divide="ignore", invalid="ignore"):
-        out = num / np.where(den == 0, 1.0, den)
-    return np.where(den == 0, np.nan, out)
+        out = num / np.where(zero, 1.0, den)
+    return np.where(zero, np.nan, out)

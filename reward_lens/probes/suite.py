@@ -309,6 +309,28 @@ def bootstrap_ci(
     return percentile_bootstrap_ci(deltas, n_boot=n_boot, seed=seed, level=level)
 
 
+def sign_vectors(n: int, n_perm: int = 10000, seed: int = 0) -> Tuple[np.ndarray, bool]:
+    """(signs [m, n], exact): all 2^n sign vectors when 2^n <= n_perm, else n_perm random ones (seeded)."""
+    if n <= 20 and 2**n <= n_perm:
+        codes = np.arange(2**n)[:, None]
+        return 1.0 - 2.0 * ((codes >> np.arange(n)) & 1), True
+    rng = np.random.default_rng(seed)
+    chunks = [
+        rng.choice(np.array([-1.0, 1.0]), size=(min(1000, n_perm - s), n)) for s in range(0, n_perm, 1000)
+    ]
+    return np.concatenate(chunks), False
+
+
+def _flip_pvalue(deltas: np.ndarray, signs: np.ndarray, exact: bool, mu: float = 0.0) -> float:
+    """The sign-flip p-value of mean Δ = mu with the given sign vectors."""
+    x = deltas - mu
+    n = len(x)
+    observed = abs(x.mean())
+    tol = 1e-12 * max(1.0, np.abs(x).max(initial=0.0))  # ties of the observed value count as extreme
+    hits = np.abs(signs @ x / n) >= observed - tol
+    return float(hits.mean()) if exact else (1 + int(hits.sum())) / (1 + len(signs))
+
+
 def sign_flip_pvalue(deltas: np.ndarray, n_perm: int = 10000, seed: int = 0) -> float:
     """Two-sided sign-flip permutation p-value for mean Δ = 0: P(|mean(s·Δ)| >= |mean(Δ)|) over random signs
     s.
@@ -316,19 +338,40 @@ def sign_flip_pvalue(deltas: np.ndarray, n_perm: int = 10000, seed: int = 0) -> 
     Exact (all 2^n sign vectors) when 2^n <= n_perm; otherwise Monte Carlo with (1 + hits) / (1 + n_perm).
     """
     deltas = np.asarray(deltas, dtype=np.float64)
-    n = len(deltas)
-    observed = abs(deltas.mean())
-    tol = 1e-12 * max(1.0, np.abs(deltas).max(initial=0.0))  # ties of the observed value count as extreme
-    if n <= 20 and 2**n <= n_perm:
-        codes = np.arange(2**n)[:, None]
-        signs = 1.0 - 2.0 * ((codes >> np.arange(n)) & 1)
-        return float(np.mean(np.abs(signs @ deltas / n) >= observed - tol))
-    rng = np.random.default_rng(seed)
-    hits = 0
-    for start in range(0, n_perm, 1000):  # chunks keep memory at 1000 x n
-        signs = rng.choice(np.array([-1.0, 1.0]), size=(min(1000, n_perm - start), n))
-        hits += int(np.sum(np.abs(signs @ deltas / n) >= observed - tol))
-    return (1 + hits) / (1 + n_perm)
+    return _flip_pvalue(deltas, *sign_vectors(len(deltas), n_perm, seed))
+
+
+def sign_flip_ci(
+    deltas: np.ndarray, n_perm: int = 10000, seed: int = 0, alpha: float = 0.05
+) -> Tuple[float, float]:
+    """The interval of mean Δ that the sign-flip test does not reject at `alpha`: every mu with
+    p(mu) >= alpha, the test of mean(Δ) = mu run on Δ - mu with the same sign vectors (its inversion). Each
+    end is found by bisection bracketed at 0, so the interval excludes 0 exactly when p(0) < alpha: the
+    verdict, the p-value and the interval come from one test. ±inf where the test cannot reject at any mu
+    (too few items)."""
+    deltas = np.asarray(deltas, dtype=np.float64)
+    signs, exact = sign_vectors(len(deltas), n_perm, seed)
+    mean = float(deltas.mean())
+    far = 10.0 * (np.abs(deltas).max(initial=0.0) + abs(mean)) + 1.0
+
+    def accepted(mu: float) -> bool:
+        return _flip_pvalue(deltas, signs, exact, mu) >= alpha
+
+    def end(outer: float) -> float:
+        inner = mean  # p(mean) = 1: accepted
+        if 0.0 != mean and (0.0 - mean) * (outer - mean) > 0:  # 0 lies on this side: bracket there first
+            if accepted(0.0):
+                inner = 0.0
+            else:
+                outer = 0.0
+        if accepted(outer):
+            return float(np.sign(outer - mean) * np.inf)
+        for _ in range(48):  # to 2^-48 of the bracket: far below the data's float resolution
+            mid = 0.5 * (inner + outer)
+            inner, outer = (mid, outer) if accepted(mid) else (inner, mid)
+        return float(inner)
+
+    return end(mean - far), end(mean + far)
 
 
 def verdict(ci_low: float, ci_high: float, p_value: float, alpha: float = 0.05) -> str:
@@ -348,7 +391,7 @@ def summarize(
         raise ValueError(f"need at least 2 items per dimension for a confidence interval, got {deltas.shape}")
     if not np.all(np.isfinite(deltas)):
         raise ValueError("reward differences contain NaN or inf; check the model's dtype and inputs")
-    lo, hi = bootstrap_ci(deltas, n_boot, seed)
+    lo, hi = sign_flip_ci(deltas, n_perm, seed, alpha)  # the test's own interval (its inversion)
     p = sign_flip_pvalue(deltas, n_perm, seed)
     return dict(
         effect=float(deltas.mean()),
@@ -406,13 +449,18 @@ class ProbeResult:
 
     def to_dict(self) -> dict:
         """JSON-ready: settings and, per dimension, effect, cohens_d, ci_low, ci_high, p_value, verdict, n."""
+        bonferroni = self.alpha / max(len(self.rows), 1)
         return {
             "alpha": self.alpha,
             "n_boot": self.n_boot,
             "n_perm": self.n_perm,
             "seed": self.seed,
-            "verdict_rule": "rewards if ci_low > 0 and p < alpha; penalizes if ci_high < 0 and p < "
-            "alpha; else neutral",
+            "verdict_rule": f"one test per dimension, the two-sided sign-flip permutation test of mean "
+            f"Δ = 0 ({self.n_perm} sign vectors, exact below 2^n): p is its p-value and the "
+            f"{1 - self.alpha:.0%} interval its inversion (the means it does not reject), so the interval "
+            f"excludes 0 exactly when p < alpha = {self.alpha:g}; rewards if so and the effect is "
+            "positive, penalizes if negative, else neutral. alpha is per dimension, not corrected for "
+            f"the {len(self.rows)} dimensions tested (Bonferroni: p < {bonferroni:.2g}).",
             "dimensions": {
                 r["dimension"]: {k: v for k, v in r.items() if k != "dimension"} for r in self.rows
             },

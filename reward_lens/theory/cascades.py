@@ -257,7 +257,9 @@ def detect_cascades(
     """
     from scipy.cluster.hierarchy import fcluster, linkage
     from scipy.spatial.distance import squareform
-    from scipy.stats import t as t_dist
+    from scipy.special import (
+        stdtr,  # the t distribution's CDF (scipy.stats.t.sf without importing scipy.stats)
+    )
 
     check_level(level)
     if method not in ("pearson", "spearman"):
@@ -291,7 +293,7 @@ def detect_cascades(
         lo = hi = np.full_like(R, np.nan)
     with np.errstate(divide="ignore", invalid="ignore"):
         tstat = R * np.sqrt((n - 2) / np.maximum(1e-300, 1 - R**2))
-    p = 2 * t_dist.sf(np.abs(tstat), n - 2)
+    p = 2 * stdtr(n - 2, -np.abs(tstat))  # = scipy.stats.t.sf(|t|, n - 2)
     np.fill_diagonal(p, 0.0)
     D = 1.0 - np.where(np.isnan(R), 0.0, R)
     np.fill_diagonal(D, 0.0)

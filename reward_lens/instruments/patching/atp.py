@@ -34,7 +34,7 @@ from reward_lens.model.placement import block_device
 from reward_lens.model.validation import safe_ratio
 from reward_lens.plotting import finish, panels
 from reward_lens.results import CleanPairRewards, to_numpy
-from reward_lens.stats import spearman, spearman_rows
+from reward_lens.stats import reward_scale, spearman, spearman_rows
 
 
 @dataclass
@@ -96,7 +96,11 @@ class AtPResult(CleanPairRewards):
                 f"no estimates for mode={mode!r}, target={target!r}; have {sorted(self.estimates)}"
             )
         eff = self.estimates[(mode, target)]
-        return safe_ratio(eff, self.clean_gap[:, None]) if normalized else eff
+        return (
+            safe_ratio(eff, self.clean_gap[:, None], reward_scale(self.clean_chosen, self.clean_rejected))
+            if normalized
+            else eff
+        )
 
     def to_frame(self) -> pd.DataFrame:
         """pair, component, layer, head, level, mode, target, position, atp_effect, normalized_effect."""
@@ -117,7 +121,9 @@ class AtPResult(CleanPairRewards):
                         "target": target,
                         "position": self.positions,
                         "atp_effect": e.ravel(),
-                        "normalized_effect": safe_ratio(e, gap[:, None]).ravel(),
+                        "normalized_effect": safe_ratio(
+                            e, gap[:, None], reward_scale(self.clean_chosen, self.clean_rejected)
+                        ).ravel(),
                     }
                 )
             )

@@ -49,6 +49,7 @@ from reward_lens.instruments.sites import Site, sites_for
 from reward_lens.model.validation import check_model, safe_ratio
 from reward_lens.plotting import diverging_heatmap, finish, panels
 from reward_lens.results import CleanPairRewards, to_numpy
+from reward_lens.stats import reward_scale
 
 
 @dataclass
@@ -89,7 +90,11 @@ class PatchResult(CleanPairRewards):
         mode, target = self._key(mode, target)
         clean = self.clean_chosen if target == "chosen" else self.clean_rejected
         eff = self.patched[(mode, target)] - clean[:, None]
-        return safe_ratio(eff, self.clean_gap[:, None]) if normalized else eff
+        return (
+            safe_ratio(eff, self.clean_gap[:, None], reward_scale(self.clean_chosen, self.clean_rejected))
+            if normalized
+            else eff
+        )
 
     def to_frame(self) -> pd.DataFrame:
         """One row per (pair, site, mode, target): pair, component, layer, head, level, mode, target,
@@ -116,7 +121,9 @@ class PatchResult(CleanPairRewards):
                         "patched_reward": p.ravel(),
                         "effect": eff.ravel(),
                         "clean_gap": gap.repeat(S),
-                        "normalized_effect": safe_ratio(eff, gap[:, None]).ravel(),
+                        "normalized_effect": safe_ratio(
+                            eff, gap[:, None], reward_scale(self.clean_chosen, self.clean_rejected)
+                        ).ravel(),
                     }
                 )
             )

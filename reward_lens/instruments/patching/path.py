@@ -53,6 +53,7 @@ from reward_lens.model.recompute import ReadoutContext
 from reward_lens.model.validation import safe_ratio
 from reward_lens.plotting import sender_receiver_heatmap
 from reward_lens.results import CleanPairRewards, to_numpy
+from reward_lens.stats import reward_scale
 
 PATH_MODES = ("noising", "denoising")
 PATH_METHODS = ("fast", "naive")
@@ -157,7 +158,13 @@ class PathPatchResult(CleanPairRewards):
     def effect(self, normalized: bool = False) -> torch.Tensor:
         clean = self.clean_chosen if self.target == "chosen" else self.clean_rejected
         eff = self.patched - clean[:, None, None]
-        return safe_ratio(eff, self.clean_gap[:, None, None]) if normalized else eff  # ties: NaN
+        return (
+            safe_ratio(
+                eff, self.clean_gap[:, None, None], reward_scale(self.clean_chosen, self.clean_rejected)
+            )
+            if normalized
+            else eff
+        )  # ties: NaN
 
     def to_frame(self) -> pd.DataFrame:
         """One row per (pair, sender, receiver) path that exists: pair, sender, receiver, mode, target,
