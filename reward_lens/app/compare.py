@@ -325,10 +325,11 @@ def _model_views(p: ModelProfile, grid: np.ndarray, tol: float, n_bins: int) -> 
             "max_decomposition_error": p.max_decomposition_error,
         }
     ]
-    mass = np.abs(g).sum()
-    share = (
-        (np.sign(g)[:, None] * p.lens_gap).sum(0) / mass if mass > 0 else np.full(p.lens_gap.shape[1], np.nan)
-    )
+    signed = (np.sign(g)[:, None] * p.lens_gap).sum(0)
+    # the whole margin as the lens reads it at the last depth (= sum |gap| up to float rounding), so the
+    # curve ends at exactly 1
+    mass = signed[-1] if np.abs(g).sum() > 0 else 0.0
+    share = signed / mass if mass > 0 else np.full(p.lens_gap.shape[1], np.nan)
     nz = ~zero_gaps(g)  # ties and float-noise gaps have no share
     q = (
         np.nanquantile(p.lens_gap[nz] / g[nz, None], [0.25, 0.5, 0.75], axis=0)
