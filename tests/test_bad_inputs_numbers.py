@@ -213,7 +213,7 @@ def test_a_sweep_that_finished_no_part_restarts_with_the_advised_fix(sweep_out, 
     argv = ["sweep", "--out", str(sweep_out), "--max-pairs", "2", "--chunk-size", "1", "--dtype", "float64"]
     assert main(argv) == 0
     assert json.loads((sweep_out / "sweep.json").read_text())["dtype"] == "float64"
-    assert "finished no part" in capsys.readouterr().out
+    assert "finished no part" in capsys.readouterr().err  # a progress line: on stderr
 
 
 # ------------------------------------------------------------------------------- non-finite

@@ -461,7 +461,7 @@ def test_a_sweep_resumes_with_the_checkpoint_spelled_otherwise(tmp_path, capsys,
     for spelled in ("./ckpt", str(tmp_path / "ckpt"), "ckpt/"):
         capsys.readouterr()
         assert main([*base, "--model", spelled]) == 0, capsys.readouterr().err
-        assert "2 already done" in capsys.readouterr().out
+        assert "2 already done" in capsys.readouterr().err  # a progress line: on stderr
     other = Path(shutil.copytree(tmp_path / "ckpt", tmp_path / "other"))
     assert main([*base, "--model", str(other)]) == 2  # another directory is another model
     assert "other model" in capsys.readouterr().err

@@ -218,7 +218,7 @@ def test_a_full_disk_leaves_the_earlier_report_whole(command, inputs, tmp_path, 
     before = earlier_report(command, out, inputs)
     capsys.readouterr()
     _disk_full(monkeypatch)
-    code = main(argv(command, inputs, str(out)))
+    code = main(argv(command, inputs, str(out)) + ["--quiet"])  # progress lines aside, the error is one line
     refused(capsys, code, ["No space left on device"])
     after = {k: v for k, v in snapshot(tmp_path).items()}
     assert after == before, sorted(set(after) ^ set(before))  # nothing half-written, no temporary left
