@@ -49,7 +49,6 @@ from reward_lens.instruments.circuits.graph import (
 from reward_lens.instruments.circuits.positions import (
     full_adjoints,
     joint_offsets_all,
-    sender_deltas_all,
     sender_offsets_all,
     source_run_all,
     target_run_all,
@@ -233,7 +232,7 @@ def batch_scores_all(
             joint = joint_offsets_all(model, tgt, srcf, part)
             g = full_adjoints(model, seq, tgt, joint, rnodes, direction, bias, mean_over=part.numel())
             grads = grads + g[:, 0] * (part.numel() / alphas.numel())
-    delta = sender_deltas_all(model, snodes, tgt, srcf)  # [B, S, T, d]
+    delta = sender_deltas(model, snodes, tgt, srcf)  # [B, S, T, d]
     B, P = delta.shape[0], alphas.numel()
     scores = torch.einsum("bstd,brtd->bsr", delta, grads)
     if method == "eap-ig":

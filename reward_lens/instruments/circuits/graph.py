@@ -107,7 +107,8 @@ def target_run(model, tok: Tokenized) -> TargetRun:
 
 
 def sender_deltas(model, senders: Sequence[PathNode], tgt, src) -> torch.Tensor:
-    """[B, n_senders, d_model] float32: each sender's readout output, source run minus target run."""
+    """[B, n_senders, d_model] float32: each sender's readout output, source run minus target run, from
+    readout activations; [B, n_senders, T, d_model] at every position from whole-sequence ones."""
     out = []
     for s in senders:
         if s.kind == "embed":
@@ -201,15 +202,16 @@ def receiver_gradients(model, receivers: Sequence[PathNode], adj: Dict[str, torc
     return torch.stack(cols, 2)
 
 
-def _mixed_inputs(base, circ, delta, recomputed, valid, cols):
-    """base [B, d] + sum over senders of the value each edge into `cols` carries, as a difference from
-    the target run: circ [B, K, S, d] (recomputed here), delta [B, S, d] (the source's)."""
+def mixed_inputs(base, circ, delta, recomputed, valid, cols):
+    """base [B, ..., d] + sum over senders of the value each edge into `cols` carries, as a difference from
+    the target run: circ [B, K, S, ..., d] (recomputed here), delta [B, S, ..., d] (the source's); `...` is
+    empty at the readout and the position axis at every position. Returns [B, K, len(cols), ..., d]."""
     rec = (recomputed[:, :, cols] & valid[None, :, cols]).to(circ.dtype)  # [K, S, R]
     fixed = (~recomputed[:, :, cols] & valid[None, :, cols]).to(circ.dtype)
     return (
         base[:, None, None]
-        + torch.einsum("bksd,ksr->bkrd", circ, rec)
-        + torch.einsum("bsd,ksr->bkrd", delta, fixed)
+        + torch.einsum("bks...,ksr->bkr...", circ, rec)
+        + torch.einsum("bs...,ksr->bkr...", delta, fixed)
     )
 
 
@@ -249,7 +251,7 @@ def circuit_rewards(
                     f"circuits need every receiver of layer {l} ({kind}); use the default receivers"
                 )
             xs[kind] = block.ln1(
-                _mixed_inputs(tgt[act_name("resid_pre", l)], circ, delta, recomputed, valid, cols)
+                mixed_inputs(tgt[act_name("resid_pre", l)], circ, delta, recomputed, valid, cols)
             )
         z = block.attn.forward_readout(xs["q"], *ctx.step_args(l), xs["k"], xs["v"])  # [B, K, H, d_head]
         z_t = tgt[act_name("z", l)][:, None]
@@ -260,13 +262,13 @@ def circuit_rewards(
                 circ[:, :, sender_at[("head", l, h)]] = heads[:, :, h]
         if ("attn", l, None) in sender_at:
             circ[:, :, sender_at[("attn", l, None)]] = attn_d
-        x = _mixed_inputs(tgt[act_name("resid_mid", l)], circ, delta, recomputed, valid, by_kind[("mlp", l)])[
+        x = mixed_inputs(tgt[act_name("resid_mid", l)], circ, delta, recomputed, valid, by_kind[("mlp", l)])[
             :, :, 0
         ]
         mlp_d = block.mlp_post(block.mlp(block.ln2(x))) - tgt[act_name("mlp_out", l)][:, None]
         if ("mlp", l, None) in sender_at:
             circ[:, :, sender_at[("mlp", l, None)]] = mlp_d
-    final = _mixed_inputs(
+    final = mixed_inputs(
         tgt[final_resid_name(L)], circ, delta, recomputed, valid, by_kind[("readout", None)]
     )[:, :, 0]
     return reward_from_final_resid(model, final, direction[:, None], bias[:, None]).float()

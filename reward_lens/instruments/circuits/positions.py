@@ -20,9 +20,9 @@ import torch
 from reward_lens.core.batching import Tokenized
 from reward_lens.core.directions import reward_from_final_resid
 from reward_lens.core.readout import Capture, capture
-from reward_lens.instruments.circuits.graph import capture_names, edge_mask
+from reward_lens.instruments.circuits.graph import capture_names, edge_mask, mixed_inputs, sender_deltas
 from reward_lens.instruments.patching.engines import readout_recompute_exact
-from reward_lens.instruments.patching.path import PathNode, sender_delta
+from reward_lens.instruments.patching.path import PathNode
 from reward_lens.model.hooks import act_name, final_resid_name
 from reward_lens.model.sequence import SequenceContext
 
@@ -42,18 +42,6 @@ def target_run_all(model, tok: Tokenized, capture_target: bool = True):
 
 def source_run_all(model, tok: Tokenized) -> Capture:
     return capture(model, tok, full_names=capture_names(model))
-
-
-def sender_deltas_all(model, senders: Sequence[PathNode], tgt, src) -> torch.Tensor:
-    """[B, n_senders, T, d_model] float32: each sender's output at every position, source minus target."""
-    out = []
-    for s in senders:
-        if s.kind == "embed":
-            name = act_name("resid_pre", 0)
-            out.append(src[name] - tgt[name])
-        else:
-            out.append(sender_delta(model, s, tgt, src))
-    return torch.stack(out, 1).float()
 
 
 def residual_names(model) -> List[str]:
@@ -170,19 +158,6 @@ def full_adjoints(
     return torch.stack(cols, 2)
 
 
-def _mixed_inputs_all(base, circ, delta, recomputed, valid, cols):
-    """base [B, T, d] + sum over senders of what each edge into `cols` carries, as a difference from the
-    target run at every position: circ [B, K, S, T, d] (recomputed here), delta [B, S, T, d] (the source's).
-    Returns [B, K, len(cols), T, d]."""
-    rec = (recomputed[:, :, cols] & valid[None, :, cols]).to(circ.dtype)  # [K, S, R]
-    fixed = (~recomputed[:, :, cols] & valid[None, :, cols]).to(circ.dtype)
-    return (
-        base[:, None, None]
-        + torch.einsum("bkstd,ksr->bkrtd", circ, rec)
-        + torch.einsum("bstd,ksr->bkrtd", delta, fixed)
-    )
-
-
 @torch.no_grad()
 def circuit_rewards_all(
     model,
@@ -199,7 +174,7 @@ def circuit_rewards_all(
     True, the edge carries its sender's output as recomputed in this run; False, the source run's output
     (`graph.circuit_rewards` at every position). Needs the default senders and receivers."""
     cfg, L = model.cfg, model.cfg.n_layers
-    delta = sender_deltas_all(model, senders, tgt, src).to(cfg.dtype)
+    delta = sender_deltas(model, senders, tgt, src).to(cfg.dtype)
     valid = edge_mask(senders, receivers).to(delta.device)
     recomputed = recomputed.to(delta.device)
     B, S, T, d = delta.shape
@@ -219,7 +194,7 @@ def circuit_rewards_all(
                 raise ValueError(
                     f"circuits need every receiver of layer {l} ({kind}); use the default receivers"
                 )
-            x = _mixed_inputs_all(tgt[act_name("resid_pre", l)], circ, delta, recomputed, valid, cols)
+            x = mixed_inputs(tgt[act_name("resid_pre", l)], circ, delta, recomputed, valid, cols)
             xs.append(x.permute(0, 1, 3, 2, 4).reshape(B * K, T, n, d))  # [B*K, T, heads, d]
         base = tgt[act_name("resid_pre", l)].repeat_interleave(K, 0)
         z = block.z_with_inputs(base, *rows.step_args(block, base.device), *xs).view(B, K, T, cfg.n_heads, -1)
@@ -232,14 +207,10 @@ def circuit_rewards_all(
             circ[:, :, sender_at[("attn", l, None)]] = (
                 block.attn_out_from_z(z) - tgt[act_name("attn_out", l)][:, None]
             )
-        x = _mixed_inputs_all(
-            tgt[act_name("resid_mid", l)], circ, delta, recomputed, valid, by_kind[("mlp", l)]
-        )
+        x = mixed_inputs(tgt[act_name("resid_mid", l)], circ, delta, recomputed, valid, by_kind[("mlp", l)])
         mlp_d = block.mlp_post(block.mlp(block.ln2(x[:, :, 0]))) - tgt[act_name("mlp_out", l)][:, None]
         if ("mlp", l, None) in sender_at:
             circ[:, :, sender_at[("mlp", l, None)]] = mlp_d
-    final = _mixed_inputs_all(
-        tgt[final_resid_name(L)], circ, delta, recomputed, valid, by_kind[("readout", None)]
-    )
+    final = mixed_inputs(tgt[final_resid_name(L)], circ, delta, recomputed, valid, by_kind[("readout", None)])
     at = final[:, :, 0][torch.arange(B, device=final.device), :, seq.readout]  # [B, K, d]
     return reward_from_final_resid(model, at, direction[:, None], bias[:, None]).float()
