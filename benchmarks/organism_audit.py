@@ -5,13 +5,16 @@
     python benchmarks/organism_audit.py --organism demo
 
 Prints each audit step's wall time, the audit total (report writing excluded: `out_dir=None`), the time of
-one forward of both responses of every pair at the audit's batch size, and their ratio.
+one forward of both responses of every pair at the audit's batch size, and their ratio. `--repeats N`
+alternates N forwards and N audits (a shared machine's speed drifts between minutes) and reports the
+medians, their ratio and the range of the N per-round ratios; the step table is the median audit's.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -33,6 +36,10 @@ def parse_args(argv=None):
     ap.add_argument("--max-pairs", type=int, default=None, help="audit only the first N default pairs")
     ap.add_argument(
         "--threads", type=int, default=1, help="torch threads (the CLI's default for small models)"
+    )
+    ap.add_argument("--repeats", type=int, default=3, help="rounds of (forward, audit), default 3")
+    ap.add_argument(
+        "--patch-modes", default="noising,denoising", help="the audit's patching modes (its default)"
     )
     return ap.parse_args(argv)
 
@@ -60,22 +67,41 @@ def main(argv=None) -> int:
         model, pairs = load_demo_model(device="cpu"), demo_pairs()
     load_s = time.perf_counter() - t0
     pairs = pairs[: args.max_pairs] if args.max_pairs else pairs
-    forward_s = bare_forward(model, pairs, args.batch_size)
-    start = time.perf_counter()
-    audit = run_audit(model, pairs, None, batch_size=args.batch_size, echo=lambda line: None)
-    audit_s = time.perf_counter() - start
+    rounds = []
+    for _ in range(max(1, args.repeats)):
+        forward_s = bare_forward(model, pairs, args.batch_size)
+        start = time.perf_counter()
+        audit = run_audit(
+            model,
+            pairs,
+            None,
+            batch_size=args.batch_size,
+            echo=lambda line: None,
+            patch_modes=args.patch_modes,
+        )
+        rounds.append((forward_s, time.perf_counter() - start, audit.record["timings_s"]))
+    forward_s = statistics.median(r[0] for r in rounds)
+    audit_s = statistics.median(r[1] for r in rounds)
+    steps = sorted(rounds, key=lambda r: r[1])[len(rounds) // 2][2]
+    ratios = [a / f for f, a, _ in rounds]
     print(
         f"# organism_audit {datetime.date.today()}: {args.organism} organism, {len(pairs)} pairs, batch "
-        f"size {args.batch_size}, {args.threads} thread(s); model loaded in {load_s:.1f} s"
+        f"size {args.batch_size}, {args.threads} thread(s), patch modes {args.patch_modes}, "
+        f"{len(rounds)} round(s); model loaded in {load_s:.1f} s"
     )
     print("| audit step | wall s |")
     print("|---|---:|")
-    for name, seconds in audit.record["timings_s"].items():
+    for name, seconds in steps.items():
         print(f"| {name} | {seconds:.2f} |")
-    print(f"| **audit total** | {audit_s:.2f} |")
+    print(f"| **audit total** (median) | {audit_s:.2f} |")
     print(
-        f"one forward over the same pairs (both responses): {forward_s:.2f} s; audit / forward = "
-        f"{audit_s / forward_s:.1f}"
+        f"one forward over the same pairs (both responses), median: {forward_s:.2f} s; audit / forward = "
+        f"{audit_s / forward_s:.2f} (per round {min(ratios):.2f}-{max(ratios):.2f}; forwards "
+        f"{min(r[0] for r in rounds):.2f}-{max(r[0] for r in rounds):.2f} s)"
+    )
+    print(
+        "rounds (forward s, audit s, ratio): "
+        + "; ".join(f"{f:.2f}, {a:.2f}, {a / f:.2f}" for f, a, _ in rounds)
     )
     return 0
 

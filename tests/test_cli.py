@@ -52,6 +52,49 @@ def test_audit_on_the_demo_model_writes_report_json_and_csvs(tmp_path, capsys):
     assert [r["component"] for r in div["per_site"]] == list(dict.fromkeys(frame["component"]))
 
 
+def test_patch_modes_default_to_both_contrastive_directions_and_add_ablations(tmp_path):
+    """The audit patches noising and denoising by default; --patch-modes adds zero / mean ablation (both
+    responses), always with noising (the faithfulness gap reads it); the report shows one panel per mode."""
+    import pandas as pd
+
+    from reward_lens.app.audit import PATCH_MODES, check_patch_modes
+    from reward_lens.app.options import PATCH_MODE_NAMES
+    from reward_lens.instruments.patching.spec import MODES
+
+    assert PATCH_MODE_NAMES == PATCH_MODES == MODES  # the CLI checks names without importing torch
+    assert main(["audit", "--out", str(tmp_path / "a"), "--max-pairs", "6", "--quiet"]) == 0
+    results = json.loads((tmp_path / "a" / "results.json").read_text())
+    frame = pd.read_csv(tmp_path / "a" / "patching.csv")
+    assert results["patch_modes"] == ["noising", "denoising"]
+    assert set(zip(frame["mode"], frame["target"])) == {("noising", "chosen"), ("denoising", "rejected")}
+    html = (tmp_path / "a" / "report.html").read_text()
+    assert "--patch-modes noising,denoising,zero,mean" in html  # says how to get the ablations
+    args = [
+        "audit",
+        "--out",
+        str(tmp_path / "b"),
+        "--max-pairs",
+        "6",
+        "--quiet",
+        "--patch-modes",
+        "mean,zero",
+    ]
+    assert main(args) == 0
+    results = json.loads((tmp_path / "b" / "results.json").read_text())
+    frame = pd.read_csv(tmp_path / "b" / "patching.csv")
+    assert results["patch_modes"] == ["noising", "zero", "mean"]
+    assert set(zip(frame["mode"], frame["target"])) == {
+        ("noising", "chosen"),
+        ("zero", "chosen"),
+        ("zero", "rejected"),
+        ("mean", "chosen"),
+        ("mean", "rejected"),
+    }
+    assert check_patch_modes("denoising") == ("noising", "denoising")
+    with pytest.raises(ValueError, match="unknown patching mode"):
+        check_patch_modes(["noising", "ablate"])
+
+
 def test_report_is_self_contained(tmp_path):
     assert main(["audit", "--out", str(tmp_path / "r"), "--max-pairs", "4"]) == 0
     html = (tmp_path / "r" / "report.html").read_text()

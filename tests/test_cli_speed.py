@@ -42,6 +42,7 @@ def run_probe(*args):
         ["audit", "--pairs", "no-such-file.jsonl"],
         ["evaluate", "no-such-file.jsonl"],
         ["audit", "--quiet", "--verbose"],
+        ["audit", "--patch-modes", "noising,zeros"],
     ],
 )
 def test_help_and_argument_errors_import_no_torch(args):

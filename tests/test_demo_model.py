@@ -141,3 +141,31 @@ def test_missing_files_give_an_actionable_error(monkeypatch, tmp_path):
     monkeypatch.setattr(demo_module, "DEMO_WEIGHTS_PATH", tmp_path / "model.safetensors")
     with pytest.raises(FileNotFoundError, match="train_demo_model.py"):
         demo_module.load_demo_model()
+
+
+def test_readout_run_by_length_equals_batches_in_input_order(demo):
+    """Texts batched by token count give each text's reward and readout activations of batches in input
+    order (fp32, 1e-5), back in input order, on both padding sides; a sorted batch is what tokenising its
+    texts alone gives, token for token."""
+    from reward_lens.core.batching import length_order, take_rows, tokenize
+
+    pairs = demo_pairs()[:24]
+    prompts = [p.prompt for p in pairs for _ in (0, 1)]
+    responses = [r for p in pairs for r in (p.chosen, p.rejected * (1 + len(p.prompt) % 3))]
+    names = ["blocks.1.hook_resid_post", "ln_final.hook_scale"]
+    sorted_run = readout_run(demo, prompts, responses, names, batch_size=5)
+    plain = readout_run(demo, prompts, responses, names, batch_size=5, by_length=False)
+    assert (sorted_run.rewards - plain.rewards).abs().max() < 1e-5
+    for name in names:
+        assert (sorted_run.acts[name] - plain.acts[name]).abs().max() < 1e-5
+    for side in ("right", "left"):
+        whole = tokenize(demo, prompts, responses, side)
+        assert whole.attention_mask[:, 0 if side == "right" else -1].all()
+        order = length_order(whole)
+        lengths = whole.attention_mask.sum(1)[order]
+        assert (lengths[1:] >= lengths[:-1]).all() and lengths[0] < lengths[-1]
+        rows = order[7:12]
+        alone = tokenize(demo, [prompts[i] for i in rows], [responses[i] for i in rows], side)
+        got = take_rows(demo, whole, rows)
+        for field in ("input_ids", "attention_mask", "readout"):
+            assert torch.equal(getattr(got, field), getattr(alone, field)), (field, side)

@@ -1,6 +1,8 @@
 """The effect decomposition (fp32): direct + norm + Σ via_L{k} = total to 1e-5 by construction, total equals
-`patch`'s readout effect to 1e-5 (an independent engine), direct equals the frozen-scale attribution of
-the component's output difference, and layers at or before a component carry none of its effect."""
+`patch`'s naive effect (one full hooked forward per component) to 1e-5, direct equals the frozen-scale
+attribution of the component's output difference, layers at or before a component carry none of its
+effect, and the default (each layer's change read off patching's shared readout sweep) equals the
+reference loop (every row through every sub-layer on its own) term by term to 1e-5 on four architectures."""
 
 import pytest
 import torch
@@ -19,7 +21,7 @@ def demo():
 def test_terms_add_up_to_the_patching_effect(demo, mode):
     model, pairs = demo
     dec = effect_decomposition(model, pairs, mode=mode)
-    ref = patch(model, pairs, mode=mode, level="component", progress=False)
+    ref = patch(model, pairs, mode=mode, level="component", method="naive", progress=False)
     assert dec.components == ref.components
     assert (dec.stacked().sum(-1) - dec.total).abs().max() < 1e-5
     assert (dec.total - ref.effect(mode)).abs().max() < 1e-5
@@ -69,3 +71,27 @@ def test_frame_summary_disagreement_plot(demo):
     assert isinstance(dec.plot(), matplotlib.figure.Figure)
     with pytest.raises(ValueError, match="mode must be one of"):
         effect_decomposition(model, pairs, mode="zero")
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "qwen3"])
+@pytest.mark.parametrize("mode", ["noising", "denoising"])
+def test_the_shared_sweep_equals_the_reference_loop(hf_models, arch, mode):
+    from helpers import token_pairs
+
+    from reward_lens import HookedRewardModel
+
+    model = HookedRewardModel.from_hf_model(hf_models[arch])
+    pairs = token_pairs([(5, 3), (2, 6), (7, 7), (4, 1)])
+    for side in ("right", "left"):
+        fast = effect_decomposition(model, pairs, mode=mode, padding_side=side)
+        ref = effect_decomposition(model, pairs, mode=mode, padding_side=side, method="loop")
+        for term in ("direct", "norm", "via", "total"):
+            assert (getattr(fast, term) - getattr(ref, term)).abs().max() < 1e-5, (term, side)
+        assert ref.via.abs().max() > 1e-3  # the layers' responses being compared are there
+
+
+def test_method_is_checked():
+    from reward_lens.instruments.circuits.decomposition import EffectSpec
+
+    with pytest.raises(ValueError, match="'sweep' or 'loop'"):
+        EffectSpec("noising", method="fast")

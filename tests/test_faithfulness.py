@@ -111,7 +111,9 @@ def test_atp_as_the_attribution_and_errors(llama_model, results):
 
 
 def test_batched_pooled_bootstrap_equals_the_loop():
-    """The pooled rho of each bootstrap resample, batched, is the per-resample spearman call, bit for bit."""
+    """The pooled rho of each bootstrap resample, from weighted ranks over one sort, is the per-resample
+    spearman call (scipy-equal ranks of the materialised resample) to 1e-12, ties, NaN and constants
+    included."""
     import numpy as np
 
     from reward_lens.instruments.faithfulness import pooled_spearman
@@ -124,4 +126,11 @@ def test_batched_pooled_bootstrap_equals_the_loop():
     idx = bootstrap_indices(40, 250, seed=1)
     loop = np.array([spearman(np.abs(a[i]), np.abs(e[i])) for i in idx])
     batched = pooled_spearman(np.abs(a), np.abs(e), idx, chunk=64)
-    assert np.array_equal(loop, batched)
+    assert np.abs(loop - batched).max() < 1e-12
+    a[7, 0] = np.nan  # resamples drawing pair 7 have no rho, the others keep theirs
+    loop = np.array([spearman(np.abs(a[i]), np.abs(e[i])) for i in idx])
+    batched = pooled_spearman(np.abs(a), np.abs(e), idx, chunk=64)
+    assert np.array_equal(np.isnan(loop), np.isnan(batched)) and 0 < np.isnan(loop).sum() < len(idx)
+    assert np.nanmax(np.abs(loop - batched)) < 1e-12
+    const = np.ones((40, 9))  # every resample constant: NaN, as spearman gives
+    assert np.isnan(pooled_spearman(const, np.abs(e), idx[:5])).all()

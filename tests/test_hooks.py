@@ -45,3 +45,41 @@ def test_names_and_errors():
         hooks.act_name("resid_pre")
     with pytest.raises(ValueError, match="not a reward-lens hook name"):
         hooks.kind_of("nonsense.name")
+
+
+def test_resetting_hooks_matches_hooked_root_module(llama_model):
+    """The model resets only hook points that hold a hook; what remains after each reset (temporary vs
+    permanent, forward vs backward, by level) and the cleared contexts equal TransformerLens's own
+    `HookedRootModule` methods on the same hooks."""
+    from transformer_lens import HookedRootModule
+
+    def noop(t, hook):
+        return None
+
+    def state():
+        return {
+            n: ([h.hook.id for h in hp.fwd_hooks], [h.hook.id for h in hp.bwd_hooks], dict(hp.ctx))
+            for n, hp in llama_model.hook_dict.items()
+        }
+
+    cases = [dict(), dict(including_permanent=True), dict(direction="fwd"), dict(level=1)]
+    for kw in cases:
+        got = {}
+        for impl in ("ours", "tl"):
+            llama_model.reset_hooks(including_permanent=True)
+            llama_model.add_hook("blocks.0.hook_resid_pre", noop)
+            llama_model.add_hook("blocks.1.hook_attn_out", noop, is_permanent=True)
+            llama_model.add_hook("blocks.1.hook_mlp_out", noop, dir="bwd")
+            llama_model.add_hook("hook_embed", noop, level=1)
+            llama_model.hook_dict["blocks.0.hook_resid_post"].ctx["kept"] = 1
+            if impl == "ours":
+                llama_model.remove_all_hook_fns(**kw)
+                llama_model.clear_contexts()
+            else:
+                HookedRootModule.remove_all_hook_fns(llama_model, **kw)
+                HookedRootModule.clear_contexts(llama_model)
+            got[impl] = {n: (len(f), len(b), c) for n, (f, b, c) in state().items()}
+        assert got["ours"] == got["tl"], kw
+        assert sum(f + b for f, b, _ in got["ours"].values()) < 4  # something was removed
+    llama_model.reset_hooks(including_permanent=True)
+    assert all(not (hp.fwd_hooks or hp.bwd_hooks) for hp in llama_model.hook_dict.values())

@@ -98,6 +98,33 @@ def test_no_substitution_gives_the_clean_final_residual(model, batch):
         assert_close(swept[:, j], final, f"sweep from ({e.layer}, {e.stage})")
 
 
+def test_sweep_layer_changes_are_the_clean_blocks_outputs(model, batch):
+    """With no substitution each entry's per-block change is the clean run's attention + MLP output at
+    the readout from where it resumes (the MLP's alone in its entry block at MID), zero before it."""
+    ids, mask, readout, cache = batch
+    L = model.cfg.n_layers
+    ctx = model.readout_context(ids, mask)
+    entries = []
+    for layer in range(L):
+        entries += [
+            ReadoutEntry(layer, MID, at_readout(cache[act_name("resid_mid", layer)], readout)),
+            ReadoutEntry(layer, PRE, at_readout(cache[act_name("resid_pre", layer)], readout)),
+        ]
+    final, changes = model.readout_sweep(ctx, entries, layer_changes=True)
+    assert torch.equal(final, model.readout_sweep(ctx, entries))
+    assert changes.shape == (ids.shape[0], len(entries), L, model.cfg.d_model)
+    for j, e in enumerate(entries):
+        for layer in range(L):
+            attn = at_readout(cache[act_name("attn_out", layer)], readout)
+            mlp = at_readout(cache[act_name("mlp_out", layer)], readout)
+            if layer < e.layer:
+                assert changes[:, j, layer].abs().max() == 0
+            else:
+                want = mlp if (layer == e.layer and e.stage == MID) else attn + mlp
+                assert_close(changes[:, j, layer], want, f"block {layer} of entry ({e.layer}, {e.stage})")
+        assert_close(e.state + changes[:, j].sum(1), final[:, j], f"entry ({e.layer}, {e.stage}) adds up")
+
+
 def run_final(model, ids, mask, readout, hooks):
     """The final residual at the readout of a full forward with `hooks`."""
     kept = {}

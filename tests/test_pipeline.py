@@ -111,13 +111,27 @@ def test_clean_passes_run_once_per_batch_and_side(llama_model, monkeypatch, coun
     calls = count_forwards(llama_model, monkeypatch)
     run_pipeline(llama_model, pairs, request, batch_size=bs, ranks=ONE)
     assert len(calls) == 2 * 3 and set(calls) == {None}  # mean ablation's pre-pass kept its captures
-    assert len(count_readout_sweeps) == 3 * 6  # per batch: noising, denoising, zero x 2, mean x 2
+    assert len(count_readout_sweeps) == 3 * 2  # per batch and target, its modes in one sweep
     calls.clear()
     run_pipeline(llama_model, pairs, request, batch_size=bs, ranks=ONE, keep_bytes=0)
     assert len(calls) == 2 * 2 * 3  # no captures kept: the second pass reruns the clean forwards
     calls.clear()
     run_pipeline(llama_model, pairs, request[:2], batch_size=bs, ranks=ONE)
     assert len(calls) == 2 * 3
+
+
+def test_instruments_share_one_readout_sweep_per_mode_and_target(llama_model, count_readout_sweeps):
+    """The audit's set: the effect decomposition steps beside patching (the last pass) and reads the
+    noising rows of chosen's one sweep (noising, zero, mean); divergence-aware patching reads them too."""
+    pairs, bs = token_pairs(7), 3  # 3 batches
+    request = [PatchSpec(mode=MODES, level="component"), DivergenceSpec(), EffectSpec("noising")]
+    for keep in (2**30, 0):
+        count_readout_sweeps.clear()
+        run_pipeline(llama_model, pairs, request, batch_size=bs, ranks=ONE, keep_bytes=keep)
+        assert len(count_readout_sweeps) == 3 * 2  # per batch: chosen's three modes; rejected's three
+    count_readout_sweeps.clear()
+    run_pipeline(llama_model, pairs, [EffectSpec("noising"), PatchSpec()], batch_size=bs, ranks=ONE)
+    assert len(count_readout_sweeps) == 3  # one pass: the patch reuses the decomposition's sweep
 
 
 def test_results_do_not_depend_on_the_batch_size(llama_model):

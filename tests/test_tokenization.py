@@ -75,3 +75,24 @@ def test_truncation_keeps_the_end_and_warns(model):
 def test_mismatched_lengths_are_a_clear_error(model):
     with pytest.raises(ValueError, match="one response per prompt"):
         model.to_tokens(["a", "b"], ["c"])
+
+
+def test_batched_chat_encoding_equals_one_pair_at_a_time(model):
+    """The chat format tokenises a list of pairs in one apply_chat_template call: the ids equal encoding
+    each pair alone, text pairs and message-list pairs mixed, on this template and the demo's."""
+    from reward_lens.demo import demo_pairs, load_demo_model
+    from reward_lens.model.tokenization import encode_pair, encode_pairs
+
+    convo = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "world"}]
+    cases = [
+        (model.tokenizer, ["what is 2+2 ?", "the sky", "", "hello"], ["4", "blue", convo, "a b c"]),
+        (
+            load_demo_model(device="cpu").tokenizer,
+            [p.prompt for p in demo_pairs()[:12]],
+            [p.chosen for p in demo_pairs()[:12]],
+        ),
+    ]
+    for tok, prompts, responses in cases:
+        one = [encode_pair(tok, p, r, "chat") for p, r in zip(prompts, responses)]
+        assert encode_pairs(tok, prompts, responses, "chat") == one
+        assert len({len(x) for x in one}) > 1  # lengths differ: no padding leaks into the ids

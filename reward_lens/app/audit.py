@@ -1,7 +1,8 @@
 """The main job: audit one reward model on preference pairs and write a report.
 
 Pipeline: pair accuracy -> reward lens + crystallization depth -> exact attribution -> contrastive
-readout patching (noising, denoising, zero and mean ablation; KV fast path) -> faithfulness gap
+readout patching (noising and denoising by default; zero and mean ablation on request; KV fast path) ->
+faithfulness gap
 (attribution vs patching, Spearman rho with CI) -> divergence-aware patching -> hacking probes ->
 distortion index and misalignment cascades -> for ArmoRM, the gate, per-objective view and conflicts.
 
@@ -49,6 +50,9 @@ from reward_lens.theory import detect_cascades, reward_conflicts
 from reward_lens.theory.distortion_model import StatesSpec, distortion_from_model
 
 PATCH_MODES = ("noising", "denoising", "zero", "mean")
+# The default: both contrastive directions. Zero and mean ablation are asked for (`patch_modes`): each
+# patches both responses, one readout sweep per response, ~0.3 bare forwards apiece on SmolLM2.
+DEFAULT_PATCH_MODES = ("noising", "denoising")
 TOKEN_PAIRS = 3  # pairs with the largest |reward gap| whose token heatmaps the report shows
 
 
@@ -164,6 +168,7 @@ def run_audit(
     benchmark: Any = None,
     progress: bool = False,
     verbose: bool = False,
+    patch_modes: Sequence[str] = DEFAULT_PATCH_MODES,
 ) -> Optional[AuditResult]:
     """Run the whole audit; write report.html, results.json and CSVs into `out_dir` (None: write nothing).
 
@@ -175,10 +180,15 @@ def run_audit(
     `benchmark`: a `BenchmarkResult` of the file the pairs came from: its summary goes into the report and
     results.json (for RM-Bench with the hard-subset misses and their largest attribution terms).
     `echo` gets the progress lines; `progress`: tqdm bars (stderr) on the long steps; `verbose`: each step's
-    time echoed. The summary is `AuditResult.summary_text()` (the CLI prints it)."""
+    time echoed. The summary is `AuditResult.summary_text()` (the CLI prints it). `patch_modes`: the
+    contrastive patching modes (default noising and denoising; "zero" and "mean" add the ablations; noising
+    is always run: the faithfulness gap and the effect decomposition read it)."""
     ranks = ranks or dist.current()
+    patch_modes = check_patch_modes(patch_modes)
     if not ranks.is_main:
-        shard_worker(model, pairs, max_pairs=max_pairs, batch_size=batch_size, ranks=ranks)
+        shard_worker(
+            model, pairs, max_pairs=max_pairs, batch_size=batch_size, ranks=ranks, patch_modes=patch_modes
+        )
         return None
     report_dir = (
         None if out_dir is None else (out_dir if isinstance(out_dir, ReportDir) else ReportDir(out_dir))
@@ -202,6 +212,7 @@ def run_audit(
             echo=echo,
             ranks=ranks,
             step=_Steps(echo, progress, verbose),
+            patch_modes=patch_modes,
         )
         audit.record = {**clean_json(run_info), **audit.record}
         if benchmark is not None:
@@ -231,22 +242,51 @@ def _audit_pairs(pairs, max_pairs: Optional[int]) -> list:
     return pairs
 
 
-def shard_worker(model, pairs, *, max_pairs: Optional[int], batch_size, ranks: dist.Ranks) -> None:
+def check_patch_modes(modes: Union[str, Sequence[str]]) -> tuple:
+    """The audit's patching modes in the canonical order, noising first (always run: the faithfulness gap
+    and the effect decomposition read it); an unknown mode is a ValueError listing the known ones."""
+    given = [m.strip() for m in modes.split(",")] if isinstance(modes, str) else [str(m) for m in modes]
+    unknown = [m for m in given if m not in PATCH_MODES]
+    if unknown:
+        raise ValueError(
+            f"unknown patching mode(s) {', '.join(unknown)}; use any of {', '.join(PATCH_MODES)} "
+            "(e.g. --patch-modes noising,denoising,zero,mean)"
+        )
+    return tuple(m for m in PATCH_MODES if m == "noising" or m in given)
+
+
+def shard_worker(
+    model,
+    pairs,
+    *,
+    max_pairs: Optional[int],
+    batch_size,
+    ranks: dist.Ranks,
+    patch_modes: Sequence[str] = DEFAULT_PATCH_MODES,
+) -> None:
     """What a rank other than 0 does in an audit: its shard of every pair-level step, in rank 0's order."""
     pairs = _audit_pairs(pairs, max_pairs)
-    sharded_steps(model, pairs, BatchSize.parse(batch_size, model.cfg.device), ranks, _Steps(lambda _: None))
+    batch = BatchSize.parse(batch_size, model.cfg.device)
+    sharded_steps(model, pairs, batch, ranks, _Steps(lambda _: None), check_patch_modes(patch_modes))
 
 
-def sharded_steps(model, pairs, batch: BatchSize, ranks: dist.Ranks, step: "_Steps") -> Dict[str, Any]:
+def sharded_steps(
+    model,
+    pairs,
+    batch: BatchSize,
+    ranks: dist.Ranks,
+    step: "_Steps",
+    patch_modes: Sequence[str] = DEFAULT_PATCH_MODES,
+) -> Dict[str, Any]:
     """The pair-level instruments, called in this one order on every rank (a collective each under
     torchrun): rank 0 gets the results over all pairs, the other ranks None."""
     specs = [
         ins.LensSpec(),
         ins.AttributionSpec(),
-        ins.PatchSpec(mode=list(PATCH_MODES), level="component"),
+        ins.PatchSpec(mode=list(patch_modes), level="component"),
         StatesSpec(),
     ]  # the distortion index's readout states
-    label = "reward lens, exact attribution, contrastive patching (noising, denoising, zero, mean; fast path)"
+    label = f"reward lens, exact attribution, contrastive patching ({', '.join(patch_modes)}; fast path)"
     if len(pairs) >= 2:
         specs.append(ins.DivergenceSpec())
         label += ", divergence-aware patching"
@@ -273,7 +313,7 @@ def sharded_steps(model, pairs, batch: BatchSize, ranks: dist.Ranks, step: "_Ste
 
 
 def _audit(
-    model, pairs, *, max_pairs, batch_size, probe_items, model_label, echo, ranks, step
+    model, pairs, *, max_pairs, batch_size, probe_items, model_label, echo, ranks, step, patch_modes
 ) -> AuditResult:
     """The audit's steps; `run_audit` checks the output first and writes it after."""
     pairs = _audit_pairs(pairs, max_pairs)
@@ -291,8 +331,9 @@ def _audit(
         "n_ties": len(tie_indices(pairs)),
         "input_format": input_format_name(model),
         "world_size": ranks.world_size,
+        "patch_modes": list(patch_modes),
     }
-    results: Dict[str, Any] = sharded_steps(model, pairs, batch, ranks, step)
+    results: Dict[str, Any] = sharded_steps(model, pairs, batch, ranks, step, patch_modes)
     if results.get("patching") is not None:
         check_finite_columns(
             results["patching"].to_frame(),

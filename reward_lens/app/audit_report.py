@@ -168,12 +168,7 @@ def build_report(audit: Any):
             f"{r['tokens'].max_relative_error():.1e})."
         )
         sec.html(r["tokens"].html())
-    sec = rep.section("Contrastive activation patching")
-    sec.text(
-        "Readout-position patches, effects normalised by the clean gap. noising: run chosen, patch in "
-        "rejected's activation; denoising: run rejected, patch in chosen's; zero / mean: ablations."
-    )
-    sec.figure(r["patching"].plot())
+    patching_section(rep, r["patching"])
     sec = rep.section("Faithfulness gap: attribution vs patching")
     sec.text(
         "Spearman rank correlation between |attribution| and the noising patch effect over components, "
@@ -203,6 +198,35 @@ def build_report(audit: Any):
         sec.figure(r["divergence"].plot())
     behaviour_sections(rep, s, r)
     return rep
+
+
+def patching_section(rep: Report, res) -> None:
+    """Contrastive patching: what each mode computed means, one panel per mode."""
+    modes = res.modes
+    sec = rep.section("Contrastive activation patching")
+    sec.text(
+        "Readout-position patches, one panel per mode, effects normalised by the clean gap. noising: run "
+        "chosen, patch in rejected's activation (-1: the component carries the whole preference); "
+        "denoising: run rejected, patch in chosen's (+1: the component alone restores it)"
+        + (
+            "; zero / mean: the component's output set to 0 / to its mean over the pairs, in both responses."
+            if {"zero", "mean"} & set(modes)
+            else ". Zero and mean ablation run with --patch-modes noising,denoising,zero,mean."
+        )
+    )
+    sec.figure(patching_figure(res))
+
+
+def patching_figure(res):
+    """One panel per patching mode computed (the component level's attn/MLP x layer map of each)."""
+    from reward_lens.plotting import panels
+
+    modes = res.modes
+    fig, axes = panels(None, len(modes), (5.5 * len(modes), 3.6))
+    for ax, mode in zip(axes, modes):
+        res.plot(mode=mode, ax=ax)
+    fig.tight_layout()
+    return fig
 
 
 def behaviour_sections(rep: Report, s: dict, r: dict) -> None:

@@ -137,6 +137,7 @@ def cmd_audit(args) -> int:
             echo=echo,
             progress=not args.quiet,
             verbose=args.verbose,
+            patch_modes=args.patch_modes,
         )
     if audit is not None:
         print(audit.summary_text())
@@ -317,6 +318,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     audit.add_argument(
         "--out", default="reward-lens-report", help="output directory (default: reward-lens-report)"
+    )
+    audit.add_argument(
+        "--patch-modes",
+        default="noising,denoising",
+        help="comma-separated patching modes: noising, denoising, zero, mean (default noising,denoising; "
+        "zero and mean ablation each add about 0.3 forwards of the pairs; noising always runs)",
     )
     add_common_options(audit)
     audit.set_defaults(func=cmd_audit)

@@ -354,7 +354,9 @@ def _model_views(p: ModelProfile, grid: np.ndarray, tol: float, n_bins: int) -> 
     signed, absolute = np.zeros(n_bins), np.zeros(n_bins)
     np.add.at(signed, bins, (np.sign(g)[:, None] * p.attribution_gap).sum(0))
     np.add.at(absolute, bins, np.abs(p.attribution_gap).sum(0))
-    signed = signed / mass if mass > 0 else signed * np.nan
+    # the margin as attribution splits it (= the lens's `mass` up to fp32 rounding): shares sum to exactly 1
+    total = signed.sum()
+    signed = signed / total if mass > 0 and total > 0 else signed * np.nan
     absolute = absolute / absolute.sum() if absolute.sum() > 0 else absolute * np.nan
     attribution = [
         {

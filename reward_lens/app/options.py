@@ -113,6 +113,22 @@ def split_list(text: str) -> tuple:
     return tuple(dict.fromkeys(v.strip() for v in str(text).split(",") if v.strip()))
 
 
+PATCH_MODE_NAMES = ("noising", "denoising", "zero", "mean")  # = patching.spec.MODES (tested), torch-free
+
+
+def check_patch_modes_option(text: Optional[str]) -> None:
+    """`audit --patch-modes`: known mode names, checked without importing torch."""
+    if text is None:
+        return
+    modes = split_list(text)
+    unknown = [m for m in modes if m not in PATCH_MODE_NAMES]
+    if unknown or not modes:
+        raise CLIError(
+            f"--patch-modes {text!r}: unknown mode(s) {', '.join(unknown) or '(none given)'}; use a "
+            f"comma-separated subset of {','.join(PATCH_MODE_NAMES)} (noising always runs)"
+        )
+
+
 def sweep_spec(args: Any):
     """The SweepSpec of `reward-lens sweep`'s options, checked (CLIError naming the option)."""
     from reward_lens.app.sweep import SweepSpec
@@ -140,6 +156,7 @@ def validate_args(args: Any) -> None:
         check_positive("--batch-size", args.batch_size)
     check_positive("--threads", args.threads)
     check_pairs_file(args.pairs)
+    check_patch_modes_option(getattr(args, "patch_modes", None))
     check_benchmark_source(getattr(args, "source", None))
     for spec in getattr(args, "models", None) or [getattr(args, "model", None)]:
         check_model_spec(spec)

@@ -30,6 +30,21 @@ def tokenize(
     return Tokenized(ids, mask, model.readout_positions(ids, mask))
 
 
+def take_rows(model, tok: Tokenized, rows: torch.Tensor) -> Tokenized:
+    """Rows of a tokenised batch, re-padded to their own longest (the padding columns no row attends to
+    dropped): what tokenising those texts alone gives, readout positions recomputed."""
+    ids, mask = tok.input_ids[rows], tok.attention_mask[rows]
+    cols = mask.bool().any(0).nonzero()
+    lo, hi = int(cols[0]), int(cols[-1]) + 1
+    ids, mask = ids[:, lo:hi], mask[:, lo:hi]
+    return Tokenized(ids, mask, model.readout_positions(ids, mask))
+
+
+def length_order(tok: Tokenized) -> torch.Tensor:
+    """Row indices by token count (stable): batches of similar lengths waste no compute on padding."""
+    return torch.argsort(tok.attention_mask.sum(1).cpu(), stable=True)
+
+
 def batches(
     n: int, batch_size: int, progress: Union[bool, str] = False, within: Optional[slice] = None
 ) -> Iterator[slice]:

@@ -30,7 +30,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 
 from reward_lens.core.autobatch import BatchSize
-from reward_lens.core.batching import PairBatch, pair_batches
+from reward_lens.core.batching import PairBatch, batches, tokenize_pair_batch
 from reward_lens.core.directions import readout_direction
 from reward_lens.core.ranks import Ranks, current, to_host
 from reward_lens.core.readout import Capture, capture
@@ -70,12 +70,14 @@ class Reads:
 @dataclass
 class Shared:
     """One batch of pairs and the clean capture of each side (`caps[side]`), with each side's readout
-    direction computed once on demand (ArmoRM's gate costs a forward)."""
+    direction computed once on demand (ArmoRM's gate costs a forward) and a `memo` of what one step
+    computed that another reuses (patching's readout sweeps: `patching.engines.SweepMemo`)."""
 
     batch: PairBatch
     caps: Dict[str, Capture]
     pair_ids: List[str]
     directions: Dict[str, Tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    memo: Dict[str, Any] = field(default_factory=dict)  # work one spec's step leaves for another's
 
     def direction(self, model, side: str) -> Tuple[torch.Tensor, torch.Tensor]:
         if side not in self.directions:
@@ -84,9 +86,12 @@ class Shared:
 
 
 class Spec:
-    """One instrument requested from `run_pipeline` (see the module docstring); `name` keys its result."""
+    """One instrument requested from `run_pipeline` (see the module docstring); `name` keys its result.
+    `step_late`: step in the last pass, beside the specs that needed a pre-pass, because it reads their
+    work from the batch's memo (the effect decomposition reads patching's sweep)."""
 
     name = "spec"
+    step_late = False
 
     def setup(self, model, pairs: Sequence) -> None:
         """Resolve defaults and check options against the model and pairs (before any forward)."""
@@ -107,6 +112,10 @@ class Spec:
 
     def pre_finish(self, model, pieces: List[Any]) -> None:
         """Set the state the step needs from every batch's pre-piece (all ranks, pair order)."""
+
+    def before_steps(self, model, shared: Shared) -> None:
+        """Called for every spec of a pass before any of them steps on `shared` (e.g. to ask the memo for
+        what this spec will read from another's work)."""
 
     def step(self, model, shared: Shared) -> Any:
         raise NotImplementedError
@@ -232,15 +241,19 @@ def _run_pass(
     padding_side,
     progress,
     kept: Dict[Tuple[int, int], Shared],
+    tokenized: Dict[Tuple[int, int], PairBatch],
 ) -> Tuple[Dict[str, list], Dict[str, list]]:
     steps: Dict[str, list] = {s.name: [] for s in p.steps}
     pres: Dict[str, list] = {s.name: [] for s in p.pre}
     used = 0
     if p.keep is not None:
         p.keep.clear()
-    for batch in pair_batches(model, pairs, bs, progress, padding_side, within):
-        key = (batch.index.start, batch.index.stop)
+    for sl in batches(len(pairs), bs, progress, within):
+        key = (sl.start, sl.stop)
         shared = kept.pop(key, None)
+        batch = shared.batch if shared is not None else tokenized.get(key)
+        if batch is None:  # tokenised once per call: a second pass reuses the first's batches
+            batch = tokenized[key] = tokenize_pair_batch(model, pairs[sl], sl, padding_side)
         if shared is None:
             reads = Reads()
             for s in p.steps + p.extra:
@@ -249,6 +262,8 @@ def _run_pass(
                 reads = reads.union(s.pre_reads(model, batch))
             shared = _timed(p, CLEAN, model, lambda: shared_batch(model, batch, reads, ids))
         with torch.no_grad():  # the steps read the captures; only a capture itself may need a graph
+            for s in p.steps:
+                s.before_steps(model, shared)
             for s in p.pre:
                 pres[s.name].append(_timed(p, s.name, model, lambda: s.pre_step(model, shared)))
             for s in p.steps:
@@ -297,9 +312,13 @@ def run_pipeline(
     pre_span = shard if ranks.distributed else slice(0, len(pairs))
     late = [s for s in specs if s.needs_pre_pass()]
     # A pre-pass over more pairs than the shard (`within`) batches differently: every spec then steps later.
-    early = [s for s in specs if s not in late] if not late or pre_span == shard else []
+    if not late:
+        early = list(specs)
+    else:
+        early = [s for s in specs if s not in late and not s.step_late] if pre_span == shard else []
     late = [s for s in specs if s not in early]
     kept: Dict[Tuple[int, int], Shared] = {}
+    tokenized: Dict[Tuple[int, int], PairBatch] = {}
     pieces: Dict[str, list] = {}
     if any(s.needs_pre_pass() for s in late):
         first = _Pass(
@@ -312,7 +331,16 @@ def run_pipeline(
         )
         steps, pres = batch.run(
             lambda bs: _run_pass(
-                model, pairs, ids, first, bs, pre_span, padding_side, progress and "pipeline (first pass)", {}
+                model,
+                pairs,
+                ids,
+                first,
+                bs,
+                pre_span,
+                padding_side,
+                progress and "pipeline (first pass)",
+                {},
+                tokenized,
             )
         )
         gathered = ranks.all_gather(to_host(pres)) if ranks.distributed else [pres]
@@ -332,6 +360,7 @@ def run_pipeline(
             padding_side,
             progress and "pipeline",
             kept,
+            tokenized,
         )
     )
     pieces.update(steps)

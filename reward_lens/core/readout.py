@@ -10,7 +10,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Union
 
 import torch
 
-from reward_lens.core.batching import Tokenized, batches, cat_padded, tokenize
+from reward_lens.core.batching import Tokenized, batches, cat_padded, length_order, take_rows, tokenize
 from reward_lens.model import hooks
 from reward_lens.model.frozen import with_frozen_weights
 from reward_lens.model.validation import check_finite_rewards
@@ -39,12 +39,22 @@ def readout_run(
     *,
     batch_size: int = 8,
     progress: Union[bool, str] = False,
+    by_length: bool = True,
 ) -> ReadoutRun:
-    """Rewards of every (prompt, response) and the named activations at each readout position."""
+    """Rewards of every (prompt, response) and the named activations at each readout position, in input
+    order. `by_length`: batch the texts sorted by token count (tokenised once, each batch padded to its own
+    longest), so short texts are not padded to long ones; the results are put back in input order."""
+    n = len(prompts)
+    whole = tokenize(model, prompts, responses) if by_length and n > batch_size else None
+    order = length_order(whole) if whole is not None else torch.arange(n)
     rewards: List[torch.Tensor] = []
     acts: Dict[str, List[torch.Tensor]] = {}
-    for sl in batches(len(prompts), batch_size, progress):
-        tok = tokenize(model, prompts[sl], responses[sl])
+    for sl in batches(n, batch_size, progress):
+        rows = order[sl]
+        if whole is not None:
+            tok = take_rows(model, whole, rows)
+        else:
+            tok = tokenize(model, prompts[sl], responses[sl])
         out, cache = model.run_with_cache(
             tok.input_ids,
             attention_mask=tok.attention_mask,
@@ -52,15 +62,18 @@ def readout_run(
             readout_positions=tok.readout,
             names_filter=names_filter if names_filter is not None else (lambda n: False),
         )
-        check_finite_rewards(
-            out, [f"input {i} (prompt {str(prompts[i])[:40]!r})" for i in range(sl.start, sl.stop)]
-        )
+        check_finite_rewards(out, [f"input {i} (prompt {str(prompts[i])[:40]!r})" for i in rows.tolist()])
         rewards.append(out.detach())
         for name, value in cache.items():
             if value.dim() >= 3:
                 value = value[:, :, 0] if hooks.query_axis(name) == 2 else value[:, 0]
             acts.setdefault(name, []).append(value)
-    return ReadoutRun(torch.cat(rewards), {k: cat_padded(v) for k, v in acts.items()})
+    back = torch.argsort(order).to(rewards[0].device)  # sorted position of each input
+
+    def unsort(t: torch.Tensor) -> torch.Tensor:
+        return t[back.to(t.device)]
+
+    return ReadoutRun(unsort(torch.cat(rewards)), {k: unsort(cat_padded(v)) for k, v in acts.items()})
 
 
 @torch.no_grad()

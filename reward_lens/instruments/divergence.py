@@ -38,7 +38,13 @@ from reward_lens.instruments.patching.contrastive import (
     means_from_sums,
     means_reads,
 )
-from reward_lens.instruments.patching.engines import clean_reads, patch_batch, readout_entries, readout_sweep
+from reward_lens.instruments.patching.engines import (
+    clean_reads,
+    patch_batch,
+    readout_entries,
+    readout_sweep,
+    sweep_memo,
+)
 from reward_lens.instruments.patching.positions import patch_positions, site_values
 from reward_lens.instruments.patching.spec import TARGETS, check_options
 from reward_lens.instruments.sites import Site, sites_for
@@ -292,6 +298,7 @@ class DivergenceSpec(Spec):
             64,
             caps=shared.caps,
             directions=shared.directions,
+            memo=sweep_memo(shared),
         )
         if (mode, target) not in out.entries:  # (the generic path was refused above: a gate read late)
             raise ValueError(

@@ -109,13 +109,53 @@ def _depth(component: str) -> int:
     return int(digits) + 1 if digits else 0
 
 
+def _tie_groups(x: np.ndarray):
+    """(sort order, each sorted value's tie-group id, the groups' first sorted positions) of a 1-d x."""
+    order = np.argsort(x, kind="stable")
+    xs = x[order]
+    starts = np.ones(len(xs), dtype=bool)
+    starts[1:] = xs[1:] != xs[:-1]
+    return order, np.cumsum(starts) - 1, np.flatnonzero(starts)
+
+
+def _weighted_ranks(groups, weights: np.ndarray) -> np.ndarray:
+    """[k, N] average ranks of the N values within each of k multisets, value j taken weights[:, j]
+    times: the ranks of the pooled vector that repeats each value by its weight (ties share their mean)."""
+    order, gid, starts = groups
+    w = weights[:, order]
+    size = np.add.reduceat(w, starts, axis=1)  # [k, groups]: copies per tie group
+    before = np.cumsum(size, axis=1) - size
+    out = np.empty_like(w)
+    out[:, order] = (before + (size + 1) / 2)[:, gid]
+    return out
+
+
 def pooled_spearman(a: np.ndarray, e: np.ndarray, idx: np.ndarray, chunk: int = 100) -> np.ndarray:
-    """`spearman(a[i], e[i])` for each row i of `idx` [n_boot, n], in batches of `chunk` resamples: the same
-    ranks and sums per row as one call each (equal to the loop bit for bit; tested)."""
+    """`spearman(a[i], e[i])` for each row i of `idx` [n_boot, n] (the pooled rho of each resample of
+    pairs), without building the resamples: a resample repeats pair p's values as often as it draws p, so
+    its ranks are weighted ranks over one sort of all values, and its rho the weighted Pearson r of them
+    (equal to the per-resample call to 1e-12; tested). `chunk` resamples at a time."""
+    n = a.shape[0]
+    a, e = a.reshape(n, -1).astype(np.float64), e.reshape(n, -1).astype(np.float64)
+    per_pair = a.shape[1]
+    has_nan = np.isnan(a).any(1) | np.isnan(e).any(1)  # a resample holding one ranks as NaN (scipy's rule)
+    ga, ge = _tie_groups(np.nan_to_num(a.ravel())), _tie_groups(np.nan_to_num(e.ravel()))
     out = []
     for start in range(0, len(idx), chunk):
         rows = idx[start : start + chunk]
-        out.append(spearman_rows(a[rows].reshape(len(rows), -1), e[rows].reshape(len(rows), -1)))
+        draws = np.zeros((len(rows), n))
+        np.add.at(draws, (np.arange(len(rows))[:, None], rows), 1.0)
+        w = np.repeat(draws, per_pair, axis=1)
+        ra, re = _weighted_ranks(ga, w), _weighted_ranks(ge, w)
+        total = w.sum(1, keepdims=True)
+        ca = ra - (w * ra).sum(1, keepdims=True) / total
+        ce = re - (w * re).sum(1, keepdims=True) / total
+        va, ve = (w * ca * ca).sum(1), (w * ce * ce).sum(1)
+        ok = (va > 1e-9) & (ve > 1e-9)  # non-constant ranks have a weighted variance >= 1/2
+        with np.errstate(invalid="ignore", divide="ignore"):
+            rho = np.where(ok, (w * ca * ce).sum(1) / np.sqrt(np.where(ok, va * ve, 1.0)), np.nan)
+        rho[(draws[:, has_nan] > 0).any(1)] = np.nan
+        out.append(rho)
     return np.concatenate(out) if out else np.zeros(0)
 
 

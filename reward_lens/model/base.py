@@ -192,6 +192,20 @@ class RewardModelBase(HookedRootModule):
         }
         self.mod_dict.update({a: self.hook_dict[t] for a, t in self.hook_aliases.items()})
 
+    def remove_all_hook_fns(self, direction="both", including_permanent: bool = False, level=None) -> None:
+        """`HookedRootModule.remove_all_hook_fns`, visiting only the hook points that hold a hook: TL resets
+        every hook point after each hooked run, and an empty one's reset (two nn.Module attribute writes)
+        cost more than a tiny model's forward. The same hooks are removed."""
+        for hp in self.hook_points():
+            if hp.fwd_hooks or hp.bwd_hooks:
+                hp.remove_hooks(direction, including_permanent=including_permanent, level=level)
+
+    def clear_contexts(self) -> None:
+        """`HookedRootModule.clear_contexts`, skipping hook points whose context is already empty."""
+        for hp in self.hook_points():
+            if hp.ctx:
+                hp.clear_context()
+
     def batch_mask(self, model_args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Optional[torch.Tensor]:
         """The attention mask a forward on these arguments uses (None: it starts from a residual)."""
         ids = model_args[0] if model_args else kwargs.get("input")

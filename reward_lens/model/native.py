@@ -319,11 +319,15 @@ class HookedRewardModel(TransformerLensConveniences, RewardModelBase):
         return recompute.kv_names(self)
 
     def readout_sweep(
-        self, ctx: recompute.ReadoutContext, entries: Sequence[recompute.ReadoutEntry]
-    ) -> Float[torch.Tensor, "batch n d_model"]:
-        """Final residuals at the readout of many alternative residuals, each resuming at its own block
-        and stage (`recompute.ReadoutEntry`); only the readout token is recomputed."""
-        return recompute.readout_sweep(self, ctx, entries)
+        self,
+        ctx: recompute.ReadoutContext,
+        entries: Sequence[recompute.ReadoutEntry],
+        layer_changes: bool = False,
+    ):
+        """Final residuals [batch, n, d_model] at the readout of many alternative residuals, each resuming
+        at its own block and stage (`recompute.ReadoutEntry`); only the readout token is recomputed.
+        `layer_changes`: (final, each block's change of every row [batch, n, n_layers, d_model])."""
+        return recompute.readout_sweep(self, ctx, entries, layer_changes)
 
     def readout_with_inputs(
         self,

@@ -150,32 +150,40 @@ def run_blocks(
     return readout_sweep(model, ctx, [ReadoutEntry(start, PRE, state[:, j]) for j in range(state.shape[1])])
 
 
-def readout_sweep(
-    model, ctx: ReadoutContext, entries: Sequence[ReadoutEntry]
-) -> Float[torch.Tensor, "batch n d_model"]:
+def readout_sweep(model, ctx: ReadoutContext, entries: Sequence[ReadoutEntry], layer_changes: bool = False):
     """Final residuals [batch, n_entries, d_model] at the readout, each entry recomputed from where it
     resumes. Entries are sorted by (layer, stage), so block l runs its attention on the prefix that has
-    reached (l, PRE) and its MLP on the prefix that has reached (l, MID), all alternatives as one batch."""
+    reached (l, PRE) and its MLP on the prefix that has reached (l, MID), all alternatives as one batch.
+    `layer_changes`: also return each block's change of every entry's state, [batch, n_entries, n_layers,
+    d_model] (zero in the blocks before the entry resumes; an entry resuming at (l, MID): the MLP's alone)."""
     L = model.cfg.n_layers
     keys = [(e.layer, e.stage) for e in entries]
     order = sorted(range(len(entries)), key=keys.__getitem__)
     sorted_keys = [keys[p] for p in order]
     state = torch.stack([entries[p].state for p in order], 1).clone()  # [B, P, d]
     home = state.device
+    changes = state.new_zeros(*state.shape[:2], L, state.shape[-1]) if layer_changes else None
     for l in range(sorted_keys[0][0], L):
         n_pre = bisect_left(sorted_keys, (l, MID))
         n_all = bisect_right(sorted_keys, (l, MID))
         block, here = model.blocks[l], block_device(model, l)  # a placed model: on the block's device
         state = state.to(here)
+        before = state[:, :n_all].clone() if layer_changes and n_all else None
         if n_pre:
             cos, sin, sees = ctx.on(here)
             state[:, :n_pre] = block.readout_attn(state[:, :n_pre], cos, sin, *ctx.layer_kv(l, here), sees)
         if n_all:
             state[:, :n_all] = block.readout_mlp(state[:, :n_all])
+            if before is not None:
+                changes[:, :n_all, l] = (state[:, :n_all] - before).to(home)
     state = state.to(home)
     final = torch.empty_like(state)
     final[:, order] = state
-    return final
+    if not layer_changes:
+        return final
+    unsorted = torch.empty_like(changes)
+    unsorted[:, order] = changes
+    return final, unsorted
 
 
 def readout_with_inputs(

@@ -178,6 +178,15 @@ def encode_pair(tokenizer, prompt: Text, response: Text, input_format: str) -> L
     )
 
 
+def encode_pairs(tokenizer, prompts: Sequence[Text], responses: Sequence[Text], input_format: str):
+    """`encode_pair` of every (prompt, response); the chat format renders and tokenises them all in one
+    batched `apply_chat_template` call (one fast-tokenizer call, not one per pair)."""
+    if input_format == "chat" and len(prompts) > 1:
+        convs = [conversation(p, r) for p, r in zip(prompts, responses)]
+        return [list(x) for x in _chat(tokenizer, convs, tokenize=True, return_dict=True)["input_ids"]]
+    return [encode_pair(tokenizer, p, r, input_format) for p, r in zip(prompts, responses)]
+
+
 def render_pair(tokenizer, prompt: Text, response: Text, input_format: str = "auto") -> str:
     """The text of one pair in a format (decoded from its ids for "concat"/"openrlhf")."""
     fmt = resolve_input_format(input_format, tokenizer)
@@ -291,7 +300,7 @@ def tokenize_pairs(
     if padding_side not in (None, "left", "right"):
         raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
     fmt = model_input_format(model, input_format)
-    ids = [trim_after_readout(model, encode_pair(tokenizer, p, r, fmt)) for p, r in zip(prompts, responses)]
+    ids = [trim_after_readout(model, x) for x in encode_pairs(tokenizer, prompts, responses, fmt)]
     limit = max_length or getattr(tokenizer, "model_max_length", None)
     if limit is None or limit > 10**8:
         limit = model.cfg.n_ctx

@@ -28,7 +28,12 @@ from jaxtyping import Float
 from reward_lens.core.directions import reward_from_final_resid
 from reward_lens.core.pipeline import Reads, Shared, Spec, run_spec
 from reward_lens.instruments.circuits.graph import TARGET, TargetRun, capture_names
-from reward_lens.instruments.patching.engines import readout_recompute_exact
+from reward_lens.instruments.patching.engines import (
+    clean_reads,
+    patch_batch,
+    readout_recompute_exact,
+    sweep_memo,
+)
 from reward_lens.instruments.sites import component_sites
 from reward_lens.model.frozen import with_frozen_weights
 from reward_lens.model.hooks import act_name, final_resid_name
@@ -158,16 +163,16 @@ def _component_deltas(model, sites, tgt, src) -> torch.Tensor:
 
 
 @torch.no_grad()
-def _terms(model, ctx: TargetRun, src, direction, bias, sites):
-    """(direct, norm, via, total) of one batch: `ctx` the target run, `src` the source run's readout
-    activations, (direction, bias) the target's readout direction."""
+def _loop_changes(model, ctx: TargetRun, src, sites):
+    """(d_layer [B, C, L, d], final [B, C, d]) by the reference loop: every component's row through every
+    sub-layer, the rows that have not entered yet held at the clean residual. d_layer[:, c, k] is layer
+    k's attention + MLP output change at the readout in component c's patched run."""
     cfg, L = model.cfg, model.cfg.n_layers
     tgt = ctx.cap.at_readout
-    delta = _component_deltas(model, sites, tgt, src)
-    B, C = delta.shape[:2]
-    first = torch.tensor([_first_sublayer(s, L) for s in sites], device=delta.device)
-    d_layer = torch.zeros(B, C, L, cfg.d_model, dtype=delta.dtype, device=delta.device)
     entry = _entries(model, sites, tgt, src)  # the residual a readout patch leaves, as `patch` forms it
+    B, C = entry.shape[:2]
+    first = torch.tensor([_first_sublayer(s, L) for s in sites], device=entry.device)
+    d_layer = torch.zeros(B, C, L, cfg.d_model, dtype=entry.dtype, device=entry.device)
     state = None
     for k in range(2 * L):
         l, kind = divmod(k, 2)
@@ -184,12 +189,38 @@ def _terms(model, ctx: TargetRun, src, direction, bias, sites):
         d_layer[:, :, l] += torch.where(responding, new - state - clean, torch.zeros_like(new))
         state = new
     final = torch.where((first == 2 * L)[None, :, None], entry, state)  # the last MLP: nothing after it
+    return d_layer, final
+
+
+def _sweep_changes(model, tgt, sites, changes: torch.Tensor) -> torch.Tensor:
+    """d_layer [B, C, L, d] from a readout sweep's per-block changes of each row (`readout_sweep(...,
+    layer_changes=True)`): minus the clean attention / MLP outputs of the sub-layers that ran."""
+    L = model.cfg.n_layers
+    first = torch.tensor([_first_sublayer(s, L) for s in sites], device=changes.device)
+    k = 2 * torch.arange(L, device=changes.device)
+    ran_attn = (first[:, None] <= k[None]).to(changes.dtype)[None, :, :, None]  # [1, C, L, 1]
+    ran_mlp = (first[:, None] <= k[None] + 1).to(changes.dtype)[None, :, :, None]
+    attn = torch.stack([tgt[act_name("attn_out", l)] for l in range(L)], 1)[:, None]  # [B, 1, L, d]
+    mlp = torch.stack([tgt[act_name("mlp_out", l)] for l in range(L)], 1)[:, None]
+    return changes - ran_attn * attn - ran_mlp * mlp
+
+
+@torch.no_grad()
+def _terms(model, cap, src, direction, bias, sites, d_layer, final):
+    """(direct, norm, via, total) of one batch: `cap` the target run's capture, `src` the source run's
+    readout activations, (direction, bias) the target's readout direction, `d_layer` [B, C, L, d] each
+    layer's output change and `final` [B, C, d] the recomputed final residual of every component's patch."""
+    L = model.cfg.n_layers
+    tgt = cap.at_readout
+    delta = _component_deltas(model, sites, tgt, src)
+    B, C = delta.shape[:2]
+    first = torch.tensor([_first_sublayer(s, L) for s in sites], device=delta.device)
     final_t = tgt[final_resid_name(L)].float()
 
     def reward(x):
         return reward_from_final_resid(model, x, direction[:, None], bias[:, None]).float()
 
-    r_t = ctx.cap.rewards.float()[:, None]
+    r_t = cap.rewards.float()[:, None]
     scale = tgt[act_name("final_scale")].float().reshape(-1, 1)  # the final norm's scale in the target run
     direct = (direction[:, None] * delta.float()).sum(-1) / scale
     partial = final_t[:, None, None] + delta.float()[:, :, None] + d_layer.float().cumsum(2)[:, :, :-1]
@@ -207,14 +238,21 @@ def _terms(model, ctx: TargetRun, src, direction, bias, sites):
 class EffectSpec(Spec):
     """The effect decomposition as a pipeline instrument: reads what the readout recomputation needs from
     the target run (activations at the readout, every layer's keys/values) and the source run's readout
-    activations; its clean passes are shared with the other instruments of the call."""
+    activations; its clean passes are shared with the other instruments of the call.
+
+    `method`: "sweep" (default) takes every layer's change from patching's readout sweep of the same mode
+    (one sweep, shared with a `PatchSpec` or `DivergenceSpec` of the call, which then costs nothing more);
+    "loop" recomputes each component's row through every sub-layer on its own (the reference)."""
 
     name = "effect_decomposition"
+    step_late = True  # beside patching's specs, so that its sweep of the same mode serves both
 
-    def __init__(self, mode: str = "noising"):
+    def __init__(self, mode: str = "noising", method: str = "sweep"):
         if mode not in TARGET:
             raise ValueError(f"mode must be one of {tuple(TARGET)}, got {mode!r}")
-        self.mode = mode
+        if method not in ("sweep", "loop"):
+            raise ValueError(f"method must be 'sweep' or 'loop' (the reference), got {method!r}")
+        self.mode, self.method = mode, method
 
     def setup(self, model, pairs) -> None:
         self.sites = component_sites(model.cfg)
@@ -222,7 +260,17 @@ class EffectSpec(Spec):
     def reads(self, model, batch) -> Reads:
         t_side, s_side = TARGET[self.mode]
         names = capture_names(model)
-        return Reads(readout={t_side: names, s_side: names}, full={t_side: model.readout_kv_names()})
+        reads = Reads(readout={t_side: names, s_side: names}, full={t_side: model.readout_kv_names()})
+        if self.method == "sweep":
+            patching, _ = clean_reads(model, batch, self.sites, [self.mode], "readout", "fast")
+            reads = reads.union(
+                Reads({s: r[0] for s, r in patching.items()}, {s: r[1] for s, r in patching.items()})
+            )
+        return reads
+
+    def before_steps(self, model, shared: Shared) -> None:
+        if self.method == "sweep":  # the sweep, whichever instrument runs it first, keeps each block's change
+            sweep_memo(shared).want_changes.add((self.mode, TARGET[self.mode][0]))
 
     def step(self, model, shared: Shared) -> EffectDecompositionResult:
         t_side, s_side = TARGET[self.mode]
@@ -232,11 +280,30 @@ class EffectSpec(Spec):
                 "the effect decomposition recomputes the readout alone, which needs a native architecture "
                 "whose head reads nothing at or after the readout (not ArmoRM's gate, not the generic path)"
             )
-        ctx = TargetRun(tcap, model.readout_context(tcap.tok, kv=tcap.full))
+        src = shared.caps[s_side].at_readout
+        if self.method == "loop":
+            ctx = TargetRun(tcap, model.readout_context(tcap.tok, kv=tcap.full))
+            d_layer, final = _loop_changes(model, ctx, src, self.sites)
+        else:
+            key = (self.mode, t_side)
+            out = patch_batch(
+                model,
+                shared.batch,
+                self.sites,
+                [self.mode],
+                "readout",
+                "fast",
+                None,
+                shared.pair_ids,
+                64,
+                caps=shared.caps,
+                directions=shared.directions,
+                memo=sweep_memo(shared),
+            )
+            d_layer = _sweep_changes(model, tcap.at_readout, self.sites, out.changes[key])
+            final = out.final[key]
         direction, bias = shared.direction(model, t_side)
-        direct, norm, via, total = _terms(
-            model, ctx, shared.caps[s_side].at_readout, direction, bias, self.sites
-        )
+        direct, norm, via, total = _terms(model, tcap, src, direction, bias, self.sites, d_layer, final)
         return EffectDecompositionResult(
             pair_ids=shared.pair_ids,
             components=[s.name for s in self.sites],
@@ -257,15 +324,17 @@ def effect_decomposition(
     *,
     mode: str = "noising",
     level: str = "component",
+    method: str = "sweep",
     batch_size: int = 8,
     padding_side: Optional[str] = None,
     progress: Union[bool, str] = False,
 ) -> EffectDecompositionResult:
     """Every component's readout patching effect split exactly into direct + norm + Σ_k via_L{k} (module
-    docstring). mode: "noising" or "denoising"; level: "component" (embed, attn_L{l}, mlp_L{l})."""
+    docstring). mode: "noising" or "denoising"; level: "component" (embed, attn_L{l}, mlp_L{l});
+    method: "sweep" (patching's readout sweep, each block's change kept) or "loop" (the reference)."""
     if level != "component":
         raise ValueError(f"level must be 'component' (embed, attn_L{{l}}, mlp_L{{l}}), got {level!r}")
-    spec = EffectSpec(mode)
+    spec = EffectSpec(mode, method)
     return run_spec(
         model,
         pairs,

@@ -42,7 +42,12 @@ import torch
 from jaxtyping import Float
 
 from reward_lens.core.pipeline import Reads, Shared, Spec, run_spec
-from reward_lens.instruments.patching.engines import clean_reads, has_readout_fast_path, patch_batch  # noqa: F401
+from reward_lens.instruments.patching.engines import (  # noqa: F401
+    clean_reads,
+    has_readout_fast_path,
+    patch_batch,
+    sweep_memo,
+)
 from reward_lens.instruments.patching.positions import select
 from reward_lens.instruments.patching.spec import METHODS, MODES, POSITIONS, TARGETS, check_options  # noqa: F401
 from reward_lens.instruments.sites import Site, sites_for
@@ -298,6 +303,8 @@ class PatchSpec(MeansPrePass):
     """Contrastive patching as a pipeline instrument (the options of `patch`). Name: "patch" for the
     component level, else "patch:" + the levels joined by "+" (so two levels can be requested at once)."""
 
+    step_late = True  # beside divergence-aware patching and the effect decomposition: one sweep serves all
+
     def __init__(
         self,
         mode: Union[str, Sequence[str]] = "noising",
@@ -337,6 +344,7 @@ class PatchSpec(MeansPrePass):
             self.max_rows,
             caps=shared.caps,
             directions=shared.directions,
+            memo=sweep_memo(shared),
         )
         return PatchResult(
             pair_ids=shared.pair_ids,

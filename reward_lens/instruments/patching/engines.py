@@ -35,7 +35,8 @@ from reward_lens.model.recompute import MID, PRE, ReadoutEntry
 class BatchPatches:
     """One batch of pairs patched in every mode: `patched[(mode, target)]` [batch, n_sites]; the clean
     rewards; the captures of the clean runs; for the readout engine, `entries[(mode, target)]` (one
-    ReadoutEntry per site) and `final[(mode, target)]` [batch, n_sites, d_model] the final residuals."""
+    ReadoutEntry per site), `final[(mode, target)]` [batch, n_sites, d_model] the final residuals and, where
+    the memo was asked for them, `changes[(mode, target)]` [batch, n_sites, n_layers, d_model]."""
 
     patched: Dict[Tuple[str, str], torch.Tensor]
     clean_chosen: torch.Tensor
@@ -43,6 +44,7 @@ class BatchPatches:
     captures: Dict[str, Capture]
     entries: Dict[Tuple[str, str], List[ReadoutEntry]] = field(default_factory=dict)
     final: Dict[Tuple[str, str], torch.Tensor] = field(default_factory=dict)
+    changes: Dict[Tuple[str, str], torch.Tensor] = field(default_factory=dict)
 
 
 def has_readout_fast_path(model) -> bool:
@@ -104,9 +106,19 @@ def readout_entries(
     return out
 
 
-def readout_sweep(model, tcap: Capture, entries: Sequence[ReadoutEntry]) -> torch.Tensor:
-    """Final residuals [B, P, d] at the readout of every entry, recomputing only the readout token."""
-    return model.readout_sweep(model.readout_context(tcap.tok, kv=tcap.full), entries)
+def readout_sweep(
+    model,
+    tcap: Capture,
+    entries: Sequence[ReadoutEntry],
+    *,
+    context=None,
+    layer_changes: bool = False,
+):
+    """Final residuals [B, P, d] at the readout of every entry, recomputing only the readout token
+    (`layer_changes`: also each block's change of every row, [B, P, L, d]). `context`: the target's
+    readout context, when the caller built it already."""
+    ctx = context if context is not None else model.readout_context(tcap.tok, kv=tcap.full)
+    return model.readout_sweep(ctx, entries, layer_changes=layer_changes)
 
 
 def start_layer(site: Site) -> int:
@@ -229,6 +241,66 @@ def clean_captures(
     return caps, engine_for
 
 
+@dataclass
+class SweepOut:
+    """One readout sweep of a (mode, target): each site's entry, the final residuals [batch, n_sites,
+    d_model], the patched rewards [batch, n_sites] and, when asked, each block's change of every row
+    [batch, n_sites, n_layers, d_model] (`model.readout_sweep(..., layer_changes=True)`)."""
+
+    entries: List[ReadoutEntry]
+    final: torch.Tensor
+    patched: torch.Tensor
+    changes: Optional[torch.Tensor] = None
+
+
+@dataclass
+class SweepMemo:
+    """The readout sweeps of one batch, shared by every instrument stepping on it (a pipeline `Shared`
+    holds one): (mode, target, site names, mean values' id) -> SweepOut, each target's readout context,
+    and the (mode, target) keys whose per-block changes an instrument of this pass asked for."""
+
+    sweeps: Dict[tuple, SweepOut] = field(default_factory=dict)
+    contexts: Dict[str, object] = field(default_factory=dict)
+    want_changes: set = field(default_factory=set)
+
+    @staticmethod
+    def key(mode: str, target: str, sites, means) -> tuple:
+        return mode, target, tuple(s.name for s in sites), id(means) if mode == "mean" else None
+
+
+def sweep_memo(shared) -> SweepMemo:
+    """The readout sweeps a pipeline batch (`Shared`) holds for its instruments."""
+    return shared.memo.setdefault("readout_sweeps", SweepMemo())
+
+
+def _readout_jobs(model, tcap: Capture, target: str, sites, jobs, memo: SweepMemo, direction) -> None:
+    """Fill memo.sweeps for every (mode, values) job of one target not there yet: their entries in ONE
+    readout sweep (the modes of a target share the block steps and their matmuls)."""
+    todo = []
+    for mode, values in jobs:
+        key = SweepMemo.key(mode, target, sites, values[1])
+        have = memo.sweeps.get(key)
+        wanted = (mode, target) in memo.want_changes
+        if have is None or (wanted and have.changes is None):
+            todo.append((key, readout_entries(model, tcap, sites, values[0])))
+    if not todo:
+        return
+    if target not in memo.contexts:
+        memo.contexts[target] = model.readout_context(tcap.tok, kv=tcap.full)
+    changes = any(key[:2] in memo.want_changes for key, _ in todo)
+    entries = [e for _, es in todo for e in es]
+    got = readout_sweep(model, tcap, entries, context=memo.contexts[target], layer_changes=changes)
+    final, deltas = got if changes else (got, None)
+    d, b = direction
+    rewards = reward_from_final_resid(model, final, d[:, None], b[:, None])
+    n = len(sites)
+    for j, (key, es) in enumerate(todo):
+        cut = slice(j * n, (j + 1) * n)
+        memo.sweeps[key] = SweepOut(
+            es, final[:, cut], rewards[:, cut], None if deltas is None else deltas[:, cut]
+        )
+
+
 def patch_batch(
     model,
     batch: PairBatch,
@@ -241,16 +313,21 @@ def patch_batch(
     max_rows,
     caps: Optional[Dict[str, Capture]] = None,
     directions: Optional[Dict[str, Tuple[torch.Tensor, torch.Tensor]]] = None,
+    memo: Optional[SweepMemo] = None,
 ) -> BatchPatches:
     """Every mode's patches of one batch of pairs, each target on its engine. `caps`: clean captures of
     both sides already holding what `clean_reads` names (a shared pipeline pass); else they are run here.
-    `directions`: side -> readout direction, filled and reused (ArmoRM's gate costs a forward)."""
+    `directions`: side -> readout direction, filled and reused (ArmoRM's gate costs a forward). `memo`: the
+    batch's readout sweeps, reused where another instrument already ran the same (mode, target, sites)
+    and filled for the next one (a pipeline passes `Shared.memo`); each target's modes run as one sweep."""
     if caps is None:
         caps, engine_for = clean_captures(model, batch, sites, modes, positions, method)
     else:
         engine_for = clean_reads(model, batch, sites, modes, positions, method)[1]
     out = BatchPatches({}, caps["chosen"].rewards.float(), caps["rejected"].rewards.float(), caps)
     directions = {} if directions is None else directions
+    memo = SweepMemo() if memo is None else memo
+    readout_jobs: Dict[str, list] = {}
     for mode in modes:
         src = caps[SOURCE[mode]] if mode in SOURCE else None
         for target in TARGETS[mode]:
@@ -261,13 +338,17 @@ def patch_batch(
             if engine_for[target] == "naive":
                 out.patched[key] = naive_sweep(model, tcap.tok, sites, pos, values)
             elif engine_for[target] == "readout":
-                entries = readout_entries(model, tcap, sites, values)
-                final = readout_sweep(model, tcap, entries)
-                if target not in directions:  # (ArmoRM: one forward for the gate; shared by the modes)
-                    directions[target] = readout_direction(model, tcap.tok)
-                direction, bias = directions[target]
-                out.patched[key] = reward_from_final_resid(model, final, direction[:, None], bias[:, None])
-                out.entries[key], out.final[key] = entries, final
+                readout_jobs.setdefault(target, []).append((mode, (values, means)))
             else:
                 out.patched[key] = start_at_layer_sweep(model, tcap, sites, pos, values, max_rows)
+    for target, jobs in readout_jobs.items():
+        if target not in directions:  # (ArmoRM: one forward for the gate; shared by the modes)
+            directions[target] = readout_direction(model, caps[target].tok)
+        _readout_jobs(model, caps[target], target, sites, jobs, memo, directions[target])
+        for mode, _ in jobs:
+            got = memo.sweeps[SweepMemo.key(mode, target, sites, means)]
+            key = (mode, target)
+            out.patched[key], out.entries[key], out.final[key] = got.patched, got.entries, got.final
+            if got.changes is not None and key in memo.want_changes:
+                out.changes[key] = got.changes
     return out
