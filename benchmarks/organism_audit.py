@@ -6,8 +6,9 @@
 
 Prints each audit step's wall time, the audit total (report writing excluded: `out_dir=None`), the time of
 one forward of both responses of every pair at the audit's batch size, and their ratio. `--repeats N`
-alternates N forwards and N audits (a shared machine's speed drifts between minutes) and reports the
-medians, their ratio and the range of the N per-round ratios; the step table is the median audit's.
+runs N audits, each between two forwards (a shared machine's speed drifts within minutes), and reports each
+audit against the mean of its two forwards and the median of those ratios, in wall seconds and in this
+process's CPU seconds; the step table is the median audit's.
 """
 
 from __future__ import annotations
@@ -44,17 +45,28 @@ def parse_args(argv=None):
     return ap.parse_args(argv)
 
 
+class Clock:
+    """Wall seconds and this process's CPU seconds of a block (with one torch thread the CPU seconds are
+    the work itself: time another process takes the core for is not counted)."""
+
+    def __enter__(self):
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+        return self
+
+    def __exit__(self, *exc):
+        self.wall, self.cpu = time.perf_counter() - self.wall, time.process_time() - self.cpu
+
+
 @torch.no_grad()
-def bare_forward(model, pairs, batch_size: int) -> float:
-    """Seconds of one forward of both responses of every pair (tokenised beforehand), as the audit batches
-    them."""
+def bare_forward(model, pairs, batch_size: int) -> Clock:
+    """One forward of both responses of every pair (tokenised beforehand), as the audit batches them."""
     batches = list(pair_batches(model, pairs, batch_size))
     model(batches[0].chosen.input_ids, attention_mask=batches[0].chosen.attention_mask)  # warm-up
-    start = time.perf_counter()
-    for b in batches:
-        for tok in (b.chosen, b.rejected):
-            model(tok.input_ids, attention_mask=tok.attention_mask, readout_positions=tok.readout)
-    return time.perf_counter() - start
+    with Clock() as clock:
+        for b in batches:
+            for tok in (b.chosen, b.rejected):
+                model(tok.input_ids, attention_mask=tok.attention_mask, readout_positions=tok.readout)
+    return clock
 
 
 def main(argv=None) -> int:
@@ -67,42 +79,41 @@ def main(argv=None) -> int:
         model, pairs = load_demo_model(device="cpu"), demo_pairs()
     load_s = time.perf_counter() - t0
     pairs = pairs[: args.max_pairs] if args.max_pairs else pairs
-    rounds = []
+    forwards, audits = [bare_forward(model, pairs, args.batch_size)], []
     for _ in range(max(1, args.repeats)):
-        forward_s = bare_forward(model, pairs, args.batch_size)
-        start = time.perf_counter()
-        audit = run_audit(
-            model,
-            pairs,
-            None,
-            batch_size=args.batch_size,
-            echo=lambda line: None,
-            patch_modes=args.patch_modes,
-        )
-        rounds.append((forward_s, time.perf_counter() - start, audit.record["timings_s"]))
-    forward_s = statistics.median(r[0] for r in rounds)
-    audit_s = statistics.median(r[1] for r in rounds)
-    steps = sorted(rounds, key=lambda r: r[1])[len(rounds) // 2][2]
-    ratios = [a / f for f, a, _ in rounds]
+        with Clock() as clock:
+            audit = run_audit(
+                model,
+                pairs,
+                None,
+                batch_size=args.batch_size,
+                echo=lambda line: None,
+                patch_modes=args.patch_modes,
+            )
+        audits.append((clock, audit.record["timings_s"]))
+        forwards.append(bare_forward(model, pairs, args.batch_size))  # the forwards bracket every audit
     print(
         f"# organism_audit {datetime.date.today()}: {args.organism} organism, {len(pairs)} pairs, batch "
         f"size {args.batch_size}, {args.threads} thread(s), patch modes {args.patch_modes}, "
-        f"{len(rounds)} round(s); model loaded in {load_s:.1f} s"
+        f"{len(audits)} audit(s), each between two forwards; model loaded in {load_s:.1f} s"
     )
-    print("| audit step | wall s |")
+    middle = sorted(range(len(audits)), key=lambda i: audits[i][0].wall)[len(audits) // 2]
+    print("| audit step (the median audit, wall) | s |")
     print("|---|---:|")
-    for name, seconds in steps.items():
+    for name, seconds in audits[middle][1].items():
         print(f"| {name} | {seconds:.2f} |")
-    print(f"| **audit total** (median) | {audit_s:.2f} |")
-    print(
-        f"one forward over the same pairs (both responses), median: {forward_s:.2f} s; audit / forward = "
-        f"{audit_s / forward_s:.2f} (per round {min(ratios):.2f}-{max(ratios):.2f}; forwards "
-        f"{min(r[0] for r in rounds):.2f}-{max(r[0] for r in rounds):.2f} s)"
-    )
-    print(
-        "rounds (forward s, audit s, ratio): "
-        + "; ".join(f"{f:.2f}, {a:.2f}, {a / f:.2f}" for f, a, _ in rounds)
-    )
+    for kind in ("wall", "cpu"):
+        # each audit against the mean of the forwards just before and after it (the machine's speed drifts)
+        per = [
+            getattr(a, kind) / ((getattr(forwards[i], kind) + getattr(forwards[i + 1], kind)) / 2)
+            for i, (a, _) in enumerate(audits)
+        ]
+        print(
+            f"{kind}: audit {statistics.median(getattr(a, kind) for a, _ in audits):.2f} s, one forward over "
+            f"the same pairs (both responses) {statistics.median(getattr(f, kind) for f in forwards):.2f} s "
+            f"(medians); audit / forward = {statistics.median(per):.2f} (median of the audits: "
+            f"{', '.join(f'{x:.2f}' for x in per)})"
+        )
     return 0
 
 
