@@ -57,8 +57,8 @@ def test_patch_modes_default_to_both_contrastive_directions_and_add_ablations(tm
     responses), always with noising (the faithfulness gap reads it); the report shows one panel per mode."""
     import pandas as pd
 
-    from reward_lens.app.audit import PATCH_MODES, check_patch_modes
-    from reward_lens.app.options import PATCH_MODE_NAMES
+    from reward_lens.app.audit import PATCH_MODES
+    from reward_lens.app.options import PATCH_MODE_NAMES, canonical_patch_modes
     from reward_lens.instruments.patching.spec import MODES
 
     assert PATCH_MODE_NAMES == PATCH_MODES == MODES  # the CLI checks names without importing torch
@@ -90,9 +90,9 @@ def test_patch_modes_default_to_both_contrastive_directions_and_add_ablations(tm
         ("mean", "chosen"),
         ("mean", "rejected"),
     }
-    assert check_patch_modes("denoising") == ("noising", "denoising")
+    assert canonical_patch_modes("denoising") == ("noising", "denoising")
     with pytest.raises(ValueError, match="unknown patching mode"):
-        check_patch_modes(["noising", "ablate"])
+        canonical_patch_modes(["noising", "ablate"])
 
 
 def test_report_is_self_contained(tmp_path):

@@ -28,6 +28,7 @@ from reward_lens import instruments as ins
 from reward_lens.app.audit_report import build_report, headline_frame, summary_table
 from reward_lens.app.benchmark import benchmark_outputs
 from reward_lens.app.head_family import DirectionsSpec, head_family_view
+from reward_lens.app.options import PATCH_MODE_NAMES, canonical_patch_modes
 from reward_lens.app.output import (
     ReportDir,
     check_finite_columns,
@@ -49,7 +50,7 @@ from reward_lens.probes.suite import run_probes
 from reward_lens.theory import detect_cascades, reward_conflicts
 from reward_lens.theory.distortion_model import StatesSpec, distortion_from_model
 
-PATCH_MODES = ("noising", "denoising", "zero", "mean")
+PATCH_MODES = PATCH_MODE_NAMES
 # The default: both contrastive directions. Zero and mean ablation are asked for (`patch_modes`): each
 # patches both responses, one readout sweep per response, ~0.3 bare forwards apiece on SmolLM2.
 DEFAULT_PATCH_MODES = ("noising", "denoising")
@@ -184,7 +185,7 @@ def run_audit(
     contrastive patching modes (default noising and denoising; "zero" and "mean" add the ablations; noising
     is always run: the faithfulness gap and the effect decomposition read it)."""
     ranks = ranks or dist.current()
-    patch_modes = check_patch_modes(patch_modes)
+    patch_modes = canonical_patch_modes(patch_modes)
     if not ranks.is_main:
         shard_worker(
             model, pairs, max_pairs=max_pairs, batch_size=batch_size, ranks=ranks, patch_modes=patch_modes
@@ -242,19 +243,6 @@ def _audit_pairs(pairs, max_pairs: Optional[int]) -> list:
     return pairs
 
 
-def check_patch_modes(modes: Union[str, Sequence[str]]) -> tuple:
-    """The audit's patching modes in the canonical order, noising first (always run: the faithfulness gap
-    and the effect decomposition read it); an unknown mode is a ValueError listing the known ones."""
-    given = [m.strip() for m in modes.split(",")] if isinstance(modes, str) else [str(m) for m in modes]
-    unknown = [m for m in given if m not in PATCH_MODES]
-    if unknown:
-        raise ValueError(
-            f"unknown patching mode(s) {', '.join(unknown)}; use any of {', '.join(PATCH_MODES)} "
-            "(e.g. --patch-modes noising,denoising,zero,mean)"
-        )
-    return tuple(m for m in PATCH_MODES if m == "noising" or m in given)
-
-
 def shard_worker(
     model,
     pairs,
@@ -267,7 +255,7 @@ def shard_worker(
     """What a rank other than 0 does in an audit: its shard of every pair-level step, in rank 0's order."""
     pairs = _audit_pairs(pairs, max_pairs)
     batch = BatchSize.parse(batch_size, model.cfg.device)
-    sharded_steps(model, pairs, batch, ranks, _Steps(lambda _: None), check_patch_modes(patch_modes))
+    sharded_steps(model, pairs, batch, ranks, _Steps(lambda _: None), canonical_patch_modes(patch_modes))
 
 
 def sharded_steps(

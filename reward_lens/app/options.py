@@ -116,17 +116,31 @@ def split_list(text: str) -> tuple:
 PATCH_MODE_NAMES = ("noising", "denoising", "zero", "mean")  # = patching.spec.MODES (tested), torch-free
 
 
+def canonical_patch_modes(modes) -> tuple:
+    """Patching modes (a comma-separated str or a sequence) in the canonical order, with noising (the
+    faithfulness gap and the effect decomposition read it); an unknown name is a CLIError listing the
+    known ones. Torch-free, so the CLI checks `--patch-modes` before loading anything."""
+    given = split_list(modes) if isinstance(modes, str) else tuple(str(m) for m in modes)
+    unknown = [m for m in given if m not in PATCH_MODE_NAMES]
+    if unknown:
+        raise CLIError(
+            f"unknown patching mode(s) {', '.join(unknown)}; use a comma-separated subset of "
+            f"{','.join(PATCH_MODE_NAMES)} (noising always runs), e.g. --patch-modes "
+            "noising,denoising,zero,mean"
+        )
+    return tuple(m for m in PATCH_MODE_NAMES if m == "noising" or m in given)
+
+
 def check_patch_modes_option(text: Optional[str]) -> None:
-    """`audit --patch-modes`: known mode names, checked without importing torch."""
+    """`audit --patch-modes`: at least one mode, every one known."""
     if text is None:
         return
-    modes = split_list(text)
-    unknown = [m for m in modes if m not in PATCH_MODE_NAMES]
-    if unknown or not modes:
-        raise CLIError(
-            f"--patch-modes {text!r}: unknown mode(s) {', '.join(unknown) or '(none given)'}; use a "
-            f"comma-separated subset of {','.join(PATCH_MODE_NAMES)} (noising always runs)"
-        )
+    try:
+        if not split_list(text):
+            raise CLIError("no mode given; use a comma-separated subset of " + ",".join(PATCH_MODE_NAMES))
+        canonical_patch_modes(text)
+    except CLIError as exc:
+        raise CLIError(f"--patch-modes {text!r}: {exc}") from None
 
 
 def sweep_spec(args: Any):

@@ -68,7 +68,7 @@ def readout_run(
             if value.dim() >= 3:
                 value = value[:, :, 0] if hooks.query_axis(name) == 2 else value[:, 0]
             acts.setdefault(name, []).append(value)
-    back = torch.argsort(order).to(rewards[0].device)  # sorted position of each input
+    back = torch.argsort(order)  # sorted position of each input
 
     def unsort(t: torch.Tensor) -> torch.Tensor:
         return t[back.to(t.device)]

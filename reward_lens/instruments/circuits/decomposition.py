@@ -142,6 +142,11 @@ def _first_sublayer(site, L: int) -> int:
     return {"embed": 0, "attn": 2 * site.layer + 1, "mlp": 2 * site.layer + 2}[site.kind]
 
 
+def _first_sublayers(sites, L: int, device) -> torch.Tensor:
+    """[C] `_first_sublayer` of every site."""
+    return torch.tensor([_first_sublayer(s, L) for s in sites], device=device)
+
+
 def _entries(model, sites, tgt, src) -> torch.Tensor:
     """[B, C, d]: the target residual with the source's output of each site written in at the readout."""
     out = []
@@ -171,7 +176,7 @@ def _loop_changes(model, ctx: TargetRun, src, sites):
     tgt = ctx.cap.at_readout
     entry = _entries(model, sites, tgt, src)  # the residual a readout patch leaves, as `patch` forms it
     B, C = entry.shape[:2]
-    first = torch.tensor([_first_sublayer(s, L) for s in sites], device=entry.device)
+    first = _first_sublayers(sites, L, entry.device)
     d_layer = torch.zeros(B, C, L, cfg.d_model, dtype=entry.dtype, device=entry.device)
     state = None
     for k in range(2 * L):
@@ -196,7 +201,7 @@ def _sweep_changes(model, tgt, sites, changes: torch.Tensor) -> torch.Tensor:
     """d_layer [B, C, L, d] from a readout sweep's per-block changes of each row (`readout_sweep(...,
     layer_changes=True)`): minus the clean attention / MLP outputs of the sub-layers that ran."""
     L = model.cfg.n_layers
-    first = torch.tensor([_first_sublayer(s, L) for s in sites], device=changes.device)
+    first = _first_sublayers(sites, L, changes.device)
     k = 2 * torch.arange(L, device=changes.device)
     ran_attn = (first[:, None] <= k[None]).to(changes.dtype)[None, :, :, None]  # [1, C, L, 1]
     ran_mlp = (first[:, None] <= k[None] + 1).to(changes.dtype)[None, :, :, None]
@@ -214,7 +219,7 @@ def _terms(model, cap, src, direction, bias, sites, d_layer, final):
     tgt = cap.at_readout
     delta = _component_deltas(model, sites, tgt, src)
     B, C = delta.shape[:2]
-    first = torch.tensor([_first_sublayer(s, L) for s in sites], device=delta.device)
+    first = _first_sublayers(sites, L, delta.device)
     final_t = tgt[final_resid_name(L)].float()
 
     def reward(x):

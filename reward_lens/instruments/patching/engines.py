@@ -273,16 +273,16 @@ def sweep_memo(shared) -> SweepMemo:
     return shared.memo.setdefault("readout_sweeps", SweepMemo())
 
 
-def _readout_jobs(model, tcap: Capture, target: str, sites, jobs, memo: SweepMemo, direction) -> None:
+def _readout_jobs(model, tcap: Capture, target: str, sites, jobs, means, memo: SweepMemo, direction) -> None:
     """Fill memo.sweeps for every (mode, values) job of one target not there yet: their entries in ONE
     readout sweep (the modes of a target share the block steps and their matmuls)."""
     todo = []
     for mode, values in jobs:
-        key = SweepMemo.key(mode, target, sites, values[1])
+        key = SweepMemo.key(mode, target, sites, means)
         have = memo.sweeps.get(key)
         wanted = (mode, target) in memo.want_changes
         if have is None or (wanted and have.changes is None):
-            todo.append((key, readout_entries(model, tcap, sites, values[0])))
+            todo.append((key, readout_entries(model, tcap, sites, values)))
     if not todo:
         return
     if target not in memo.contexts:
@@ -338,13 +338,13 @@ def patch_batch(
             if engine_for[target] == "naive":
                 out.patched[key] = naive_sweep(model, tcap.tok, sites, pos, values)
             elif engine_for[target] == "readout":
-                readout_jobs.setdefault(target, []).append((mode, (values, means)))
+                readout_jobs.setdefault(target, []).append((mode, values))
             else:
                 out.patched[key] = start_at_layer_sweep(model, tcap, sites, pos, values, max_rows)
     for target, jobs in readout_jobs.items():
         if target not in directions:  # (ArmoRM: one forward for the gate; shared by the modes)
             directions[target] = readout_direction(model, caps[target].tok)
-        _readout_jobs(model, caps[target], target, sites, jobs, memo, directions[target])
+        _readout_jobs(model, caps[target], target, sites, jobs, means, memo, directions[target])
         for mode, _ in jobs:
             got = memo.sweeps[SweepMemo.key(mode, target, sites, means)]
             key = (mode, target)
