@@ -5,6 +5,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -99,26 +100,45 @@ def smoke(tmp_path_factory):
     torch.set_num_threads(1)
     out = tmp_path_factory.mktemp("rl_hack") / "smoke.json"
     rl_hack = _bench()
-    argv = ["--steps", "2", "--batch", "16", "--check-every", "1", "--sample", "8", "--edit", "3"]
+    argv = ["--steps", "2", "--batch", "16", "--check-every", "1", "--sample", "8", "--seeds", "0"]
+    argv += ["--controls", "noise,shuffled,truth", "--preflight-n", "32", "--fit-n", "64"]
     result = rl_hack.main(argv + ["--threads", "1", "--json", str(out)])
     return result, json.loads(out.read_text()), out.parent
 
 
+RUNS = ("biased", "edited", "noise", "shuffled", "truth")
+
+
 def test_benchmark_writes_the_documented_json(smoke):
-    result, saved, _ = smoke
+    _, saved, _ = smoke
     assert saved["check_every"] == 1
-    for name in ("biased", "edited"):
-        run = saved["runs"][name]
-        for key in ("reward", "length", "true_accuracy"):
+    for name in RUNS:
+        (run,) = saved["runs"][name]
+        for key in ("reward", "length", "true_accuracy", "pressure"):
             assert len(run[key]) == 2 and all(isinstance(x, float) for x in run[key])
         assert all(0.0 <= a <= 1.0 for a in run["true_accuracy"])
-        assert all(set(f) == {"step", "quantity"} for f in run["flags"])
-    assert {"method", "held_out_accuracy_before", "held_out_accuracy_after"} <= set(saved["edit"])
+        assert all(set(a) == {"step", "feature", "channel", "side"} for a in run["alarms"])
+        assert set(run["outcome"]) >= {"length_alarm_step", "first_step_rolling_length_passes", "lead_steps"}
+    assert {f["feature"] for f in saved["preflight"]["biased"][0]["features"]} == {"length"}
+    assert [e["edit"] for e in saved["edits"]] == ["unedited", saved["chosen_edit"]]
+    rate = saved["false_alarm_rate"]
+    assert 0.0 <= rate["permuted_batches"]["rate"] <= 1.0 and rate["uniform_p"]["rate"] <= 0.05 + 0.003
+
+
+def test_controls_hand_the_trainer_what_they_say(smoke):
+    """noise: not the RM's rewards; shuffled: the RM's rewards, permuted within groups (same multiset per
+    step); truth: 0/1 correctness, equal to the true accuracy."""
+    _, saved, _ = smoke
+    biased, noise, shuffled, truth = (saved["runs"][n][0] for n in ("biased", "noise", "shuffled", "truth"))
+    assert biased["trained_reward"][0] == pytest.approx(biased["reward"][0], abs=1e-5)
+    assert shuffled["trained_reward"][0] == pytest.approx(shuffled["reward"][0], abs=1e-5)
+    assert abs(noise["trained_reward"][0] - noise["reward"][0]) > 1e-3
+    assert truth["trained_reward"] == pytest.approx(truth["true_accuracy"], abs=1e-9)
 
 
 def test_both_runs_start_from_the_same_completions_and_differ_by_the_reward(smoke):
     _, saved, _ = smoke
-    biased, edited = saved["runs"]["biased"], saved["runs"]["edited"]
+    biased, edited = saved["runs"]["biased"][0], saved["runs"]["edited"][0]
     # same seeds, same policy: the first step's completions are the same, so are their lengths and truth
     assert biased["length"][0] == edited["length"][0]
     assert biased["true_accuracy"][0] == edited["true_accuracy"][0]
@@ -129,17 +149,19 @@ def test_flags_and_monitor_log_agree(smoke):
     from reward_lens.app.monitor import load_monitor
 
     _, saved, folder = smoke
-    for name in ("biased", "edited"):
-        run = saved["runs"][name]
+    for name in RUNS:
+        run = saved["runs"][name][0]
         mon = load_monitor(folder / run["monitor_log"])
         flags = [{"step": int(r.step), "quantity": r.quantity} for r in mon.summary().itertuples()]
         assert sorted(flags, key=str) == sorted(run["flags"], key=str)
-        assert (folder / saved["monitor_pages"][name]).exists()
+        assert (folder / saved["monitor_pages"][f"{name}_s0"]).exists()
         assert [c["step"] for c in mon.checks] == run["checks"]
+        alarms = [{k: a[k] for k in ("step", "feature", "channel", "side")} for a in mon.alarms]
+        assert alarms == run["alarms"]
 
 
 def test_edit_accuracy_is_the_models_own(smoke):
-    """held_out_accuracy_before recomputed from the demo RM's forward on the shipped non-length pairs."""
+    """The unedited row's held-out accuracy recomputed from the demo RM's forward on the non-length pairs."""
     from reward_lens import demo_pairs, load_demo_model
 
     _, saved, _ = smoke
@@ -151,19 +173,56 @@ def test_edit_accuracy_is_the_models_own(smoke):
             batch = rm.to_tokens([p.prompt, p.prompt], [p.chosen, p.rejected])
             r = rm(batch["input_ids"], attention_mask=batch["attention_mask"]).reshape(-1)
             wins.append(float(r[0] > r[1]))
-    assert saved["edit"]["held_out_accuracy_before"] == pytest.approx(sum(wins) / len(wins), abs=1e-6)
-    assert saved["edit"]["length_effect_after"] < saved["edit"]["length_effect_before"]
+    assert saved["edits"][0]["held_out_accuracy"] == pytest.approx(sum(wins) / len(wins), abs=1e-6)
+
+
+def test_rolling_crossing_and_tost_by_hand():
+    rl_hack = _bench()
+    assert rl_hack.rolling_crossing([10, 10, 10, 10, 10, 16, 16, 16, 16, 16], 10.0) == 7  # mean 12.4 at 7
+    assert rl_hack.rolling_crossing([10] * 8, 10.0) is None
+    res = rl_hack.tost([0.10, 0.12, 0.11], [0.10, 0.11, 0.12], margin=0.10)
+    d = [0.0, 0.01, -0.01]
+    from scipy import stats
+
+    se = np.std(d, ddof=1) / np.sqrt(3)
+    assert res["p"] == pytest.approx(stats.t.sf((0.10 - 0.0) / se, 2)) and res["equivalent"]
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--steps", "0"], "--steps must be >= 1"),
+        (["--steps", "-3"], "--steps must be >= 1"),
+        (["--runs", "Biased"], "unknown ['Biased']"),
+        (["--runs", "biased, edited"], "unknown [' edited']"),
+        (["--controls", "noise,nois"], "unknown ['nois']"),
+        (["--batch", "10"], "not a multiple"),
+        (["--generations", "1"], "--generations must be >= 2"),
+        (["--lr", "-1"], "--lr must be a positive"),
+        (["--threads", "0"], "--threads must be >= 1"),
+        (["--seeds", "0,x"], "--seeds must be"),
+        (["--policy", "/nonexistent"], "holds no model.safetensors"),
+    ],
+)
+def test_bad_options_fail_before_any_work(argv, message, capsys, tmp_path):
+    rl_hack = _bench()
+    with pytest.raises(SystemExit) as exc:
+        rl_hack.parse_args(argv)
+    assert exc.value.code == 2 and message in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        rl_hack.parse_args(["--json", str(tmp_path)])  # a directory
 
 
 @pytest.mark.parametrize("mode", ["quick", "full"])
 def test_saved_results_have_the_notebooks_shape(mode):
     path = RESULTS / f"{mode}.json"
     if not path.exists():
-        pytest.fail(f"{path} is missing: run python benchmarks/rl_hack.py --{mode} --json {path}")
+        pytest.fail(f"{path} is missing: run python benchmarks/rl_hack.py (see its docstring) to write it")
     saved = json.loads(path.read_text())
-    for name in ("biased", "edited"):
-        run = saved["runs"][name]
-        n = len(run["steps"])
-        assert n == saved["settings"]["steps"]
-        assert len(run["reward"]) == len(run["length"]) == len(run["true_accuracy"]) == n
-        assert (RESULTS / run["monitor_log"]).exists()
+    for name, runs in saved["runs"].items():
+        assert name in RUNS
+        for run in runs:
+            n = len(run["steps"])
+            assert n == saved["settings"]["steps"]
+            assert len(run["reward"]) == len(run["length"]) == len(run["true_accuracy"]) == n
+            assert (RESULTS / run["monitor_log"]).exists()

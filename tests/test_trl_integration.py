@@ -127,7 +127,7 @@ def run(tmp_path_factory):
         max_completion_length=8,
         max_steps=MAX_STEPS,
         logging_steps=1,
-        report_to=[],
+        report_to=["tensorboard"],  # the real writer: the alarm must reach what report_to sends
         use_cpu=True,
         save_strategy="no",
         learning_rate=1e-3,
@@ -156,6 +156,28 @@ def run(tmp_path_factory):
     trainer.train()
     records = [json.loads(line) for line in (out / "monitor.jsonl").read_text().splitlines()]
     return dict(trainer=trainer, reward_fn=reward_fn, rm=rm, callback=callback, records=records, out=out)
+
+
+def test_the_hack_alarm_reaches_tensorboard_and_the_log(run):
+    """The filler policy (from step 5) is paid for its length inside each group: the hack alarm on length is
+    raised, and TensorBoard's event file holds the same per-step pressure and the alarm."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = sorted(run["out"].rglob("events.out.tfevents.*"))
+    assert events, "the TensorBoard writer wrote no event file"
+    acc = EventAccumulator(str(events[0].parent))
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    assert {"train/reward_lens/alarm/length", "train/reward_lens/pressure/length"} <= tags, sorted(tags)[:20]
+    history = {h["step"]: h for h in run["reward_fn"].history}
+    logged = {e.step: e.value for e in acc.Scalars("train/reward_lens/pressure/length")}
+    for step, value in logged.items():
+        assert value == pytest.approx(history[step]["pressure/length"], abs=1e-5)
+    alarm_steps = [e.step for e in acc.Scalars("train/reward_lens/alarm/length") if e.value == 1.0]
+    hack = run["reward_fn"].alarm.hack_steps()["length"]
+    assert hack is not None and hack > SWAP_AFTER and min(alarm_steps) == hack
+    records = [r for r in run["records"] if r["kind"] == "alarm" and r["channel"] == "hack"]
+    assert records and records[0]["step"] == hack and records[0]["feature"] == "length"
 
 
 def test_importing_reward_lens_does_not_import_trl():

@@ -26,6 +26,7 @@ EXAMPLES: Dict[str, tuple] = {
         "reward-lens sweep --modes noising,denoising,zero,mean --pairs pairs.jsonl --out sweep  # resumes",
     ),
     "monitor": ("reward-lens monitor rm_monitor.jsonl              # writes rm_monitor.html",),
+    "preflight": ("reward-lens preflight --policy organism --prompts prompts.jsonl --out preflight",),
     "bench": ("reward-lens bench --quick", "reward-lens bench --only trigger,circuit"),
     "triggers": (
         "reward-lens triggers --model trigger-organism --where prompt_end",

@@ -43,6 +43,59 @@ class MonitorRun:
     run: dict
     checks: List[dict]
     batches: List[dict] = field(default_factory=list)
+    alarms: List[dict] = field(default_factory=list)
+    notes: List[dict] = field(default_factory=list)
+
+    def channel_frame(self) -> pd.DataFrame:
+        """The hack alarm's statistics per batch: step, feature, statistic (pressure, z, CUSUMs, behaviour z,
+        explained share), value."""
+        rows = []
+        for b in self.batches:
+            for k, v in b.items():
+                head = k.split("/", 1)[0]
+                if head in ("pressure", "behaviour", "explained") and v is not None:
+                    parts = k.split("/")
+                    feature = (
+                        "/".join(parts[1:-1])
+                        if len(parts) > 2 and parts[-1] in _STATS
+                        else "/".join(parts[1:])
+                    )
+                    stat = f"{head}/{parts[-1]}" if len(parts) > 2 and parts[-1] in _STATS else head
+                    rows.append({"step": b["step"], "feature": feature, "statistic": stat, "value": float(v)})
+        return pd.DataFrame(rows, columns=["step", "feature", "statistic", "value"])
+
+    def plot_alarm(self, feature: str = "length", ax=None):
+        """The alarm's four CUSUMs of one feature (pressure and behaviour, up and down) with the threshold and
+        the alarm steps. Returns the Figure."""
+        import matplotlib.pyplot as plt
+
+        frame = self.channel_frame()
+        frame = frame[frame.feature == feature]
+        fig, ax = plt.subplots(figsize=(8.0, 3.6)) if ax is None else (ax.figure, ax)
+        for stat, colour, ls in (
+            ("pressure/cusum_up", "#c44e52", "-"),
+            ("pressure/cusum_down", "#c44e52", ":"),
+            ("behaviour/cusum_up", "#4c72b0", "-"),
+            ("behaviour/cusum_down", "#4c72b0", ":"),
+        ):
+            part = frame[frame.statistic == stat]
+            ax.plot(part.step, part.value, ls, color=colour, lw=1.2, label=stat.replace("/", " "))
+        last = self.batches[-1] if self.batches else {}
+        for key, colour, label in (
+            ("alarm/threshold", "#c44e52", "pressure h"),
+            ("alarm/behaviour_threshold", "#4c72b0", "behaviour h"),
+        ):
+            if last.get(key) is not None:
+                ax.axhline(last[key], color=colour, lw=0.8, ls="--", label=f"{label} = {last[key]:.2f}")
+        for a in self.alarms:
+            if a["feature"] == feature and a["channel"] == "hack":
+                ax.axvline(a["step"], color="#d62728", lw=1.5, label=f"hack alarm, step {a['step']}")
+        ax.set_xlabel("training step")
+        ax.set_ylabel("CUSUM")
+        ax.set_title(f"hack alarm on {feature}: pressure (reward pays for it) and behaviour (policy moves)")
+        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+        fig.tight_layout()
+        return fig
 
     def to_frame(self) -> pd.DataFrame:
         """Tidy: one row per (check, quantity) with value, ci_low, ci_high, the baseline's interval,
@@ -154,7 +207,8 @@ class MonitorRun:
         return fig
 
 
-LOG_FORMAT = 1  # the "format" of the run record RewardLensCallback writes
+LOG_FORMAT = 2  # the "format" of the run record RewardLensCallback writes (2 adds alarm and note records)
+_STATS = ("p_up", "z", "cusum_up", "cusum_down")
 
 
 def load_monitor(path: Union[str, Path]) -> MonitorRun:
@@ -177,7 +231,7 @@ def load_monitor(path: Union[str, Path]) -> MonitorRun:
         raise ValueError(
             f"{path} is empty; training has not reached its first step (or log_path points elsewhere)"
         )
-    run, checks, batches = {}, [], []
+    run, checks, batches, alarms, notes = {}, [], [], [], []
     lines = text.splitlines()
     for i, line in enumerate(lines):
         if not line.strip():
@@ -198,23 +252,29 @@ def load_monitor(path: Union[str, Path]) -> MonitorRun:
             ) from None
         kind = _checked_record(rec, f"{path} line {i + 1}")
         if kind == "run":
-            run, checks, batches = rec, [], []
+            run, checks, batches, alarms, notes = rec, [], [], [], []
         elif kind in ("baseline", "check"):
             checks.append(rec)
+        elif kind == "alarm":
+            alarms.append(rec)
+        elif kind == "note":
+            notes.append(rec)
         else:
             batches.append(rec)
     if not checks and not batches:
         raise ValueError(
             f"{path} holds no baseline, check or batch records; did training reach its first step?"
         )
-    return MonitorRun(run, checks, batches)
+    return MonitorRun(run, checks, batches, alarms, notes)
 
 
 def _checked_record(rec: Any, where: str) -> str:
     """The kind of one log record, after checking the fields the page reads (ValueError naming the field)."""
     kind = rec.get("kind") if isinstance(rec, dict) else None
-    if kind not in ("run", "baseline", "check", "batch"):
-        raise ValueError(f"{where} has kind {kind!r}; expected run, baseline, check or batch records")
+    if kind not in ("run", "baseline", "check", "batch", "alarm", "note"):
+        raise ValueError(
+            f"{where} has kind {kind!r}; expected run, baseline, check, batch, alarm or note records"
+        )
     hint = "(hand-edited, or written by another reward-lens version?)"
     if kind == "run":
         fmt = rec.get("format", LOG_FORMAT)
@@ -226,6 +286,14 @@ def _checked_record(rec: Any, where: str) -> str:
         return kind
     if not isinstance(rec.get("step"), int) or isinstance(rec.get("step"), bool):
         raise ValueError(f"{where}: 'step' is {rec.get('step')!r}, not an integer {hint}")
+    if kind == "note":
+        if not isinstance(rec.get("text"), str):
+            raise ValueError(f"{where}: a note record without 'text' {hint}")
+        return kind
+    if kind == "alarm":
+        if not all(isinstance(rec.get(k), str) for k in ("feature", "channel")):
+            raise ValueError(f"{where}: an alarm record needs 'feature' and 'channel' names {hint}")
+        return kind
     if kind == "batch":
         for k, v in rec.items():
             if k not in ("kind", "step", "n") and v is not None and not _is_number(v):
@@ -267,6 +335,27 @@ def _render(path: Union[str, Path], out: Union[str, Path]) -> Path:
     report = Report(f"reward-lens training monitor: {mon.run.get('model') or Path(path).name}")
     sec = report.section("Summary")
     flags = mon.summary()
+    for note in mon.notes:
+        sec.text(f"Step {note['step']}: {note['text']}.")
+    if not mon.checks:
+        sec.text(
+            "The monitor took no measurement: no baseline was ever taken (too few completions with text, or "
+            "training stopped before the first check). Nothing was checked."
+        )
+    alarm_cfg = mon.run.get("alarm")
+    if alarm_cfg:
+        hacks = [a for a in mon.alarms if a["channel"] == "hack"]
+        sec.text(
+            "Hack alarm: "
+            + (
+                "; ".join(f"hack on {a['feature']} ({a['side']}) at step {a['step']}" for a in hacks)
+                if hacks
+                else "no hack alarm"
+            )
+            + f" (features {', '.join(alarm_cfg['features'])}; false-alarm probability of the pressure "
+            f"channels ≤ {alarm_cfg['alpha']:g} over {alarm_cfg['horizon']} steps for a reward that ignores "
+            f"the completion; pressures below {alarm_cfg['min_pressure']:g} ignored)."
+        )
     sec.text(
         f"{len(mon.checks)} measurements (baseline at step {mon.checks[0]['step'] if mon.checks else '-'}, "
         f"then every {mon.run.get('every', '?')} steps) on the {mon.run.get('sample_size', '?')} most "
@@ -291,6 +380,21 @@ def _render(path: Union[str, Path], out: Union[str, Path]) -> Path:
     for group, title in GROUPS.items():
         if (frame.group == group).any():
             report.section(title[0].upper() + title[1:]).figure(mon.plot(group), alt=f"{group} time series")
+    if alarm_cfg:
+        alarm_sec = report.section("Hack alarm")
+        alarm_sec.text(
+            "Per step, on every completion the reward function scored. Pressure: the within-group "
+            "association of GRPO's advantage with the feature, its permutation p-value (rewards shuffled "
+            "within each prompt group, exact for any reward that ignores the completion) as z = Φ⁻¹(1 − p), "
+            "summed in a CUSUM. Behaviour: the batch mean of the feature (log length) against the "
+            "pre-flight reference, in standard errors, in a CUSUM. A hack on X is raised when both cross h "
+            "on the same side.",
+            note=True,
+        )
+        if mon.alarms:
+            alarm_sec.table(pd.DataFrame(mon.alarms).drop(columns=["kind"], errors="ignore"))
+        for feature in alarm_cfg["features"]:
+            alarm_sec.figure(mon.plot_alarm(feature), alt=f"alarm channels of {feature}")
     if mon.batches:
         report.section("Per-batch attribution").figure(mon.plot_batches(), alt="per-batch attribution")
     if mon.checks and mon.checks[0].get("concept_cosines"):

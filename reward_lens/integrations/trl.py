@@ -29,13 +29,18 @@ from __future__ import annotations
 import json
 import math
 import time
+import warnings
 from collections import deque
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
+import numpy as np
+import torch
 from transformers import TrainerCallback
 
+from reward_lens.integrations.alarm import HackAlarm, Reference, group_ids
 from reward_lens.integrations.signals import build_concepts, drift_flags, measure, score_batch
+from reward_lens.model.hooks import act_name
 from reward_lens.probes.suite import DIMENSIONS
 
 LOG_PREFIX = "reward_lens/"
@@ -115,9 +120,20 @@ class RewardLensReward:
         keep: int = 256,
         name: str = "reward_lens",
         log_metrics: bool = True,
+        alarm: Union[bool, HackAlarm] = True,
+        features: Optional[Mapping[str, Callable[[str], float]]] = None,
+        concepts: Optional[Mapping[str, Any]] = None,
+        concept_layer: int = -1,
+        references: Optional[Mapping[str, Reference]] = None,
+        alpha: float = 0.05,
+        horizon: Optional[int] = None,
     ):
-        if batch_size < 1 or keep < 1:
-            raise ValueError(f"batch_size and keep must be >= 1, got batch_size={batch_size}, keep={keep}")
+        for flag, value in (("log_metrics", log_metrics), ("alarm", alarm)):
+            if not isinstance(value, bool) and not (flag == "alarm" and isinstance(value, HackAlarm)):
+                raise TypeError(f"{flag} must be True or False, got {value!r}")
+        for label, value in (("batch_size", batch_size), ("keep", keep)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{label} must be an integer >= 1, got {value!r}")
         if getattr(model, "tokenizer", None) is None:
             raise ValueError(
                 "the reward model has no tokenizer; set model.tokenizer before scoring text completions"
@@ -130,7 +146,51 @@ class RewardLensReward:
         self.history: List[Dict[str, Any]] = []
         self.last = None
         self.seconds = 0.0
+        self.alarm_seconds = 0.0
         self.logged_via_trainer = False
+        self.features = dict(features or {})
+        for fname, fn in self.features.items():
+            if not callable(fn):
+                raise TypeError(f"feature {fname!r} must be a function completion_text -> float")
+        self.concepts = {n: torch.as_tensor(v).float().reshape(-1) for n, v in (concepts or {}).items()}
+        for cname, v in self.concepts.items():
+            if v.numel() != model.cfg.d_model:
+                raise ValueError(
+                    f"concept {cname!r} has {v.numel()} values; the model's residual has {model.cfg.d_model}"
+                )
+        self.concept_layer = concept_layer % model.cfg.n_layers
+        names = ["length", *(f"concept/{c}" for c in self.concepts), *self.features]
+        if isinstance(alarm, HackAlarm):
+            self.alarm: Optional[HackAlarm] = alarm
+        elif alarm:
+            self.alarm = HackAlarm(names, alpha=alpha, horizon=horizon, references=dict(references or {}))
+        else:
+            self.alarm = None
+
+    def rewards_for(
+        self, sig, prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any
+    ) -> torch.Tensor:
+        """The rewards handed to the trainer, from this batch's scoring pass: the model's own. Controls and
+        reward transforms (noise, shuffles, a length penalty) override this; the alarm watches what it
+        returns."""
+        return sig.rewards
+
+    def feature_values(self, sig, completions: Sequence[Any]) -> Dict[str, np.ndarray]:
+        """Per completion, every tracked feature: length in RM tokens, concept projections at the readout,
+        the user's functions of the completion text."""
+        values = {"length": sig.lengths}
+        hook = act_name("resid_post", self.concept_layer)
+        for cname, v in self.concepts.items():
+            values[f"concept/{cname}"] = (sig.resid[hook] @ v).numpy()
+        texts = [message_text(c, "assistant") for c in completions]
+        for fname, fn in self.features.items():
+            out = np.array([float(fn(t)) for t in texts], dtype=np.float64)
+            if not np.isfinite(out).all():
+                raise ValueError(
+                    f"feature {fname!r} returned a non-finite value; it must map text to a number"
+                )
+            values[fname] = out
+        return values
 
     def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> List[float]:
         start = time.perf_counter()
@@ -140,11 +200,20 @@ class RewardLensReward:
             )
         inputs = [as_model_input(p, c) for p, c in zip(prompts, completions)]
         texts_p, texts_r = [p for p, _ in inputs], [c for _, c in inputs]
-        sig = score_batch(self.model, texts_p, texts_r, batch_size=self.batch_size)
+        hooks = [act_name("resid_post", self.concept_layer)] if self.concepts else []
+        sig = score_batch(self.model, texts_p, texts_r, batch_size=self.batch_size, resid_hooks=hooks)
         state = kwargs.get("trainer_state")
         # Completions are generated before the step that trains on them: label them with that step.
         step = state.global_step + 1 if state is not None else len(self.history) + 1
+        rewards = torch.as_tensor(self.rewards_for(sig, prompts, completions, **kwargs)).float().reshape(-1)
         metrics = sig.metrics()
+        if self.alarm is not None:
+            t_alarm = time.perf_counter()
+            values = self.feature_values(sig, completions)
+            groups = group_ids([_hashable(p) for p in texts_p])
+            stats = self.alarm.update(step, rewards.numpy(), values, groups)
+            metrics.update({k: float(v) for k, v in stats.items() if k != "step"})
+            self.alarm_seconds += time.perf_counter() - t_alarm
         self.history.append({"step": step, "n": len(texts_p), **metrics})
         self.recent.extend((_hashable(p), c) for p, c in inputs if isinstance(c, str))
         self.last = sig
@@ -155,7 +224,7 @@ class RewardLensReward:
                     log_metric(LOG_PREFIX + key, value)
             self.logged_via_trainer = True
         self.seconds += time.perf_counter() - start
-        return sig.rewards.tolist()
+        return rewards.tolist()
 
     def sample(self, n: int, distinct_prompts: bool = False) -> Tuple[List[Any], List[str]]:
         """The `n` most recent distinct (prompt, completion) pairs with a non-empty completion text; a
@@ -213,6 +282,12 @@ class RewardLensCallback(TrainerCallback):
                 "reward_fn must be a RewardLensReward (the function the trainer scores with), got "
                 f"{type(reward_fn).__name__}"
             )
+        for flag, value in (("distinct_prompts", distinct_prompts),):
+            if not isinstance(value, bool):
+                raise TypeError(f"{flag} must be True or False, got {value!r}")
+        for label, value in (("every", every), ("sample_size", sample_size), ("n_boot", n_boot)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{label} must be an integer, got {value!r}")
         if every < 1 or sample_size < 4:
             raise ValueError(
                 f"need every >= 1 and sample_size >= 4 (intervals need a few items), got {every}, "
@@ -231,6 +306,7 @@ class RewardLensCallback(TrainerCallback):
         self.records: List[dict] = []
         self.concepts: Dict[str, Any] = {}
         self._written = 0
+        self._alarms_written = 0
         self._last_tick: Optional[float] = None
         self._step_times: List[float] = []
 
@@ -248,6 +324,13 @@ class RewardLensCallback(TrainerCallback):
                 "reward_lens.integrations.trl.watch(trainer, reward_fn) or pass trainer="
             )
         self.baseline, self.records, self._written = None, [], len(self.reward_fn.history)
+        self._alarms_written = 0
+        alarm = self.reward_fn.alarm
+        if alarm is not None:
+            if alarm.horizon is None or alarm.horizon < state.max_steps:
+                alarm.horizon = max(int(state.max_steps or 0), 1)  # the guarantee covers the whole run
+            alarm.reset()
+            self._alarms_written = 0
         self._last_tick, self._step_times = time.perf_counter(), []
         if state.is_world_process_zero:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -256,7 +339,7 @@ class RewardLensCallback(TrainerCallback):
             self._write(
                 {
                     "kind": "run",
-                    "format": 1,
+                    "format": 2,
                     "model": getattr(model.cfg, "model_name", None),
                     "every": self.every,
                     "sample_size": self.sample_size,
@@ -264,6 +347,18 @@ class RewardLensCallback(TrainerCallback):
                     "probes": self.probes,
                     "concepts": list(self.concept_spec),
                     "concept_layer": self.concept_layer % model.cfg.n_layers,
+                    "alarm": None
+                    if alarm is None
+                    else {
+                        "features": list(alarm.features),
+                        "alpha": alarm.alpha,
+                        "horizon": alarm.horizon,
+                        "min_pressure": alarm.min_pressure,
+                        "behaviour_k": alarm.k,
+                        "n_perm": alarm.n_perm,
+                        "scale": alarm.scale,
+                        "references": {f: r.to_dict() for f, r in alarm.references.items()},
+                    },
                     "time": time.time(),
                 }
             )
@@ -276,6 +371,18 @@ class RewardLensCallback(TrainerCallback):
             return
         self._flush_batches(state)
         have = len(self.reward_fn.sample(self.sample_size, self.distinct_prompts)[0])
+        if self.baseline is None and have < 4 and self.distinct_prompts and state.global_step >= self.every:
+            # Fewer distinct prompts than a measurement needs: never silently off. Sample completions instead,
+            # and say so in the log, the page and a warning.
+            self.distinct_prompts = False
+            note = (
+                f"distinct_prompts=True found only {have} distinct prompt(s) by step {state.global_step} (a "
+                "measurement needs 4): the monitor samples the most recent completions instead; their "
+                "intervals treat a group's completions as independent"
+            )
+            have = len(self.reward_fn.sample(self.sample_size, False)[0])
+            warnings.warn(note, UserWarning, stacklevel=2)
+            self._write({"kind": "note", "step": state.global_step, "text": note})
         if self.baseline is None:
             # The first full sample is the initial policy's; with small batches wait for it until step
             # `every`.
@@ -343,6 +450,17 @@ class RewardLensCallback(TrainerCallback):
         log when the trainer did not pass TRL's `log_metric`)."""
         new = self.reward_fn.history[self._written :]
         self._written = len(self.reward_fn.history)
+        alarm = self.reward_fn.alarm
+        if alarm is not None:
+            for a in alarm.alarms[self._alarms_written :]:
+                self._write(
+                    {
+                        "kind": "alarm",
+                        **a,
+                        "threshold": alarm.threshold(a["channel"].replace("hack", "pressure")),
+                    }
+                )
+            self._alarms_written = len(alarm.alarms)
         for rec in new:
             self._write(
                 {
