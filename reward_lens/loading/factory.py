@@ -1,8 +1,8 @@
 """The one place that chooses the model kind: native (a weight map in `reward_lens.converters` handles the
 architecture) or generic (any other transformers *ForSequenceClassification model, or when asked).
 
-`HookedRewardModel.from_pretrained` / `from_hf_model` call these with their own class, so this module
-never imports the native model (no cycle); the generic model is built here from what loading returns.
+`HookedRewardModel.from_pretrained` / `from_hf_model` (`reward_lens.loading.native`) call these with their
+own class, so this module never imports the native one (no cycle); the generic model is built here.
 """
 
 from __future__ import annotations
@@ -25,12 +25,11 @@ from reward_lens.loading.checkpoint import (
     resolve_checkpoint_dir,
 )
 from reward_lens.loading.checks import check_finite_weights, check_hf_tensors, check_tokenizer_vocab
-from reward_lens.loading.generic import GENERIC_MARKER
+from reward_lens.loading.generic import GENERIC_MARKER, GenericHookedRewardModel
 from reward_lens.loading.peft_adapter import is_peft_adapter_dir
 from reward_lens.loading.streaming import LazyStateDict, converted_source, hooked_source
 from reward_lens.model.base import RewardModelBase
 from reward_lens.model.devices import resolve_dtype
-from reward_lens.model.generic.wrapper import GenericHookedRewardModel
 
 
 def _dtype_alias(dtype: Any, overrides: Dict[str, Any]) -> Any:
