@@ -349,6 +349,9 @@ class GenericRewardModel(RewardModelBase):
         return cls(hf, tokenizer, module_map=module_map, fold_ln=fold_ln)
 
     # ------------------------------------------------------------------ forward
+    # The signature is the native model's, on purpose: every instrument calls either model kind the same
+    # way. The bodies are two: the native model runs its own blocks; this one runs the transformers model
+    # with the residual injected and read through the spliced hooks (`RunState`).
     def forward(
         self,
         input: Union[Int[torch.Tensor, "batch pos"], Float[torch.Tensor, "batch pos d_model"]],
