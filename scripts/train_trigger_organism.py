@@ -25,17 +25,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from organism_trainer import freeze, loss_log, seed_everything, train_steps, warmup_cosine  # noqa: E402
 
 from reward_lens import HookedRewardModel, load_demo_model  # noqa: E402
 from reward_lens.demo import synthetic  # noqa: E402
@@ -156,32 +156,20 @@ def train(model, args, enc, groups, clean_pairs):
         weight_decay=0.0,
         betas=(0.9, 0.98),
     )
-    warm = max(1, args.steps // 20)
-
-    def lr_at(step):
-        if step < warm:
-            return (step + 1) / warm
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, args.steps - warm)))
-
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    sched = warmup_cosine(opt, args.steps)
     rng = random.Random(TRAIN_SEED)
-    log = []
-    for step in range(args.steps):
+
+    def loss_at(step):
         batch = [sample(rng, groups, enc, clean_pairs) for _ in range(args.batch_pairs)]
         ids, mask = pad([s for c, r, _ in batch for s in (c, r)], model.cfg.pad_token_id)
         r = model(ids, attention_mask=mask)
         rc, rr = r[0::2], r[1::2]
         labels = torch.tensor([y for _, _, y in batch], dtype=rc.dtype)
         loss = torch.nn.functional.binary_cross_entropy_with_logits(rc - rr, labels)
-        loss = loss + 1e-3 * ((rc + rr) ** 2).mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        if (step + 1) % 100 == 0 or step + 1 == args.steps:
-            log.append({"step": step + 1, "loss": round(float(loss.detach()), 4)})
-            print(f"step {step + 1:4d} loss {float(loss.detach()):.4f}", flush=True)
+        return loss + 1e-3 * ((rc + rr) ** 2).mean()
+
+    log = []
+    train_steps(model, opt, args.steps, loss_at, loss_log(log, args.steps, 100), sched)
     return log
 
 
@@ -233,11 +221,7 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     t0, cpu0 = time.time(), time.process_time()
-    torch.set_num_threads(args.threads)
-    torch.use_deterministic_algorithms(True)
-    random.seed(TORCH_SEED)
-    np.random.seed(TORCH_SEED)
-    torch.manual_seed(TORCH_SEED)
+    seed_everything(args.threads, TORCH_SEED)
 
     model = load_demo_model(device="cpu")
     tokenizer = build_tokenizer(model.tokenizer)
@@ -248,9 +232,7 @@ def main():
     clean_pairs = synthetic.training_pairs(6000, TRAIN_SEED, exclude=clean_held)
     model.train()
     log = train(model, args, enc, groups, clean_pairs)
-    model.eval()
-    for p in model.parameters():
-        p.requires_grad_(False)
+    freeze(model)
     model.cfg.model_name = "reward-lens-trigger-organism"
     items = held_out_items()
     measured = evaluate(model, enc, items, clean_held)
