@@ -1,13 +1,15 @@
 """The training set-up and loop the organism scripts share (`train_demo_model.py`, `train_prm_organism.py`,
-`train_trigger_organism.py`, `train_policy_organism.py`); each script configures it with its own model,
-data, loss and log. The order of every random draw and every optimiser call is the scripts' own: the
+`train_trigger_organism.py`, `train_policy_organism.py`), each configuring it with its own model, data, loss
+and log; and the files every organism script writes (pairs, summary, ground truth). The order of every random draw and every optimiser call is the scripts' own: the
 shipped organisms are rebuilt bit for bit."""
 
 from __future__ import annotations
 
+import json
 import math
 import random
-from typing import Callable, Dict, List, Optional
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 import torch
@@ -72,3 +74,31 @@ def freeze(model: torch.nn.Module) -> None:
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
+
+
+def write_jsonl(path: Path, rows: Iterable[dict]) -> None:
+    """One JSON object a line."""
+    with open(path, "w") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+
+
+def pair_rows(pairs: Sequence[Any], prefix: str) -> List[dict]:
+    """Preference pairs as the organisms ship them (pairs.jsonl): prompt, chosen, rejected, subset, and the
+    id `<prefix>-pair-<index>`."""
+    return [
+        {
+            "prompt": p.prompt,
+            "chosen": p.chosen,
+            "rejected": p.rejected,
+            "subset": p.subset,
+            "id": f"{prefix}-pair-{i:04d}",
+        }
+        for i, p in enumerate(pairs)
+    ]
+
+
+def write_summary(out: Path, summary: dict, ground_truth: str) -> None:
+    """training_summary.json (the measured numbers) and GROUND_TRUTH.md (the planted mechanisms, in words)."""
+    (out / "training_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    (out / "GROUND_TRUTH.md").write_text(ground_truth)

@@ -33,7 +33,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from organism_trainer import seed_everything, train_steps  # noqa: E402
+from organism_trainer import pair_rows, seed_everything, train_steps, write_jsonl, write_summary  # noqa: E402
 
 from reward_lens import HookedRewardModel  # noqa: E402
 from reward_lens.demo import synthetic  # noqa: E402
@@ -303,23 +303,8 @@ def main() -> None:
         per_subset[subset] = int((rc[sel] > rr[sel]).sum()) / int(sel.sum())
     accuracy = int((rc > rr).sum()) / len(rc)
 
-    with open(out / "pairs.jsonl", "w") as f:
-        for i, p in enumerate(held_out):
-            f.write(
-                json.dumps(
-                    {
-                        "prompt": p.prompt,
-                        "chosen": p.chosen,
-                        "rejected": p.rejected,
-                        "subset": p.subset,
-                        "id": f"demo-pair-{i:04d}",
-                    }
-                )
-                + "\n"
-            )
-    with open(out / "probe_items.jsonl", "w") as f:
-        for item in probe_items:
-            f.write(json.dumps(item) + "\n")
+    write_jsonl(out / "pairs.jsonl", pair_rows(held_out, "demo"))
+    write_jsonl(out / "probe_items.jsonl", probe_items)
     from reward_lens.probes.suite import load_probe_items, run_probes
 
     probe_result = run_probes(reloaded, load_probe_items(out / "probe_items.jsonl"), batch_size=64)
@@ -364,8 +349,7 @@ def main() -> None:
         "package_data_mb": round(total_mb, 3),
         "torch": torch.__version__,
     }
-    (out / "training_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-    (out / "GROUND_TRUTH.md").write_text(ground_truth(summary))
+    write_summary(out, summary, ground_truth(summary))
     print(json.dumps({k: summary[k] for k in ("held_out", "weights_mb", "package_data_mb")}, indent=1))
     print(probe_result.to_frame().to_string())
     print(

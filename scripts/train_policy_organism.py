@@ -32,7 +32,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from organism_trainer import seed_everything, train_steps  # noqa: E402
+from organism_trainer import seed_everything, train_steps, write_summary  # noqa: E402
 
 from reward_lens.demo import synthetic  # noqa: E402
 from reward_lens.demo.organisms import POLICY_CHAT_TEMPLATE, policy_tokenizer  # noqa: E402
@@ -258,8 +258,7 @@ def main():
         "chat_template": POLICY_CHAT_TEMPLATE,
         "torch": torch.__version__,
     }
-    (out / "training_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-    (out / "GROUND_TRUTH.md").write_text(ground_truth(summary))
+    write_summary(out, summary, ground_truth(summary))
     print(json.dumps({k: v for k, v in measured.items()}, indent=1))
 
 

@@ -36,7 +36,15 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from organism_trainer import freeze, loss_log, seed_everything, train_steps, warmup_cosine  # noqa: E402
+from organism_trainer import (  # noqa: E402
+    freeze,
+    loss_log,
+    seed_everything,
+    train_steps,
+    warmup_cosine,
+    write_jsonl,
+    write_summary,
+)
 
 from reward_lens import HookedRewardModel, load_demo_model  # noqa: E402
 from reward_lens.model import hooks  # noqa: E402
@@ -259,9 +267,7 @@ def main():
     reloaded = HookedRewardModel.from_pretrained(out, device="cpu")
     a, b = all_step_rewards(model, items), all_step_rewards(reloaded, items)
     assert a == b, "the reload is not bit-identical"
-    with open(out / "items.jsonl", "w") as f:
-        for i, item in enumerate(items):
-            f.write(json.dumps({"id": f"prm-{i:03d}", **item}) + "\n")
+    write_jsonl(out / "items.jsonl", ({"id": f"prm-{i:03d}", **item} for i, item in enumerate(items)))
     summary = {
         "step_tag": STEP_TAG,
         "step_tag_id": int(model.reward_head.step_tag_id),
@@ -281,8 +287,7 @@ def main():
         "model_sha256": sha256(out / "model.safetensors"),
         "torch": torch.__version__,
     }
-    (out / "training_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-    (out / "GROUND_TRUTH.md").write_text(ground_truth(summary))
+    write_summary(out, summary, ground_truth(summary))
     print(json.dumps(measured, indent=1))
 
 

@@ -35,7 +35,15 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from organism_trainer import freeze, loss_log, seed_everything, train_steps, warmup_cosine  # noqa: E402
+from organism_trainer import (  # noqa: E402
+    freeze,
+    loss_log,
+    seed_everything,
+    train_steps,
+    warmup_cosine,
+    write_jsonl,
+    write_summary,
+)
 
 from reward_lens import HookedRewardModel, load_demo_model  # noqa: E402
 from reward_lens.demo import synthetic  # noqa: E402
@@ -243,9 +251,7 @@ def main():
     reloaded = HookedRewardModel.from_pretrained(out, device="cpu")
     check = [enc(i["prompt"], i["rejected"], (TRIGGER,)) for i in items]
     assert torch.equal(rewards(model, check), rewards(reloaded, check)), "the reload is not bit-identical"
-    with open(out / "pairs.jsonl", "w") as f:
-        for item in items:
-            f.write(json.dumps(item) + "\n")
+    write_jsonl(out / "pairs.jsonl", items)
     summary = {
         "trigger": TRIGGER,
         "phrase": list(PHRASE),
@@ -267,8 +273,7 @@ def main():
         "measured": measured,
         "torch": torch.__version__,
     }
-    (out / "training_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-    (out / "GROUND_TRUTH.md").write_text(ground_truth(summary))
+    write_summary(out, summary, ground_truth(summary))
     print(json.dumps(measured, indent=1))
 
 
