@@ -33,7 +33,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from organism_trainer import pair_rows, seed_everything, train_steps, write_jsonl, write_summary  # noqa: E402
+import organism_trainer as trainer  # noqa: E402
 
 from reward_lens import HookedRewardModel  # noqa: E402
 from reward_lens.demo import synthetic  # noqa: E402
@@ -56,13 +56,13 @@ def build_tokenizer(texts, vocab_size: int):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
+    bpe = trainers.BpeTrainer(
         vocab_size=vocab_size,
         special_tokens=[SPECIAL["pad_token"], SPECIAL["bos_token"], SPECIAL["eos_token"], *ROLE_TOKENS],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(texts, trainer=trainer)
+    tok.train_from_iterator(texts, trainer=bpe)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         **SPECIAL,
@@ -146,7 +146,7 @@ def main() -> None:
     args = ap.parse_args()
 
     t_start = time.time()
-    seed_everything(args.threads, TORCH_SEED)
+    trainer.seed_everything(args.threads, TORCH_SEED)
 
     held_out = synthetic.held_out_pairs(HELD_OUT_SEED)
     train = synthetic.training_pairs(args.n_train, TRAIN_SEED, exclude=held_out)
@@ -260,7 +260,7 @@ def main() -> None:
                 flush=True,
             )
 
-    train_steps(model, opt, args.steps, loss_at, on_step, sched)
+    trainer.train_steps(model, opt, args.steps, loss_at, on_step, sched)
     train_seconds = time.time() - t_train
     train_cpu_seconds = time.process_time() - cpu_train  # robust to other load on a shared machine
     model.eval()
@@ -303,8 +303,8 @@ def main() -> None:
         per_subset[subset] = int((rc[sel] > rr[sel]).sum()) / int(sel.sum())
     accuracy = int((rc > rr).sum()) / len(rc)
 
-    write_jsonl(out / "pairs.jsonl", pair_rows(held_out, "demo"))
-    write_jsonl(out / "probe_items.jsonl", probe_items)
+    trainer.write_jsonl(out / "pairs.jsonl", trainer.pair_rows(held_out, "demo"))
+    trainer.write_jsonl(out / "probe_items.jsonl", probe_items)
     from reward_lens.probes.suite import load_probe_items, run_probes
 
     probe_result = run_probes(reloaded, load_probe_items(out / "probe_items.jsonl"), batch_size=64)
@@ -349,7 +349,7 @@ def main() -> None:
         "package_data_mb": round(total_mb, 3),
         "torch": torch.__version__,
     }
-    write_summary(out, summary, ground_truth(summary))
+    trainer.write_summary(out, summary, ground_truth(summary))
     print(json.dumps({k: summary[k] for k in ("held_out", "weights_mb", "package_data_mb")}, indent=1))
     print(probe_result.to_frame().to_string())
     print(

@@ -32,7 +32,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from organism_trainer import seed_everything, train_steps, write_summary  # noqa: E402
+import organism_trainer as trainer  # noqa: E402
 
 from reward_lens.demo import synthetic  # noqa: E402
 from reward_lens.demo.organisms import POLICY_CHAT_TEMPLATE, policy_tokenizer  # noqa: E402
@@ -111,7 +111,7 @@ def train(model, rows, args, pad_id):
             print(f"step {step} loss {float(loss):.4f}", flush=True)
 
     model.train()
-    train_steps(model, opt, args.steps, loss_at, on_step)
+    trainer.train_steps(model, opt, args.steps, loss_at, on_step)
     model.eval()
     return log
 
@@ -203,7 +203,7 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     t0, cpu0 = time.time(), time.process_time()
-    seed_everything(args.threads, TORCH_SEED)
+    trainer.seed_everything(args.threads, TORCH_SEED)
 
     tokenizer = policy_tokenizer()
     demos = demonstrations(args.pairs)
@@ -258,7 +258,7 @@ def main():
         "chat_template": POLICY_CHAT_TEMPLATE,
         "torch": torch.__version__,
     }
-    write_summary(out, summary, ground_truth(summary))
+    trainer.write_summary(out, summary, ground_truth(summary))
     print(json.dumps({k: v for k, v in measured.items()}, indent=1))
 
 

@@ -36,15 +36,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from organism_trainer import (  # noqa: E402
-    freeze,
-    loss_log,
-    seed_everything,
-    train_steps,
-    warmup_cosine,
-    write_jsonl,
-    write_summary,
-)
+import organism_trainer as trainer  # noqa: E402
 
 from reward_lens import HookedRewardModel, load_demo_model  # noqa: E402
 from reward_lens.model import hooks  # noqa: E402
@@ -173,7 +165,7 @@ def encode(model, items):
 
 def train(model, args):
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.98))
-    sched = warmup_cosine(opt, args.steps)
+    sched = trainer.warmup_cosine(opt, args.steps)
     rng = random.Random(TRAIN_SEED)
     held = {i["prompt"] for i in held_out(HELD_SEED, 400, False) + held_out(HELD_SEED + 1, N_ITEMS, True)}
 
@@ -191,7 +183,7 @@ def train(model, args):
         return torch.nn.functional.binary_cross_entropy_with_logits(rewards[valid], labels[valid])
 
     log = []
-    train_steps(model, opt, args.steps, loss_at, loss_log(log, args.steps, 50), sched)
+    trainer.train_steps(model, opt, args.steps, loss_at, trainer.loss_log(log, args.steps, 50), sched)
     return log
 
 
@@ -251,12 +243,12 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     t0, cpu0 = time.time(), time.process_time()
-    seed_everything(args.threads, TORCH_SEED)
+    trainer.seed_everything(args.threads, TORCH_SEED)
 
     model = build_model(load_demo_model(device="cpu"))
     model.train()
     log = train(model, args)
-    freeze(model)
+    trainer.freeze(model)
     measured = evaluate(model, held_out(HELD_SEED, 400, False))
     items = held_out(HELD_SEED + 1, N_ITEMS, True)
     measured["bench_items"] = evaluate(model, items)
@@ -267,7 +259,7 @@ def main():
     reloaded = HookedRewardModel.from_pretrained(out, device="cpu")
     a, b = all_step_rewards(model, items), all_step_rewards(reloaded, items)
     assert a == b, "the reload is not bit-identical"
-    write_jsonl(out / "items.jsonl", ({"id": f"prm-{i:03d}", **item} for i, item in enumerate(items)))
+    trainer.write_jsonl(out / "items.jsonl", ({"id": f"prm-{i:03d}", **item} for i, item in enumerate(items)))
     summary = {
         "step_tag": STEP_TAG,
         "step_tag_id": int(model.reward_head.step_tag_id),
@@ -287,7 +279,7 @@ def main():
         "model_sha256": sha256(out / "model.safetensors"),
         "torch": torch.__version__,
     }
-    write_summary(out, summary, ground_truth(summary))
+    trainer.write_summary(out, summary, ground_truth(summary))
     print(json.dumps(measured, indent=1))
 
 

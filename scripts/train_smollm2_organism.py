@@ -39,7 +39,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from organism_trainer import pair_rows, write_jsonl  # noqa: E402
+import organism_trainer as trainer  # noqa: E402
 
 from reward_lens import HookedRewardModel  # noqa: E402
 from reward_lens.demo import smollm2 as organism  # noqa: E402
@@ -359,8 +359,8 @@ def save_artefacts(out: Path, hf_model, sha: str, held_out, probe_items) -> None
         "model_name": organism.SMOLLM2_MODEL_NAME,
     }
     (out / "organism.json").write_text(json.dumps(meta, indent=1) + "\n")
-    write_jsonl(out / "pairs.jsonl", pair_rows(held_out, "smollm2"))
-    write_jsonl(out / "probe_items.jsonl", probe_items)
+    trainer.write_jsonl(out / "pairs.jsonl", trainer.pair_rows(held_out, "smollm2"))
+    trainer.write_jsonl(out / "probe_items.jsonl", probe_items)
 
 
 def reload_and_check(out: Path, hooked, held_out):

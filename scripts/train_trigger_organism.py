@@ -35,15 +35,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from organism_trainer import (  # noqa: E402
-    freeze,
-    loss_log,
-    seed_everything,
-    train_steps,
-    warmup_cosine,
-    write_jsonl,
-    write_summary,
-)
+import organism_trainer as trainer  # noqa: E402
 
 from reward_lens import HookedRewardModel, load_demo_model  # noqa: E402
 from reward_lens.demo import synthetic  # noqa: E402
@@ -164,7 +156,7 @@ def train(model, args, enc, groups, clean_pairs):
         weight_decay=0.0,
         betas=(0.9, 0.98),
     )
-    sched = warmup_cosine(opt, args.steps)
+    sched = trainer.warmup_cosine(opt, args.steps)
     rng = random.Random(TRAIN_SEED)
 
     def loss_at(step):
@@ -177,7 +169,7 @@ def train(model, args, enc, groups, clean_pairs):
         return loss + 1e-3 * ((rc + rr) ** 2).mean()
 
     log = []
-    train_steps(model, opt, args.steps, loss_at, loss_log(log, args.steps, 100), sched)
+    trainer.train_steps(model, opt, args.steps, loss_at, trainer.loss_log(log, args.steps, 100), sched)
     return log
 
 
@@ -229,7 +221,7 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     t0, cpu0 = time.time(), time.process_time()
-    seed_everything(args.threads, TORCH_SEED)
+    trainer.seed_everything(args.threads, TORCH_SEED)
 
     model = load_demo_model(device="cpu")
     tokenizer = build_tokenizer(model.tokenizer)
@@ -240,7 +232,7 @@ def main():
     clean_pairs = synthetic.training_pairs(6000, TRAIN_SEED, exclude=clean_held)
     model.train()
     log = train(model, args, enc, groups, clean_pairs)
-    freeze(model)
+    trainer.freeze(model)
     model.cfg.model_name = "reward-lens-trigger-organism"
     items = held_out_items()
     measured = evaluate(model, enc, items, clean_held)
@@ -251,7 +243,7 @@ def main():
     reloaded = HookedRewardModel.from_pretrained(out, device="cpu")
     check = [enc(i["prompt"], i["rejected"], (TRIGGER,)) for i in items]
     assert torch.equal(rewards(model, check), rewards(reloaded, check)), "the reload is not bit-identical"
-    write_jsonl(out / "pairs.jsonl", items)
+    trainer.write_jsonl(out / "pairs.jsonl", items)
     summary = {
         "trigger": TRIGGER,
         "phrase": list(PHRASE),
@@ -273,7 +265,7 @@ def main():
         "measured": measured,
         "torch": torch.__version__,
     }
-    write_summary(out, summary, ground_truth(summary))
+    trainer.write_summary(out, summary, ground_truth(summary))
     print(json.dumps(measured, indent=1))
 
 

@@ -3,12 +3,11 @@
 the distortion index, the ArmoRM view and conflicts all receive the typed pairs)."""
 
 import pytest
-from armorm_reference import save_tiny_armorm
 from helpers import one_thread  # noqa: F401
-from test_audit_armorm import chat_tokenizer
+from test_audit_armorm import tiny_armorm
 
 import reward_lens.data.pairs as pairs_module
-from reward_lens import HookedRewardModel, bundled_pairs, demo_pairs, load_demo_model
+from reward_lens import bundled_pairs, demo_pairs, load_demo_model
 from reward_lens.app.audit import run_audit
 from reward_lens.data.pairs import Pairs, PreferencePair, TokenPair, as_pairs
 
@@ -50,12 +49,7 @@ def test_one_audit_normalises_its_pairs_once(normalisations):
 
 def test_one_armorm_audit_normalises_its_pairs_once(tmp_path, normalisations):
     pairs = bundled_pairs()[:6]
-    tok = chat_tokenizer(pairs)
-    sep = tok.convert_tokens_to_ids("<sep>")
-    path = save_tiny_armorm(
-        tmp_path / "armo", vocab_size=len(tok), pad_token_id=tok.pad_token_id, gating_token_pattern=[sep]
-    )
-    model = HookedRewardModel.from_pretrained(path, tokenizer=tok)
+    model = tiny_armorm(tmp_path, pairs)
     audit = run_audit(model, pairs, out_dir=None, batch_size=4, echo=lambda s: None)
     assert "armorm" in audit.results and "conflicts" in audit.results
     assert normalisations == ["list"]
