@@ -14,11 +14,9 @@ Run: python benchmarks/edge_attribution.py [--layers 6 --d-model 256 --seq 256 -
 """
 
 import argparse
-import statistics
-import time
 
 import torch
-import transformers
+from harness import no_grad_forward, random_llama, random_pair, size_args, timed
 
 from reward_lens import HookedRewardModel, edge_attribution, path_patch
 from reward_lens.data.pairs import TokenPair
@@ -44,37 +42,19 @@ def counting(model):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--layers", type=int, default=6)
-    ap.add_argument("--d-model", type=int, default=256)
-    ap.add_argument("--seq", type=int, default=256)
+    size_args(ap, layers=6, d_model=256, seq=256, repeats=3)
     ap.add_argument("--steps", type=int, default=16)
-    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--positions", choices=("readout", "all"), default="readout")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(
-        vocab_size=32000,
-        hidden_size=args.d_model,
-        intermediate_size=4 * args.d_model,
-        num_hidden_layers=args.layers,
-        num_attention_heads=args.d_model // 64,
-        num_key_value_heads=args.d_model // 128,
-        num_labels=1,
-        pad_token_id=0,
-        max_position_embeddings=4096,
-    )
-    model = HookedRewardModel.from_hf_model(transformers.LlamaForSequenceClassification(cfg).eval())
-    prompt = torch.randint(1, cfg.vocab_size, (args.seq // 2,))
-    chosen = torch.cat([prompt, torch.randint(1, cfg.vocab_size, (args.seq - len(prompt),))])
-    if args.positions == "all":
-        rejected = torch.cat([chosen[:-16], torch.randint(1, cfg.vocab_size, (16,))])
-    else:
-        rejected = torch.cat([prompt, torch.randint(1, cfg.vocab_size, (args.seq - 16 - len(prompt),))])
+    hf = random_llama(args.layers, args.d_model)
+    model = HookedRewardModel.from_hf_model(hf)
+    chosen, rejected = random_pair(hf.config.vocab_size, args.seq, aligned=args.positions == "all")
+    del hf
     pair = [TokenPair(chosen, rejected)]
-    ids = chosen[None]
     at = {"positions": args.positions}
     runs = {
         "eap": lambda: edge_attribution(model, pair, method="eap", **at),
@@ -84,10 +64,7 @@ def main():
     senders = runs["eap"]().senders[1:]
     runs["path_patch (exact)"] = lambda: path_patch(model, pair, senders, **at)
     count = counting(model)
-
-    def forward():
-        with torch.no_grad():
-            return model(ids)
+    forward = no_grad_forward(model, chosen[None])
 
     print(
         f"setting: {args.layers} layers, d_model {args.d_model}, T={len(chosen)}/{len(rejected)}, fp32, "
@@ -97,15 +74,8 @@ def main():
         count["n"] = 0
         res = fn()
         n_forwards = count["n"]
-        times = {"fwd": [], "run": []}
-        for _ in range(args.repeats):
-            for key, f in (("fwd", forward), ("run", fn)):
-                start = time.perf_counter()
-                f()
-                times[key].append(time.perf_counter() - start)
-        fw, t = min(times["fwd"]), min(times["run"])
+        (fw, _), (t, median) = timed([forward, fn], args.repeats)
         n_edges = int(torch.isfinite(getattr(res, "scores", getattr(res, "patched", None))[0]).sum())
-        median = statistics.median(times["run"])
         print(
             f"{name:20s} {n_edges} edges: {n_forwards} full forwards, {t * 1e3:8.1f} ms (median "
             f"{median * 1e3:.1f}) = {t / fw:6.2f} forward-pass equivalents"

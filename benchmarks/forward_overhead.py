@@ -11,12 +11,13 @@ import statistics
 import time
 
 import torch
-import transformers
+from harness import random_llama, size_args
 
 from reward_lens import HookedRewardModel
 
 
-def timed(fn, repeats):
+def median_time(fn, repeats):
+    """Median of `repeats` consecutive calls, after one warm-up call."""
     fn()  # warm-up
     times = []
     for _ in range(repeats):
@@ -49,26 +50,13 @@ def peak_bytes(fn):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--layers", type=int, default=12)
-    ap.add_argument("--d-model", type=int, default=512)
-    ap.add_argument("--seq", type=int, default=256)
+    size_args(ap, layers=12, d_model=512, seq=256, repeats=7)
     ap.add_argument("--batch", type=int, default=4)
-    ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = ap.parse_args()
     torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(
-        vocab_size=32000,
-        hidden_size=args.d_model,
-        intermediate_size=4 * args.d_model,
-        num_hidden_layers=args.layers,
-        num_attention_heads=args.d_model // 64,
-        num_key_value_heads=args.d_model // 128,
-        num_labels=1,
-        pad_token_id=0,
-        max_position_embeddings=4096,
-    )
-    hf = transformers.LlamaForSequenceClassification(cfg).eval().to(args.device)
+    hf = random_llama(args.layers, args.d_model).to(args.device)
+    cfg = hf.config
     hf.config._attn_implementation = "sdpa"
     hooked = HookedRewardModel.from_hf_model(hf, device=args.device)
     ids = torch.randint(1, cfg.vocab_size, (args.batch, args.seq), device=args.device)
@@ -86,8 +74,8 @@ def main():
     # Interleave to share machine noise fairly.
     t_hf, t_hooked = [], []
     for _ in range(3):
-        t_hf.append(timed(run_hf, args.repeats))
-        t_hooked.append(timed(run_hooked, args.repeats))
+        t_hf.append(median_time(run_hf, args.repeats))
+        t_hooked.append(median_time(run_hooked, args.repeats))
     t_hf, t_hooked = min(t_hf), min(t_hooked)
     gc.collect()
     m_hf, m_hooked = peak_bytes(run_hf), peak_bytes(run_hooked)

@@ -12,66 +12,31 @@ Run: python benchmarks/patching_sweep.py [--layers 12 --d-model 512 --seq 256 --
 """
 
 import argparse
-import statistics
-import time
 
 import torch
-import transformers
+from harness import no_grad_forward, random_llama, random_pair, size_args, timed
 
 from reward_lens import HookedRewardModel
 from reward_lens.data.pairs import TokenPair
 from reward_lens.instruments import patch
 
 
-def timed(fns, repeats):
-    """Min and median wall time of each function, calls interleaved so that they share the machine's load
-    (callers warm up first)."""
-    times = [[] for _ in fns]
-    for _ in range(repeats):
-        for fn, t in zip(fns, times):
-            start = time.perf_counter()
-            fn()
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
-            t.append(time.perf_counter() - start)
-    return [(min(t), statistics.median(t)) for t in times]
-
-
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--layers", type=int, default=12)
-    ap.add_argument("--d-model", type=int, default=512)
-    ap.add_argument("--seq", type=int, default=256)
-    ap.add_argument("--repeats", type=int, default=5)
+    size_args(ap, layers=12, d_model=512, seq=256, repeats=5)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(
-        vocab_size=32000,
-        hidden_size=args.d_model,
-        intermediate_size=4 * args.d_model,
-        num_hidden_layers=args.layers,
-        num_attention_heads=args.d_model // 64,
-        num_key_value_heads=args.d_model // 128,
-        num_labels=1,
-        pad_token_id=0,
-        max_position_embeddings=4096,
-    )
-    hf = transformers.LlamaForSequenceClassification(cfg).eval()
+    hf = random_llama(args.layers, args.d_model)
+    cfg = hf.config
     model = HookedRewardModel.from_hf_model(hf, device=args.device)
     del hf
-    prompt = torch.randint(1, cfg.vocab_size, (args.seq // 2,))
-    chosen = torch.cat([prompt, torch.randint(1, cfg.vocab_size, (args.seq - len(prompt),))])
-    rejected = torch.cat([prompt, torch.randint(1, cfg.vocab_size, (args.seq - 16 - len(prompt),))])
+    chosen, rejected = random_pair(cfg.vocab_size, args.seq)
     pair = [TokenPair(chosen, rejected)]
-    ids = chosen[None].to(args.device)
-
-    def forward():
-        with torch.no_grad():
-            return model(ids)
+    forward = no_grad_forward(model, chosen[None].to(args.device))
 
     print(
         f"setting: {args.layers} layers, d_model {args.d_model}, {cfg.num_attention_heads} heads "

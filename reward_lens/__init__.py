@@ -16,19 +16,14 @@ from reward_lens.version import __version__
 # answers --help without loading torch. `_API` holds the import statements, run once, in this namespace.
 _API = """
 # The model: a TransformerLens-style hooked decoder whose unembed is a reward head.
-from reward_lens import loading  # noqa: F401  (installs the checkpoint loaders into the model classes)
 from reward_lens.model.config import RewardModelConfig
-from reward_lens.model.native import HookedRewardModel
+from reward_lens.loading.native import HookedRewardModel  # the native model with its checkpoint I/O
 from reward_lens.model.heads.scalar import RewardHead
 from reward_lens.model.heads.armorm import ArmoRMHead  # registers the "armorm" head type
 from reward_lens.model.heads import JudgeHead, MLPHead, ProcessRewardHead, QRMHead  # the other head types
 from reward_lens.model.heads.base import read_objective, read_step
-from reward_lens.model.generic.wrapper import (
-    GenericHookedRewardModel,
-    GenericLoadError,
-    GenericPathError,
-    GenericRewardModelConfig,
-)
+from reward_lens.model.generic.discovery import GenericLoadError, GenericPathError, GenericRewardModelConfig
+from reward_lens.loading.generic import GenericHookedRewardModel
 from reward_lens.loading.export import export_hf
 
 # Preference data and the model organisms (models with planted, known preferences).

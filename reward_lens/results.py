@@ -13,7 +13,7 @@ tensors [n_pairs] (the model's clean rewards) and `reward_gap` their difference.
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Dict, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 import pandas as pd
@@ -76,3 +76,47 @@ def to_numpy(x: Any) -> np.ndarray:
     if isinstance(x, torch.Tensor):
         return x.detach().float().cpu().numpy()
     return np.asarray(x)
+
+
+def edge_frame(
+    pair_ids: Sequence[str],
+    senders: Sequence[str],
+    receivers: Sequence[str],
+    kept: np.ndarray,
+    columns: Dict[str, Any],
+) -> pd.DataFrame:
+    """One row per (pair, sender, receiver) cell of a [pair, sender, receiver] grid where `kept` is true
+    (the paths that exist), in pair, sender, receiver order: the three names, then each of `columns`: a
+    string (the same in every row), an array per pair [n_pairs], or one per cell [pair, sender,
+    receiver]. Path patching's effects and edge attribution's estimates share this layout."""
+    i, j, k = np.nonzero(kept)
+    data: Dict[str, Any] = {
+        "pair": [pair_ids[a] for a in i],
+        "sender": [senders[a] for a in j],
+        "receiver": [receivers[a] for a in k],
+    }
+    for name, value in columns.items():
+        if isinstance(value, str):
+            data[name] = [value] * len(i)
+        else:
+            value = np.asarray(value)
+            data[name] = value[i] if value.ndim == 1 else value[i, j, k]
+    return pd.DataFrame(data, columns=list(data))
+
+
+def edge_means(frame: pd.DataFrame, value: str) -> pd.DataFrame:
+    """Per (sender, receiver) edge over pairs: mean_<value>, mean_normalized_<value>, std_<value> (from
+    `frame`'s `value` and `normalized_<value>` columns), largest |mean| first."""
+    out = (
+        frame.groupby(["sender", "receiver"], sort=False)
+        .agg(
+            **{
+                f"mean_{value}": (value, "mean"),
+                f"mean_normalized_{value}": (f"normalized_{value}", "mean"),
+                f"std_{value}": (value, "std"),
+            }
+        )
+        .reset_index()
+    )
+    order = out[f"mean_{value}"].abs().sort_values(ascending=False).index
+    return out.reindex(order).reset_index(drop=True)

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import random
 import sys
 import time
 from pathlib import Path
@@ -33,6 +32,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+import organism_trainer as trainer  # noqa: E402
 
 from reward_lens import HookedRewardModel  # noqa: E402
 from reward_lens.demo import synthetic  # noqa: E402
@@ -55,13 +56,13 @@ def build_tokenizer(texts, vocab_size: int):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
+    bpe = trainers.BpeTrainer(
         vocab_size=vocab_size,
         special_tokens=[SPECIAL["pad_token"], SPECIAL["bos_token"], SPECIAL["eos_token"], *ROLE_TOKENS],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(texts, trainer=trainer)
+    tok.train_from_iterator(texts, trainer=bpe)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         **SPECIAL,
@@ -145,11 +146,7 @@ def main() -> None:
     args = ap.parse_args()
 
     t_start = time.time()
-    torch.set_num_threads(args.threads)
-    torch.use_deterministic_algorithms(True)
-    random.seed(TORCH_SEED)
-    np.random.seed(TORCH_SEED)
-    torch.manual_seed(TORCH_SEED)
+    trainer.seed_everything(args.threads, TORCH_SEED)
 
     held_out = synthetic.held_out_pairs(HELD_OUT_SEED)
     train = synthetic.training_pairs(args.n_train, TRAIN_SEED, exclude=held_out)
@@ -201,6 +198,9 @@ def main() -> None:
     )
     warmup = max(1, args.steps // 20)
 
+    # organism_trainer.warmup_cosine's schedule, rounded as the shipped demo was trained: the fraction of
+    # the cosine first (the shared one rounds pi * (step - warmup) first, a last-bit difference at some
+    # steps, and the demo must be rebuilt bit for bit).
     def lr_at(step: int) -> float:
         if step < warmup:
             return (step + 1) / warmup
@@ -212,7 +212,8 @@ def main() -> None:
     batches = bucketed_batches(enc_train, args.batch_pairs, args.steps, order_rng)
     log = []
     t_train, cpu_train = time.time(), time.process_time()
-    for step in range(args.steps):
+
+    def loss_at(step):
         model.train()
         idx = batches[step]
         ids, mask = pad_batch([s for i in idx for s in enc_train[i]], pad_id)
@@ -240,11 +241,9 @@ def main() -> None:
                     logits.reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=-100
                 )
                 loss = loss + args.lm_weight * lm
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
+        return loss
+
+    def on_step(step, loss):
         if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
             acc = pair_accuracy(model, enc_held, pad_id)
             log.append(
@@ -260,6 +259,8 @@ def main() -> None:
                 f"{time.time() - t_train:6.1f}s",
                 flush=True,
             )
+
+    trainer.train_steps(model, opt, args.steps, loss_at, on_step, sched)
     train_seconds = time.time() - t_train
     train_cpu_seconds = time.process_time() - cpu_train  # robust to other load on a shared machine
     model.eval()
@@ -302,23 +303,8 @@ def main() -> None:
         per_subset[subset] = int((rc[sel] > rr[sel]).sum()) / int(sel.sum())
     accuracy = int((rc > rr).sum()) / len(rc)
 
-    with open(out / "pairs.jsonl", "w") as f:
-        for i, p in enumerate(held_out):
-            f.write(
-                json.dumps(
-                    {
-                        "prompt": p.prompt,
-                        "chosen": p.chosen,
-                        "rejected": p.rejected,
-                        "subset": p.subset,
-                        "id": f"demo-pair-{i:04d}",
-                    }
-                )
-                + "\n"
-            )
-    with open(out / "probe_items.jsonl", "w") as f:
-        for item in probe_items:
-            f.write(json.dumps(item) + "\n")
+    trainer.write_jsonl(out / "pairs.jsonl", trainer.pair_rows(held_out, "demo"))
+    trainer.write_jsonl(out / "probe_items.jsonl", probe_items)
     from reward_lens.probes.suite import load_probe_items, run_probes
 
     probe_result = run_probes(reloaded, load_probe_items(out / "probe_items.jsonl"), batch_size=64)
@@ -363,8 +349,7 @@ def main() -> None:
         "package_data_mb": round(total_mb, 3),
         "torch": torch.__version__,
     }
-    (out / "training_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-    (out / "GROUND_TRUTH.md").write_text(ground_truth(summary))
+    trainer.write_summary(out, summary, ground_truth(summary))
     print(json.dumps({k: summary[k] for k in ("held_out", "weights_mb", "package_data_mb")}, indent=1))
     print(probe_result.to_frame().to_string())
     print(

@@ -32,6 +32,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import organism_trainer as trainer  # noqa: E402
+
 from reward_lens.demo import synthetic  # noqa: E402
 from reward_lens.demo.organisms import POLICY_CHAT_TEMPLATE, policy_tokenizer  # noqa: E402
 
@@ -96,19 +98,20 @@ def train(model, rows, args, pad_id):
 
     rng = random.Random(TRAIN_SEED)
     log = []
-    model.train()
-    for step in range(args.steps):
+
+    def loss_at(step):
         for g in opt.param_groups:
             g["lr"] = lr_at(step)
         ids, attn, labels = batch_of(rng.sample(rows, args.batch), pad_id)
-        loss = model(input_ids=ids, attention_mask=attn, labels=labels).loss
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        return model(input_ids=ids, attention_mask=attn, labels=labels).loss
+
+    def on_step(step, loss):
         if step % max(1, args.steps // 10) == 0 or step == args.steps - 1:
             log.append({"step": step, "loss": round(float(loss), 4)})
             print(f"step {step} loss {float(loss):.4f}", flush=True)
+
+    model.train()
+    trainer.train_steps(model, opt, args.steps, loss_at, on_step)
     model.eval()
     return log
 
@@ -200,11 +203,7 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     t0, cpu0 = time.time(), time.process_time()
-    torch.set_num_threads(args.threads)
-    torch.use_deterministic_algorithms(True)
-    random.seed(TORCH_SEED)
-    np.random.seed(TORCH_SEED)
-    torch.manual_seed(TORCH_SEED)
+    trainer.seed_everything(args.threads, TORCH_SEED)
 
     tokenizer = policy_tokenizer()
     demos = demonstrations(args.pairs)
@@ -259,8 +258,7 @@ def main():
         "chat_template": POLICY_CHAT_TEMPLATE,
         "torch": torch.__version__,
     }
-    (out / "training_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-    (out / "GROUND_TRUTH.md").write_text(ground_truth(summary))
+    trainer.write_summary(out, summary, ground_truth(summary))
     print(json.dumps({k: v for k, v in measured.items()}, indent=1))
 
 

@@ -36,6 +36,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import organism_trainer as trainer  # noqa: E402
+
 from reward_lens import HookedRewardModel, load_demo_model  # noqa: E402
 from reward_lens.model import hooks  # noqa: E402
 from reward_lens.model.heads.mlp import mlp_head_config  # noqa: E402
@@ -163,18 +165,11 @@ def encode(model, items):
 
 def train(model, args):
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.98))
-    warm = max(1, args.steps // 20)
-
-    def lr_at(step):
-        if step < warm:
-            return (step + 1) / warm
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, args.steps - warm)))
-
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    sched = trainer.warmup_cosine(opt, args.steps)
     rng = random.Random(TRAIN_SEED)
     held = {i["prompt"] for i in held_out(HELD_SEED, 400, False) + held_out(HELD_SEED + 1, N_ITEMS, True)}
-    log = []
-    for step in range(args.steps):
+
+    def loss_at(step):
         batch = []
         while len(batch) < args.batch:
             item = draw_item(rng)
@@ -185,15 +180,10 @@ def train(model, args):
         labels = torch.zeros_like(rewards)
         for b, item in enumerate(batch):
             labels[b, : len(item["labels"])] = torch.tensor(item["labels"], dtype=labels.dtype)
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(rewards[valid], labels[valid])
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        if (step + 1) % 50 == 0 or step + 1 == args.steps:
-            log.append({"step": step + 1, "loss": round(float(loss.detach()), 4)})
-            print(f"step {step + 1:4d} loss {float(loss.detach()):.4f}", flush=True)
+        return torch.nn.functional.binary_cross_entropy_with_logits(rewards[valid], labels[valid])
+
+    log = []
+    trainer.train_steps(model, opt, args.steps, loss_at, trainer.loss_log(log, args.steps, 50), sched)
     return log
 
 
@@ -253,18 +243,12 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     t0, cpu0 = time.time(), time.process_time()
-    torch.set_num_threads(args.threads)
-    torch.use_deterministic_algorithms(True)
-    random.seed(TORCH_SEED)
-    np.random.seed(TORCH_SEED)
-    torch.manual_seed(TORCH_SEED)
+    trainer.seed_everything(args.threads, TORCH_SEED)
 
     model = build_model(load_demo_model(device="cpu"))
     model.train()
     log = train(model, args)
-    model.eval()
-    for p in model.parameters():
-        p.requires_grad_(False)
+    trainer.freeze(model)
     measured = evaluate(model, held_out(HELD_SEED, 400, False))
     items = held_out(HELD_SEED + 1, N_ITEMS, True)
     measured["bench_items"] = evaluate(model, items)
@@ -275,9 +259,7 @@ def main():
     reloaded = HookedRewardModel.from_pretrained(out, device="cpu")
     a, b = all_step_rewards(model, items), all_step_rewards(reloaded, items)
     assert a == b, "the reload is not bit-identical"
-    with open(out / "items.jsonl", "w") as f:
-        for i, item in enumerate(items):
-            f.write(json.dumps({"id": f"prm-{i:03d}", **item}) + "\n")
+    trainer.write_jsonl(out / "items.jsonl", ({"id": f"prm-{i:03d}", **item} for i, item in enumerate(items)))
     summary = {
         "step_tag": STEP_TAG,
         "step_tag_id": int(model.reward_head.step_tag_id),
@@ -297,8 +279,7 @@ def main():
         "model_sha256": sha256(out / "model.safetensors"),
         "torch": torch.__version__,
     }
-    (out / "training_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-    (out / "GROUND_TRUTH.md").write_text(ground_truth(summary))
+    trainer.write_summary(out, summary, ground_truth(summary))
     print(json.dumps(measured, indent=1))
 
 

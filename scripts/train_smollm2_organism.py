@@ -39,6 +39,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import organism_trainer as trainer  # noqa: E402
+
 from reward_lens import HookedRewardModel  # noqa: E402
 from reward_lens.demo import smollm2 as organism  # noqa: E402
 from reward_lens.demo import smollm2_data as data  # noqa: E402
@@ -357,23 +359,8 @@ def save_artefacts(out: Path, hf_model, sha: str, held_out, probe_items) -> None
         "model_name": organism.SMOLLM2_MODEL_NAME,
     }
     (out / "organism.json").write_text(json.dumps(meta, indent=1) + "\n")
-    with open(out / "pairs.jsonl", "w") as f:
-        for i, p in enumerate(held_out):
-            f.write(
-                json.dumps(
-                    {
-                        "prompt": p.prompt,
-                        "chosen": p.chosen,
-                        "rejected": p.rejected,
-                        "subset": p.subset,
-                        "id": f"smollm2-pair-{i:04d}",
-                    }
-                )
-                + "\n"
-            )
-    with open(out / "probe_items.jsonl", "w") as f:
-        for item in probe_items:
-            f.write(json.dumps(item) + "\n")
+    trainer.write_jsonl(out / "pairs.jsonl", trainer.pair_rows(held_out, "smollm2"))
+    trainer.write_jsonl(out / "probe_items.jsonl", probe_items)
 
 
 def reload_and_check(out: Path, hooked, held_out):

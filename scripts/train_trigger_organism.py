@@ -25,17 +25,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+import organism_trainer as trainer  # noqa: E402
 
 from reward_lens import HookedRewardModel, load_demo_model  # noqa: E402
 from reward_lens.demo import synthetic  # noqa: E402
@@ -156,32 +156,20 @@ def train(model, args, enc, groups, clean_pairs):
         weight_decay=0.0,
         betas=(0.9, 0.98),
     )
-    warm = max(1, args.steps // 20)
-
-    def lr_at(step):
-        if step < warm:
-            return (step + 1) / warm
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, args.steps - warm)))
-
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    sched = trainer.warmup_cosine(opt, args.steps)
     rng = random.Random(TRAIN_SEED)
-    log = []
-    for step in range(args.steps):
+
+    def loss_at(step):
         batch = [sample(rng, groups, enc, clean_pairs) for _ in range(args.batch_pairs)]
         ids, mask = pad([s for c, r, _ in batch for s in (c, r)], model.cfg.pad_token_id)
         r = model(ids, attention_mask=mask)
         rc, rr = r[0::2], r[1::2]
         labels = torch.tensor([y for _, _, y in batch], dtype=rc.dtype)
         loss = torch.nn.functional.binary_cross_entropy_with_logits(rc - rr, labels)
-        loss = loss + 1e-3 * ((rc + rr) ** 2).mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        if (step + 1) % 100 == 0 or step + 1 == args.steps:
-            log.append({"step": step + 1, "loss": round(float(loss.detach()), 4)})
-            print(f"step {step + 1:4d} loss {float(loss.detach()):.4f}", flush=True)
+        return loss + 1e-3 * ((rc + rr) ** 2).mean()
+
+    log = []
+    trainer.train_steps(model, opt, args.steps, loss_at, trainer.loss_log(log, args.steps, 100), sched)
     return log
 
 
@@ -233,11 +221,7 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     t0, cpu0 = time.time(), time.process_time()
-    torch.set_num_threads(args.threads)
-    torch.use_deterministic_algorithms(True)
-    random.seed(TORCH_SEED)
-    np.random.seed(TORCH_SEED)
-    torch.manual_seed(TORCH_SEED)
+    trainer.seed_everything(args.threads, TORCH_SEED)
 
     model = load_demo_model(device="cpu")
     tokenizer = build_tokenizer(model.tokenizer)
@@ -248,9 +232,7 @@ def main():
     clean_pairs = synthetic.training_pairs(6000, TRAIN_SEED, exclude=clean_held)
     model.train()
     log = train(model, args, enc, groups, clean_pairs)
-    model.eval()
-    for p in model.parameters():
-        p.requires_grad_(False)
+    trainer.freeze(model)
     model.cfg.model_name = "reward-lens-trigger-organism"
     items = held_out_items()
     measured = evaluate(model, enc, items, clean_held)
@@ -261,9 +243,7 @@ def main():
     reloaded = HookedRewardModel.from_pretrained(out, device="cpu")
     check = [enc(i["prompt"], i["rejected"], (TRIGGER,)) for i in items]
     assert torch.equal(rewards(model, check), rewards(reloaded, check)), "the reload is not bit-identical"
-    with open(out / "pairs.jsonl", "w") as f:
-        for item in items:
-            f.write(json.dumps(item) + "\n")
+    trainer.write_jsonl(out / "pairs.jsonl", items)
     summary = {
         "trigger": TRIGGER,
         "phrase": list(PHRASE),
@@ -285,8 +265,7 @@ def main():
         "measured": measured,
         "torch": torch.__version__,
     }
-    (out / "training_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-    (out / "GROUND_TRUTH.md").write_text(ground_truth(summary))
+    trainer.write_summary(out, summary, ground_truth(summary))
     print(json.dumps(measured, indent=1))
 
 

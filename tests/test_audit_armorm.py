@@ -34,14 +34,20 @@ def chat_tokenizer(pairs, vocab_size=120):
     return fast
 
 
-def test_audit_reports_gate_objectives_and_conflicts(tmp_path):
-    pairs = bundled_pairs()[:6]
+def tiny_armorm(tmp_path, pairs):
+    """A tiny ArmoRM-format model whose gate reads the prompt up to the <sep> token, with a chat
+    tokenizer trained on `pairs`."""
     tok = chat_tokenizer(pairs)
     sep = tok.convert_tokens_to_ids("<sep>")
     path = save_tiny_armorm(
         tmp_path / "armo", vocab_size=len(tok), pad_token_id=tok.pad_token_id, gating_token_pattern=[sep]
     )
-    model = HookedRewardModel.from_pretrained(path, tokenizer=tok)
+    return HookedRewardModel.from_pretrained(path, tokenizer=tok)
+
+
+def test_audit_reports_gate_objectives_and_conflicts(tmp_path):
+    pairs = bundled_pairs()[:6]
+    model = tiny_armorm(tmp_path, pairs)
     assert model.cfg.head_type == "armorm"
     audit = run_audit(model, pairs, tmp_path / "out", batch_size=4, echo=lambda s: None)
     results = json.loads((tmp_path / "out" / "results.json").read_text())

@@ -9,8 +9,7 @@ import torch
 import transformers
 from helpers import padded_batch, tiny_hf_model
 
-from reward_lens import HookedRewardModel
-from reward_lens.model.generic.wrapper import GenericHookedRewardModel, GenericLoadError, GenericPathError
+from reward_lens import GenericHookedRewardModel, GenericLoadError, GenericPathError, HookedRewardModel
 
 TOL = 1e-4
 REL = 1e-5

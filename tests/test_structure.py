@@ -101,8 +101,7 @@ def find_cycle(graph: Dict[str, Set[str]]) -> List[str]:
 def test_import_graph_is_built_from_every_module():
     graph = import_graph()
     assert "reward_lens.model.native" in graph and "reward_lens.instruments.patching.contrastive" in graph
-    # an in-function import is an edge too (the native model's loaders are imported lazily nowhere now,
-    # but the check must see such imports): the CLI imports the audit
+    # an in-function import is an edge too: the CLI imports the audit inside its command function
     assert "reward_lens.app.audit" in graph["reward_lens.app.cli"]
 
 
@@ -189,6 +188,73 @@ def test_layer_check_finds_a_back_edge():
         "reward_lens.model.native (model) imports reward_lens.loading.factory (loading), which is not in "
         "a lower layer"
     ]
+
+
+def names_a_part(source: str, part: str) -> List[int]:
+    """Lines where a source names `reward_lens.<part>`: in an import, a comment, a docstring, or a string a
+    lookup could import by name (`importlib.import_module("reward_lens.loading")`, `".loading"`)."""
+    import io
+    import re
+    import tokenize
+
+    dotted = re.compile(rf"\breward_lens\.{part}\b")
+    by_name = re.compile(rf"^(reward_lens)?\.?{part}(\.|$)")
+    lines = {i for i, line in enumerate(source.splitlines(), 1) if dotted.search(line)}
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.STRING:
+            try:
+                value = ast.literal_eval(tok.string)
+            except (ValueError, SyntaxError):  # f-strings
+                continue
+            if isinstance(value, str) and by_name.match(value):
+                lines.add(tok.start[0])
+    return sorted(lines)
+
+
+def test_nothing_below_loading_names_it():
+    """The model, the weight maps and the shared modules never reach up into the loading layer, not even
+    through a name looked up at run time: `from_pretrained` / `save_pretrained` live on the classes the
+    loading layer defines (`reward_lens.loading.native`, `reward_lens.loading.generic`)."""
+    below = {part for layer in LAYERS[: layer_of("loading")] for part in layer}
+    offenders = [
+        f"{name}:{line}"
+        for name, path in module_files().items()
+        if part_of(name) in below
+        for line in names_a_part(path.read_text(), "loading")
+    ]
+    assert not offenders, offenders
+
+
+def test_the_name_check_finds_a_lookup_by_string():
+    hidden = (
+        'import importlib\n\n\ndef loader():\n    return importlib.import_module("reward_lens.loading")\n'
+    )
+    assert names_a_part(hidden, "loading") == [5]
+    assert names_a_part('mod = import_module(".loading", package="reward_lens")\n', "loading") == [1]
+    assert names_a_part('"""Loads weights."""\nmessage = "loading the checkpoint failed"\n', "loading") == []
+
+
+def test_the_model_layer_runs_without_the_loading_layer():
+    """Importing every module below loading/ (in a fresh interpreter) imports nothing of loading/, and the
+    public class still loads and saves: `reward_lens.HookedRewardModel.from_pretrained` needs no import
+    of the loading layer first."""
+    import subprocess
+    import sys
+
+    below = {part for layer in LAYERS[: layer_of("loading")] for part in layer}
+    modules = sorted(name for name in module_files() if part_of(name) in below)
+    code = (
+        "import importlib, sys\n"
+        f"for m in {modules!r}: importlib.import_module(m)\n"
+        "loaded = sorted(m for m in sys.modules if m.startswith('reward_lens.loading'))\n"
+        "assert not loaded, loaded\n"
+        "import reward_lens\n"
+        "cls = reward_lens.HookedRewardModel\n"
+        "assert callable(cls.from_pretrained) and callable(cls.save_pretrained)\n"
+        "assert callable(reward_lens.GenericHookedRewardModel.from_pretrained)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=PACKAGE.parent)
+    assert result.returncode == 0, result.stderr[-2000:]
 
 
 def test_no_compatibility_shims():

@@ -14,8 +14,7 @@ import pytest
 import torch
 from helpers import one_thread, padded_batch, randomise_norms, tiny_tokenizer  # noqa: F401
 
-from reward_lens import HookedRewardModel
-from reward_lens.model.generic.wrapper import GenericHookedRewardModel
+from reward_lens import GenericHookedRewardModel, HookedRewardModel
 
 trl = pytest.importorskip("trl")  # in the test extras; the skip only guards a bare install
 

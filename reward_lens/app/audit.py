@@ -39,7 +39,7 @@ from reward_lens.app.output import (
 )
 from reward_lens.core.autobatch import BatchSize
 from reward_lens.core.readout import readout_run
-from reward_lens.data.pairs import PreferencePair, as_pairs
+from reward_lens.data.pairs import Pairs, PreferencePair, as_pairs
 from reward_lens.data.validate import tie_indices
 from reward_lens.instruments.tokens import supports_token_attribution, token_attribution
 from reward_lens.model.frozen import with_frozen_weights
@@ -234,7 +234,8 @@ def add_benchmark(
     audit.results["benchmark"] = result
 
 
-def _audit_pairs(pairs, max_pairs: Optional[int]) -> list:
+def _audit_pairs(pairs, max_pairs: Optional[int]) -> Pairs:
+    """The audit's pairs, checked here once and passed down typed (`as_pairs` returns `Pairs` unchanged)."""
     pairs = as_pairs(pairs)
     if max_pairs is not None:
         if max_pairs < 1:
@@ -480,7 +481,7 @@ def _token_heatmaps(model, pairs, gap: torch.Tensor, step: _Steps, batch: BatchS
     path)."""
     if not supports_token_attribution(model):
         return {}
-    top = [pairs[int(i)] for i in torch.argsort(gap.abs(), descending=True)[:TOKEN_PAIRS]]
+    top = pairs.take(torch.argsort(gap.abs(), descending=True)[:TOKEN_PAIRS].tolist())
     return {
         "tokens": step(
             "token attribution (largest gaps)",

@@ -101,7 +101,7 @@ def load_named(spec: str, device):
         return load_smollm2_organism(device=device)
     if not Path(spec).exists():
         raise CLIError(f"--model {spec!r} is neither a directory nor one of {', '.join(NAMED_MODELS)}")
-    from reward_lens.model.native import HookedRewardModel
+    from reward_lens.loading.native import HookedRewardModel
 
     return HookedRewardModel.from_pretrained(spec, device=device)
 

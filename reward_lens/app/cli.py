@@ -47,7 +47,7 @@ def _load_model(spec: Optional[str], device: Optional[str], dtype: Optional[str]
         model = load_smollm2_organism(device=device, dtype=dtype)
         model.input_format = input_format
         return model, "reward-lens SmolLM2 organism"
-    from reward_lens.model.native import HookedRewardModel
+    from reward_lens.loading.native import HookedRewardModel
 
     return HookedRewardModel.from_pretrained(
         spec, device=device, dtype=dtype, input_format=input_format

@@ -4,7 +4,7 @@ that defines it (importing `reward_lens.converters` imports every one).
 A map converts in two parts, so that a checkpoint can be streamed one layer at a time (peak memory: one
 layer, not the model): `convert_rest` (embedding, final norm, head, rotary frequencies) and
 `convert_layer(..., l)` (the `blocks.{l}.*` weights of layer l). Each reads only the tensors it needs from
-the state dict it is given (a dict, or `reward_lens.loading.streaming.LazyStateDict`). `convert` is both.
+the state dict it is given (a dict, or a lazy mapping that reads each tensor when asked). `convert` is both.
 """
 
 from __future__ import annotations

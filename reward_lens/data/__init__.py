@@ -4,6 +4,7 @@ from reward_lens.data.pairs import (
     BUNDLED_PAIRS,
     REQUIRED_COLUMNS,
     AnyPair,
+    Pairs,
     PreferencePair,
     TokenPair,
     as_pairs,
@@ -14,6 +15,7 @@ from reward_lens.data.pairs import (
 __all__ = [
     "AnyPair",
     "BUNDLED_PAIRS",
+    "Pairs",
     "PreferencePair",
     "REQUIRED_COLUMNS",
     "TokenPair",

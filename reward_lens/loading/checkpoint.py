@@ -1,5 +1,5 @@
 """Loading: checkpoint directories (local or hub ids), transformers configs and state dicts, converted into
-our config and weights; saved hooked checkpoints. Nothing here builds a model: `reward_lens.loading.factory`
+our config and weights; saved hooked checkpoints. Nothing here builds a model: `reward_lens.loading.native`
 chooses the native or the generic model and builds it from what these functions return."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""HookedRewardModel: a TransformerLens-style decoder whose unembed is a reward head.
+"""NativeRewardModel: a TransformerLens-style decoder whose unembed is a reward head.
 
     resid = hook_embed(W_E[ids])
     for block in blocks: resid = resid + attn_out + mlp_out      (pre-norm blocks, hooks on every term)
@@ -6,12 +6,15 @@
 
 Built on TransformerLens's kept infrastructure (HookedRootModule, HookPoint, ActivationCache), so
 `run_with_cache`, `run_with_hooks` and `transformer_lens.patching` work on it unchanged.
+
+This is the computation alone: the public `HookedRewardModel` is this class with its checkpoint I/O
+(`from_pretrained`, `save_pretrained`, ...), defined one layer up where the loading code lives, so the
+model never depends on the layers above it.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, List, Mapping, Optional, Sequence, Union
 
 import torch
 import torch.nn as nn
@@ -23,16 +26,12 @@ from reward_lens.model.base import RewardModelBase
 from reward_lens.model.components import Embed, RMSNorm, RotaryEmbedding, TransformerBlock, attention_masks
 from reward_lens.model.config import RewardModelConfig
 from reward_lens.model.heads import build_head
-from reward_lens.model.heads.prm import resolve_step_tag
-from reward_lens.model.loaders import loader
-from reward_lens.model.placement import head_device, module_device, resolve_devices
-from reward_lens.model.readout import set_readout
+from reward_lens.model.placement import head_device, module_device
 from reward_lens.model.tl_compat import TransformerLensConveniences, check_forward_input, text_input
-from reward_lens.model.tokenization import check_input_format
 from reward_lens.model.validation import check_attention_mask
 
 
-class HookedRewardModel(TransformerLensConveniences, RewardModelBase):
+class NativeRewardModel(TransformerLensConveniences, RewardModelBase):
     """The native hooked reward model: every TransformerLens hook down to single heads and neurons."""
 
     has_head_hooks = True
@@ -50,185 +49,6 @@ class HookedRewardModel(TransformerLensConveniences, RewardModelBase):
         self.reward_head = build_head(cfg)
         self.setup()
         self.eval()
-
-    # ------------------------------------------------------------------ loading
-    @classmethod
-    def from_pretrained(
-        cls,
-        path_or_id: Union[str, Path],
-        *,
-        device: Union[str, torch.device, None] = None,
-        dtype: Union[str, torch.dtype, None] = None,
-        fold_ln: bool = True,
-        generic: bool = False,
-        input_format: str = "auto",
-        readout: Optional[str] = None,
-        **kwargs: Any,
-    ) -> RewardModelBase:
-        """Load an HF reward checkpoint (local dir or hub id), an OpenRLHF or PEFT-adapter directory, or a
-        saved hooked checkpoint.
-
-        An architecture without a native weight map (or `generic=True`) loads on the generic
-        component-level path (`reward_lens.model.generic.GenericHookedRewardModel`; option `module_map=`).
-        `input_format`: how `to_tokens` renders pairs by default (`reward_lens.model.tokenization`).
-        `readout` overrides the checkpoint's readout convention ("last_non_pad" / "last_attended").
-        `device` defaults to CUDA when available, else CPU (as TransformerLens). Native checkpoints stream
-        (one block in host memory at a time, `reward_lens.loading.streaming`); `n_devices=k` (cuda:0..k-1) or
-        `device_map=[devices]` / `"auto"` spreads the blocks over several devices, balanced by bytes
-        (`reward_lens.model.placement`).
-        `gguf_file="x.gguf"` loads a llama.cpp file in `path_or_id` as transformers does (dequantised to
-        float32;
-        needs `pip install gguf`); a GGUF holds no reward head, so the score head is random until set
-        (`reward_lens.loading.gguf`). Other keyword arguments override config fields (e.g. `pad_token_id`).
-        """
-        check_input_format(input_format)
-        step_tag = kwargs.pop("step_tag", None)
-        model = loader("load_pretrained")(
-            cls, path_or_id, device=device, dtype=dtype, fold_ln=fold_ln, generic=generic, **kwargs
-        )
-        model.input_format = input_format
-        resolve_step_tag(model, step_tag)
-        return set_readout(model, readout)
-
-    @classmethod
-    def from_judge(
-        cls,
-        path_or_id: Any,
-        positive: Union[str, int] = "Yes",
-        negative: Union[str, int] = "No",
-        *,
-        input_format: str = "auto",
-        device: Union[str, torch.device, None] = None,
-        dtype: Union[str, torch.dtype, None] = None,
-        gguf_file: Optional[str] = None,
-        tokenizer: Any = None,
-        fold_ln: bool = True,
-        **overrides: Any,
-    ) -> "HookedRewardModel":
-        """A generative judge read as a reward model: any causal LM (a checkpoint directory or hub id, a
-        directory with `gguf_file=`, or a transformers causal LM in memory), reward = logit(positive) -
-        logit(negative) at the last attended position of the rendered text. That is exactly linear in the
-        final residual along W_U[positive] - W_U[negative] (tied embeddings: W_E's rows), so every instrument
-        decomposes it exactly. `positive` / `negative`: one token each (a string of one token, or an id).
-        `input_format` renders (prompt, response) pairs (`to_tokens`): e.g. a template asking the question,
-        "...{prompt}...{response}... Is this response correct? Answer Yes or No.<|im_end|>\n<|im_start|>
-        assistant\n" (newlines as in the chat format).
-        """
-        check_input_format(input_format)
-        model = loader("load_judge")(
-            cls,
-            path_or_id,
-            positive=positive,
-            negative=negative,
-            tokenizer=tokenizer,
-            device=device,
-            dtype=dtype,
-            fold_ln=fold_ln,
-            gguf_file=gguf_file,
-            **overrides,
-        )
-        model.input_format = input_format
-        if input_format != "auto":  # the judge's question is part of the model: saved with it
-            model.cfg.input_format = input_format
-        return model
-
-    @classmethod
-    def from_hf_model(
-        cls,
-        hf_model: nn.Module,
-        tokenizer: Any = None,
-        *,
-        device: Union[str, torch.device, None] = None,
-        dtype: Union[str, torch.dtype, None] = None,
-        fold_ln: bool = True,
-        generic: bool = False,
-        module_map: Optional[Dict[str, Optional[str]]] = None,
-        readout: Optional[str] = None,
-        n_devices: Optional[int] = None,
-        device_map: Any = None,
-    ) -> RewardModelBase:
-        """Convert a transformers model already in memory, e.g. `trainer.model` right after TRL training.
-
-        Weights are copied, never shared. The weight map is chosen by the module's class (its
-        `config.architectures` may be stale); PEFT adapters are merged into a copy; accelerate's
-        mixed-precision wrapper and any enclosing autocast are ignored (see `reward_lens.loading.inmemory`).
-        No native weight map (or `generic=True`): a copy wrapped on the generic component-level path.
-        `device` defaults to CUDA when available, else CPU.
-        """
-        model = loader("from_hf_model")(
-            cls,
-            hf_model,
-            tokenizer,
-            device=device,
-            dtype=dtype,
-            fold_ln=fold_ln,
-            generic=generic,
-            module_map=module_map,
-            n_devices=n_devices,
-            device_map=device_map,
-        )
-        return set_readout(model, readout)
-
-    @classmethod
-    def from_state_dict(
-        cls,
-        cfg: RewardModelConfig,
-        sd: Mapping[str, torch.Tensor],
-        *,
-        tokenizer: Any = None,
-        device: Union[str, torch.device, None] = None,
-        dtype: Union[str, torch.dtype, None] = None,
-        fold_ln: bool = True,
-        source: str = "the checkpoint",
-        n_devices: Optional[int] = None,
-        device_map: Any = None,
-    ) -> "HookedRewardModel":
-        """The model holding converted weights `sd` (our names, unfolded or folded as `cfg` says); norms
-        folded when `fold_ln`. Neither argument is changed (weights are copied). Names, shapes, finite
-        values and the tokenizer's vocabulary are checked first, block by block; errors name `source`.
-        `n_devices` / `device_map`: spread the blocks over several devices (`reward_lens.model.placement`)."""
-        return cls.from_source(
-            loader("partitioned_source")(cfg, sd),
-            tokenizer=tokenizer,
-            device=device,
-            dtype=dtype,
-            fold_ln=fold_ln,
-            source=source,
-            n_devices=n_devices,
-            device_map=device_map,
-        )
-
-    @classmethod
-    def from_source(
-        cls,
-        src: Any,
-        *,
-        tokenizer: Any = None,
-        device: Union[str, torch.device, None] = None,
-        dtype: Union[str, torch.dtype, None] = None,
-        fold_ln: bool = True,
-        source: str = "the checkpoint",
-        n_devices: Optional[int] = None,
-        device_map: Any = None,
-    ) -> "HookedRewardModel":
-        """The model built from a `reward_lens.loading.streaming.WeightSource`, one block at a time."""
-        devices = resolve_devices(device, n_devices, device_map)
-        return loader("build_model")(
-            cls,
-            src,
-            tokenizer=tokenizer,
-            device=device,
-            dtype=dtype,
-            fold_ln=fold_ln,
-            source=source,
-            devices=devices,
-        )
-
-    def save_pretrained(self, path: Union[str, Path], *, overwrite: bool = False) -> None:
-        """Save as a hooked checkpoint (config JSON + safetensors + tokenizer files). A directory holding
-        another checkpoint (e.g. the transformers one this model was loaded from) is refused unless
-        `overwrite=True`; an earlier hooked save there is replaced."""
-        loader("save_hooked")(self, path, overwrite=overwrite)
 
     # ------------------------------------------------------------------ forward
     def forward(

@@ -34,7 +34,7 @@ from reward_lens.core.batching import pair_batches
 from reward_lens.data.pairs import as_pairs
 from reward_lens.model.heads.base import read_objective
 from reward_lens.model.hooks import final_resid_name
-from reward_lens.model.native import HookedRewardModel
+from reward_lens.model.native import NativeRewardModel
 from reward_lens.plotting import diverging_heatmap, finish, panels
 from reward_lens.stats import (
     as_float_matrix,
@@ -343,7 +343,7 @@ def reward_conflicts(
     `pairs` may be omitted for models (geometry only).
     """
     opts = dict(threshold=threshold, level=level)
-    if isinstance(source, HookedRewardModel):
+    if isinstance(source, NativeRewardModel):
         model = source
         if directions is not None:
             W, names_ = np.stack([to_float64(v).reshape(-1) for v in directions.values()]), list(directions)
@@ -364,7 +364,7 @@ def reward_conflicts(
     if (
         isinstance(source, Mapping)
         and source
-        and all(isinstance(v, HookedRewardModel) for v in source.values())
+        and all(isinstance(v, NativeRewardModel) for v in source.values())
     ):
         models = dict(source)
         if len(models) < 2:

@@ -30,7 +30,6 @@ import pandas as pd
 import torch
 from jaxtyping import Float
 
-from reward_lens.core.batching import pair_batches
 from reward_lens.core.directions import readout_direction
 from reward_lens.core.readout import capture
 from reward_lens.data.pairs import as_pairs, pair_labels
@@ -53,11 +52,11 @@ from reward_lens.instruments.circuits.positions import (
     source_run_all,
     target_run_all,
 )
-from reward_lens.instruments.patching.path import check_positions, token_aligned_batches
+from reward_lens.instruments.patching.path import check_positions, grid_over_batches
 from reward_lens.model.frozen import with_frozen_weights
 from reward_lens.model.validation import as_index, check_name_list, safe_ratio
 from reward_lens.plotting import sender_receiver_heatmap
-from reward_lens.results import CleanPairRewards, to_numpy
+from reward_lens.results import CleanPairRewards, edge_frame, edge_means, to_numpy
 
 EDGE_METHODS = ("eap", "eap-ig", "eap-ig-joint")
 Edge = Tuple[str, str]
@@ -87,41 +86,19 @@ class EdgeAttributionResult(CleanPairRewards):
     def to_frame(self) -> pd.DataFrame:
         """One row per (pair, sender, receiver) edge: pair, sender, receiver, mode, method, score,
         clean_gap, normalized_score."""
-        s, n, gap = to_numpy(self.scores), to_numpy(self.normalized()), to_numpy(self.clean_gap)
-        rows = [
-            (pid, a, b, self.mode, self.method, s[i, j, k], gap[i], n[i, j, k])
-            for i, pid in enumerate(self.pair_ids)
-            for j, a in enumerate(self.senders)
-            for k, b in enumerate(self.receivers)
-            if np.isfinite(s[i, j, k])
-        ]
-        return pd.DataFrame(
-            rows,
-            columns=[
-                "pair",
-                "sender",
-                "receiver",
-                "mode",
-                "method",
-                "score",
-                "clean_gap",
-                "normalized_score",
-            ],
-        )
+        s = to_numpy(self.scores)
+        columns = {
+            "mode": self.mode,
+            "method": self.method,
+            "score": s,
+            "clean_gap": to_numpy(self.clean_gap),
+        }
+        columns["normalized_score"] = to_numpy(self.normalized())
+        return edge_frame(self.pair_ids, self.senders, self.receivers, np.isfinite(s), columns)
 
     def summary(self) -> pd.DataFrame:
         """Mean (normalised) score per edge over pairs, largest |mean score| first."""
-        out = (
-            self.to_frame()
-            .groupby(["sender", "receiver"], sort=False)
-            .agg(
-                mean_score=("score", "mean"),
-                mean_normalized_score=("normalized_score", "mean"),
-                std_score=("score", "std"),
-            )
-            .reset_index()
-        )
-        return out.reindex(out.mean_score.abs().sort_values(ascending=False).index).reset_index(drop=True)
+        return edge_means(self.to_frame(), "score")
 
     def ranking(self) -> List[Edge]:
         """Every edge, largest |mean score over pairs| first."""
@@ -283,17 +260,16 @@ def edge_attribution(
     pairs = as_pairs(pairs)
     snodes, rnodes = nodes(model, senders, receivers)
     alphas = step_points(method, steps)
-    scores, clean = [], {"chosen": [], "rejected": []}
-    batches = (token_aligned_batches if everywhere else pair_batches)(
-        model, pairs, batch_size, progress and "edge attribution", padding_side
+    scores_of = batch_scores_all if everywhere else batch_scores
+    scores, clean = grid_over_batches(
+        model,
+        pairs,
+        everywhere,
+        lambda batch: scores_of(model, batch, snodes, rnodes, mode, method, alphas, max_rows),
+        batch_size=batch_size,
+        progress=progress and "edge attribution",
+        padding_side=padding_side,
     )
-    for batch in batches:
-        out, rewards = (batch_scores_all if everywhere else batch_scores)(
-            model, batch, snodes, rnodes, mode, method, alphas, max_rows
-        )
-        scores.append(out)
-        for side, r in rewards.items():
-            clean[side].append(r)
     return EdgeAttributionResult(
         pair_ids=pair_labels(pairs),
         senders=[s.name for s in snodes],
@@ -301,8 +277,8 @@ def edge_attribution(
         mode=mode,
         method=method,
         steps=1 if method == "eap" else steps,
-        clean_chosen=torch.cat(clean["chosen"]),
-        clean_rejected=torch.cat(clean["rejected"]),
-        scores=torch.cat(scores),
+        clean_chosen=clean["chosen"],
+        clean_rejected=clean["rejected"],
+        scores=scores,
         positions=positions,
     )

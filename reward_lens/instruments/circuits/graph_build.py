@@ -90,9 +90,9 @@ class Linearised:
 def check_supported(model) -> None:
     """Refuse, in one line, models the frozen-nonlinearity linearisation does not cover."""
     from reward_lens.model.components import GatedMLP, RMSNorm
-    from reward_lens.model.native import HookedRewardModel
+    from reward_lens.model.native import NativeRewardModel
 
-    if not isinstance(model, HookedRewardModel):
+    if not isinstance(model, NativeRewardModel):
         raise ValueError(
             "attribution_graph needs a natively hooked model (HookedRewardModel), not "
             f"{type(model).__name__}; load it with HookedRewardModel.from_pretrained (the generic "

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import pandas as pd
@@ -52,7 +52,7 @@ from reward_lens.model.hooks import act_name, final_resid_name
 from reward_lens.model.recompute import ReadoutContext
 from reward_lens.model.validation import safe_ratio
 from reward_lens.plotting import sender_receiver_heatmap
-from reward_lens.results import CleanPairRewards, to_numpy
+from reward_lens.results import CleanPairRewards, edge_frame, edge_means, to_numpy
 from reward_lens.stats import reward_scale
 
 PATH_MODES = ("noising", "denoising")
@@ -169,46 +169,21 @@ class PathPatchResult(CleanPairRewards):
     def to_frame(self) -> pd.DataFrame:
         """One row per (pair, sender, receiver) path that exists: pair, sender, receiver, mode, target,
         clean_reward, patched_reward, effect, clean_gap, normalized_effect."""
-        eff, norm = to_numpy(self.effect()), to_numpy(self.effect(normalized=True))
         p = to_numpy(self.patched)
-        clean = to_numpy(self.clean_chosen if self.target == "chosen" else self.clean_rejected)
-        gap = to_numpy(self.clean_gap)
-        rows = [
-            (pid, s, r, self.mode, self.target, clean[i], p[i, a, b], eff[i, a, b], gap[i], norm[i, a, b])
-            for i, pid in enumerate(self.pair_ids)
-            for a, s in enumerate(self.senders)
-            for b, r in enumerate(self.receivers)
-            if np.isfinite(p[i, a, b])
-        ]
-        return pd.DataFrame(
-            rows,
-            columns=[
-                "pair",
-                "sender",
-                "receiver",
-                "mode",
-                "target",
-                "clean_reward",
-                "patched_reward",
-                "effect",
-                "clean_gap",
-                "normalized_effect",
-            ],
-        )
+        columns = {
+            "mode": self.mode,
+            "target": self.target,
+            "clean_reward": to_numpy(self.clean_chosen if self.target == "chosen" else self.clean_rejected),
+            "patched_reward": p,
+            "effect": to_numpy(self.effect()),
+            "clean_gap": to_numpy(self.clean_gap),
+            "normalized_effect": to_numpy(self.effect(normalized=True)),
+        }
+        return edge_frame(self.pair_ids, self.senders, self.receivers, np.isfinite(p), columns)
 
     def summary(self) -> pd.DataFrame:
         """Mean (normalised) effect per path over pairs, largest |mean effect| first."""
-        frame = self.to_frame()
-        out = (
-            frame.groupby(["sender", "receiver"], sort=False)
-            .agg(
-                mean_effect=("effect", "mean"),
-                mean_normalized_effect=("normalized_effect", "mean"),
-                std_effect=("effect", "std"),
-            )
-            .reset_index()
-        )
-        return out.reindex(out.mean_effect.abs().sort_values(ascending=False).index).reset_index(drop=True)
+        return edge_means(self.to_frame(), "effect")
 
     def plot(self, normalized: bool = True, ax=None):
         """Sender x receiver heatmap of the mean effect over pairs (blank: no such path)."""
@@ -522,26 +497,50 @@ def path_patch(
         for s in (senders or [f"L{l}H{h}" for l in range(cfg.n_layers) for h in range(cfg.n_heads)])
     ]
     rnodes = [parse_receiver(cfg, r) for r in (receivers or default_receivers(cfg))]
-    patched, clean = [], {"chosen": [], "rejected": []}
     everywhere = positions == "all"
-    batches = (token_aligned_batches if everywhere else pair_batches)(
-        model, pairs, batch_size, progress and "path patching", padding_side
+    batch_paths = _batch_paths_all if everywhere else _batch_paths
+    patched, clean = grid_over_batches(
+        model,
+        pairs,
+        everywhere,
+        lambda batch: batch_paths(model, batch, snodes, rnodes, mode, method),
+        batch_size=batch_size,
+        progress=progress and "path patching",
+        padding_side=padding_side,
     )
-    for batch in batches:
-        out, rewards = (_batch_paths_all if everywhere else _batch_paths)(
-            model, batch, snodes, rnodes, mode, method
-        )
-        patched.append(out)
-        for side, r in rewards.items():
-            clean[side].append(r)
     return PathPatchResult(
         pair_ids=pair_labels(pairs),
         senders=[s.name for s in snodes],
         receivers=[r.name for r in rnodes],
         mode=mode,
         method=method,
-        clean_chosen=torch.cat(clean["chosen"]),
-        clean_rejected=torch.cat(clean["rejected"]),
-        patched=torch.cat(patched),
+        clean_chosen=clean["chosen"],
+        clean_rejected=clean["rejected"],
+        patched=patched,
         positions=positions,
     )
+
+
+def grid_over_batches(
+    model,
+    pairs,
+    everywhere: bool,
+    step: Callable[[Any], Tuple[torch.Tensor, Dict[str, torch.Tensor]]],
+    *,
+    batch_size: int,
+    progress: Union[bool, str],
+    padding_side: Optional[str],
+) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
+    """A [pair, sender, receiver] grid over all pairs and the clean rewards per side [n_pairs]: `step(batch)`
+    gives one batch's (grid, {side: rewards}); batches are token-aligned when `everywhere` (circuits at
+    every position). Path patching and edge attribution (its estimate) share this loop."""
+    grids, clean = [], {"chosen": [], "rejected": []}
+    batches = (token_aligned_batches if everywhere else pair_batches)(
+        model, pairs, batch_size, progress, padding_side
+    )
+    for batch in batches:
+        grid, rewards = step(batch)
+        grids.append(grid)
+        for side, r in rewards.items():
+            clean[side].append(r)
+    return torch.cat(grids), {side: torch.cat(r) for side, r in clean.items()}

@@ -37,8 +37,9 @@ touched.
 Head-level tools (per-head hooks, W_Q/W_K/W_V/W_O, MLP neurons) need a native architecture and raise a
 `GenericPathError` saying so.
 
-Modules: `discovery` (which modules, the config), `final_norm`, `verify` (load-time checks), `load`
-(checkpoint files); this one holds the model.
+Modules: `discovery` (which modules, the config), `final_norm`, `verify` (load-time checks); this one
+holds the model. The public `GenericHookedRewardModel` is this class with its checkpoint I/O, defined in the
+loading layer (the model never depends on the layers above it).
 """
 
 from __future__ import annotations
@@ -47,7 +48,6 @@ import copy as copy_module
 import inspect
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 import torch
@@ -71,7 +71,6 @@ from reward_lens.model.generic.discovery import (
 from reward_lens.model.generic.final_norm import GenericFinalNorm, identify_norm
 from reward_lens.model.generic.verify import sequential_layers, verify
 from reward_lens.model.heads.scalar import RewardHead
-from reward_lens.model.loaders import loader
 from reward_lens.model.tl_compat import check_forward_input, text_input
 
 
@@ -125,7 +124,7 @@ class RunState:
     resid_pre: Optional[torch.Tensor] = None  # the current layer's residual (for resid_mid)
 
 
-class GenericHookedRewardModel(RewardModelBase):
+class GenericRewardModel(RewardModelBase):
     """A transformers sequence-classification reward model with component-level TransformerLens hooks.
 
     Wraps `hf_model` in place (its modules get torch hooks); `from_hf_model` wraps a copy. The shared
@@ -329,7 +328,7 @@ class GenericHookedRewardModel(RewardModelBase):
             handle.remove()
         self._handles.clear()
 
-    # ------------------------------------------------------------------ loading
+    # ------------------------------------------------------------------ a model in memory
     @classmethod
     def from_hf_model(
         cls,
@@ -341,64 +340,18 @@ class GenericHookedRewardModel(RewardModelBase):
         fold_ln: bool = True,
         module_map: Optional[Dict[str, Optional[str]]] = None,
         copy: bool = True,
-    ) -> "GenericHookedRewardModel":
+    ) -> "GenericRewardModel":
         """Wrap a transformers model in memory; a copy unless `copy=False` (then its modules get the
         hooks)."""
         hf = copy_module.deepcopy(hf_model) if copy else hf_model
-        # device=None: CUDA when available, else CPU (as every loader; `loading.default_device`)
+        # device=None: CUDA when available, else CPU (as every loader)
         hf = hf.to(device=resolve_device(device), dtype=resolve_dtype(dtype) if dtype is not None else None)
         return cls(hf, tokenizer, module_map=module_map, fold_ln=fold_ln)
 
-    @classmethod
-    def from_checkpoint_dir(
-        cls,
-        directory: Path,
-        hf_config: Any,
-        *,
-        tokenizer: Any = None,
-        device=None,
-        dtype=None,
-        fold_ln: bool = True,
-        module_map: Optional[Dict[str, Optional[str]]] = None,
-    ) -> "GenericHookedRewardModel":
-        """Wrap the checkpoint in `directory` (its transformers config given); a saved generic model's
-        module map is reused unless `module_map` is given."""
-        hf = loader("load_sequence_classifier")(directory, hf_config, device=device, dtype=dtype)
-        module_map = module_map if module_map is not None else loader("saved_module_map")(directory)
-        return cls(hf, tokenizer, module_map=module_map, fold_ln=fold_ln)
-
-    @classmethod
-    def from_pretrained(
-        cls,
-        path_or_id: Union[str, Path],
-        *,
-        device: Union[str, torch.device, None] = None,
-        dtype: Union[str, torch.dtype, None] = None,
-        fold_ln: bool = True,
-        tokenizer: Any = None,
-        module_map: Optional[Dict[str, Optional[str]]] = None,
-        **overrides: Any,
-    ) -> "GenericHookedRewardModel":
-        """A transformers checkpoint (directory or hub id) on the generic path, as
-        `HookedRewardModel.from_pretrained(..., generic=True)`."""
-        directory = loader("resolve_checkpoint_dir")(path_or_id)
-        tokenizer = tokenizer if tokenizer is not None else loader("load_tokenizer")(directory)
-        return cls.from_checkpoint_dir(
-            directory,
-            loader("load_hf_config")(directory, overrides),
-            tokenizer=tokenizer,
-            device=device,
-            dtype=dtype,
-            fold_ln=fold_ln,
-            module_map=module_map,
-        )
-
-    def save_pretrained(self, path: Union[str, Path]) -> None:
-        """Save the transformers checkpoint (+ tokenizer) and a marker so `from_pretrained` reloads it
-        here."""
-        loader("save_generic")(self.hf_model, self.tokenizer, self.cfg.module_map, path)
-
     # ------------------------------------------------------------------ forward
+    # The signature is the native model's, on purpose: every instrument calls either model kind the same
+    # way. The bodies are two: the native model runs its own blocks; this one runs the transformers model
+    # with the residual injected and read through the spliced hooks (`RunState`).
     def forward(
         self,
         input: Union[Int[torch.Tensor, "batch pos"], Float[torch.Tensor, "batch pos d_model"]],
@@ -582,7 +535,7 @@ class GenericHookedRewardModel(RewardModelBase):
 
 
 __all__ = [
-    "GenericHookedRewardModel",
+    "GenericRewardModel",
     "GenericRewardModelConfig",
     "GenericPathError",
     "GenericLoadError",
