@@ -237,7 +237,8 @@ def doc_blocks(kind: str):
 
 def test_the_guide_runs_as_written_and_prints_its_numbers(tmp_path):
     """docs/nnsight.md's Python blocks, run in order as one script (a fresh interpreter, an empty
-    directory), print exactly its `text` blocks, numbers to within the printed precision."""
+    directory), print exactly its `text` blocks, each number to one unit of its last printed digit (a
+    rounding flip under another torch)."""
     code = "\n".join(doc_blocks("python"))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
@@ -245,9 +246,10 @@ def test_the_guide_runs_as_written_and_prints_its_numbers(tmp_path):
         [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    printed, written = out.stdout.strip().splitlines(), "\n".join(doc_blocks("text")).strip().splitlines()
+    printed, written = out.stdout.strip().splitlines(), "".join(doc_blocks("text")).strip().splitlines()
     assert len(printed) == len(written), out.stdout
     for got, want in zip(printed, written):
         assert NUMBER.sub("#", got) == NUMBER.sub("#", want), (got, want)
         for g, w in zip(NUMBER.findall(got), NUMBER.findall(want)):
-            assert abs(float(g) - float(w)) <= 1.5 * 10 ** -len(w.split(".")[1].split("e")[0]), (got, want)
+            last_digit = 10.0 ** -len(w.split(".")[1].split("e")[0])
+            assert abs(float(g) - float(w)) <= 1.01 * last_digit, (got, want)
