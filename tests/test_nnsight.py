@@ -104,8 +104,8 @@ def block_outputs(layer):
 
 def hf_hooked_run(hf, ids, mask, readout, patch_source=None):
     """Bare transformers with torch forward hooks: the reward and, at `readout`, each layer's attention
-    output, MLP output and residual; `patch_source` ([batch, d_model]) replaces block PATCH_LAYER's input
-    at the readout (a forward pre-hook), and then resid_pre there is recorded as "source"."""
+    output, MLP output and residual. A forward pre-hook records block PATCH_LAYER's input (resid_pre) at
+    the readout as "source", then writes `patch_source` ([batch, d_model]) there when given."""
     rows = torch.arange(ids.shape[0])
     got = {"attn": [], "mlp": [], "resid": [], "source": []}
 
@@ -217,10 +217,11 @@ def test_nnsight_bare_transformers_and_hooked_model_agree(nnsight_runs, hf_runs,
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_the_patch_and_the_padding_are_really_exercised(hf_runs, arch):
-    """The patch moves the reward well beyond TOL; one pair's numbers do not depend on the padding side."""
+    """The patch moves the reward far beyond the agreement asked; one pair's numbers do not depend on the
+    padding side."""
     for case in CASES:
         run = hf_runs[arch, case]
-        assert (run["patched"] - run["reward"]).abs().max() > 100 * TOL, case
+        assert (run["patched"] - run["reward"]).abs().max() > 10 * TOL, case
     right, left = hf_runs[arch, "right"], hf_runs[arch, "left"]
     for q in QUANTITIES:
         assert torch.allclose(right[q], left[q], atol=TOL), q
