@@ -22,9 +22,12 @@ import torch.nn as nn
 
 
 def unwrap(hf_model: nn.Module) -> nn.Module:
-    """The model inside torch.compile (`_orig_mod`) and (Distributed)DataParallel (`module`) wrappers."""
+    """The model inside torch.compile (`_orig_mod`), (Distributed)DataParallel (`module`) and nnsight
+    (`NNsight` / `TransformersModel`, not modules themselves: `_module`) wrappers."""
     while True:
-        if isinstance(getattr(hf_model, "_orig_mod", None), nn.Module):
+        if not isinstance(hf_model, nn.Module) and isinstance(getattr(hf_model, "_module", None), nn.Module):
+            hf_model = hf_model._module
+        elif isinstance(getattr(hf_model, "_orig_mod", None), nn.Module):
             hf_model = hf_model._orig_mod
         elif isinstance(hf_model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
             hf_model = hf_model.module

@@ -221,8 +221,9 @@ class HookedRewardModel(NativeRewardModel):
         if meta is not None:
             raise ValueError(
                 f"the model's weights are on the meta device ({meta}, ...): it was built without its weights "
-                "(init_empty_weights, device='meta', or an offloaded device_map); load it with real weights "
-                "(e.g. from_pretrained without device_map) or pass its checkpoint to from_pretrained"
+                "(init_empty_weights, device='meta', an offloaded device_map, or nnsight before its first "
+                "trace); load it with real weights (from_pretrained without device_map; nnsight: "
+                "dispatch=True) or pass its checkpoint to from_pretrained"
             )
         if inmemory.is_peft_model(source):
             source, owned = inmemory.independent_copy(source), True
