@@ -528,10 +528,11 @@ def merge(paths, out: Path) -> dict:
     """One result from runs saved by several invocations (e.g. seeds run side by side): runs and
     pre-flights concatenated by seed, false-alarm simulations pooled, the equivalence test recomputed."""
     parts = [json.loads(Path(p).read_text()) for p in paths]
+    which = ("seeds", "runs", "controls", "edit_runs")  # what each part ran; every other setting must agree
     if (
         len(
             {
-                json.dumps({k: v for k, v in p["settings"].items() if k != "seeds"}, sort_keys=True)
+                json.dumps({k: v for k, v in p["settings"].items() if k not in which}, sort_keys=True)
                 for p in parts
             }
         )

@@ -17,6 +17,7 @@ from typing import List, Optional
 from reward_lens.app.bench_cli import add_commands as add_bench_commands
 from reward_lens.app.cli_help import add_examples_and_verbosity, progress_echo
 from reward_lens.app.options import CLIError, validate_args
+from reward_lens.app.preflight_cli import add_preflight_command
 from reward_lens.version import __version__
 
 # Options that change what is printed, not what is computed: left out of results.json's options
@@ -285,12 +286,6 @@ def cmd_monitor(args) -> int:
     return 0
 
 
-def cmd_preflight(args) -> int:
-    from reward_lens.app.preflight import cmd_preflight as run
-
-    return run(args)
-
-
 def batch_size_arg(text: str):
     """--batch-size: an integer, or "auto"."""
     if text.strip().lower() == "auto":
@@ -418,30 +413,7 @@ def _add_sweep_and_monitor(sub) -> None:
     monitor.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     monitor.set_defaults(func=cmd_monitor)
 
-    pre = sub.add_parser(
-        "preflight",
-        help="before RL: roll out the initial policy, score it, report what the reward pays it for",
-    )
-    pre.add_argument("--model", default=None, help="reward model: checkpoint or hub id (default: the demo)")
-    pre.add_argument(
-        "--policy",
-        required=True,
-        help="the policy: a causal-LM checkpoint directory, or 'organism' (the demo's)",
-    )
-    pre.add_argument(
-        "--prompts",
-        required=True,
-        help="prompts: .jsonl with a 'prompt' field (text or messages), or .txt lines",
-    )
-    pre.add_argument("--n", type=int, default=256, help="completions to sample (default 256)")
-    pre.add_argument("--group", type=int, default=8, help="completions per prompt, GRPO's group (default 8)")
-    pre.add_argument("--max-new-tokens", type=int, default=64, help="completion length limit (default 64)")
-    pre.add_argument("--seed", type=int, default=0)
-    pre.add_argument("--out", default="reward-lens-preflight", help="output directory")
-    pre.add_argument("--device", default=None, help="cpu or cuda[:i]")
-    pre.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    pre.add_argument("--debug", action="store_true", help="show the full traceback of an error")
-    pre.set_defaults(func=cmd_preflight)
+    add_preflight_command(sub)
 
 
 # reward_lens.evaluation.BENCHMARKS' names (spelled here: importing it imports torch; a test keeps them equal)

@@ -8,7 +8,6 @@ of every writing command (checked and locked before any work, swapped in whole).
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any, List, Union
 
@@ -91,62 +90,3 @@ def write_preflight(report, out: Path) -> None:
     )
     sens.table(report.sensitivity_frame())
     page.save(out / "preflight.html")
-
-
-def cmd_preflight(args) -> int:
-    """The CLI command: load the RM and the policy, roll out, measure, write."""
-    from reward_lens.app.cli import _load_model, _report_dir, _set_threads
-    from reward_lens.distributed import Ranks
-
-    prompts = read_prompts(args.prompts)  # checked before any work
-    for name, low in (("n", 2), ("group", 2), ("max_new_tokens", 1)):
-        if getattr(args, name) < low:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= {low}, got {getattr(args, name)}")
-    if args.n % args.group:
-        raise ValueError(
-            f"--n {args.n} is not a multiple of --group {args.group}; pre-flight samples whole groups"
-        )
-    if args.n // args.group > len(prompts):
-        raise ValueError(
-            f"--n {args.n} needs {args.n // args.group} prompts for groups of {args.group}; "
-            f"{args.prompts} has "
-            f"{len(prompts)}: pass more prompts or a smaller --n"
-        )
-    if args.policy != "organism" and not Path(args.policy).is_dir():
-        raise FileNotFoundError(
-            f"no policy checkpoint at {args.policy!r}; give a causal-LM directory or 'organism' (the demo's)"
-        )
-    with _report_dir(args.out, Ranks.from_env()) as out:
-        from reward_lens.integrations.preflight import preflight
-
-        model, _ = _load_model(args.model, args.device, None)
-        _set_threads(args.threads, model)
-        if args.policy == "organism":
-            from reward_lens.demo.organisms import load_policy_organism
-
-            policy, tokenizer = load_policy_organism()
-        else:
-            from transformers import AutoModelForCausalLM, AutoTokenizer
-
-            policy, tokenizer = (
-                AutoModelForCausalLM.from_pretrained(args.policy),
-                AutoTokenizer.from_pretrained(args.policy),
-            )
-        report = preflight(
-            model,
-            policy,
-            prompts,
-            n=args.n,
-            tokenizer=tokenizer,
-            group=args.group,
-            max_new_tokens=args.max_new_tokens,
-            seed=args.seed,
-        )
-        out.commit(lambda tmp: write_preflight(report, tmp))
-        names = report.named()
-        print(
-            "[reward-lens] pre-flight: the reward pays for "
-            f"{', '.join(names) if names else 'nothing tracked'}; wrote {out.path}",
-            file=sys.stderr,
-        )
-    return 0
