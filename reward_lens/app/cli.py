@@ -161,6 +161,7 @@ def cmd_evaluate(args) -> int:
             split=args.split,
             single_game=args.single_game,
             domain=args.domain,
+            extra_subsets=args.extra_subsets,
         )
         is_file = _Path(args.source).expanduser().exists()
         info = provenance(
@@ -445,6 +446,12 @@ def _add_evaluate(sub) -> None:
     )
     ev.add_argument(
         "--domain", default=None, help="RM-Bench: the domain of a per-domain file's rows (chat, math, ...)"
+    )
+    ev.add_argument(
+        "--extra-subsets",
+        action="store_true",
+        help="score subsets (RewardBench 2) or domains (RM-Bench) that are not the benchmark's own apart: "
+        "their own rows, not in 'all' (default: refused)",
     )
     ev.add_argument("--input-format", default="auto", help="how texts become token ids (as for audit)")
     ev.add_argument("--device", default=None, help="cpu or cuda[:i] (default: cuda when available, else cpu)")

@@ -42,6 +42,7 @@ from reward_lens.model.tokenization import (
     render_pair,
     trim_after_readout,
 )
+from reward_lens.model.validation import checked_arguments
 from reward_lens.plotting import pyplot
 
 METHODS = ("fast", "naive")
@@ -332,6 +333,17 @@ def _gcg(
     return seen
 
 
+@checked_arguments(
+    counts={
+        "length": 1,
+        "top_k": 1,
+        "batch_size": 1,
+        "n_steps": 1,
+        "top_per_position": 1,
+        "n_restarts": 1,
+        "seed": 0,
+    }
+)
 @with_frozen_weights
 def search_triggers(
     model,

@@ -32,7 +32,7 @@ import torch
 from jaxtyping import Float
 
 from reward_lens.core.readout import batches, readout_run, tokenize
-from reward_lens.model.validation import check_model
+from reward_lens.model.validation import check_model, checked_arguments
 from reward_lens.plotting import figure_axes, finish
 
 CONTRAST_SETS_DIR = Path(__file__).resolve().parents[1] / "data" / "contrast_sets"
@@ -326,6 +326,7 @@ def _split(n: int, test_fraction: float, seed: int) -> Tuple[List[int], List[int
     return order[n_test:], order[:n_test]
 
 
+@checked_arguments(counts={"seed": 0, "batch_size": 1})
 def concept_vector(
     model,
     contrast: Any,

@@ -50,7 +50,7 @@ from reward_lens.instruments.patching.engines import readout_recompute_exact
 from reward_lens.model.frozen import with_frozen_weights
 from reward_lens.model.hooks import act_name, final_resid_name
 from reward_lens.model.recompute import ReadoutContext
-from reward_lens.model.validation import safe_ratio
+from reward_lens.model.validation import checked_arguments, safe_ratio
 from reward_lens.plotting import sender_receiver_heatmap
 from reward_lens.results import CleanPairRewards, to_numpy
 from reward_lens.stats import reward_scale
@@ -155,6 +155,7 @@ class PathPatchResult(CleanPairRewards):
     def target(self) -> str:
         return _TARGET[self.mode][0]
 
+    @checked_arguments(flags=("normalized",))
     def effect(self, normalized: bool = False) -> torch.Tensor:
         clean = self.clean_chosen if self.target == "chosen" else self.clean_rejected
         eff = self.patched - clean[:, None, None]
@@ -210,6 +211,7 @@ class PathPatchResult(CleanPairRewards):
         )
         return out.reindex(out.mean_effect.abs().sort_values(ascending=False).index).reset_index(drop=True)
 
+    @checked_arguments(flags=("normalized",))
     def plot(self, normalized: bool = True, ax=None):
         """Sender x receiver heatmap of the mean effect over pairs (blank: no such path)."""
         grid = to_numpy(self.effect(normalized=normalized)).mean(0)
@@ -474,6 +476,7 @@ def _batch_paths(
     return out, {t_side: rewards.float().cpu(), s_side: src.rewards.float().cpu()}
 
 
+@checked_arguments(counts={"batch_size": 1})
 @with_frozen_weights
 def path_patch(
     model,

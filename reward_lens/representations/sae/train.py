@@ -14,6 +14,7 @@ import torch
 
 from reward_lens.core.readout import stream_activations
 from reward_lens.model import hooks
+from reward_lens.model.validation import checked_arguments
 from reward_lens.representations.sae.module import SAEConfig, SparseAutoencoder, hook_width
 
 
@@ -145,6 +146,19 @@ def _checked_sizes(
     return d_sae
 
 
+@checked_arguments(
+    counts={
+        "expansion": 1,
+        "k": 1,
+        "batch_size": 1,
+        "steps": 1,
+        "aux_k": 1,
+        "dead_after": 1,
+        "max_tokens": 1,
+        "model_batch_size": 1,
+        "seed": 0,
+    }
+)
 def train_sae(
     model=None,
     data: Any = None,
