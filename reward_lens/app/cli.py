@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from reward_lens.app.bench_cli import add_commands as add_bench_commands
-from reward_lens.app.cli_help import add_examples_and_verbosity, progress_echo
+from reward_lens.app.cli_help import add_examples_and_verbosity, global_flags, progress_echo
 from reward_lens.app.options import CLIError, validate_args
 from reward_lens.version import __version__
 
@@ -24,7 +24,7 @@ RUN_ONLY = ("func", "debug", "quiet", "verbose")
 
 # What a user can cause (bad paths, values, files, checkpoints): one line, exit 2. Anything else is a bug
 # and keeps its traceback; --debug shows the traceback of user errors too.
-USER_ERRORS = (ValueError, OSError, CLIError, pickle.UnpicklingError)
+USER_ERRORS = (ValueError, OSError, MemoryError, CLIError, pickle.UnpicklingError)
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -481,6 +481,7 @@ def run_command(argv: Optional[List[str]] = None) -> int:
     args, extra = parser.parse_known_args(argv)
     if extra:  # named against the subcommand, whose --help lists its options
         parser.subcommands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
+    global_flags(args, parser.subcommands[args.command])
     if getattr(args, "models", None) is not None and len(args.models) < 2:
         print("reward-lens compare: error: give at least two models to compare", file=sys.stderr)
         return 2

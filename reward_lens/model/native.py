@@ -29,7 +29,7 @@ from reward_lens.model.placement import head_device, module_device, resolve_devi
 from reward_lens.model.readout import set_readout
 from reward_lens.model.tl_compat import TransformerLensConveniences, check_forward_input, text_input
 from reward_lens.model.tokenization import check_input_format
-from reward_lens.model.validation import check_attention_mask
+from reward_lens.model.validation import check_attention_mask, checked_arguments
 
 
 class HookedRewardModel(TransformerLensConveniences, RewardModelBase):
@@ -224,6 +224,7 @@ class HookedRewardModel(TransformerLensConveniences, RewardModelBase):
             devices=devices,
         )
 
+    @checked_arguments(flags=("overwrite",))
     def save_pretrained(self, path: Union[str, Path], *, overwrite: bool = False) -> None:
         """Save as a hooked checkpoint (config JSON + safetensors + tokenizer files). A directory holding
         another checkpoint (e.g. the transformers one this model was loaded from) is refused unless
@@ -397,6 +398,7 @@ class HookedRewardModel(TransformerLensConveniences, RewardModelBase):
         """The embedding of (relaxed) one-hot vectors, differentiable (gradient-guided token search)."""
         return self.embed.from_one_hot(one_hot)
 
+    @checked_arguments(flags=("mlp_input", "include_mlp_biases"))
     def accumulated_bias(
         self, layer: int, mlp_input: bool = False, include_mlp_biases: bool = True
     ) -> torch.Tensor:
@@ -412,10 +414,12 @@ class HookedRewardModel(TransformerLensConveniences, RewardModelBase):
         return total
 
     # ------------------------------------------------------------------ TransformerLens conveniences
+    @checked_arguments(flags=("use_attn_result",))
     def set_use_attn_result(self, use_attn_result: bool) -> None:
         """Compute per-head outputs (hook_result) in the forward; slower, needed to hook them."""
         self.cfg.use_attn_result = use_attn_result
 
+    @checked_arguments(flags=("use_split_qkv_input",))
     def set_use_split_qkv_input(self, use_split_qkv_input: bool) -> None:
         """TransformerLens's split inputs: each head reads its own copy of resid_pre, hooked before `ln1` as
         `blocks.{l}.attn.hook_q_input` [batch, pos, n_heads, d_model] and `hook_k_input` / `hook_v_input`
@@ -429,6 +433,7 @@ class HookedRewardModel(TransformerLensConveniences, RewardModelBase):
             )
         self.cfg.use_split_qkv_input = use_split_qkv_input
 
+    @checked_arguments(flags=("use_attn_in",))
     def set_use_attn_in(self, use_attn_in: bool) -> None:
         """`blocks.{l}.attn.hook_attn_in` [batch, pos, n_heads, d_model]: resid_pre copied per query head,
         before `ln1` (TransformerLens). Under grouped-query attention kv head j reads slot j (as
@@ -440,6 +445,7 @@ class HookedRewardModel(TransformerLensConveniences, RewardModelBase):
             )
         self.cfg.use_attn_in = use_attn_in
 
+    @checked_arguments(flags=("use_hook_mlp_in",))
     def set_use_hook_mlp_in(self, use_hook_mlp_in: bool) -> None:
         """`blocks.{l}.hook_mlp_in` [batch, pos, d_model]: the MLP branch's input before `ln2` (resid_mid),
         as in TransformerLens."""

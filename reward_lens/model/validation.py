@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 from typing import Any, Callable, Mapping, Optional, Sequence, Tuple, TypeVar, Union
 
 import numpy as np
@@ -69,6 +70,49 @@ def as_flag(value: Any, what: str) -> bool:
     if not isinstance(value, (bool, np.bool_)):
         raise ValueError(f"{what} must be True or False, got {value!r} ({type(value).__name__})")
     return bool(value)
+
+
+def memory_budget() -> Optional[int]:
+    """Bytes this process may still allocate on the host: the available memory (/proc/meminfo's
+    MemAvailable), capped by an address-space or data limit (`ulimit -v`, RLIMIT_AS / RLIMIT_DATA) less
+    what the process already maps; None where neither is known."""
+    budget: Optional[int] = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    budget = int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        import resource
+
+        used = 0
+        try:
+            with open("/proc/self/statm") as f:
+                used = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, IndexError):
+            pass
+        for limit in (resource.RLIMIT_AS, getattr(resource, "RLIMIT_DATA", resource.RLIMIT_AS)):
+            soft = resource.getrlimit(limit)[0]
+            if soft != resource.RLIM_INFINITY and soft > 0:
+                left = max(0, soft - used)
+                budget = left if budget is None else min(budget, left)
+    except (ImportError, OSError, ValueError):
+        pass
+    return budget
+
+
+def check_memory(nbytes: float, what: str, hint: str) -> None:
+    """Refuse, before any work, a job whose estimated host allocation (`nbytes`) exceeds what this process
+    may allocate (`memory_budget`): a one-line error instead of the kernel's kill or a bare allocator
+    error."""
+    budget = memory_budget()
+    if budget is not None and nbytes > budget:
+        raise MemoryError(
+            f"{what} would allocate about {nbytes / 2**30:.1f} GiB, more than the "
+            f"{budget / 2**30:.1f} GiB this process may still use; {hint}"
+        )
 
 
 F = TypeVar("F", bound=Callable[..., Any])

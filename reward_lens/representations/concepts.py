@@ -32,6 +32,7 @@ import torch
 from jaxtyping import Float
 
 from reward_lens.core.readout import batches, readout_run, tokenize
+from reward_lens.model.frozen import gradients_on
 from reward_lens.model.validation import check_model, checked_arguments
 from reward_lens.plotting import figure_axes, finish
 
@@ -199,7 +200,7 @@ def _logistic_direction(X: torch.Tensor, y: torch.Tensor, l2: float, iters: int 
         loss.backward()
         return loss
 
-    with torch.enable_grad():
+    with gradients_on("concept_vector"):
         opt.step(closure)
     return (w.detach() / sd).float()
 
