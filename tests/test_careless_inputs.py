@@ -523,7 +523,7 @@ CASES = [  # (class, name, call(ctx, tmp), expected)
         "silent",
         "search_triggers(candidates=[1.5])",
         lambda c, t: rl.search_triggers(c[M], c[P], candidates=[1.5]),
-        ("refused", ValueError, ["candidate token id", "1.5 (float)"]),
+        ("refused", ValueError, ["candidates: token id", "1.5 (float)"]),
     ),
     (
         "traceback",

@@ -183,7 +183,7 @@ def _candidates(model, candidates: Optional[Sequence[int]]) -> torch.Tensor:
             raise ValueError(
                 "candidates is empty: give at least one token id, or None for every vocabulary id"
             )
-        ids = [as_index(c, "candidate token id", model.cfg.d_vocab) for c in candidates]
+        ids = [as_index(c, "candidates: token id", model.cfg.d_vocab) for c in candidates]
         return torch.tensor(ids, dtype=torch.long)
     special = set(getattr(model.tokenizer, "all_special_ids", []) or [])
     if model.cfg.pad_token_id is not None:
