@@ -11,6 +11,7 @@ and says what it gives now: ``("refused", exception, words)``, one line holding 
 """
 
 import csv
+import inspect
 import json
 import multiprocessing
 import subprocess
@@ -720,3 +721,49 @@ def test_a_stale_lock_taken_over_by_racing_runs_has_one_winner(tmp_path, monkeyp
         outcomes.append(answers)
     bad = [a for a in outcomes if a != ["refused"] * 7 + ["won"]]
     assert not bad, bad[:3]
+
+
+# ------------------------------------------------------------------------------- every count and flag checked
+COUNT_NAMES = {
+    *("batch_size", "model_batch_size", "n", "k", "top", "top_k", "top_n", "top_per_position", "length"),
+    *("n_boot", "n_perm", "n_steps", "n_restarts", "n_features", "n_bins", "n_components", "steps", "seed"),
+    *("max_nodes", "max_rows", "max_pairs", "max_reference", "max_tokens", "expansion", "d_sae", "aux_k"),
+    "dead_after",
+}
+CHECKS_ITS_OWN = {"evaluate"}  # batch_size, single_game and extra_subsets checked in its body (cases above)
+
+
+def _checked(fn):
+    names = set()
+    while fn is not None:
+        names |= set(getattr(fn, "checked_arguments", ()))
+        fn = getattr(fn, "__wrapped__", None)
+    return names
+
+
+def test_every_count_and_flag_of_the_public_api_is_checked():
+    """A count (by its name) or a flag (a bool default) of a public function or result method goes through
+    `checked_arguments`; `progress` is exempt (a bool, or a str: its bar's label)."""
+    unchecked = []
+    for name in rl.__all__:
+        obj = getattr(rl, name)
+        if isinstance(obj, type):
+            targets = [
+                (f"{name}.{k}", v) for k, v in vars(obj).items() if callable(v) and not k.startswith("_")
+            ]
+        else:
+            targets = [(name, obj)] if callable(obj) else []
+        for qualname, fn in targets:
+            if qualname in CHECKS_ITS_OWN:
+                continue
+            try:
+                params = inspect.signature(fn).parameters.values()
+            except (TypeError, ValueError):
+                continue
+            wanted = [
+                p.name
+                for p in params
+                if p.name != "progress" and (p.name in COUNT_NAMES or isinstance(p.default, bool))
+            ]
+            unchecked += [f"{qualname}({p})" for p in wanted if p not in _checked(fn)]
+    assert not unchecked, unchecked

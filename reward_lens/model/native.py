@@ -319,6 +319,7 @@ class HookedRewardModel(TransformerLensConveniences, RewardModelBase):
         """The hooks `readout_context(kv=...)` needs kept whole from a clean run: keys, values per layer."""
         return recompute.kv_names(self)
 
+    @checked_arguments(flags=("layer_changes",))
     def readout_sweep(
         self,
         ctx: recompute.ReadoutContext,

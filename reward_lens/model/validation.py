@@ -150,6 +150,7 @@ def checked_arguments(
                     given[name] = as_flag(given[name], f"{who}: {name}")
             return fn(*bound.args, **bound.kwargs)
 
+        run.checked_arguments = (*counts, *flags)  # type: ignore[attr-defined]
         return run  # type: ignore[return-value]
 
     return wrap

@@ -238,7 +238,7 @@ def _wide_effects(
     return wide.astype(np.float64)
 
 
-@checked_arguments(counts={"n_boot": 1, "seed": 0})
+@checked_arguments(counts={"n_boot": 0, "seed": 0})
 def detect_cascades(
     effects: Any,
     dimensions: Optional[Sequence[str]] = None,

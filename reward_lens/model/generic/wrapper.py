@@ -535,6 +535,7 @@ class GenericHookedRewardModel(RewardModelBase):
             f"no hook point named {name!r}; this model's hook points: {', '.join(self.hook_dict)}"
         )
 
+    @checked_arguments(flags=("is_permanent", "prepend"))
     def add_hook(self, name, hook, dir="fwd", is_permanent=False, level=None, prepend=False) -> None:
         if isinstance(name, str) and name not in self.hook_dict:
             raise self._missing_hook(name)

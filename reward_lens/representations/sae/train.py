@@ -149,6 +149,7 @@ def _checked_sizes(
 
 @checked_arguments(
     counts={
+        "d_sae": 1,
         "expansion": 1,
         "k": 1,
         "batch_size": 1,
