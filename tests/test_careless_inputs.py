@@ -767,3 +767,12 @@ def test_every_count_and_flag_of_the_public_api_is_checked():
             ]
             unchecked += [f"{qualname}({p})" for p in wanted if p not in _checked(fn)]
     assert not unchecked, unchecked
+
+
+def test_an_audit_of_a_benchmark_file_scores_other_subsets_apart(ctx, tmp_path):
+    from reward_lens.app.cli import _audit_input
+
+    path = tmp_path / "rb2.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in _rb2(["Math", "Safety", "Chat"])))
+    pairs, result = _audit_input(str(path), ctx["model"], 8)  # audit has no --extra-subsets: never refused
+    assert len(pairs) == 3 and _apart(result, ["Math", "Safety"], "Chat")

@@ -85,7 +85,8 @@ def _audit_input(path: Optional[str], model, batch_size):
             from reward_lens.evaluation import benchmark_pairs, evaluate
 
             size = batch_size if isinstance(batch_size, int) else 16
-            return benchmark_pairs(path), evaluate(model, path, batch_size=size)
+            # other subsets / domains on their own rows, out of "all" (audit has no --extra-subsets to ask)
+            return benchmark_pairs(path), evaluate(model, path, batch_size=size, extra_subsets=True)
     return _load_pairs(path, model), None
 
 
