@@ -355,6 +355,12 @@ CASES = [  # (class, name, call(ctx, tmp), expected)
         lambda c, t: rl.evaluate(c[M], _rb2(["Math"]), progress=False, extra_subsets="no"),
         ("refused", ValueError, ["extra_subsets must be True or False"]),
     ),
+    (
+        "silent",
+        "to_tokens(text, prepend_bos='no')",
+        lambda c, t: c[M].to_tokens("hi", prepend_bos="no"),
+        ("refused", ValueError, ["prepend_bos must be True, False or None", "'no'"]),
+    ),
     # -- the benchmarks' names
     (
         "silent",
