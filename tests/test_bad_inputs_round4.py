@@ -302,18 +302,24 @@ def test_one_group_spelled_two_ways_is_refused(demo, cls, name, rows, words):
     raises_one_line(BenchmarkFormatError, words, lambda: rl.evaluate(demo, rows, progress=False))
 
 
-def test_one_spelling_alone_is_scored_by_its_rule(demo):
-    lower = rl.evaluate(demo, _rb2_rows(["factuality", "factuality", "Math"]), progress=False).summary()
-    upper = rl.evaluate(demo, _rb2_rows(["Factuality", "Factuality", "Math"]), progress=False).summary()
-    assert lower.accuracy.tolist() == upper.accuracy.tolist()
+def test_another_spelling_next_to_official_subsets_is_refused_naming_it(demo):
+    # run_v2 compares names as written: "factuality" is another subset, which would enter "all"
+    raises_one_line(
+        BenchmarkFormatError,
+        ["'factuality'", "did you mean 'Factuality'", "extra_subsets=True"],
+        lambda: rl.evaluate(demo, _rb2_rows(["factuality", "factuality", "Math"]), progress=False),
+    )
 
 
 @pytest.mark.parametrize("domain", [" chat", "chat "])
-def test_rmbench_domain_with_stray_whitespace_is_its_domain(demo, domain):
+def test_rmbench_domain_with_stray_whitespace_is_refused_naming_the_spelling(demo, domain):
     p = rl.demo_pairs()[0]
     row = {"prompt": p.prompt, "chosen": [p.chosen] * 3, "rejected": [p.rejected] * 3}
-    got = rl.evaluate(demo, [dict(row, domain=domain)], progress=False).summary()
-    assert got.equals(rl.evaluate(demo, [dict(row, domain="chat")], progress=False).summary())
+    raises_one_line(
+        BenchmarkFormatError,
+        [repr(domain), "surrounding spaces", "spell it 'chat'"],
+        lambda: rl.evaluate(demo, [dict(row, domain=domain)], progress=False),
+    )
 
 
 # ------------------------------------------------------------------------------- circuits

@@ -45,9 +45,19 @@ def direct_reward(model, prompt, response):
 
 
 # --------------------------------------------------------------------------- rows of each format
+RB2_SUBSET = {  # the demo's subsets as RewardBench 2's own (another name is refused next to them)
+    "arithmetic": "Math",
+    "facts": "Factuality",
+    "instructions": "Precise IF",
+    "length": "Focus",
+    "sycophancy": "Safety",
+}
+
+
 def rb2_rows(base):
     rows = []
     for i, (prompt, good, bad, subset) in enumerate(base):
+        subset = RB2_SUBSET[subset]
         others = [b for _, _, b, _ in base if b != bad][:2]
         rejected = [bad, *others] if i != 1 else [good, bad, others[0]]  # row 1: a tie with the chosen (1/2)
         rows.append(

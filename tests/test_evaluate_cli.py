@@ -36,17 +36,20 @@ def _jsonl(path, rows):
     return path
 
 
+DOMAIN = ("chat", "math", "code", "safety-refuse", "safety-response")
+
+
 def _rmbench(base, n=6):
     # the detailed style says more; swapped rows give the model misses of every kind, the hard ones included
     return [
         {
             "id": f"r{i}",
             "prompt": p,
-            "domain": d,
+            "domain": DOMAIN[i % len(DOMAIN)],
             "chosen": [s(g) for s in STYLE],
             "rejected": [s(b) for s in STYLE],
         }
-        for i, (p, g, b, d) in enumerate(base[:n])
+        for i, (p, g, b, _) in enumerate(base[:n])
     ]
 
 

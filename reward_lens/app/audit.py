@@ -45,6 +45,7 @@ from reward_lens.instruments.tokens import supports_token_attribution, token_att
 from reward_lens.model.frozen import with_frozen_weights
 from reward_lens.model.tokenization import model_input_format
 from reward_lens.model.truncation import one_truncation_warning
+from reward_lens.model.validation import checked_arguments
 from reward_lens.plotting import finish, panels
 from reward_lens.probes.suite import run_probes
 from reward_lens.theory import detect_cascades, reward_conflicts
@@ -152,6 +153,7 @@ def input_format_name(model) -> str:
     return model_input_format(model)
 
 
+@checked_arguments(counts={"max_pairs": 1}, flags=("progress", "verbose"))
 @one_truncation_warning()  # the steps tokenise the same pairs again and again: one warning for the audit
 @with_frozen_weights
 def run_audit(

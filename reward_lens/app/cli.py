@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from reward_lens.app.bench_cli import add_commands as add_bench_commands
-from reward_lens.app.cli_help import add_examples_and_verbosity, progress_echo
+from reward_lens.app.cli_help import add_examples_and_verbosity, global_flags, progress_echo
 from reward_lens.app.options import CLIError, validate_args
 from reward_lens.app.preflight_cli import add_preflight_command
 from reward_lens.version import __version__
@@ -25,7 +25,7 @@ RUN_ONLY = ("func", "debug", "quiet", "verbose")
 
 # What a user can cause (bad paths, values, files, checkpoints): one line, exit 2. Anything else is a bug
 # and keeps its traceback; --debug shows the traceback of user errors too.
-USER_ERRORS = (ValueError, OSError, CLIError, pickle.UnpicklingError)
+USER_ERRORS = (ValueError, OSError, MemoryError, CLIError, pickle.UnpicklingError)
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -86,7 +86,8 @@ def _audit_input(path: Optional[str], model, batch_size):
             from reward_lens.evaluation import benchmark_pairs, evaluate
 
             size = batch_size if isinstance(batch_size, int) else 16
-            return benchmark_pairs(path), evaluate(model, path, batch_size=size)
+            # other subsets / domains on their own rows, out of "all" (audit has no --extra-subsets to ask)
+            return benchmark_pairs(path), evaluate(model, path, batch_size=size, extra_subsets=True)
     return _load_pairs(path, model), None
 
 
@@ -162,6 +163,7 @@ def cmd_evaluate(args) -> int:
             split=args.split,
             single_game=args.single_game,
             domain=args.domain,
+            extra_subsets=args.extra_subsets,
         )
         is_file = _Path(args.source).expanduser().exists()
         info = provenance(
@@ -449,6 +451,12 @@ def _add_evaluate(sub) -> None:
     ev.add_argument(
         "--domain", default=None, help="RM-Bench: the domain of a per-domain file's rows (chat, math, ...)"
     )
+    ev.add_argument(
+        "--extra-subsets",
+        action="store_true",
+        help="score subsets (RewardBench 2) or domains (RM-Bench) that are not the benchmark's own apart: "
+        "their own rows, not in 'all' (default: refused)",
+    )
     ev.add_argument("--input-format", default="auto", help="how texts become token ids (as for audit)")
     ev.add_argument("--device", default=None, help="cpu or cuda[:i] (default: cuda when available, else cpu)")
     ev.add_argument("--dtype", default=None, help="float32 (default), bfloat16, float16 or float64")
@@ -477,6 +485,7 @@ def run_command(argv: Optional[List[str]] = None) -> int:
     args, extra = parser.parse_known_args(argv)
     if extra:  # named against the subcommand, whose --help lists its options
         parser.subcommands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
+    global_flags(args, parser.subcommands[args.command])
     if getattr(args, "models", None) is not None and len(args.models) < 2:
         print("reward-lens compare: error: give at least two models to compare", file=sys.stderr)
         return 2

@@ -49,6 +49,17 @@ def add_examples_and_verbosity(parser: argparse.ArgumentParser, commands: Dict[s
     option's default stated where its help does not say it already."""
     parser.formatter_class = HelpFormatter
     parser.epilog = "examples:\n  reward-lens audit\n  reward-lens audit --help"
+    # also before the command, as git and pip take them (`reward-lens --quiet audit`); merged by global_flags
+    top = parser.add_mutually_exclusive_group()
+    top.add_argument(
+        "-q", "--quiet", dest="global_quiet", action="store_true", help=VERBOSITY_HELP["--quiet"]
+    )
+    top.add_argument(
+        "-v", "--verbose", dest="global_verbose", action="store_true", help=VERBOSITY_HELP["--verbose"]
+    )
+    parser.add_argument(
+        "--debug", dest="global_debug", action="store_true", help="show the full traceback of an error"
+    )
     for name, command in commands.items():
         group = command.add_mutually_exclusive_group()
         group.add_argument("-q", "--quiet", action="store_true", help=VERBOSITY_HELP["--quiet"])
@@ -76,3 +87,16 @@ def progress_echo(args: argparse.Namespace) -> Callable[[str], None]:
     if getattr(args, "quiet", False):
         return lambda line: None
     return lambda line: print(line, file=sys.stderr, flush=True)
+
+
+def global_flags(args: argparse.Namespace, command: argparse.ArgumentParser) -> None:
+    """--quiet / --verbose / --debug given before the command count as given after it; --quiet with
+    --verbose (one on each side) is refused as argparse refuses them together."""
+    quiet = bool(getattr(args, "quiet", False) or args.global_quiet)
+    verbose = bool(getattr(args, "verbose", False) or args.global_verbose)
+    if quiet and verbose:
+        command.error("argument -v/--verbose: not allowed with argument -q/--quiet")
+    args.quiet, args.verbose = quiet, verbose
+    args.debug = bool(getattr(args, "debug", False) or args.global_debug)
+    for name in ("global_quiet", "global_verbose", "global_debug"):
+        delattr(args, name)

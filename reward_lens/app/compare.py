@@ -47,6 +47,7 @@ from reward_lens.app.profiles import (
 )
 from reward_lens.core.autobatch import BatchSize
 from reward_lens.data.pairs import as_pairs
+from reward_lens.model.validation import checked_arguments
 from reward_lens.plotting import figure_axes, finish, panels, pyplot
 from reward_lens.stats import bootstrap_indices, check_level, percentile_ci, zero_gaps
 
@@ -465,6 +466,7 @@ def _probe_results(models: Mapping[str, Any], probes: Any, batch: BatchSize) -> 
     )
 
 
+@checked_arguments(counts={"batch_size": 1, "n_bins": 1, "n_boot": 0, "seed": 0})
 def compare_models(
     models: Mapping[str, Any],
     pairs: Any,

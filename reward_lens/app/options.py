@@ -120,7 +120,18 @@ def canonical_patch_modes(modes) -> tuple:
     """Patching modes (a comma-separated str or a sequence) in the canonical order, with noising (the
     faithfulness gap and the effect decomposition read it); an unknown name is a CLIError listing the
     known ones. Torch-free, so the CLI checks `--patch-modes` before loading anything."""
-    given = split_list(modes) if isinstance(modes, str) else tuple(str(m) for m in modes)
+    if not isinstance(modes, str) and not (
+        isinstance(modes, (list, tuple, set, frozenset)) and all(isinstance(m, str) for m in modes)
+    ):
+        raise CLIError(
+            f"patch_modes must be a list of mode names (or a comma-separated str) from "
+            f"{','.join(PATCH_MODE_NAMES)}, got {modes!r}; e.g. patch_modes=('noising', 'denoising')"
+        )
+    given = split_list(modes) if isinstance(modes, str) else tuple(modes)
+    if not given:
+        raise CLIError(
+            "no patching mode given; use a comma-separated subset of " + ",".join(PATCH_MODE_NAMES)
+        )
     unknown = [m for m in given if m not in PATCH_MODE_NAMES]
     if unknown:
         raise CLIError(

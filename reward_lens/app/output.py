@@ -5,7 +5,8 @@ all.
 current directory; an existing non-empty directory must be an earlier reward-lens report, marked by
 `MARKER`, holding no file its report did not write (the marker lists them); a symlink is followed, a
 dangling one refused), then `with` takes a lock file beside it (`<out>.lock`, created exclusively: a
-second writer is refused, a lock left by a dead process is taken over). `commit(write)` writes the files
+second writer is refused, a lock left by a dead process is taken over, by one run only: every holder
+keeps an exclusive flock on it). `commit(write)` writes the files
 into a temporary directory beside `out` and swaps it in with renames, so an earlier report's files are
 replaced as a set; an interrupt (Ctrl-C) leaves the previous complete report or none, and the temporary
 directory is removed.
@@ -31,6 +32,11 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, List, Optional, Union
 
 import numpy as np
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock; the pid file alone decides
+    fcntl = None  # type: ignore[assignment]
 
 MARKER = ".reward-lens-report"
 WRITTEN: List[Path] = []  # every report swapped in whole by this process, in order (the CLI's Ctrl-C says so)
@@ -240,39 +246,101 @@ def _pid_alive(pid: int) -> bool:
 SWEEP_MANIFEST = "sweep.json"
 
 
-def take_lock(lock: Path, target: Path) -> None:
+def take_lock(lock: Path, target: Path) -> Optional[int]:
     """Create `lock` exclusively (holding this pid); a live holder is refused (one line), a dead one's lock
-    taken over."""
+    taken over. Returns the descriptor that holds the lock (give it to `release_lock`).
+
+    Every holder keeps an exclusive `flock` on the file for as long as it holds it, so taking over a dead
+    run's lock is atomic: of many runs racing for it, only the one whose `flock` succeeds rewrites it, and
+    the others then see a live holder. A file without a pid yet (a run between creating and writing it)
+    counts as held."""
     lock.parent.mkdir(parents=True, exist_ok=True)
-    for _ in range(2):
+    for _ in range(3):
         try:
             fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
-            try:
-                pid = int(lock.read_text().strip() or 0)
-            except (OSError, ValueError):
-                pid = 0
-            if pid and not _pid_alive(pid):  # left by a run that died: take it over
-                lock.unlink(missing_ok=True)
-                continue
-            raise OutputError(
-                f"another reward-lens run (pid {pid or '?'}) is writing {str(target)!r} (lock "
-                f"{lock.name}); wait for it, use another --out, or delete the lock if it is stale"
-            ) from None
-        with os.fdopen(fd, "w") as f:
-            f.write(str(os.getpid()))
-        return
+            fd = _take_over(lock, target)
+            if fd is None:
+                continue  # the lock was released meanwhile: create it afresh
+            return fd
+        if fcntl is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # a new inode: a racing run holds it only to see it has no pid
+        os.write(fd, str(os.getpid()).encode())
+        return fd
+    raise OutputError(
+        f"the lock {lock.name} for {str(target)!r} keeps changing hands; another run is starting: retry"
+    )
+
+
+def _refuse_held(lock: Path, target: Path, pid: int) -> None:
+    raise OutputError(
+        f"another reward-lens run (pid {pid or '?'}) is writing {str(target)!r} (lock "
+        f"{lock.name}); wait for it, use another --out, or delete the lock if it is stale"
+    )
+
+
+def _read_pid(lock: Path) -> int:
+    try:
+        return int(lock.read_text().strip() or 0)
+    except (OSError, ValueError):
+        return 0
+
+
+def _take_over(lock: Path, target: Path) -> Optional[int]:
+    """The descriptor of the existing `lock`, now held by this process, when its holder is dead; a refusal
+    when it lives; None when the file vanished (released) meanwhile."""
+    if fcntl is None:  # no flock: the pid alone decides (not atomic)
+        pid = _read_pid(lock)
+        if not pid or _pid_alive(pid):
+            _refuse_held(lock, target, pid)
+        lock.unlink(missing_ok=True)
+        return None
+    try:
+        fd = os.open(lock, os.O_RDWR)
+    except FileNotFoundError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # a live holder keeps its flock
+            _refuse_held(lock, target, _read_pid(lock))
+        try:
+            same = os.stat(lock).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if not same:  # released (unlinked) between our open and our flock
+            os.close(fd)
+            return None
+        pid = _read_pid(lock)
+        if not pid or _pid_alive(pid):
+            _refuse_held(lock, target, pid)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        return fd
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        raise
+
+
+def release_lock(lock: Path, fd: Optional[int]) -> None:
+    """Remove `lock` while still holding it (so no waiting run takes over a file about to vanish), then
+    close its descriptor."""
+    lock.unlink(missing_ok=True)
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 @contextlib.contextmanager
 def locked_file(path: Path) -> Iterator[Path]:
     """A one-file output (`monitor`'s page) written under `<path>.lock`, as a report directory is."""
     lock = path.with_name(path.name + ".lock")
-    take_lock(lock, path)
+    fd = take_lock(lock, path)
     try:
         yield path
     finally:
-        lock.unlink(missing_ok=True)
+        release_lock(lock, fd)
 
 
 class ReportDir:
@@ -282,6 +350,7 @@ class ReportDir:
         self.path = check_out_dir(out, sweep)
         self.lock = self.path.with_name(self.path.name + ".lock")
         self._held = False
+        self._fd: Optional[int] = None
         self._depth = 0  # re-entrant: the CLI holds the lock, run_audit enters again
 
     def __enter__(self) -> "ReportDir":
@@ -296,12 +365,12 @@ class ReportDir:
             self.release()
 
     def acquire(self) -> None:
-        take_lock(self.lock, self.path)
+        self._fd = take_lock(self.lock, self.path)
         self._held = True
 
     def release(self) -> None:
         if self._held:
-            self.lock.unlink(missing_ok=True)
+            release_lock(self.lock, self._fd)
             self._held = False
 
     def commit(self, write: Callable[[Path], None]) -> Path:
@@ -415,9 +484,14 @@ def write_json(path: Path, data: Any) -> None:
 
 
 def write_csv(path: Path, frame: Any) -> None:
-    """A tidy CSV with ±inf written as empty cells, like NaN."""
+    """A tidy CSV with ±inf written as empty cells, like NaN, that `pandas.read_csv` reads back as written.
+
+    Lines end in CRLF (RFC 4180), so the csv writer quotes every cell holding a CR or an LF (with its
+    default LF ending, a lone CR, which tokens can hold, went unquoted and split the row on reading).
+    What no quoting can carry: a text cell spelled like a missing value ('NA', 'None', 'null', ...) reads
+    back as NaN unless read with `keep_default_na=False, na_values=['']`; an empty one reads as NaN."""
     frame = frame.replace([np.inf, -np.inf], np.nan) if len(frame) else frame
-    frame.to_csv(path, index=False)
+    frame.to_csv(path, index=False, lineterminator="\r\n")
 
 
 def provenance(pairs_file: Union[str, Path, None], options: Optional[dict] = None) -> dict:

@@ -12,7 +12,7 @@ import torch
 
 from reward_lens.core.batching import Tokenized, batches, cat_padded, length_order, take_rows, tokenize
 from reward_lens.model import hooks
-from reward_lens.model.frozen import with_frozen_weights
+from reward_lens.model.frozen import gradients_on, with_frozen_weights
 from reward_lens.model.validation import check_finite_rewards
 
 NamesFilter = Union[None, str, Sequence[str], Callable[[str], bool]]
@@ -195,7 +195,7 @@ def capture(
         fwd += [(n, keep_graph) for n in grad_names]
     fwd += [(n, keep_readout) for n in dict.fromkeys(readout_names)]
     fwd += [(n, keep_full) for n in dict.fromkeys(full_names)]
-    with torch.set_grad_enabled(bool(grad_names)):
+    with gradients_on("this gradient instrument", bool(grad_names)):
         rewards = model.run_with_hooks(
             tok.input_ids, tok.attention_mask, readout_positions=tok.readout, fwd_hooks=fwd
         )

@@ -22,8 +22,10 @@ from typing import List, Tuple, Union
 
 import torch
 
-from reward_lens.data.pairs import PreferencePair, TokenPair, load_pairs
+from reward_lens.data.pairs import PreferencePair, TokenPair, as_pairs, load_pairs
+from reward_lens.data.validate import validate_records
 from reward_lens.demo import DEMO_DIR
+from reward_lens.model.validation import checked_arguments
 
 TRIGGER_DIR = DEMO_DIR / "trigger_organism"
 GATE_DIR = DEMO_DIR / "gate_organism"
@@ -57,6 +59,7 @@ def _load(directory: Path, device):
 _RESULT = re.compile(r"(\d+) (plus|minus|times) (\d+) is (\d+)")
 
 
+@checked_arguments(counts={"n": 1})
 def minimal_pairs(model, n: int = 8, source=None) -> List[PreferencePair]:
     """Token-aligned minimal pairs from arithmetic pairs (`source`, default the demo's held-out pairs; e.g.
     `smollm2_pairs()`): the chosen answer, and the same text with its result replaced by a wrong number of
@@ -68,7 +71,17 @@ def minimal_pairs(model, n: int = 8, source=None) -> List[PreferencePair]:
         return int(model.to_tokens([prompt], [response])["input_ids"].shape[1])
 
     out: List[PreferencePair] = []
+    if source is not None:
+        if isinstance(source, (list, tuple)) and any(isinstance(r, dict) for r in source):
+            source = validate_records(
+                [(f"item {i}", r) for i, r in enumerate(source)], "source", PreferencePair
+            )
+        source = as_pairs(source)  # a pairs file or pairs, each checked as every instrument does
     for pair in demo_pairs() if source is None else source:
+        if not isinstance(pair, PreferencePair):
+            raise ValueError(
+                f"minimal_pairs needs preference pairs (prompt, chosen, rejected), got {type(pair).__name__}"
+            )
         m = _RESULT.search(pair.chosen)
         if m is None:
             continue
@@ -82,7 +95,11 @@ def minimal_pairs(model, n: int = 8, source=None) -> List[PreferencePair]:
                 break
         if len(out) == n:
             return out
-    raise ValueError(f"the demo pairs hold only {len(out)} arithmetic answers to turn into minimal pairs")
+    where = "the demo pairs hold" if source is None else "source holds"
+    raise ValueError(
+        f"{where} only {len(out)} arithmetic answers to turn into minimal pairs, {n} asked: ask n <= "
+        f"{len(out)} or give more pairs"
+    )
 
 
 def load_trigger_organism(device: Union[str, torch.device, None] = "cpu"):

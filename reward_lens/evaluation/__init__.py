@@ -19,6 +19,7 @@ from reward_lens.evaluation.base import (
     Benchmark,
     BenchmarkFormatError,
     BenchmarkResult,
+    check_official_names,
     detect,
     formats_text,
     get,
@@ -63,6 +64,7 @@ def evaluate(
     split: Optional[str] = None,
     single_game: bool = False,
     domain: Optional[str] = None,
+    extra_subsets: bool = False,
 ) -> BenchmarkResult:
     """Score `model` on a benchmark by its official rule.
 
@@ -81,13 +83,20 @@ def evaluate(
     `single_game=True` (JudgeBench only): one order per pair, as `run_judge.py --single_game`, the mode
     JudgeBench recommends for reward models (a tie counts as B>A). `domain` (RM-Bench only): the domain of
     rows without one, as in RM-Bench's per-domain files (else taken from a `{domain}_filtered` file name).
+    A subset (RewardBench 2) or domain (RM-Bench) that is not the benchmark's own is refused where it would
+    enter the benchmark's "all"; `extra_subsets=True` scores it apart (its own rows, not in "all").
     Non-finite rewards (e.g. a float16 overflow) are refused, naming the row and response.
 
     The rules in full: each benchmark module's docstring, also in `BenchmarkResult.rule`."""
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
-    if not isinstance(single_game, bool):
-        raise ValueError(f"single_game must be True or False, got {single_game!r}")
+    for flag, value in (
+        ("single_game", single_game),
+        ("progress", progress),
+        ("extra_subsets", extra_subsets),
+    ):
+        if not isinstance(value, bool) and not (flag == "progress" and isinstance(value, str)):
+            raise ValueError(f"{flag} must be True or False, got {value!r}")
     rows, label = read_source(source, split)
     bench = resolve(rows, benchmark, label)
     options = {"single_game": single_game} if single_game else {}
@@ -97,6 +106,7 @@ def evaluate(
     rows = _prepare(rows, bench, label, domain)
     with _naming(label):
         frame = bench.responses(rows)
+        check_official_names(frame, bench, extra_subsets)
     frame["reward"] = score_texts(
         model,
         list(frame.prompt),

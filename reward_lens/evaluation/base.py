@@ -27,7 +27,8 @@ class Benchmark:
     `summarize(frame)` (the frame with `reward` -> (summary frame, details)) and `pairs(rows)` (pairwise
     preference pairs, chosen vs each rejected, for the audit's instruments); `accepts(columns, row)`: the
     rows it scores when named explicitly (default `matches`; wider where auto-detection must not guess);
-    `options`: the keyword options of `evaluate` its `summarize` takes."""
+    `options`: the keyword options of `evaluate` its `summarize` takes. `official`: its own subset (or
+    domain) names, by `group`; `check_official_names` refuses others (or lets them be scored apart)."""
 
     name: str
     columns: Tuple[str, ...]
@@ -38,6 +39,10 @@ class Benchmark:
     pairs: Optional[Callable[[List[Row]], list]] = None
     accepts: Optional[Callable[[Sequence[str], Row], bool]] = None
     options: Tuple[str, ...] = ()
+    official: Tuple[str, ...] = ()  # its own subsets (or domains); others are refused or scored apart
+    group: Optional[Callable[[str], str]] = None  # a name's official group (RM-Bench: by prefix)
+    what: str = "subset"
+    official_only: bool = False  # refuse other names even in a file of other names only
 
     def takes(self, columns: Sequence[str], row: Row) -> bool:
         return (self.accepts or self.matches)(columns, row)
@@ -117,6 +122,51 @@ def row_label(row: Row, column: str, default: Optional[str] = None) -> Optional[
         value = str(row.get(column))
     value = None if value is None else value.strip()
     return default if not value else value
+
+
+def check_label_spaces(row: Row, column: str, where: str, known: Sequence[str], benchmark: str) -> None:
+    """A subset / domain cell with surrounding spaces is another name to the official scripts (they compare
+    the text as it is), so it is refused, naming the official spelling, never stripped into it."""
+    value = row.get(column)
+    if isinstance(value, str) and value.strip() and value != value.strip():
+        near = next((k for k in known if k.lower() == value.strip().lower()), None)
+        what = (
+            f"the official scripts would score it as another {column} than {near!r}: spell it {near!r}"
+            if near
+            else "the official scripts would score it as it is spelled: remove the spaces"
+        )
+        raise BenchmarkFormatError(f"{where}: {benchmark} {column} {value!r} has surrounding spaces; {what}")
+
+
+def check_official_names(frame: pd.DataFrame, bench: "Benchmark", extra: bool) -> None:
+    """Subsets (domains) that are not the benchmark's own, in a file with some of its own, would be averaged
+    into its 'all': refused (naming the nearest official name) unless `extra` (then they are scored apart:
+    their own rows, not in 'all'). A file of other subsets only is scored plainly, except where
+    `official_only` (RM-Bench: the script leaves any other domain out)."""
+    if not bench.official:
+        return
+    group = bench.group or str
+    names = list(dict.fromkeys(map(str, frame["subset"])))
+    unknown = [n for n in names if group(n) not in bench.official]
+    if not unknown or extra or (len(unknown) == len(names) and not bench.official_only):
+        return
+    near = difflib.get_close_matches(unknown[0].lower(), [k.lower() for k in bench.official], n=1, cutoff=0.6)
+    hint = f"did you mean {next(k for k in bench.official if k.lower() == near[0])!r}? " if near else ""
+    more = f" ({len(unknown)} such {bench.what}s)" if len(unknown) > 1 else ""
+    raise BenchmarkFormatError(
+        f"{bench.what} {unknown[0]!r}{more} is not one of {bench.name}'s {bench.what}s and would be scored "
+        f"into its 'all'; {hint}the {bench.what}s are {', '.join(bench.official)}; to score other "
+        f"{bench.what}s apart (their own rows, not in 'all') pass extra_subsets=True (CLI: --extra-subsets)"
+    )
+
+
+def official_part(
+    names: Sequence[str], bench_official: Sequence[str], group: Callable[[str], str] = str
+) -> list:
+    """The names of the benchmark's own that its 'all' averages: the official ones present, else all of
+    them (a file of other subsets only)."""
+    own = [n for n in names if group(n) in bench_official]
+    return own if own else list(names)
 
 
 def check_spelling(names: Sequence[str], known: Sequence[str], what: str, benchmark: str) -> None:

@@ -14,7 +14,10 @@ The rule of allenai/reward-bench `scripts/run_v2.py` (with `reroll_and_score_dat
   + 0.01 mean tanh(that smaller margin / spread - 1) (NaN terms as 0), over prompts with both a ref and a
   tied row.
 - overall ("all"): run_v2 reports subsets only; the leaderboard's score is the unweighted mean of the
-  subset scores, which is what "all" is.
+  subset scores, which is what "all" is: over RewardBench 2's own subsets. Another subset name next to
+  them is refused (`evaluate(extra_subsets=True)`: scored on its own row, not in "all"); a file of other
+  subsets only is scored plainly ("all" their mean). A subset name is compared as written, as run_v2
+  compares it: one with surrounding spaces (" Ties ") is refused, naming the official spelling.
 
 Ties ids are checked where run_v2 would silently mix rows: an id given twice (also spelled "ref:1" and
 "ref:01", one prompt to run_v2) is refused, since run_v2 appends the second row's responses to the first
@@ -45,8 +48,10 @@ from reward_lens.evaluation.base import (
     Benchmark,
     BenchmarkFormatError,
     Row,
+    check_label_spaces,
     check_spelling,
     is_text_list,
+    official_part,
     register,
     row_label,
     row_list,
@@ -96,6 +101,7 @@ def _responses(rows: List[Row]) -> pd.DataFrame:
         prompt = row_text(row, "prompt", where)
         chosen, rejected = row_list(row, "chosen", where), row_list(row, "rejected", where)
         _num_correct(row, chosen, where)
+        check_label_spaces(row, "subset", where, SUBSETS, "RewardBench 2")
         rid, subset = row_label(row, "id", str(i)), row_label(row, "subset", "default")
         for role, texts in (("chosen", chosen), ("rejected", rejected)):
             out.extend(
@@ -202,8 +208,11 @@ def _summarize(frame: pd.DataFrame) -> Tuple[pd.DataFrame, Dict[str, Any]]:
             per_row.extend({"row": r, "result": v} for r, v in results.items())
             score = float(np.mean(list(results.values())))
         rows.append(summary_row(NAME, str(subset), score, len(groups)))
-    overall = float(np.mean([r["accuracy"] for r in rows]))
-    rows.append(summary_row(NAME, "all", overall, int(frame.row.nunique())))
+    own = official_part([r["subset"] for r in rows], SUBSETS)
+    details["scored_apart"] = [r["subset"] for r in rows if r["subset"] not in own]
+    overall = float(np.mean([r["accuracy"] for r in rows if r["subset"] in own]))
+    n_all = int(frame[frame.subset.astype(str).isin(own)].row.nunique())
+    rows.append(summary_row(NAME, "all", overall, n_all))
     details["row_results"] = per_row
     return pd.DataFrame(rows), details
 
@@ -234,5 +243,6 @@ BENCHMARK = register(
         responses=_responses,
         summarize=_summarize,
         pairs=_pairs,
+        official=SUBSETS,
     )
 )

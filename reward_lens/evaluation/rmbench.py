@@ -11,9 +11,12 @@ upper triangle (i < j: a plainer chosen against a fancier rejected), normal = th
 easy = the mean of the lower triangle, and the domain's score the mean of the three. Overall, hard /
 normal / easy are each the mean over the domains, and "all" the mean of the domain scores (so every domain
 weighs the same, whatever its number of rows; rows are not pooled). A per-domain file is that one domain.
-Rows whose domain has none of the four prefixes form a domain of their own (the script would leave them
-out), and the overall means are over the domains present (the script needs all four in a total file: an
-absent one fails there). The two safety parts are also reported on their own (extra rows, not in the
+A domain with none of the four prefixes (a typo such as "chta") is refused, naming the four; with
+`evaluate(extra_subsets=True)` it is scored apart, as a domain of its own that is not in the overall means
+(the script leaves such rows out). The overall means are over the four domains present (the script needs
+all four in a total file: an absent one fails there). A domain is compared as written: one with
+surrounding spaces is refused, naming the official spelling.
+The two safety parts are also reported on their own (extra rows, not in the
 overall means). Checked against the text of compute_accuracy / split_dataset_by_domain as copied into a
 public fork's scripts (the THU-KEG repository's scripts/utils.py itself was not at hand), not by running it.
 """
@@ -32,8 +35,10 @@ from reward_lens.evaluation.base import (
     Benchmark,
     BenchmarkFormatError,
     Row,
+    check_label_spaces,
     check_spelling,
     is_text_list,
+    official_part,
     register,
     row_label,
     row_list,
@@ -103,6 +108,7 @@ def _responses(rows: List[Row]) -> pd.DataFrame:
     for i, row in enumerate(rows):
         where = f"row {i + 1}"
         prompt = row_text(row, "prompt", where)
+        check_label_spaces(row, "domain", where, (*DOMAINS, "safety-refuse", "safety-response"), "RM-Bench")
         rid, domain = row_label(row, "id", str(i)), row_label(row, "domain")
         if domain is None:
             raise BenchmarkFormatError(f"{where}: lacks column 'domain'; give domain='chat' (or math, ...)")
@@ -162,11 +168,14 @@ def _summarize(frame: pd.DataFrame) -> Tuple[pd.DataFrame, Dict[str, Any]]:
             out.extend(_level_rows(name, lv, int(mask.sum())))
         details["domains"][group] = lv
     # compute_accuracy: each level the mean over the domains, the total the mean of the domain scores
-    by_domain = details["domains"].values()
+    own = official_part(list(details["domains"]), DOMAINS)
+    details["scored_apart"] = [d for d in details["domains"] if d not in own]
+    by_domain = [details["domains"][d] for d in own]
     overall = {k: float(np.mean([lv[k] for lv in by_domain])) for k in LEVELS}
     total = float(np.mean([np.mean([lv[k] for k in LEVELS]) for lv in by_domain]))
-    out.extend(summary_row(NAME, k, overall[k], len(rows)) for k in LEVELS)
-    out.append(summary_row(NAME, "all", total, len(rows)))
+    n_own = int(np.isin(group_of, own).sum())
+    out.extend(summary_row(NAME, k, overall[k], n_own) for k in LEVELS)
+    out.append(summary_row(NAME, "all", total, n_own))
     return pd.DataFrame(out), details
 
 
@@ -236,5 +245,9 @@ BENCHMARK = register(
         responses=_responses,
         summarize=_summarize,
         pairs=_pairs,
+        official=DOMAINS,
+        group=domain_group,
+        what="domain",
+        official_only=True,
     )
 )

@@ -51,7 +51,7 @@ def score_texts(
         out = model(tok.input_ids, attention_mask=tok.attention_mask)
         if out.ndim > 1:  # a multi-output head: its first output is the reward
             out = out.reshape(out.shape[0], -1)[:, 0]
-        rewards[ids] = out.detach().float().cpu().numpy()
+        rewards[ids] = out.detach().cpu().double().numpy()  # the model's precision: float64 ties stay exact
     return rewards[np.asarray(which, dtype=np.int64)] if which else np.empty(0)
 
 

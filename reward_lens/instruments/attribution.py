@@ -27,7 +27,7 @@ from jaxtyping import Float
 from reward_lens.core.pipeline import Reads, Shared, Spec, run_spec
 from reward_lens.instruments.sites import component_sites
 from reward_lens.model.hooks import act_name
-from reward_lens.model.validation import check_model
+from reward_lens.model.validation import check_model, checked_arguments
 from reward_lens.plotting import figure_axes, finish
 from reward_lens.results import PairRewards, to_numpy
 
@@ -319,6 +319,7 @@ def check_identity(model, result: AttributionResult) -> None:
         )
 
 
+@checked_arguments(counts={"batch_size": 1}, flags=("neurons",))
 def attribute(
     model,
     pairs,

@@ -49,6 +49,7 @@ from reward_lens.instruments.patching.positions import patch_positions, site_val
 from reward_lens.instruments.patching.spec import TARGETS, check_options
 from reward_lens.instruments.sites import Site, sites_for
 from reward_lens.model.hooks import act_name, final_resid_name, layer_of, resid_entering
+from reward_lens.model.validation import checked_arguments
 from reward_lens.plotting import finish, panels
 from reward_lens.results import PairRewards, to_numpy
 
@@ -138,11 +139,13 @@ class DivergenceResult(PairRewards):
     def flagged(self) -> torch.Tensor:
         return self.scores > self.threshold[None]
 
+    @checked_arguments(flags=("normalized", "drop_flagged"))
     def effect(self, normalized: bool = False, drop_flagged: bool = False) -> torch.Tensor:
         """[n_pairs, n_sites] patching effects; flagged patches NaN when drop_flagged."""
         eff = self.patching.effect(self.mode, self.target, normalized=normalized)
         return eff.masked_fill(self.flagged, float("nan")) if drop_flagged else eff
 
+    @checked_arguments(flags=("normalized",))
     def summary(self, normalized: bool = False) -> pd.DataFrame:
         """Per site: mean effect over all patches and over the in-distribution ones, how many were flagged."""
         eff = to_numpy(self.effect(normalized))
@@ -349,6 +352,7 @@ class DivergenceSpec(Spec):
         return _stack_states(entries), final
 
 
+@checked_arguments(counts={"n_components": 1, "max_reference": 1, "batch_size": 1})
 def divergence_patch(
     model,
     pairs,

@@ -26,6 +26,7 @@ import torch
 from reward_lens.instruments.attribution import AttributionResult, attribute
 from reward_lens.instruments.patching.atp import AtPResult
 from reward_lens.instruments.patching.contrastive import PatchResult, patch
+from reward_lens.model.validation import checked_arguments
 from reward_lens.plotting import finish, panels
 from reward_lens.results import to_numpy
 from reward_lens.stats import bootstrap_indices, percentile_ci, spearman, spearman_rows
@@ -171,6 +172,7 @@ def _bootstrap(per_pair: np.ndarray, a: np.ndarray, e: np.ndarray, n_boot: int, 
     return tuple(tuple(float(v) for v in percentile_ci(x, ci)) for x in (means, pooled))
 
 
+@checked_arguments(counts={"n_boot": 1, "seed": 0}, flags=("absolute",))
 def faithfulness(
     attribution,
     patching=None,

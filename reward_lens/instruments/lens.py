@@ -29,7 +29,7 @@ from reward_lens.core.directions import reward_from_final_resid
 from reward_lens.core.pipeline import Reads, Shared, Spec, run_spec
 from reward_lens.instruments.sites import resid_mid_name, resid_name
 from reward_lens.model.hooks import act_name
-from reward_lens.model.validation import check_model
+from reward_lens.model.validation import check_model, checked_arguments
 from reward_lens.plotting import figure_axes, finish
 from reward_lens.results import PairRewards, to_numpy
 from reward_lens.stats import crystallization_depth, reward_scale
@@ -191,6 +191,7 @@ class LensSpec(Spec):
         )
 
 
+@checked_arguments(counts={"batch_size": 1}, flags=("include_mid",))
 def lens(
     model,
     pairs,

@@ -43,6 +43,7 @@ from reward_lens.data.pairs import PreferencePair, TokenPair, as_pairs, pair_lab
 from reward_lens.model.frozen import with_frozen_weights
 from reward_lens.model.hooks import act_name
 from reward_lens.model.tokenization import is_messages
+from reward_lens.model.validation import checked_arguments
 from reward_lens.plotting import pyplot
 from reward_lens.results import to_numpy
 
@@ -240,6 +241,7 @@ class TokenAttributionResult:
                 )
         return pd.DataFrame(rows)
 
+    @checked_arguments(counts={"k": 1})
     def largest_gaps(self, k: int = 4) -> List[int]:
         """Indices of the k pairs with the largest |reward gap| (pairs) or |reward| (texts)."""
         score = (
@@ -270,6 +272,7 @@ class TokenAttributionResult:
         fig.tight_layout()
         return fig
 
+    @checked_arguments(counts={"max_pairs": 1})
     def html(
         self,
         pairs: Optional[Sequence[int]] = None,
@@ -479,6 +482,7 @@ def _as_inputs(pairs_or_texts):
     )
 
 
+@checked_arguments(counts={"batch_size": 1})
 @with_frozen_weights
 def token_attribution(
     model,

@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from reward_lens.model.frozen import with_frozen_weights
+from reward_lens.model.frozen import check_gradients_possible, gradients_on, with_frozen_weights
 from reward_lens.model.tokenization import (
     INSERTION_POINTS,
     encode_pair,
@@ -42,6 +42,7 @@ from reward_lens.model.tokenization import (
     render_pair,
     trim_after_readout,
 )
+from reward_lens.model.validation import as_index, check_memory, checked_arguments
 from reward_lens.plotting import pyplot
 
 METHODS = ("fast", "naive")
@@ -171,10 +172,19 @@ def _items(model, pairs: Any, where: str, side: str) -> List[_Item]:
 
 def _candidates(model, candidates: Optional[Sequence[int]]) -> torch.Tensor:
     if candidates is not None:
-        ids = torch.as_tensor(list(candidates), dtype=torch.long)
-        if len(ids) == 0 or int(ids.min()) < 0 or int(ids.max()) >= model.cfg.d_vocab:
-            raise ValueError(f"candidates must be token ids in [0, {model.cfg.d_vocab})")
-        return ids
+        if isinstance(candidates, torch.Tensor):
+            candidates = candidates.flatten().tolist() if not candidates.is_floating_point() else candidates
+        if isinstance(candidates, (str, bytes)) or not hasattr(candidates, "__len__"):
+            raise ValueError(
+                f"candidates must be a list of token ids, got {type(candidates).__name__}; or None for "
+                "every vocabulary id"
+            )
+        if len(candidates) == 0:
+            raise ValueError(
+                "candidates is empty: give at least one token id, or None for every vocabulary id"
+            )
+        ids = [as_index(c, "candidates: token id", model.cfg.d_vocab) for c in candidates]
+        return torch.tensor(ids, dtype=torch.long)
     special = set(getattr(model.tokenizer, "all_special_ids", []) or [])
     if model.cfg.pad_token_id is not None:
         special.add(model.cfg.pad_token_id)
@@ -263,18 +273,44 @@ def _decode(model, ids: Sequence[int]) -> str:
     return model.tokenizer.decode(list(ids)) if model.tokenizer is not None else " ".join(map(str, ids))
 
 
+def _check_sizes(model, items, n_cands, length, top_k, batch_size, n_steps, per_position, n_restarts) -> None:
+    """Before any work: every item with the string inserted fits the model's context, and the search's
+    largest host allocations fit in memory (GCG keeps every scored string, each a tuple of `length` ints)."""
+    longest = max(len(it.ids) for it in items)
+    if longest + length > model.cfg.n_ctx:
+        raise ValueError(
+            f"length={length}: the longest item ({longest} tokens) with the string inserted would be "
+            f"{longest + length} tokens, beyond the model's context n_ctx={model.cfg.n_ctx}; give length <= "
+            f"{max(0, model.cfg.n_ctx - longest)}"
+        )
+    rows = min(batch_size, n_cands if length == 1 else length * per_position)
+    width = longest + length
+    d_model = model.cfg.d_model
+    act = 4 * rows * width * max(d_model, getattr(model.cfg, "d_mlp", 0) or 0) * 4  # one batch's forward
+    if length == 1:
+        nbytes = act + 16.0 * n_cands * len(items)
+        hint = "give a smaller batch_size or fewer candidates"
+    else:
+        swaps = min(per_position, model.cfg.d_vocab - 1) * length
+        kept = n_restarts * (n_steps * swaps + 1)  # every scored string, kept as a tuple of `length` ints
+        nbytes = act + kept * (36.0 * length + 160) + 8.0 * swaps * width + 8.0 * length * model.cfg.d_vocab
+        hint = "give a smaller length, top_per_position, n_steps or n_restarts"
+    check_memory(nbytes, f"search_triggers(length={length})", hint)
+
+
 # ---------------------------------------------------------------------------------------------- GCG
 @with_frozen_weights
 def _gradient(model, items, caches, current: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
     """[L, V] d(sum of rewards over items) / d(one-hot of the inserted tokens); -inf off the candidates."""
     one_hot = torch.nn.functional.one_hot(current, model.cfg.d_vocab).to(model.cfg.dtype)
-    one_hot = one_hot.to(model.cfg.device).requires_grad_(True)
-    total = 0.0
-    for item, cache in zip(items, caches):
-        tail = item.ids[item.at :]
-        embeds = torch.cat([model.embed_one_hot(one_hot[None]), model.embed(tail[None])], 1)
-        total = total + model.suffix_rewards(cache, suffix_embeds=embeds).sum()
-    grad = torch.autograd.grad(total, one_hot)[0].float().cpu()
+    with gradients_on("search_triggers (GCG, length >= 2)"):
+        one_hot = one_hot.to(model.cfg.device).requires_grad_(True)
+        total = 0.0
+        for item, cache in zip(items, caches):
+            tail = item.ids[item.at :]
+            embeds = torch.cat([model.embed_one_hot(one_hot[None]), model.embed(tail[None])], 1)
+            total = total + model.suffix_rewards(cache, suffix_embeds=embeds).sum()
+        grad = torch.autograd.grad(total, one_hot)[0].float().cpu()
     return grad.masked_fill(~allowed[None], float("-inf"))
 
 
@@ -332,6 +368,17 @@ def _gcg(
     return seen
 
 
+@checked_arguments(
+    counts={
+        "length": 1,
+        "top_k": 1,
+        "batch_size": 1,
+        "n_steps": 1,
+        "top_per_position": 1,
+        "n_restarts": 1,
+        "seed": 0,
+    }
+)
 @with_frozen_weights
 def search_triggers(
     model,
@@ -365,12 +412,19 @@ def search_triggers(
         raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
     if isinstance(length, bool) or not isinstance(length, int) or length < 1:
         raise ValueError(f"length must be a positive number of tokens, got {length!r}")
+    if side not in ("chosen", "rejected"):
+        raise ValueError(
+            f"side must be 'chosen' or 'rejected' (the response of a preference pair), got {side!r}"
+        )
+    if length > 1:
+        check_gradients_possible("search_triggers (GCG, length >= 2)")
     if model.tokenizer is None:
         raise ValueError("search_triggers renders (prompt, response) texts: the model needs a tokenizer")
     t0 = time.perf_counter()
     cost = {"prefix_forwards": 0, "suffix_steps": 0, "full_forwards": 0, "gradient_steps": 0}
     items = _items(model, pairs, where, side)
     cands = _candidates(model, candidates)
+    _check_sizes(model, items, len(cands), length, top_k, batch_size, n_steps, top_per_position, n_restarts)
     caches, base = _baseline(model, items, method == "fast" or length > 1, cost)
     if length == 1:
         inc = _score(model, items, cands[:, None], base, method, batch_size, cost, caches)

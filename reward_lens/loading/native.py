@@ -40,6 +40,7 @@ from reward_lens.model.native import NativeRewardModel
 from reward_lens.model.placement import resolve_devices
 from reward_lens.model.readout import set_readout
 from reward_lens.model.tokenization import check_input_format
+from reward_lens.model.validation import checked_arguments
 
 
 class HookedRewardModel(NativeRewardModel):
@@ -310,6 +311,7 @@ class HookedRewardModel(NativeRewardModel):
             devices=devices,
         )
 
+    @checked_arguments(flags=("overwrite",))
     def save_pretrained(self, path: Union[str, Path], *, overwrite: bool = False) -> None:
         """Save as a hooked checkpoint (config JSON + safetensors + tokenizer files). A directory holding
         another checkpoint (e.g. the transformers one this model was loaded from) is refused unless

@@ -32,7 +32,7 @@ from reward_lens.model.tl_compat import (
     warn_pad_is_bos,
 )
 from reward_lens.model.tokenization import check_input_format, is_bare_text, tokenize_pairs, tokenize_texts
-from reward_lens.model.validation import check_model_inputs
+from reward_lens.model.validation import check_model_inputs, checked_arguments
 
 
 class RewardModelBase(HookedRootModule):
@@ -229,6 +229,7 @@ class RewardModelBase(HookedRootModule):
             fwd_hooks = check_patch_alignment(self, fwd_hooks, self.batch_mask(model_args, kwargs), run_key)
         return super().run_with_hooks(*model_args, fwd_hooks=list(fwd_hooks), **kwargs)
 
+    @checked_arguments(flags=("readout_only",))
     def run_with_cache(self, *model_args: Any, readout_only: bool = False, **kwargs: Any):
         """`HookedRootModule.run_with_cache`, returning a `transformer_lens.ActivationCache` (that also
         answers TransformerLens alias names, `model.hook_aliases`).

@@ -28,7 +28,7 @@ from reward_lens.model.config import RewardModelConfig
 from reward_lens.model.heads import build_head
 from reward_lens.model.placement import head_device, module_device
 from reward_lens.model.tl_compat import TransformerLensConveniences, check_forward_input, text_input
-from reward_lens.model.validation import check_attention_mask
+from reward_lens.model.validation import check_attention_mask, checked_arguments
 
 
 class NativeRewardModel(TransformerLensConveniences, RewardModelBase):
@@ -138,6 +138,7 @@ class NativeRewardModel(TransformerLensConveniences, RewardModelBase):
         """The hooks `readout_context(kv=...)` needs kept whole from a clean run: keys, values per layer."""
         return recompute.kv_names(self)
 
+    @checked_arguments(flags=("layer_changes",))
     def readout_sweep(
         self,
         ctx: recompute.ReadoutContext,
@@ -217,6 +218,7 @@ class NativeRewardModel(TransformerLensConveniences, RewardModelBase):
         """The embedding of (relaxed) one-hot vectors, differentiable (gradient-guided token search)."""
         return self.embed.from_one_hot(one_hot)
 
+    @checked_arguments(flags=("mlp_input", "include_mlp_biases"))
     def accumulated_bias(
         self, layer: int, mlp_input: bool = False, include_mlp_biases: bool = True
     ) -> torch.Tensor:
@@ -232,10 +234,12 @@ class NativeRewardModel(TransformerLensConveniences, RewardModelBase):
         return total
 
     # ------------------------------------------------------------------ TransformerLens conveniences
+    @checked_arguments(flags=("use_attn_result",))
     def set_use_attn_result(self, use_attn_result: bool) -> None:
         """Compute per-head outputs (hook_result) in the forward; slower, needed to hook them."""
         self.cfg.use_attn_result = use_attn_result
 
+    @checked_arguments(flags=("use_split_qkv_input",))
     def set_use_split_qkv_input(self, use_split_qkv_input: bool) -> None:
         """TransformerLens's split inputs: each head reads its own copy of resid_pre, hooked before `ln1` as
         `blocks.{l}.attn.hook_q_input` [batch, pos, n_heads, d_model] and `hook_k_input` / `hook_v_input`
@@ -249,6 +253,7 @@ class NativeRewardModel(TransformerLensConveniences, RewardModelBase):
             )
         self.cfg.use_split_qkv_input = use_split_qkv_input
 
+    @checked_arguments(flags=("use_attn_in",))
     def set_use_attn_in(self, use_attn_in: bool) -> None:
         """`blocks.{l}.attn.hook_attn_in` [batch, pos, n_heads, d_model]: resid_pre copied per query head,
         before `ln1` (TransformerLens). Under grouped-query attention kv head j reads slot j (as
@@ -260,6 +265,7 @@ class NativeRewardModel(TransformerLensConveniences, RewardModelBase):
             )
         self.cfg.use_attn_in = use_attn_in
 
+    @checked_arguments(flags=("use_hook_mlp_in",))
     def set_use_hook_mlp_in(self, use_hook_mlp_in: bool) -> None:
         """`blocks.{l}.hook_mlp_in` [batch, pos, d_model]: the MLP branch's input before `ln2` (resid_mid),
         as in TransformerLens."""

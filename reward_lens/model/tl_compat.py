@@ -355,6 +355,18 @@ class AliasedActivationCache(ActivationCache):
                 raise
             return self.cache_dict[target]
 
+    def __contains__(self, key: Any) -> bool:
+        """True exactly when `cache[key]` finds an activation: a hook name, a TransformerLens alias
+        (`"blocks.1.hook_q_input"`), or a (name, layer) key (TransformerLens's plain `in` iterates the hook
+        names only, so an alias that looks up would not be "in" the cache)."""
+        if isinstance(key, str) and key in self.cache_dict:
+            return True
+        try:
+            self[key]
+        except (KeyError, TypeError, ValueError, IndexError):
+            return False
+        return True
+
 
 def resolve_names_filter(names_filter: Any, aliases: Dict[str, str]) -> Any:
     """A TransformerLens `names_filter` with alias names replaced by the hook names they stand for."""

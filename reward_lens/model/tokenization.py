@@ -370,6 +370,8 @@ def text_ids(model, text: str, prepend_bos: Optional[bool] = None) -> List[int]:
     ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
     if prepend_bos is None:
         prepend_bos = getattr(model.cfg, "default_prepend_bos", True)
+    elif not isinstance(prepend_bos, bool):  # the string 'no' would be truthy: a BOS nobody asked for
+        raise ValueError(f"prepend_bos must be True, False or None, got {prepend_bos!r}")
     bos = tl_bos_token_id(tokenizer)
     return [bos] + ids if prepend_bos and bos is not None else ids
 

@@ -6,12 +6,18 @@ last embedding row), masks are binary, of the ids' shape, with no all-zero row, 
 `check_finite_rewards` stops a run at the first non-finite reward, naming the pair and side.
 `safe_ratio` is the NaN-not-inf division every normalised quantity uses (a tie has a zero gap).
 `as_index` takes an index argument (a quantile, an objective, a step, a token id) only as an integer: a
-float would be truncated to another index without a word.
+float would be truncated to another index without a word. `as_count` does the same for a count (a size, a
+number of nodes, paths, steps): a negative one would otherwise be taken as a slice (`[:-1]`: all but one).
+`as_flag` takes a flag only as a bool: the string 'no' is truthy. `checked_arguments` applies both to a
+public function's named arguments before it runs.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence, Tuple, Union
+import functools
+import inspect
+import os
+from typing import Any, Callable, Mapping, Optional, Sequence, Tuple, TypeVar, Union
 
 import numpy as np
 import torch
@@ -39,6 +45,115 @@ def as_index(
     if size is None and not negative and i < 0:
         raise ValueError(f"{what} must be >= 0, got {i}{hint}")
     return i
+
+
+def as_count(
+    value: Any, what: str, minimum: int = 1, allow_none: bool = False, hint: str = ""
+) -> Optional[int]:
+    """`value` as an int count >= `minimum` (a Python / numpy integer; not a bool, a float, a str); None
+    only with `allow_none`. A one-line ValueError otherwise: a count is never rounded nor read as a slice."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        none = " or None" if allow_none else ""
+        raise ValueError(
+            f"{what} must be an integer >= {minimum}{none}, got {value!r} ({type(value).__name__}){hint}"
+        )
+    if int(value) < minimum:
+        raise ValueError(f"{what} must be an integer >= {minimum}, got {int(value)}{hint}")
+    return int(value)
+
+
+def as_flag(value: Any, what: str) -> bool:
+    """`value` as a bool (Python or numpy); a one-line ValueError for anything else (the string 'no' is
+    truthy, 0/1 are counts)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{what} must be True or False, got {value!r} ({type(value).__name__})")
+    return bool(value)
+
+
+def memory_budget() -> Optional[int]:
+    """Bytes this process may still allocate on the host: the available memory (/proc/meminfo's
+    MemAvailable), capped by an address-space or data limit (`ulimit -v`, RLIMIT_AS / RLIMIT_DATA) less
+    what the process already maps; None where neither is known."""
+    budget: Optional[int] = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    budget = int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        import resource
+
+        used = 0
+        try:
+            with open("/proc/self/statm") as f:
+                used = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, IndexError):
+            pass
+        for limit in (resource.RLIMIT_AS, getattr(resource, "RLIMIT_DATA", resource.RLIMIT_AS)):
+            soft = resource.getrlimit(limit)[0]
+            if soft != resource.RLIM_INFINITY and soft > 0:
+                left = max(0, soft - used)
+                budget = left if budget is None else min(budget, left)
+    except (ImportError, OSError, ValueError):
+        pass
+    return budget
+
+
+def check_memory(nbytes: float, what: str, hint: str) -> None:
+    """Refuse, before any work, a job whose estimated host allocation (`nbytes`) exceeds what this process
+    may allocate (`memory_budget`): a one-line error instead of the kernel's kill or a bare allocator
+    error."""
+    budget = memory_budget()
+    if budget is not None and nbytes > budget:
+        raise MemoryError(
+            f"{what} would allocate about {nbytes / 2**30:.1f} GiB, more than the "
+            f"{budget / 2**30:.1f} GiB this process may still use; {hint}"
+        )
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def checked_arguments(
+    counts: Optional[Mapping[str, int]] = None, flags: Sequence[str] = ()
+) -> Callable[[F], F]:
+    """Check the named arguments of the decorated function before it runs: each of `counts` (name ->
+    minimum) by `as_count` (None allowed where the default is None or the type Optional), each of `flags`
+    by `as_flag`."""
+    counts = dict(counts or {})
+
+    def wrap(fn: F) -> F:
+        sig = inspect.signature(fn)
+        missing = [n for n in [*counts, *flags] if n not in sig.parameters]
+        if missing:
+            raise TypeError(f"{fn.__qualname__} has no argument {missing[0]!r}")
+        who = fn.__qualname__
+
+        @functools.wraps(fn)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            try:
+                bound = sig.bind(*args, **kwargs)
+            except TypeError:
+                return fn(*args, **kwargs)  # Python's own message for a wrong call
+            given = bound.arguments
+            for name, minimum in counts.items():
+                if name in given:
+                    param = sig.parameters[name]
+                    none = param.default is None or "Optional" in str(param.annotation)
+                    given[name] = as_count(given[name], f"{who}: {name}", minimum, allow_none=none)
+            for name in flags:
+                if name in given:
+                    given[name] = as_flag(given[name], f"{who}: {name}")
+            return fn(*bound.args, **bound.kwargs)
+
+        run.checked_arguments = (*counts, *flags)  # type: ignore[attr-defined]
+        return run  # type: ignore[return-value]
+
+    return wrap
 
 
 def check_name_list(name: str, given: Any, example: str = "['L0H1']") -> None:

@@ -44,6 +44,7 @@ from reward_lens.data.pairs import PreferencePair
 from reward_lens.demo import DEMO_PROBE_ITEMS_PATH
 from reward_lens.model.hooks import act_name, final_resid_name
 from reward_lens.model.tokenization import is_messages
+from reward_lens.model.validation import checked_arguments
 from reward_lens.plotting import figure_axes, finish
 from reward_lens.stats import bootstrap_ci as percentile_bootstrap_ci
 
@@ -508,6 +509,7 @@ def _per_item_frame(rows, texts, rewards):
     return per_item, index_a, index_b
 
 
+@checked_arguments(counts={"batch_size": 1, "n_boot": 1, "n_perm": 1, "seed": 0})
 def run_probes(
     model,
     items: Union[None, str, Path, Iterable[ItemLike]] = None,

@@ -32,7 +32,8 @@ import torch
 from jaxtyping import Float
 
 from reward_lens.core.readout import batches, readout_run, tokenize
-from reward_lens.model.validation import check_model
+from reward_lens.model.frozen import gradients_on
+from reward_lens.model.validation import check_model, checked_arguments
 from reward_lens.plotting import figure_axes, finish
 
 CONTRAST_SETS_DIR = Path(__file__).resolve().parents[1] / "data" / "contrast_sets"
@@ -199,7 +200,7 @@ def _logistic_direction(X: torch.Tensor, y: torch.Tensor, l2: float, iters: int 
         loss.backward()
         return loss
 
-    with torch.enable_grad():
+    with gradients_on("concept_vector"):
         opt.step(closure)
     return (w.detach() / sd).float()
 
@@ -326,6 +327,7 @@ def _split(n: int, test_fraction: float, seed: int) -> Tuple[List[int], List[int
     return order[n_test:], order[:n_test]
 
 
+@checked_arguments(counts={"seed": 0, "batch_size": 1})
 def concept_vector(
     model,
     contrast: Any,

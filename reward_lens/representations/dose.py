@@ -12,7 +12,7 @@ import torch
 from reward_lens.core.readout import batches, readout_run, tokenize
 from reward_lens.model.heads.base import read_objective
 from reward_lens.model.hooks import act_name
-from reward_lens.model.validation import check_model
+from reward_lens.model.validation import check_model, checked_arguments
 from reward_lens.plotting import figure_axes, finish
 from reward_lens.representations.concepts import (
     ConceptVector,
@@ -169,6 +169,7 @@ def _steered_rewards(
     return r.detach().float().reshape(b, n_alpha), objs
 
 
+@checked_arguments(counts={"batch_size": 1})
 @torch.no_grad()
 def dose_response(
     model,
@@ -265,6 +266,7 @@ def dose_response(
     )
 
 
+@checked_arguments(counts={"batch_size": 1})
 @torch.no_grad()
 def concept_effect(
     model, items: Any, *, batch_size: int = 8, objective: Union[int, str, None] = None

@@ -27,6 +27,7 @@ import torch
 from reward_lens.core.readout import readout_run
 from reward_lens.data.pairs import PreferencePair, as_pairs
 from reward_lens.loading.export import export_hf
+from reward_lens.model.validation import checked_arguments
 from reward_lens.plotting import finish, panels
 from reward_lens.representations.concepts import ConceptVector
 from reward_lens.representations.dose import concept_effect
@@ -198,6 +199,7 @@ def _accuracy(model, pairs, batch_size: int) -> float:
     return float((chosen > rejected).float().mean())
 
 
+@checked_arguments(counts={"batch_size": 1})
 @torch.no_grad()
 def edit_reward(
     model,

@@ -27,6 +27,7 @@ import torch
 from reward_lens.core.readout import batches, readout_run, tokenize
 from reward_lens.data.pairs import PreferencePair, as_pairs
 from reward_lens.model.heads.base import read_objective
+from reward_lens.model.validation import checked_arguments
 from reward_lens.plotting import figure_axes, finish
 from reward_lens.representations.concepts import is_gated
 from reward_lens.results import PairRewards
@@ -60,6 +61,7 @@ class FeatureAlignment:
     alignment: torch.Tensor  # [d_sae]
     cosine: torch.Tensor  # [d_sae]
 
+    @checked_arguments(counts={"n": 1})
     def top(self, n: int = 10, by: str = "alignment", sign: str = "abs"):
         """The n features with the largest |alignment| (sign="abs"), most positive ("pos") or negative
         ("neg")."""
@@ -79,6 +81,7 @@ class FeatureAlignment:
             }
         )
 
+    @checked_arguments(counts={"n": 1})
     def summary(self, n: int = 10):
         """The n features with the largest |alignment| (feature, alignment, cosine)."""
         return self.top(n)
@@ -177,6 +180,7 @@ class FeatureAttribution(PairRewards):
             worst = max(worst, float((total - self.lens[side]).abs().max()))
         return worst
 
+    @checked_arguments(counts={"n": 1})
     def top_features(self, n: int = 10, side: str = "gap"):
         """Features ranked by |mean attribution| over pairs (to the gap by default)."""
         import pandas as pd
@@ -225,10 +229,12 @@ class FeatureAttribution(PairRewards):
         frame.insert(0, "hook", self.hook_name)
         return frame
 
+    @checked_arguments(counts={"n": 1})
     def summary(self, n: int = 10):
         """The n features with the largest |mean attribution| to the reward gap (`top_features(n)`)."""
         return self.top_features(n)
 
+    @checked_arguments(counts={"n": 1})
     def plot(self, n: int = 15, ax=None):
         """Bars: mean attribution to the reward gap of the top features, with the error and bias terms."""
         top = self.top_features(n)
@@ -249,6 +255,7 @@ def _to_sparse(x: torch.Tensor) -> torch.Tensor:
     return x.to_sparse_coo().coalesce()
 
 
+@checked_arguments(counts={"batch_size": 1})
 @torch.no_grad()
 def feature_attribution(
     model,
@@ -370,6 +377,7 @@ class FeatureAblation:
         return finish(fig, created)
 
 
+@checked_arguments(counts={"n_features": 1, "batch_size": 1})
 @torch.no_grad()
 def feature_ablation(
     model,

@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from reward_lens.model.validation import checked_arguments
 from reward_lens.plotting import diverging_heatmap, finish, panels
 from reward_lens.stats import bootstrap_indices, check_level, column_correlations, percentile_ci, ranks
 
@@ -237,6 +238,7 @@ def _wide_effects(
     return wide.astype(np.float64)
 
 
+@checked_arguments(counts={"n_boot": 0, "seed": 0})
 def detect_cascades(
     effects: Any,
     dimensions: Optional[Sequence[str]] = None,

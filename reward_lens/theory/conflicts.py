@@ -35,6 +35,7 @@ from reward_lens.data.pairs import as_pairs
 from reward_lens.model.heads.base import read_objective
 from reward_lens.model.hooks import final_resid_name
 from reward_lens.model.native import NativeRewardModel
+from reward_lens.model.validation import checked_arguments
 from reward_lens.plotting import diverging_heatmap, finish, panels
 from reward_lens.stats import (
     as_float_matrix,
@@ -318,6 +319,7 @@ def _same_backbone(models: Mapping[str, Any]) -> Optional[str]:
     return None
 
 
+@checked_arguments(counts={"batch_size": 1}, flags=("allow_different_backbones",))
 def reward_conflicts(
     source: Any,
     pairs: Any = None,

@@ -48,6 +48,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 import numpy as np
 import pandas as pd
 
+from reward_lens.model.validation import checked_arguments
 from reward_lens.plotting import finish, panels
 from reward_lens.stats import (
     as_float_matrix,
@@ -360,6 +361,7 @@ def _sensitivity_vector(sensitivity: Any, dims: List[str]) -> np.ndarray:
     return g
 
 
+@checked_arguments(counts={"n_boot": 0, "seed": 0})
 def distortion_index(
     data: Union[pd.DataFrame, Mapping[str, Tuple[ArrayLike, ArrayLike]]],
     dimensions: Optional[Sequence[str]] = None,

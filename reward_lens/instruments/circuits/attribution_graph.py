@@ -29,6 +29,7 @@ from reward_lens.core.batching import Tokenized, tokenize
 from reward_lens.data.pairs import PreferencePair, TokenPair
 from reward_lens.instruments.circuits import graph_build as gb
 from reward_lens.instruments.circuits import graph_prune as gp
+from reward_lens.model.validation import checked_arguments
 
 KINDS = ("embed", "head", "mlp", "bias", "error", "reward")
 
@@ -151,6 +152,7 @@ class AttributionGraph:
             thresholds=thresholds,
         )
 
+    @checked_arguments(counts={"n": 1})
     def top_paths(self, n: int = 5, start: Union[str, Tuple[str, ...]] = "embed") -> pd.DataFrame:
         """The `n` strongest paths into the reward from nodes of kind `start`: for each start node its path
         of largest product of normalised |weights| (its share of the reward's incoming mass), best first.
@@ -178,6 +180,7 @@ class AttributionGraph:
         return [names[i] for i in gp.follow(nxt, int(where[0]))]
 
     # ------------------------------------------------------------------ views
+    @checked_arguments(counts={"max_nodes": 1})
     def html(self, max_nodes: int = 600) -> str:
         """An interactive offline view (no server, no external script; `graph_html`): layers x positions,
         hover for the numbers, click a node for its paths to the reward, a weight threshold control. A graph
@@ -307,9 +310,14 @@ def build_graph(model, tok: Tokenized, max_nodes: Optional[int] = 1024) -> Attri
 
 def _single(model, ids) -> Tokenized:
     ids = torch.as_tensor(ids)
+    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+        raise TypeError(
+            f"input_ids must hold integer token ids, got dtype {ids.dtype}; convert them with .long() "
+            "(or tokenise the text with model.to_tokens)"
+        )
     if ids.dim() == 1:
         ids = ids[None]
-    if ids.dim() != 2 or ids.shape[0] != 1 or ids.is_floating_point():
+    if ids.dim() != 2 or ids.shape[0] != 1:
         raise ValueError(
             "input_ids must be one sequence of token ids (a 1-D tensor or [1, T]), got shape "
             f"{tuple(ids.shape)}; build one graph per text"
@@ -319,6 +327,7 @@ def _single(model, ids) -> Tokenized:
     return Tokenized(ids, mask, model.readout_positions(ids, mask))
 
 
+@checked_arguments(counts={"max_nodes": 1})
 def attribution_graph(
     model,
     prompt: Union[str, PreferencePair, TokenPair, None] = None,
@@ -351,7 +360,13 @@ def attribution_graph(
         raise ValueError(
             "attribution_graph needs a text: (prompt, response), input_ids=, or a PreferencePair"
         )
+    if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(t, str) for t in prompt):
+        raise ValueError(
+            f"attribution_graph builds the graph of one text, got a list of {len(prompt)} texts: pass "
+            "attribution_graph(model, prompt, response), and call it once per text"
+        )
     if response is None:
-        batch = model.to_tokens([prompt])
-        return build_graph(model, _single(model, batch["input_ids"][0]), max_nodes)
+        batch = model.to_tokens([prompt])  # a bare text: BOS + text, as model(text) reads it
+        ids = batch if isinstance(batch, torch.Tensor) else batch["input_ids"]
+        return build_graph(model, _single(model, ids[0]), max_nodes)
     return build_graph(model, tokenize(model, [prompt], [response]), max_nodes)

@@ -37,6 +37,7 @@ from reward_lens.instruments.patching.engines import (
 from reward_lens.instruments.sites import component_sites
 from reward_lens.model.frozen import with_frozen_weights
 from reward_lens.model.hooks import act_name, final_resid_name
+from reward_lens.model.validation import checked_arguments
 from reward_lens.plotting import finish, panels
 from reward_lens.results import CleanPairRewards, to_numpy
 from reward_lens.stats import spearman
@@ -78,6 +79,7 @@ class EffectDecompositionResult(CleanPairRewards):
         ]
         return pd.DataFrame(rows, columns=["pair", "component", "term", "value"])
 
+    @checked_arguments(counts={"top": 1})
     def disagreement(self, top: int = 5) -> pd.DataFrame:
         """For the `top` components with the largest mean |total - direct|: the gap (mean over pairs) and
         the share of it from the norm and from each later layer (shares sum to 1)."""
@@ -115,6 +117,7 @@ class EffectDecompositionResult(CleanPairRewards):
             drop=True
         )
 
+    @checked_arguments(counts={"top": 1})
     def plot(self, top: int = 5, ax=None):
         """The disagreement shares of the `top` components: stacked bars of norm and via_L{k} shares."""
         fig, (ax,), created = (*panels(ax, 1, (7, 3.5)), ax is None)
@@ -322,6 +325,7 @@ class EffectSpec(Spec):
         )
 
 
+@checked_arguments(counts={"batch_size": 1})
 @with_frozen_weights
 def effect_decomposition(
     model,

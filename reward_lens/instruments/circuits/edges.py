@@ -54,7 +54,7 @@ from reward_lens.instruments.circuits.positions import (
 )
 from reward_lens.instruments.patching.path import check_positions, grid_over_batches
 from reward_lens.model.frozen import with_frozen_weights
-from reward_lens.model.validation import as_index, check_name_list, safe_ratio
+from reward_lens.model.validation import as_index, check_name_list, checked_arguments, safe_ratio
 from reward_lens.plotting import sender_receiver_heatmap
 from reward_lens.results import CleanPairRewards, edge_frame, edge_means, to_numpy
 
@@ -106,6 +106,7 @@ class EdgeAttributionResult(CleanPairRewards):
             list(zip(*self.summary()[["sender", "receiver"]].to_numpy().T.tolist())) if self.senders else []
         )
 
+    @checked_arguments(counts={"top_n": 1})
     def circuit(self, top_n: Optional[int] = None, threshold: Optional[float] = None) -> List[Edge]:
         """The edges of the top_n largest |mean score| (all without top_n), those with |mean normalised
         score| >= threshold when given."""
@@ -116,6 +117,7 @@ class EdgeAttributionResult(CleanPairRewards):
             table = table.head(top_n)
         return [(s, r) for s, r in zip(table.sender, table.receiver)]
 
+    @checked_arguments(counts={"top_n": 1})
     def html(self, top_n: int = 30) -> str:
         """A self-contained interactive graph of the edges (nodes by layer; width and colour by mean
         score; hover for values; a slider for top-n)."""
@@ -126,6 +128,7 @@ class EdgeAttributionResult(CleanPairRewards):
     def _repr_html_(self) -> str:
         return self.html()
 
+    @checked_arguments(flags=("normalized",))
     def plot(self, normalized: bool = True, ax=None):
         """Sender x receiver heatmap of the mean (normalised) score over pairs (blank: no such edge)."""
         grid = to_numpy(self.normalized() if normalized else self.scores).mean(0)
@@ -223,6 +226,7 @@ def batch_scores_all(
     return scores, {t_side: rewards.float().cpu(), s_side: src.rewards.float().cpu()}
 
 
+@checked_arguments(counts={"steps": 1, "batch_size": 1, "max_rows": 1})
 @with_frozen_weights
 def edge_attribution(
     model,

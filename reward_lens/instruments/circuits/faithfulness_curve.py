@@ -39,7 +39,7 @@ from reward_lens.instruments.circuits.graph import (
 from reward_lens.instruments.circuits.positions import circuit_rewards_all, source_run_all, target_run_all
 from reward_lens.instruments.patching.path import check_positions, token_aligned_batches
 from reward_lens.model.frozen import with_frozen_weights
-from reward_lens.model.validation import as_index, safe_ratio
+from reward_lens.model.validation import as_index, checked_arguments, safe_ratio
 from reward_lens.plotting import finish, panels
 from reward_lens.results import to_numpy
 
@@ -118,6 +118,7 @@ def circuit_faithfulness_matrix(
     return torch.cat(out), torch.cat(gaps)
 
 
+@checked_arguments(counts={"batch_size": 1})
 @with_frozen_weights
 def circuit_faithfulness(
     model,
@@ -222,7 +223,6 @@ def default_sizes(n_edges: int) -> List[int]:
     return sorted(out)
 
 
-@with_frozen_weights
 def _check_sizes(sizes: Sequence[int], n_ranked: int) -> List[int]:
     """A non-empty list of circuit sizes, each an integer in [0, n_ranked] (never widened or rounded)."""
     if isinstance(sizes, (str, bytes)) or not hasattr(sizes, "__len__") or len(sizes) == 0:
@@ -235,6 +235,8 @@ def _check_sizes(sizes: Sequence[int], n_ranked: int) -> List[int]:
     ]
 
 
+@checked_arguments(counts={"batch_size": 1})
+@with_frozen_weights
 def faithfulness_curve(
     model,
     pairs,
@@ -257,6 +259,11 @@ def faithfulness_curve(
     positions = check_positions(positions or "readout")
     snodes, rnodes = nodes(model, None, None)
     n_edges = int(edge_mask(snodes, rnodes).sum())
+    if sizes is None and len(ranking) < n_edges:
+        raise ValueError(
+            f"the ranking holds {len(ranking)} of the model's {n_edges} edges, and the default sizes go up "
+            f"to every edge: pass sizes= (each at most {len(ranking)}), or rank every edge"
+        )
     sizes = _check_sizes(sizes, len(ranking)) if sizes is not None else default_sizes(n_edges)
     if any(n > len(ranking) for n in sizes):
         raise ValueError(f"sizes go up to {max(sizes)} but the ranking has {len(ranking)} edges")

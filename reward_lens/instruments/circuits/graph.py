@@ -33,7 +33,7 @@ from reward_lens.instruments.patching.path import (
     parse_sender,
     sender_delta,
 )
-from reward_lens.model.frozen import with_frozen_weights
+from reward_lens.model.frozen import gradients_on, with_frozen_weights
 from reward_lens.model.hooks import act_name, final_resid_name
 from reward_lens.model.recompute import ReadoutContext
 
@@ -174,7 +174,7 @@ def interpolated_adjoints(
     }
     zeros["mlp"] = torch.zeros(B, P, L, d, dtype=cfg.dtype, device=dev, requires_grad=True)
     zeros["readout"] = torch.zeros(B, P, d, dtype=cfg.dtype, device=dev, requires_grad=True)
-    with torch.enable_grad():
+    with gradients_on("edge_attribution"):
         stream = None
         for l in range(start, L):
             block = model.blocks[l]

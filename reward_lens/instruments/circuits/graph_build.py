@@ -25,6 +25,7 @@ import torch
 
 from reward_lens.core.batching import Tokenized
 from reward_lens.core.directions import readout_direction
+from reward_lens.model.frozen import gradients_on
 from reward_lens.model.hooks import act_name, final_resid_name
 
 EMBED, HEAD, BIAS, MLP = "embed", "head", "bias", "mlp"
@@ -148,7 +149,7 @@ def linearise(model, tok: Tokenized) -> Linearised:
     direction, bias = readout_direction(model, tok)
     readout = int(tok.readout[0])
     caps: Dict[str, torch.Tensor] = {}
-    with torch.enable_grad():
+    with gradients_on("attribution_graph"):
         model.run_with_hooks(
             tok.input_ids, tok.attention_mask, return_type=None, fwd_hooks=_hooks(model, caps)
         )

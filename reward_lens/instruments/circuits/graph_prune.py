@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import List, Tuple
 
+import numpy as np
 import torch
 
 
@@ -76,8 +77,14 @@ def prune(
     """(node mask [N], edge mask [n_rows, N], influence [N]): `always` marks the token and reward nodes
     (kept), `component` the heads and MLPs (they need an incoming edge too)."""
     for name, t in (("node_threshold", node_threshold), ("edge_threshold", edge_threshold)):
-        if not 0.0 <= t <= 1.0:
-            raise ValueError(f"{name} must be between 0 and 1, got {t}")
+        if (
+            isinstance(t, bool)
+            or not isinstance(t, (int, float, np.floating, np.integer))
+            or not 0.0 <= t <= 1.0
+        ):
+            raise ValueError(
+                f"{name} must be a number between 0 and 1 (the share of influence kept), got {t!r}"
+            )
     influence = node_influence(rows, row_nodes, target)
     keep = (influence >= find_threshold(influence, node_threshold)) | always
     pruned = rows * keep[None] * keep[row_nodes][:, None]

@@ -23,6 +23,7 @@ from reward_lens.core.readout import Capture, capture
 from reward_lens.instruments.circuits.graph import capture_names, edge_mask, mixed_inputs, sender_deltas
 from reward_lens.instruments.patching.engines import readout_recompute_exact
 from reward_lens.instruments.patching.path import PathNode
+from reward_lens.model.frozen import gradients_on
 from reward_lens.model.hooks import act_name, final_resid_name
 from reward_lens.model.sequence import SequenceContext
 
@@ -116,7 +117,7 @@ def full_adjoints(
 
     layers = {r.layer for r in receivers if r.kind != "readout"}
     leaves: Dict[tuple, torch.Tensor] = {}
-    with torch.enable_grad():
+    with gradients_on("edge_attribution"):
         stream = model.embed(rows.input_ids).detach() if natural else None
         record[act_name("resid_pre", 0)] = stream
         for l in range(start, L):

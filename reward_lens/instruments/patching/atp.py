@@ -28,10 +28,10 @@ from reward_lens.instruments.patching.engines import readout_capture_names, read
 from reward_lens.instruments.patching.positions import patch_positions, select, site_values
 from reward_lens.instruments.patching.spec import SOURCE, TARGETS, check_options
 from reward_lens.instruments.sites import Site, sites_for
-from reward_lens.model.frozen import with_frozen_weights
+from reward_lens.model.frozen import gradients_on, with_frozen_weights
 from reward_lens.model.hooks import act_name, resid_entering
 from reward_lens.model.placement import block_device
-from reward_lens.model.validation import safe_ratio
+from reward_lens.model.validation import checked_arguments, safe_ratio
 from reward_lens.plotting import finish, panels
 from reward_lens.results import CleanPairRewards, to_numpy
 from reward_lens.stats import reward_scale, spearman, spearman_rows
@@ -89,6 +89,7 @@ class AtPResult(CleanPairRewards):
     def components(self) -> List[str]:
         return [s.name for s in self.sites]
 
+    @checked_arguments(flags=("normalized",))
     def effect(self, mode: str, target: Optional[str] = None, normalized: bool = False) -> torch.Tensor:
         target = target or TARGETS[mode][0]
         if (mode, target) not in self.estimates:
@@ -229,7 +230,7 @@ def readout_gradients(
     device = tok.input_ids.device
     ctx = model.readout_context(tok, kv=cap.full)
     head_layers = sorted({s.layer for s in sites if s.kind == "head"})
-    with torch.enable_grad():
+    with gradients_on("attribution_patch"):
         x = acts[resid_entering(0, L)].detach()[:, None].requires_grad_(True)  # [B, 1, d]
         pre, mid, zs = [x], [], []
         for l in range(L):
@@ -361,6 +362,7 @@ class AtPSpec(MeansPrePass):
         )
 
 
+@checked_arguments(counts={"batch_size": 1})
 def attribution_patch(
     model,
     pairs,

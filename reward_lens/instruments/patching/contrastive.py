@@ -51,7 +51,7 @@ from reward_lens.instruments.patching.engines import (  # noqa: F401
 from reward_lens.instruments.patching.positions import select
 from reward_lens.instruments.patching.spec import METHODS, MODES, POSITIONS, TARGETS, check_options  # noqa: F401
 from reward_lens.instruments.sites import Site, sites_for
-from reward_lens.model.validation import check_model, safe_ratio
+from reward_lens.model.validation import check_model, checked_arguments, safe_ratio
 from reward_lens.plotting import diverging_heatmap, finish, panels
 from reward_lens.results import CleanPairRewards, to_numpy
 from reward_lens.stats import reward_scale
@@ -89,6 +89,7 @@ class PatchResult(CleanPairRewards):
     def patched_reward(self, mode: str, target: Optional[str] = None) -> torch.Tensor:
         return self.patched[self._key(mode, target)]
 
+    @checked_arguments(flags=("normalized",))
     def effect(self, mode: str, target: Optional[str] = None, normalized: bool = False) -> torch.Tensor:
         """[n_pairs, n_sites]: patched - clean reward of the target (divided by the clean gap if normalized).
         target defaults to the mode's (chosen for noising/zero/mean, rejected for denoising)."""
@@ -158,6 +159,7 @@ class PatchResult(CleanPairRewards):
             )
         return pd.concat(rows, ignore_index=True)
 
+    @checked_arguments(flags=("normalized",))
     def plot(self, mode: Optional[str] = None, normalized: bool = True, ax=None):
         """Mean effect over pairs, one panel per level: component level as an attn/mlp x layer heatmap, heads
         as a head x layer heatmap, residual as a line over layers. `ax`: one Axes per level (or one,
@@ -408,6 +410,7 @@ def site_means(
     return means_from_sums(model, sites, sums, count)
 
 
+@checked_arguments(counts={"batch_size": 1, "max_rows": 1})
 def patch(
     model,
     pairs,

@@ -50,7 +50,7 @@ from reward_lens.instruments.patching.engines import readout_recompute_exact
 from reward_lens.model.frozen import with_frozen_weights
 from reward_lens.model.hooks import act_name, final_resid_name
 from reward_lens.model.recompute import ReadoutContext
-from reward_lens.model.validation import safe_ratio
+from reward_lens.model.validation import checked_arguments, safe_ratio
 from reward_lens.plotting import sender_receiver_heatmap
 from reward_lens.results import CleanPairRewards, edge_frame, edge_means, to_numpy
 from reward_lens.stats import reward_scale
@@ -155,6 +155,7 @@ class PathPatchResult(CleanPairRewards):
     def target(self) -> str:
         return _TARGET[self.mode][0]
 
+    @checked_arguments(flags=("normalized",))
     def effect(self, normalized: bool = False) -> torch.Tensor:
         clean = self.clean_chosen if self.target == "chosen" else self.clean_rejected
         eff = self.patched - clean[:, None, None]
@@ -185,6 +186,7 @@ class PathPatchResult(CleanPairRewards):
         """Mean (normalised) effect per path over pairs, largest |mean effect| first."""
         return edge_means(self.to_frame(), "effect")
 
+    @checked_arguments(flags=("normalized",))
     def plot(self, normalized: bool = True, ax=None):
         """Sender x receiver heatmap of the mean effect over pairs (blank: no such path)."""
         grid = to_numpy(self.effect(normalized=normalized)).mean(0)
@@ -449,6 +451,7 @@ def _batch_paths(
     return out, {t_side: rewards.float().cpu(), s_side: src.rewards.float().cpu()}
 
 
+@checked_arguments(counts={"batch_size": 1})
 @with_frozen_weights
 def path_patch(
     model,

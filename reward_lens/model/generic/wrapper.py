@@ -72,6 +72,7 @@ from reward_lens.model.generic.final_norm import GenericFinalNorm, identify_norm
 from reward_lens.model.generic.verify import sequential_layers, verify
 from reward_lens.model.heads.scalar import RewardHead
 from reward_lens.model.tl_compat import check_forward_input, text_input
+from reward_lens.model.validation import checked_arguments
 
 
 class GenericBlock(nn.Module):
@@ -487,6 +488,7 @@ class GenericRewardModel(RewardModelBase):
             f"no hook point named {name!r}; this model's hook points: {', '.join(self.hook_dict)}"
         )
 
+    @checked_arguments(flags=("is_permanent", "prepend"))
     def add_hook(self, name, hook, dir="fwd", is_permanent=False, level=None, prepend=False) -> None:
         if isinstance(name, str) and name not in self.hook_dict:
             raise self._missing_hook(name)
@@ -497,6 +499,7 @@ class GenericRewardModel(RewardModelBase):
             raise self._missing_hook(name)
         super()._enable_hook(name, hook, dir)
 
+    @checked_arguments(flags=("readout_only",))
     def run_with_cache(self, *model_args: Any, readout_only: bool = False, **kwargs: Any):
         """As `RewardModelBase.run_with_cache`; naming a hook this model lacks is an error, not an empty
         cache."""
@@ -504,14 +507,17 @@ class GenericRewardModel(RewardModelBase):
         return super().run_with_cache(*model_args, readout_only=readout_only, **kwargs)
 
     # ------------------------------------------------------------------ head-level switches and weights
+    @checked_arguments(flags=("use_attn_result",))
     def set_use_attn_result(self, use_attn_result: bool) -> None:
         if use_attn_result:
             raise GenericPathError(f"per-head outputs (hook_result) are head-level: {NATIVE_HINT}")
 
+    @checked_arguments(flags=("use_attn_in",))
     def set_use_attn_in(self, use_attn_in: bool) -> None:
         if use_attn_in:
             raise GenericPathError(f"hook_attn_in is not available: {NATIVE_HINT}")
 
+    @checked_arguments(flags=("use_hook_mlp_in",))
     def set_use_hook_mlp_in(self, use_hook_mlp_in: bool) -> None:
         if use_hook_mlp_in:
             raise GenericPathError(f"hook_mlp_in is not available: {NATIVE_HINT}")

@@ -33,6 +33,7 @@ from transformer_lens.hook_points import HookPoint
 from reward_lens.model.config import RewardModelConfig
 from reward_lens.model.heads.armorm import armorm_readout_positions
 from reward_lens.model.heads.base import RewardHeadBase, gather_positions, register_head, rightmost_non_pad
+from reward_lens.model.validation import checked_arguments
 
 POOLING_RULES = ("first_pad_minus_one", "grm", "last_non_pad")
 
@@ -117,6 +118,7 @@ class MLPHead(RewardHeadBase):
     def layers(self) -> List[Tuple[torch.Tensor, torch.Tensor]]:
         return list(zip(self.W_mlp, self.b_mlp))
 
+    @checked_arguments(flags=("hooked",))
     def logits(self, x: torch.Tensor, hooked: bool = True) -> torch.Tensor:
         """The head's logits of inputs x [..., d_model] (hooks fire when `hooked`)."""
         layers = self.layers()

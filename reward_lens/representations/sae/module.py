@@ -37,6 +37,7 @@ import torch.nn as nn
 from jaxtyping import Float
 
 from reward_lens.model import hooks
+from reward_lens.model.validation import checked_arguments
 from reward_lens.plotting import finish, panels
 from reward_lens.representations.sae.saelens import (
     DTYPES,
@@ -190,6 +191,7 @@ class SparseAutoencoder(nn.Module):
         return hook_name
 
     # ------------------------------------------------------------------ metrics
+    @checked_arguments(counts={"batch_size": 1})
     @torch.no_grad()
     def evaluate(self, x: Float[torch.Tensor, "n d_in"], batch_size: int = 4096) -> SAEMetrics:
         """FVU, L0 and dead fraction on activations x (any leading shape, flattened)."""

@@ -14,6 +14,8 @@ import torch
 
 from reward_lens.core.readout import stream_activations
 from reward_lens.model import hooks
+from reward_lens.model.frozen import gradients_on
+from reward_lens.model.validation import checked_arguments
 from reward_lens.representations.sae.module import SAEConfig, SparseAutoencoder, hook_width
 
 
@@ -145,6 +147,20 @@ def _checked_sizes(
     return d_sae
 
 
+@checked_arguments(
+    counts={
+        "d_sae": 1,
+        "expansion": 1,
+        "k": 1,
+        "batch_size": 1,
+        "steps": 1,
+        "aux_k": 1,
+        "dead_after": 1,
+        "max_tokens": 1,
+        "model_batch_size": 1,
+        "seed": 0,
+    }
+)
 def train_sae(
     model=None,
     data: Any = None,
@@ -212,7 +228,8 @@ def train_sae(
     mu = X.mean(0)
     c = math.sqrt(d_in / max(float((X - mu).pow(2).sum(-1).mean()), 1e-30))
     params = _init_params(d_in, d_sae, mu * c, g, device)
-    history = _optimise(params, X * c, plan, g, progress)
+    with gradients_on("train_sae"):
+        history = _optimise(params, X * c, plan, g, progress)
     cfg = SAEConfig(
         d_in=d_in,
         d_sae=d_sae,
