@@ -35,6 +35,9 @@ import numpy as np
 import torch
 
 from reward_lens.integrations.alarm import Reference, advantages, on_scale, pressure
+from reward_lens.integrations.inputs import as_model_input
+from reward_lens.integrations.signals import feature_values, score_batch
+from reward_lens.model.hooks import act_name
 from reward_lens.probes.suite import PADDINGS
 from reward_lens.probes.suite import sentences as split_sentences
 
@@ -273,6 +276,33 @@ def within_group_sd(rewards: np.ndarray, groups: np.ndarray) -> float:
     return float(np.sqrt(np.mean(var))) if var else float("nan")
 
 
+class _Scorer:
+    """Rewards of (prompt, completion) rows as TRL passes them, with the last pass kept (`last`) and its
+    features: what `RewardLensReward` does when scoring, without a trainer."""
+
+    def __init__(self, rm, features, concepts, concept_layer: int, batch_size: int):
+        self.rm, self.batch_size = rm, batch_size
+        self.features = dict(features or {})
+        self.concepts = {n: torch.as_tensor(v).float().reshape(-1) for n, v in (concepts or {}).items()}
+        self.concept_layer = concept_layer % rm.cfg.n_layers
+        self.last = None
+
+    def __call__(self, prompts, completions):
+        inputs = [as_model_input(p, c) for p, c in zip(prompts, completions)]
+        hooks = [act_name("resid_post", self.concept_layer)] if self.concepts else []
+        self.last = score_batch(
+            self.rm,
+            [p for p, _ in inputs],
+            [c for _, c in inputs],
+            batch_size=self.batch_size,
+            resid_hooks=hooks,
+        )
+        return self.last.rewards.tolist()
+
+    def feature_values(self, sig, completions):
+        return feature_values(sig, completions, self.concepts, self.concept_layer, self.features)
+
+
 def measure_rollouts(
     rm,
     rollouts: Rollouts,
@@ -291,17 +321,7 @@ def measure_rollouts(
     """Score `rollouts` and measure their features' pressure and the padding sensitivity (the work of
     `preflight` after its rollouts; also how an edit is evaluated on held-out rollouts). `reward_fn`: a
     `RewardLensReward` (or subclass, e.g. a penalised reward) to score with instead of a plain one."""
-    from reward_lens.integrations.trl import RewardLensReward
-
-    fn = reward_fn or RewardLensReward(
-        rm,
-        batch_size=batch_size,
-        alarm=False,
-        features=features,
-        concepts=concepts,
-        concept_layer=concept_layer,
-        log_metrics=False,
-    )
+    fn = reward_fn or _Scorer(rm, features, concepts, concept_layer, batch_size)
     rewards = np.asarray(fn(rollouts.prompts, rollouts.completions), np.float64)
     values = fn.feature_values(fn.last, rollouts.completions)
     groups = rollouts.groups

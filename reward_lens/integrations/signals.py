@@ -202,6 +202,31 @@ def score_batch(
     )
 
 
+def feature_values(
+    sig: "BatchSignals",
+    completions: Sequence,
+    concepts: Mapping[str, torch.Tensor],
+    concept_layer: int,
+    features: Mapping[str, object],
+) -> Dict[str, np.ndarray]:
+    """Per completion, every tracked feature of one scoring pass: `length` in RM tokens, `concept/<name>` the
+    projection v̂ · resid_post[concept_layer] at the readout (the pass must have kept that hook), and each
+    user function of the completion's text."""
+    from reward_lens.integrations.inputs import message_text
+
+    values = {"length": sig.lengths}
+    hook = act_name("resid_post", concept_layer)
+    for name, v in concepts.items():
+        values[f"concept/{name}"] = (sig.resid[hook] @ v).numpy()
+    texts = [message_text(c, "assistant") for c in completions]
+    for name, fn in features.items():
+        out = np.array([float(fn(t)) for t in texts], dtype=np.float64)
+        if not np.isfinite(out).all():
+            raise ValueError(f"feature {name!r} returned a non-finite value; it must map text to a number")
+        values[name] = out
+    return values
+
+
 # --------------------------------------------------------------------------------------- estimates, drift
 def estimate(value: float, ci_low: float, ci_high: float) -> Dict[str, Optional[float]]:
     """A JSON-ready estimate; NaN becomes None (JSON has no NaN)."""

@@ -39,68 +39,30 @@ import torch
 from transformers import TrainerCallback
 
 from reward_lens.integrations.alarm import HackAlarm, Reference, group_ids
-from reward_lens.integrations.signals import build_concepts, drift_flags, measure, score_batch
+from reward_lens.integrations.inputs import as_model_input, hashable_text, message_text, unhashable_text
+from reward_lens.integrations.preflight import preflight
+from reward_lens.integrations.signals import (
+    build_concepts,
+    drift_flags,
+    feature_values,
+    measure,
+    score_batch,
+)
 from reward_lens.model.hooks import act_name
 from reward_lens.probes.suite import DIMENSIONS
 
+__all__ = [
+    "RewardLensReward",
+    "RewardLensCallback",
+    "watch",
+    "preflight",
+    "as_model_input",
+    "message_text",
+    "LOG_PREFIX",
+]
+
 LOG_PREFIX = "reward_lens/"
 DEFAULT_CONCEPTS = ("length", "sycophancy", "formatting", "confidence")
-
-
-def message_text(x: Any, role: str) -> str:
-    """A prompt or completion as plain text: a string as is; a conversational list of messages as the
-    content of its last `role` message. For display and lengths only: the reward scores `as_model_input`."""
-    if isinstance(x, str):
-        return x
-    messages = _messages(x)
-    chosen = [m for m in messages if m["role"] == role] or messages
-    return chosen[-1]["content"]
-
-
-def _content(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, (list, tuple)) and all(isinstance(c, Mapping) for c in content):
-        kinds = sorted({str(c.get("type", "text")) for c in content} - {"text"})
-        if kinds:
-            raise ValueError(f"a message holds {', '.join(kinds)} parts; the reward model reads text only")
-        return "".join(str(c.get("text", "")) for c in content)
-    raise TypeError(f"a message's content must be text, got {type(content).__name__}")
-
-
-def _messages(x: Any) -> List[Dict[str, str]]:
-    if isinstance(x, (list, tuple)) and x and all(isinstance(m, Mapping) and "content" in m for m in x):
-        return [{"role": str(m.get("role", "user")), "content": _content(m["content"])} for m in x]
-    raise TypeError(
-        "a prompt or completion must be a string or a list of {'role', 'content'} messages, got "
-        f"{type(x).__name__}"
-    )
-
-
-def as_model_input(prompt: Any, completion: Any) -> Tuple[Any, Any]:
-    """(prompt, completion) as the reward model is given them: strings as they are; a conversational prompt
-    whole (system prompt and every earlier turn), as a tuple of messages the chat template renders, and a
-    conversational completion as its one assistant message's text (several messages: all of them), so the
-    model scores exactly the conversation TRL generated (as TRL's own reward-model path renders it)."""
-    p = prompt if isinstance(prompt, str) else tuple(_messages(prompt))
-    if not isinstance(p, str) and len(p) == 1 and p[0]["role"] == "user":
-        p = p[0]["content"]  # one user turn: its text renders to the same tokens
-    if isinstance(completion, str):
-        c: Any = completion
-    else:
-        msgs = _messages(completion)
-        c = msgs[0]["content"] if len(msgs) == 1 and msgs[0]["role"] == "assistant" else tuple(msgs)
-    if isinstance(p, str) != isinstance(c, str) and isinstance(p, str):
-        p = ({"role": "user", "content": p},)
-    return p, c
-
-
-def _hashable(x: Any) -> Any:
-    return x if isinstance(x, str) else tuple((m["role"], m["content"]) for m in x)
-
-
-def _unhashable(x: Any) -> Any:
-    return x if isinstance(x, str) else [{"role": r, "content": c} for r, c in x]
 
 
 class RewardLensReward:
@@ -176,21 +138,8 @@ class RewardLensReward:
         return sig.rewards
 
     def feature_values(self, sig, completions: Sequence[Any]) -> Dict[str, np.ndarray]:
-        """Per completion, every tracked feature: length in RM tokens, concept projections at the readout,
-        the user's functions of the completion text."""
-        values = {"length": sig.lengths}
-        hook = act_name("resid_post", self.concept_layer)
-        for cname, v in self.concepts.items():
-            values[f"concept/{cname}"] = (sig.resid[hook] @ v).numpy()
-        texts = [message_text(c, "assistant") for c in completions]
-        for fname, fn in self.features.items():
-            out = np.array([float(fn(t)) for t in texts], dtype=np.float64)
-            if not np.isfinite(out).all():
-                raise ValueError(
-                    f"feature {fname!r} returned a non-finite value; it must map text to a number"
-                )
-            values[fname] = out
-        return values
+        """Per completion, every tracked feature (`signals.feature_values`)."""
+        return feature_values(sig, completions, self.concepts, self.concept_layer, self.features)
 
     def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> List[float]:
         start = time.perf_counter()
@@ -210,12 +159,12 @@ class RewardLensReward:
         if self.alarm is not None:
             t_alarm = time.perf_counter()
             values = self.feature_values(sig, completions)
-            groups = group_ids([_hashable(p) for p in texts_p])
+            groups = group_ids([hashable_text(p) for p in texts_p])
             stats = self.alarm.update(step, rewards.numpy(), values, groups)
             metrics.update({k: float(v) for k, v in stats.items() if k != "step"})
             self.alarm_seconds += time.perf_counter() - t_alarm
         self.history.append({"step": step, "n": len(texts_p), **metrics})
-        self.recent.extend((_hashable(p), c) for p, c in inputs if isinstance(c, str))
+        self.recent.extend((hashable_text(p), c) for p, c in inputs if isinstance(c, str))
         self.last = sig
         log_metric = kwargs.get("log_metric")
         if self.log_metrics and callable(log_metric):
@@ -241,7 +190,7 @@ class RewardLensReward:
                 if len(out) == n:
                     break
         out.reverse()
-        return [_unhashable(p) for p, _ in out], [r for _, r in out]
+        return [unhashable_text(p) for p, _ in out], [r for _, r in out]
 
 
 def _flat(metrics: Mapping[str, Mapping[str, Optional[float]]]) -> Dict[str, float]:
