@@ -326,32 +326,46 @@ def attribution_graph(
     *,
     input_ids: Optional[torch.Tensor] = None,
     max_nodes: Optional[int] = 1024,
+    transcoders: Any = None,
+    max_features: Optional[int] = None,
 ) -> Union[AttributionGraph, Dict[str, AttributionGraph]]:
     """The reward attribution graph of one text: (prompt, response) as the model reads them, a prompt that
     is a whole conversation (`response=None`), or `input_ids` (a 1-D tensor or [1, T]). A `PreferencePair`
     or `TokenPair` gives both sides' graphs, {"chosen": ..., "rejected": ...}. Incoming edges are
     materialised for the reward and the `max_nodes` heads / MLPs of largest |value| (None: all). A process
-    RM's graph is of the step it reads (`read_step`)."""
+    RM's graph is of the step it reads (`read_step`).
+
+    With `transcoders` (a loaded set covering every layer, e.g. `reward_lens.load_transcoders("demo")`)
+    it is the feature graph instead (`feature_graph.FeatureGraph`): transcoder features, MLP error nodes,
+    tokens, a constant and the reward, every MLP replaced by its transcoder; `max_features` caps the
+    features whose incoming edges are materialised (largest |value| first; None: all)."""
+    kw: Dict[str, Any] = {"max_nodes": max_nodes, "transcoders": transcoders, "max_features": max_features}
     if isinstance(prompt, (PreferencePair, TokenPair)):
         pair = prompt
         if isinstance(pair, TokenPair):
             return {
-                s: attribution_graph(model, input_ids=getattr(pair, s), max_nodes=max_nodes)
-                for s in ("chosen", "rejected")
+                s: attribution_graph(model, input_ids=getattr(pair, s), **kw) for s in ("chosen", "rejected")
             }
         return {
-            s: attribution_graph(model, pair.prompt, getattr(pair, s), max_nodes=max_nodes)
-            for s in ("chosen", "rejected")
+            s: attribution_graph(model, pair.prompt, getattr(pair, s), **kw) for s in ("chosen", "rejected")
         }
     if input_ids is not None:
         if prompt is not None or response is not None:
             raise ValueError("pass either input_ids or (prompt, response), not both")
-        return build_graph(model, _single(model, input_ids), max_nodes)
+        return _build(model, _single(model, input_ids), kw)
     if prompt is None:
         raise ValueError(
             "attribution_graph needs a text: (prompt, response), input_ids=, or a PreferencePair"
         )
     if response is None:
         batch = model.to_tokens([prompt])
-        return build_graph(model, _single(model, batch["input_ids"][0]), max_nodes)
-    return build_graph(model, tokenize(model, [prompt], [response]), max_nodes)
+        return _build(model, _single(model, batch["input_ids"][0]), kw)
+    return _build(model, tokenize(model, [prompt], [response]), kw)
+
+
+def _build(model, tok: Tokenized, kw: Dict[str, Any]):
+    if kw["transcoders"] is None:
+        return build_graph(model, tok, kw["max_nodes"])
+    from reward_lens.instruments.circuits.feature_graph import build_feature_graph
+
+    return build_feature_graph(model, tok, kw["transcoders"], kw["max_features"])
