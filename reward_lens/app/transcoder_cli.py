@@ -7,7 +7,8 @@ from reward_lens.app.bench_cli import check_model_spec, load_named
 from reward_lens.app.options import CLIError, check_device, check_pairs_file, check_positive, split_list
 from reward_lens.app.output import ReportDir
 
-FAMILY_NAMES = ("batchtopk", "topk")  # reward_lens.representations.transcoders.FAMILIES (a test keeps them equal)
+# reward_lens.representations.transcoders.FAMILIES, spelled here (it imports torch; a test keeps them equal)
+FAMILY_NAMES = ("batchtopk", "topk")
 DEMO_TEXT_SEED, DEMO_HELD_OUT_SEED = 41, 1  # scripts/train_demo_transcoders.py's
 
 
