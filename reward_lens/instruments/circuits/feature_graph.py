@@ -27,13 +27,13 @@ import torch
 from reward_lens.core.batching import Tokenized
 from reward_lens.instruments.circuits import feature_build as fb
 from reward_lens.instruments.circuits import graph_prune as gp
-from reward_lens.instruments.circuits.attribution_graph import AttributionGraph
+from reward_lens.instruments.circuits.graph_base import RewardGraph
 
 FEATURE_KINDS = ("feature", "error", "embed", "constant", "reward")
 
 
 @dataclass
-class FeatureGraph(AttributionGraph):
+class FeatureGraph(RewardGraph):
     """One text's feature attribution graph: `nodes` (index = column of `rows`), `rows` [n_rows, n_nodes]
     the incoming edges of the targets `row_nodes` (features, the reward last), `reward` the model's reward
     and `bias` the readout's constant. Influence, pruning and scores treat the constant node as
@@ -143,9 +143,6 @@ class FeatureGraph(AttributionGraph):
         ax.set_yticklabels(["embed"] + [f"L{l}" for l in range(self.n_layers)] + ["reward"])
         ax.set_title(f"feature graph: reward {self.reward:.3f} (bias {self.bias:.3f})")
         return finish(fig, created)
-
-    def top_paths(self, n: int = 5, start="embed") -> pd.DataFrame:
-        return super().top_paths(n, start)
 
 
 def check_supported(model, tc) -> None:

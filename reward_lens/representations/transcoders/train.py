@@ -144,6 +144,35 @@ def transcoder_losses(p: Dict[str, torch.Tensor], x, y, k: int, kind: str, dead,
     return mse, aux, (f > 0).any(0).detach(), f.detach()
 
 
+def _step_layers(params, xb, yb, since, thresholds, history, step: int, steps: int, o: Dict[str, Any]):
+    """One batch's summed loss over the layers; updates the dead-feature counters, BatchTopK's running
+    threshold (the mean smallest selected activation) and the curves."""
+    total, fvus = 0.0, []
+    for i in range(len(o["layers"])):
+        dead = since[i] >= o["dead_after"]
+        mse, aux, fired, f = transcoder_losses(
+            params[i], xb[:, i], yb[:, i], o["k"], o["kind"], dead if o["aux_coef"] > 0 else None, o["aux_k"]
+        )
+        total = total + mse + o["aux_coef"] * aux
+        since[i] += xb.shape[0]
+        since[i][fired] = 0
+        if o["kind"] == "batchtopk" and bool((f > 0).any()):
+            low = float(f[f > 0].min())
+            thresholds[i] = 0.99 * thresholds[i] + 0.01 * low if step else low
+        fvus.append(float(mse.detach()))
+        if step % max(1, steps // 100) == 0 or step == steps - 1:
+            history.append(
+                {
+                    "step": step,
+                    "layer": o["layers"][i],
+                    "fvu": fvus[-1],
+                    "aux_loss": float(aux.detach()),
+                    "dead_fraction": float(dead.float().mean()),
+                }
+            )
+    return total, fvus
+
+
 def _check(model, layers, d_tc, k, kind, steps, batch_size):
     if model is None or not hasattr(model, "cfg"):
         raise ValueError("train_transcoders needs the reward model (a HookedRewardModel) to stream from")
@@ -211,30 +240,17 @@ def train_transcoders(
         if step and step % per_fill == 0:
             X, Y = buf.fill()
         rows = torch.randint(0, X.shape[0], (batch_size,), generator=g)
-        total, fvus = 0.0, []
-        for i in range(len(layers)):
-            dead = since[i] >= dead_after
-            mse, aux, fired, f = transcoder_losses(
-                params[i], X[rows, i], Y[rows, i] * scale[i], k, kind, dead if aux_coef > 0 else None, aux_k
-            )
-            total = total + mse + aux_coef * aux
-            since[i] += batch_size
-            since[i][fired] = 0
-            if kind == "batchtopk" and bool((f > 0).any()):
-                thresholds[i] = (
-                    0.99 * thresholds[i] + 0.01 * float(f[f > 0].min()) if step else f[f > 0].min()
-                )
-            fvus.append(float(mse.detach()))
-            if step % max(1, steps // 100) == 0 or step == steps - 1:
-                history.append(
-                    {
-                        "step": step,
-                        "layer": layers[i],
-                        "fvu": fvus[-1],
-                        "aux_loss": float(aux.detach()),
-                        "dead_fraction": float(dead.float().mean()),
-                    }
-                )
+        total, fvus = _step_layers(
+            params,
+            X[rows],
+            Y[rows] * scale[None, :, None],
+            since,
+            thresholds,
+            history,
+            step,
+            steps,
+            dict(k=k, kind=kind, aux_k=aux_k, aux_coef=aux_coef, dead_after=dead_after, layers=layers),
+        )
         if step >= decay_from:
             for group in opt.param_groups:
                 group["lr"] = lr * (steps - step) / max(1, steps - decay_from)
@@ -243,18 +259,7 @@ def train_transcoders(
         opt.step()
         bar.set_postfix(fvu=f"{np.mean(fvus):.4f}", refresh=False)
     bar.close()
-    out = {}
-    for i, l in enumerate(layers):
-        t = Transcoder(d, d_tc, k, kind, skip)
-        with torch.no_grad():  # fold the target scale back: outputs / scale, features unchanged
-            t.W_enc.copy_(params[i]["W_enc"])
-            t.b_enc.copy_(params[i]["b_enc"])
-            t.W_dec.copy_(params[i]["W_dec"] / scale[i])
-            t.b_dec.copy_(params[i]["b_dec"] / scale[i])
-            if skip:
-                t.W_skip.copy_(params[i]["W_skip"] / scale[i])
-            t.threshold.fill_(float(thresholds[i]))
-        out[l] = t.to(model.cfg.device)
+    out = _fold(params, scale, thresholds, layers, kind, k, skip, model.cfg.device)
     config = dict(
         model_name=str(getattr(model.cfg, "model_name", "") or ""),
         training=dict(
@@ -279,6 +284,25 @@ def train_transcoders(
     else:
         tc.metrics = TranscoderMetrics(pd.DataFrame(), history=history_frame)
     return tc
+
+
+def _fold(params, scale, thresholds, layers, kind: str, k: int, skip: bool, device) -> Dict[int, Transcoder]:
+    """The trained parameters as transcoders on raw activations: outputs divided by the target scale
+    (features unchanged), BatchTopK's running threshold set."""
+    out = {}
+    for i, l in enumerate(layers):
+        d_tc, d = params[i]["W_enc"].shape
+        t = Transcoder(d, d_tc, k, kind, skip)
+        with torch.no_grad():
+            t.W_enc.copy_(params[i]["W_enc"])
+            t.b_enc.copy_(params[i]["b_enc"])
+            t.W_dec.copy_(params[i]["W_dec"] / scale[i])
+            t.b_dec.copy_(params[i]["b_dec"] / scale[i])
+            if skip:
+                t.W_skip.copy_(params[i]["W_skip"] / scale[i])
+            t.threshold.fill_(float(thresholds[i]))
+        out[l] = t.to(device)
+    return out
 
 
 @torch.no_grad()
