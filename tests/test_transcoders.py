@@ -102,7 +102,7 @@ def test_the_replacement_model_reward_matches_hand_hooks(model, tiny):
         for l in tiny.layers:
             hooks.append((act_name("normalized", l, norm="ln2"), lambda t, hook, l=l: seen.__setitem__(l, t)))
             hooks.append((act_name("mlp_out", l), lambda t, hook, l=l: tiny[l](seen[l])))
-        return float(model.run_with_hooks(ids, fwd_hooks=hooks))
+        return float(model.run_with_hooks(ids, fwd_hooks=hooks).detach())
 
     r = np.array(
         [[reward(p.prompt, s, rep) for s in (p.chosen, p.rejected)] for p in pairs for rep in (0, 1)]

@@ -144,14 +144,16 @@ def transcoder_losses(p: Dict[str, torch.Tensor], x, y, k: int, kind: str, dead,
     return mse, aux, (f > 0).any(0).detach(), f.detach()
 
 
-def _step_layers(params, xb, yb, since, thresholds, history, step: int, steps: int, o: Dict[str, Any]):
+def _step_layers(params, batch, since, thresholds, history, step: int, steps: int, o: Dict[str, Any]):
     """One batch's summed loss over the layers; updates the dead-feature counters, BatchTopK's running
     threshold (the mean smallest selected activation) and the curves."""
+    X, Y, rows, scale = batch
     total, fvus = 0.0, []
     for i in range(len(o["layers"])):
         dead = since[i] >= o["dead_after"]
+        xb, yb = X[rows, i], Y[rows, i] * scale[i]  # contiguous per layer (the matmuls' rounding)
         mse, aux, fired, f = transcoder_losses(
-            params[i], xb[:, i], yb[:, i], o["k"], o["kind"], dead if o["aux_coef"] > 0 else None, o["aux_k"]
+            params[i], xb, yb, o["k"], o["kind"], dead if o["aux_coef"] > 0 else None, o["aux_k"]
         )
         total = total + mse + o["aux_coef"] * aux
         since[i] += xb.shape[0]
@@ -242,8 +244,7 @@ def train_transcoders(
         rows = torch.randint(0, X.shape[0], (batch_size,), generator=g)
         total, fvus = _step_layers(
             params,
-            X[rows],
-            Y[rows] * scale[None, :, None],
+            (X, Y, rows, scale),
             since,
             thresholds,
             history,
