@@ -141,6 +141,8 @@ def test_batchtopk_family(model):
         buffer_tokens=1024,
         progress=False,
     )
+    assert len(tc.metrics.history) and tc.metrics.to_frame().empty  # no held-out texts: curves only
+    assert np.isnan(tc.metrics.summary().reward_pearson[0])
     t = tc[1]
     assert float(t.threshold[0]) > 0 and torch.equal(t.threshold, t.threshold[0].expand(64))
     x = torch.randn(7, model.cfg.d_model)

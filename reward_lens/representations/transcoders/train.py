@@ -283,7 +283,8 @@ def train_transcoders(
         tc.metrics = evaluate_transcoders(model, tc, eval_texts)
         tc.metrics.history = history_frame
     else:
-        tc.metrics = TranscoderMetrics(pd.DataFrame(), history=history_frame)
+        empty = pd.DataFrame(columns=["layer", "fvu", "l0", "dead_fraction", "n_tokens"])
+        tc.metrics = TranscoderMetrics(empty, history=history_frame)
     return tc
 
 
