@@ -305,3 +305,45 @@ def test_bad_inputs(model, tc, graph):
     part = rl.TranscoderSet({0: tc[0]})
     with pytest.raises(ValueError, match=r"layers \[1, 2, 3\] have no transcoder"):
         rl.attribution_graph(model, input_ids=ids, transcoders=part)
+
+
+@pytest.mark.parametrize("kind", ["qwen2_rm", "grm"])
+def test_mlp_heads_and_attention_biases(kind, tmp_path):
+    """An MLP head's ReLU masks are frozen at the clean text (Qwen2's q/k/v biases land in the constant):
+    the reward's edges + constant = the model's own reward - its per-text bias, and each feature's rows
+    = its pre-activation - b_enc. Random transcoders: exactness needs no training."""
+    from mlp_reference import save_tiny
+
+    model = rl.HookedRewardModel.from_pretrained(save_tiny(kind, tmp_path / kind))
+    cfg = model.cfg
+    gen = torch.Generator().manual_seed(3)
+    sets = {}
+    for l in range(cfg.n_layers):
+        t = rl.Transcoder(cfg.d_model, 24, 4)
+        with torch.no_grad():
+            for p, scale in (
+                (t.W_enc, 0.3),
+                (t.b_enc, 0.3),
+                (t.W_dec, 0.03),
+                (t.b_dec, 0.1),
+                (t.W_skip, 0.03),
+            ):
+                p.copy_(scale * torch.randn(p.shape, generator=gen))
+        sets[l] = t
+    tc = rl.TranscoderSet(sets)
+    ids = torch.randint(3, 60, (11,), generator=gen)
+    g = rl.attribution_graph(model, input_ids=ids, transcoders=tc)
+    reward = float(model(ids[None]).detach())
+    assert abs(g.reward - reward) <= 1e-5 * max(1.0, abs(reward))
+    terms = float(g.rows[-1].abs().sum())  # fp32 sums of terms of this size: 1e-5 of it
+    assert abs(float(g.rows[-1].sum()) - (reward - g.bias)) <= 1e-5 * max(1.0, terms)
+    _, cache = model.run_with_cache(ids[None])
+    lay, pos, feat = _targets(g)
+    pre = np.array(
+        [
+            float(cache[act_name("normalized", l, norm="ln2")][0, p] @ tc[l].W_enc[i])
+            for l, p, i in zip(lay, pos, feat)
+        ]
+    )
+    assert np.all(np.abs(g.rows[:-1].sum(1).numpy() - pre) <= 5e-4 * np.maximum(1.0, np.abs(pre)))
+    assert abs(float(g.rows[-1, _col(g, "constant")])) > 1e-4  # biases do reach the reward
