@@ -259,6 +259,20 @@ def test_scores_and_pruning(graph):
     assert np.allclose(g.nodes.influence, gp.node_influence(rows, g.row_nodes, g.reward_node).numpy())
 
 
+def test_html_view(graph):
+    _, g = graph
+    small = g.prune(0.8, 0.98)
+    import re
+
+    def same(html):  # each view has its own element id
+        return re.sub(r"rl-graph-[0-9a-f]+", "rl-graph-id", html)
+
+    page = g.html()  # pruned first: the graph has more than 600 nodes
+    assert len(g.nodes) > 600 and same(page) == same(small.html())
+    top = small.nodes[small.nodes.kind == "feature"].sort_values("influence").node.iloc[-1]
+    assert top in page and "constant" not in page and "<svg" in page
+
+
 def test_values_decompose_over_the_rows(graph):
     """A node's total effect is its direct edge plus, through each feature it feeds, edge / activation
     times that feature's total effect (active features move one for one with their pre-activation)."""

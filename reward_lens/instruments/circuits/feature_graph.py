@@ -117,6 +117,19 @@ class FeatureGraph(RewardGraph):
         rows[:, self.constant_node] = self.rows[:, self.constant_node]
         return self._restricted(keep, rows, (node_threshold, edge_threshold))
 
+    def html(self, max_nodes: int = 600) -> str:
+        """The component graph's offline view (`graph_html`) of this graph: features on their layer's MLP
+        row, error nodes beside them; pruned first (0.8 / 0.98) beyond `max_nodes` nodes; the constant,
+        which has no position, is left out of the picture."""
+        from reward_lens.instruments.circuits.graph_html import graph_html
+
+        graph = self if len(self.nodes) <= max_nodes else self.prune()
+        shown = torch.from_numpy(graph.nodes.kind.to_numpy() != "constant")
+        return graph_html(graph._restricted(shown, graph.rows, graph.thresholds))
+
+    def _repr_html_(self) -> str:
+        return self.html()
+
     def component_influence(self) -> pd.DataFrame:
         """One row per (layer, feature), summed over positions: influence, value, |value|."""
         frame = self.nodes[self.nodes.kind == "feature"].copy()
