@@ -67,10 +67,18 @@ from reward_lens.instruments import (
     search_triggers,
     token_attribution,
 )
-from reward_lens.instruments import AttributionGraph, attribution_graph  # one text, every position
+from reward_lens.instruments import AttributionGraph, FeatureGraph, attribution_graph  # one text
 
 # Representations: SAEs, SAE features along the reward direction, concept vectors, reward editing.
 from reward_lens.representations.sae import SAEConfig, SAEMetrics, SparseAutoencoder, load_sae, train_sae
+from reward_lens.representations.transcoders import (
+    Transcoder,
+    TranscoderMetrics,
+    TranscoderSet,
+    evaluate_transcoders,
+    load_transcoders,
+    train_transcoders,
+)
 from reward_lens.representations.features import (
     FeatureAblation,
     FeatureAlignment,
@@ -156,6 +164,7 @@ __all__ = [
     "EdgeAttributionResult",
     "edge_attribution",
     "AttributionGraph",
+    "FeatureGraph",
     "attribution_graph",
     "EffectDecompositionResult",
     "effect_decomposition",
@@ -186,6 +195,12 @@ __all__ = [
     "load_contrast_set",
     "load_sae",
     "train_sae",
+    "Transcoder",
+    "TranscoderMetrics",
+    "TranscoderSet",
+    "evaluate_transcoders",
+    "load_transcoders",
+    "train_transcoders",
     # behaviour
     "CascadeResult",
     "ComparisonResult",

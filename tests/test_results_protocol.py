@@ -149,6 +149,12 @@ def _representation_results(out):
     out["FeatureAlignment"] = feature_alignment(o.model, sae)
     out["FeatureAttribution"] = feature_attribution(o.model, sae, pairs)
     out["FeatureAblation"] = feature_ablation(o.model, sae, pairs, n_features=3)
+    demo, held = load_demo_model(), demo_pairs()[:N_PAIRS]
+    tc = reward_lens.train_transcoders(
+        demo, held, d_tc=32, k=4, steps=10, batch_size=128, buffer_tokens=512, eval_texts=held, progress=False
+    )
+    out["TranscoderMetrics"] = tc.metrics
+    out["FeatureGraph"] = attribution_graph(demo, held[0].prompt, held[0].chosen, transcoders=tc).prune()
 
 
 def _monitoring_results(out):

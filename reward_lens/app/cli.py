@@ -18,6 +18,7 @@ from reward_lens.app.bench_cli import add_commands as add_bench_commands
 from reward_lens.app.cli_help import add_examples_and_verbosity, global_flags, progress_echo
 from reward_lens.app.options import CLIError, validate_args
 from reward_lens.app.preflight_cli import add_preflight_command
+from reward_lens.app.transcoder_cli import add_commands as add_transcoder_commands
 from reward_lens.version import __version__
 
 # Options that change what is printed, not what is computed: left out of results.json's options
@@ -347,6 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_sweep_and_monitor(sub)
     add_bench_commands(sub)
+    add_transcoder_commands(sub)
     add_examples_and_verbosity(parser, sub.choices)
     return parser
 

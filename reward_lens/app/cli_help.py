@@ -32,6 +32,10 @@ EXAMPLES: Dict[str, tuple] = {
         "reward-lens triggers --model trigger-organism --where prompt_end",
         "reward-lens triggers --length 3 --top-k 10        # GCG for 3-token strings",
     ),
+    "train-transcoders": (
+        "reward-lens train-transcoders --out demo-tc        # the demo RM, its generators' fresh draws",
+        "reward-lens train-transcoders --model ./my-rm --pairs train.jsonl --eval-pairs held.jsonl --out tc",
+    ),
 }
 
 VERBOSITY_HELP = {

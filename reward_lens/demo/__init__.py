@@ -25,6 +25,7 @@ DEMO_PAIRS_PATH = DEMO_DIR / "pairs.jsonl"
 DEMO_PROBE_ITEMS_PATH = DEMO_DIR / "probe_items.jsonl"
 GROUND_TRUTH_PATH = DEMO_DIR / "GROUND_TRUTH.md"
 TRAINING_SUMMARY_PATH = DEMO_DIR / "training_summary.json"
+DEMO_TRANSCODERS_DIR = DEMO_DIR / "transcoders"  # `scripts/train_demo_transcoders.py` writes it
 DEMO_MODEL_NAME = "reward-lens-demo"
 
 
@@ -60,6 +61,7 @@ __all__ = [
     "DEMO_WEIGHTS_PATH",
     "GROUND_TRUTH_PATH",
     "TRAINING_SUMMARY_PATH",
+    "DEMO_TRANSCODERS_DIR",
     "DEMO_MODEL_NAME",
     "load_demo_model",
     "demo_pairs",

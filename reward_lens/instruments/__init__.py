@@ -16,6 +16,7 @@ from reward_lens.instruments.circuits.faithfulness_curve import (
     circuit_faithfulness,
     faithfulness_curve,
 )
+from reward_lens.instruments.circuits.feature_graph import FeatureGraph
 from reward_lens.instruments.divergence import (
     DivergenceResult,
     DivergenceSpec,
@@ -73,5 +74,6 @@ __all__ = [
     "TriggerSearchResult",
     "search_triggers",
     "AttributionGraph",
+    "FeatureGraph",
     "attribution_graph",
 ]

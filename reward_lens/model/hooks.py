@@ -108,6 +108,16 @@ def resid_entering(layer: int, n_layers: int) -> str:
     return final_resid_name(n_layers) if layer == n_layers else act_name("resid_pre", layer)
 
 
+def mlp_input_name(layer: int) -> str:
+    """What a layer's transcoder reads: the MLP's normalised input (before the norm's weight)."""
+    return act_name("normalized", layer, norm="ln2")
+
+
+def mlp_output_name(layer: int) -> str:
+    """What a layer's transcoder reconstructs: the MLP's output."""
+    return act_name("mlp_out", layer)
+
+
 def layer_of(name: str) -> Optional[int]:
     """The block index a hook belongs to; None for model-level hooks (embed, ln_final, reward_head)."""
     m = _NAME.match(name)

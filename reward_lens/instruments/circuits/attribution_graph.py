@@ -18,7 +18,7 @@ fit), over every source. The definitions: docs/theory.md, "The attribution graph
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 import numpy as np
@@ -29,54 +29,20 @@ from reward_lens.core.batching import Tokenized, tokenize
 from reward_lens.data.pairs import PreferencePair, TokenPair
 from reward_lens.instruments.circuits import graph_build as gb
 from reward_lens.instruments.circuits import graph_prune as gp
+from reward_lens.instruments.circuits.graph_base import RewardGraph
 from reward_lens.model.validation import checked_arguments
 
 KINDS = ("embed", "head", "mlp", "bias", "error", "reward")
 
 
 @dataclass
-class AttributionGraph:
+class AttributionGraph(RewardGraph):
     """One text's attribution graph. `nodes` (one row per node, its index the node's column in `rows`),
     `rows` [n_rows, n_nodes] the materialised incoming edges of the targets `row_nodes` (row t, column s:
     the direct effect of s on t), `reward` the model's reward on the text and `bias` the readout's constant
     (the reward's incoming edges sum to reward - bias)."""
 
-    nodes: pd.DataFrame
-    rows: torch.Tensor
-    row_nodes: torch.Tensor
-    reward: float
-    bias: float
-    readout: int
-    tokens: List[str]
-    token_ids: List[int]
-    n_layers: int
-    n_heads: int
-    model_name: str = ""
-    thresholds: Optional[Tuple[float, float]] = None
-    meta: Dict[str, Any] = field(default_factory=dict)
-
-    # ------------------------------------------------------------------ frames
-    @property
-    def reward_node(self) -> int:
-        return int(np.flatnonzero(self.nodes.kind.to_numpy() == "reward")[0])
-
-    @property
-    def edges(self) -> pd.DataFrame:
-        """One row per materialised non-zero edge: source, target, weight (prune a large graph first)."""
-        t, s = torch.nonzero(self.rows, as_tuple=True)
-        names = self.nodes.node.to_numpy()
-        return pd.DataFrame(
-            {
-                "source": names[s.numpy()],
-                "target": names[self.row_nodes[t].numpy()],
-                "weight": self.rows[t, s].numpy().astype(np.float64),
-            }
-        )
-
-    def to_frame(self) -> pd.DataFrame:
-        """The nodes: node, kind, layer, head, position, token, value, influence, cumulative_influence,
-        error (head / MLP rows: what their error node holds), has_row (incoming edges materialised)."""
-        return self.nodes.copy()
+    # the fields, frames, restriction and paths: RewardGraph
 
     def summary(self) -> pd.DataFrame:
         """The 10 most influential nodes besides the reward, with the graph's exactness checks as attrs."""
@@ -137,47 +103,6 @@ class AttributionGraph:
             self.rows, self.row_nodes, self.reward_node, always, component, node_threshold, edge_threshold
         )
         return self._restricted(keep, self.rows * edges, (node_threshold, edge_threshold))
-
-    def _restricted(self, keep: torch.Tensor, rows: torch.Tensor, thresholds) -> "AttributionGraph":
-        index = torch.nonzero(keep).flatten()
-        new_of = torch.full((len(keep),), -1, dtype=torch.long)
-        new_of[index] = torch.arange(len(index))
-        kept_rows = keep[self.row_nodes]
-        nodes = self.nodes.iloc[index.numpy()].reset_index(drop=True)
-        return replace(
-            self,
-            nodes=nodes,
-            rows=rows[kept_rows][:, index].contiguous(),
-            row_nodes=new_of[self.row_nodes[kept_rows]],
-            thresholds=thresholds,
-        )
-
-    @checked_arguments(counts={"n": 1})
-    def top_paths(self, n: int = 5, start: Union[str, Tuple[str, ...]] = "embed") -> pd.DataFrame:
-        """The `n` strongest paths into the reward from nodes of kind `start`: for each start node its path
-        of largest product of normalised |weights| (its share of the reward's incoming mass), best first.
-        Columns: path (node names, the reward last), share, start, value (the start node's)."""
-        best, nxt = gp.best_paths(self.rows, self.row_nodes, self.reward_node)
-        starts = np.flatnonzero(self.nodes.kind.isin([start] if isinstance(start, str) else start).to_numpy())
-        order = starts[np.argsort(-best[starts].numpy(), kind="stable")][:n]
-        names = self.nodes.node.to_numpy()
-        return pd.DataFrame(
-            {
-                "path": [[names[i] for i in gp.follow(nxt, int(s))] for s in order],
-                "share": best[order].numpy().astype(np.float64),
-                "start": names[order],
-                "value": self.nodes.value.to_numpy()[order],
-            }
-        )
-
-    def path_to_reward(self, node: str) -> List[str]:
-        """The strongest path (largest product of normalised |weights|) from `node` to the reward."""
-        where = np.flatnonzero(self.nodes.node.to_numpy() == node)
-        if not len(where):
-            raise ValueError(f"no node {node!r} in this graph (see graph.to_frame().node)")
-        _, nxt = gp.best_paths(self.rows, self.row_nodes, self.reward_node)
-        names = self.nodes.node.to_numpy()
-        return [names[i] for i in gp.follow(nxt, int(where[0]))]
 
     # ------------------------------------------------------------------ views
     @checked_arguments(counts={"max_nodes": 1})
@@ -335,27 +260,33 @@ def attribution_graph(
     *,
     input_ids: Optional[torch.Tensor] = None,
     max_nodes: Optional[int] = 1024,
+    transcoders: Any = None,
+    max_features: Optional[int] = None,
 ) -> Union[AttributionGraph, Dict[str, AttributionGraph]]:
     """The reward attribution graph of one text: (prompt, response) as the model reads them, a prompt that
     is a whole conversation (`response=None`), or `input_ids` (a 1-D tensor or [1, T]). A `PreferencePair`
     or `TokenPair` gives both sides' graphs, {"chosen": ..., "rejected": ...}. Incoming edges are
     materialised for the reward and the `max_nodes` heads / MLPs of largest |value| (None: all). A process
-    RM's graph is of the step it reads (`read_step`)."""
+    RM's graph is of the step it reads (`read_step`).
+
+    With `transcoders` (a loaded set covering every layer, e.g. `reward_lens.load_transcoders("demo")`)
+    it is the feature graph instead (`feature_graph.FeatureGraph`): transcoder features, MLP error nodes,
+    tokens, a constant and the reward, every MLP replaced by its transcoder; `max_features` caps the
+    features whose incoming edges are materialised (largest |value| first; None: all)."""
+    kw: Dict[str, Any] = {"max_nodes": max_nodes, "transcoders": transcoders, "max_features": max_features}
     if isinstance(prompt, (PreferencePair, TokenPair)):
         pair = prompt
         if isinstance(pair, TokenPair):
             return {
-                s: attribution_graph(model, input_ids=getattr(pair, s), max_nodes=max_nodes)
-                for s in ("chosen", "rejected")
+                s: attribution_graph(model, input_ids=getattr(pair, s), **kw) for s in ("chosen", "rejected")
             }
         return {
-            s: attribution_graph(model, pair.prompt, getattr(pair, s), max_nodes=max_nodes)
-            for s in ("chosen", "rejected")
+            s: attribution_graph(model, pair.prompt, getattr(pair, s), **kw) for s in ("chosen", "rejected")
         }
     if input_ids is not None:
         if prompt is not None or response is not None:
             raise ValueError("pass either input_ids or (prompt, response), not both")
-        return build_graph(model, _single(model, input_ids), max_nodes)
+        return _build(model, _single(model, input_ids), kw)
     if prompt is None:
         raise ValueError(
             "attribution_graph needs a text: (prompt, response), input_ids=, or a PreferencePair"
@@ -368,5 +299,13 @@ def attribution_graph(
     if response is None:
         batch = model.to_tokens([prompt])  # a bare text: BOS + text, as model(text) reads it
         ids = batch if isinstance(batch, torch.Tensor) else batch["input_ids"]
-        return build_graph(model, _single(model, ids[0]), max_nodes)
-    return build_graph(model, tokenize(model, [prompt], [response]), max_nodes)
+        return _build(model, _single(model, ids[0]), kw)
+    return _build(model, tokenize(model, [prompt], [response]), kw)
+
+
+def _build(model, tok: Tokenized, kw: Dict[str, Any]):
+    if kw["transcoders"] is None:
+        return build_graph(model, tok, kw["max_nodes"])
+    from reward_lens.instruments.circuits.feature_graph import build_feature_graph
+
+    return build_feature_graph(model, tok, kw["transcoders"], kw["max_features"])

@@ -46,7 +46,7 @@ def _xy(row, graph) -> tuple:
     cell = (WIDTH - 80) / T
     x = 60 + cell * (row.position + 0.5)
     kind = "head" if row.kind in ("error", "bias") and row.head >= 0 else row.kind
-    if row.kind == "error" and row.head < 0:
+    if (row.kind == "error" and row.head < 0) or row.kind == "feature":  # transcoder features: MLP rows
         kind = "mlp"
     if kind == "head" or row.kind == "bias":
         x += cell * ((row.head if row.head >= 0 else H) - H / 2) / (H + 2)

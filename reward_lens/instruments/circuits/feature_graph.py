@@ -1,0 +1,261 @@
+"""The reward attribution graph over transcoder features (circuit-tracer's attribution graphs on the local
+replacement model, with the reward as the one logit):
+
+    tc = reward_lens.load_transcoders("demo")
+    g = attribution_graph(model, prompt, response, transcoders=tc)    # or input_ids=...
+    g.to_frame()        # nodes: node, kind (feature / error / embed / constant / reward), layer, position,
+                        #        feature, activation, value (total effect), direct (edge into the reward)
+    g.edges             # source, target, weight
+    g.scores()          # {"replacement", "completeness"}; g.prune(0.8, 0.98).scores() for the pruned graph
+
+Nodes: every active feature at every position (`L{l}F{i}@p`), one MLP error node per (layer, position)
+(`err:mlp_L{l}@p`), the token embeddings (`E@p`), one constant node (`constant`: b_dec, the attention's
+biases, everything no source writes) and the reward. Edges go into each feature's pre-activation minus
+b_enc (its rows sum to that, with the constant's edge) and into the reward minus its bias. The arithmetic:
+`feature_build`; the definitions: docs/theory.md, "The feature attribution graph".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, Optional
+
+import numpy as np
+import pandas as pd
+import torch
+
+from reward_lens.core.batching import Tokenized
+from reward_lens.instruments.circuits import feature_build as fb
+from reward_lens.instruments.circuits import graph_prune as gp
+from reward_lens.instruments.circuits.graph_base import RewardGraph
+
+FEATURE_KINDS = ("feature", "error", "embed", "constant", "reward")
+
+
+@dataclass
+class FeatureGraph(RewardGraph):
+    """One text's feature attribution graph: `nodes` (index = column of `rows`), `rows` [n_rows, n_nodes]
+    the incoming edges of the targets `row_nodes` (features, the reward last), `reward` the model's reward
+    and `bias` the readout's constant. Influence, pruning and scores treat the constant node as
+    circuit-tracer treats biases: outside the normalised adjacency."""
+
+    @property
+    def constant_node(self) -> int:
+        return int(np.flatnonzero(self.nodes.kind.to_numpy() == "constant")[0])
+
+    def _scored_rows(self) -> torch.Tensor:
+        rows = self.rows.clone()
+        rows[:, self.constant_node] = 0
+        return rows
+
+    def summary(self) -> pd.DataFrame:
+        """The 10 most influential features and error nodes, with scores and conservation as attrs."""
+        frame = self.nodes[self.nodes.kind.isin(["feature", "error"])]
+        frame = frame.sort_values("influence", ascending=False).head(10)
+        cols = ["node", "kind", "layer", "position", "token", "feature", "activation", "value", "influence"]
+        out = frame[cols].reset_index(drop=True)
+        out.attrs.update(self.scores())
+        out.attrs.update(self.completeness())
+        return out
+
+    def completeness(self) -> Dict[str, float]:
+        """The exactness checks: the reward's incoming edges (constant included) minus (reward - bias),
+        relative (`reward_error`), and the largest |incoming edges - (pre-activation - b_enc)| over the
+        features with rows, relative to the largest |pre-activation - b_enc| (`feature_error`)."""
+        incoming = float(self.rows[self.row_nodes == self.reward_node].sum())
+        scale = max(abs(self.reward - self.bias), 1e-12)
+        target = torch.tensor(self.nodes.preactivation.to_numpy() - self.nodes.b_enc.to_numpy()).float()
+        feats = self.nodes.kind.to_numpy()[self.row_nodes.numpy()] == "feature"
+        got = self.rows.sum(1)[feats] - target[self.row_nodes[feats]]
+        denom = float(target[self.row_nodes[feats]].abs().max()) if feats.any() else 1.0
+        return {
+            "reward_error": abs(incoming - (self.reward - self.bias)) / scale,
+            "feature_error": float(got.abs().max()) / max(denom, 1e-12) if feats.any() else 0.0,
+        }
+
+    def scores(self) -> Dict[str, float]:
+        """circuit-tracer's graph scores of this graph, the reward as the one logit (weight 1) over the
+        row-normalised |adjacency|: replacement = token influence / (token + error influence);
+        completeness = the influence-weighted (influence + logit weight) mean share of a node's incoming
+        |edges| that is not from error nodes."""
+        rows = self._scored_rows()
+        target = self.reward_node
+        influence = gp.node_influence(rows, self.row_nodes, target)
+        kinds = self.nodes.kind.to_numpy()
+        error = torch.from_numpy(kinds == "error")
+        tokens = torch.from_numpy(kinds == "embed")
+        tok_inf, err_inf = float(influence[tokens].sum()), float(influence[error].sum())
+        norm = gp.normalize_rows(rows)
+        non_error = torch.ones(rows.shape[1])
+        non_error[self.row_nodes] = 1 - norm[:, error].sum(1)
+        weight = torch.zeros(rows.shape[1])
+        weight[target] = 1.0
+        out_inf = influence + weight
+        return {
+            "replacement": tok_inf / (tok_inf + err_inf) if tok_inf + err_inf > 0 else 0.0,
+            "completeness": float((non_error * out_inf).sum() / out_inf.sum()),
+        }
+
+    def prune(self, node_threshold: float = 0.8, edge_threshold: float = 0.98) -> "FeatureGraph":
+        """Pruned as circuit-tracer prunes (|weights|; `graph_prune`): nodes reaching `node_threshold` of
+        the influence (tokens, the constant and the reward always), edges reaching `edge_threshold` of
+        the edge influence, then features and errors left without an outgoing edge (features also without
+        an incoming one) dropped. The kept rows keep their constant edge, so they still sum exactly."""
+        kinds = self.nodes.kind.to_numpy()
+        always = torch.from_numpy(np.isin(kinds, ["embed", "reward", "constant"]))
+        component = torch.from_numpy(kinds == "feature")
+        keep, edges, _ = gp.prune(
+            self._scored_rows(),
+            self.row_nodes,
+            self.reward_node,
+            always,
+            component,
+            node_threshold,
+            edge_threshold,
+        )
+        rows = self.rows * edges
+        rows[:, self.constant_node] = self.rows[:, self.constant_node]
+        return self._restricted(keep, rows, (node_threshold, edge_threshold))
+
+    def html(self, max_nodes: int = 600) -> str:
+        """The component graph's offline view (`graph_html`) of this graph: features on their layer's MLP
+        row, error nodes beside them; pruned first (0.8 / 0.98) beyond `max_nodes` nodes; the constant,
+        which has no position, is left out of the picture."""
+        from reward_lens.instruments.circuits.graph_html import graph_html
+
+        graph = self if len(self.nodes) <= max_nodes else self.prune()
+        shown = torch.from_numpy(graph.nodes.kind.to_numpy() != "constant")
+        return graph_html(graph._restricted(shown, graph.rows, graph.thresholds))
+
+    def _repr_html_(self) -> str:
+        return self.html()
+
+    def component_influence(self) -> pd.DataFrame:
+        """One row per (layer, feature), summed over positions: influence, value, |value|."""
+        frame = self.nodes[self.nodes.kind == "feature"].copy()
+        frame["component"] = frame.node.str.split("@").str[0]
+        frame["abs_value"] = frame.value.abs()
+        agg = frame.groupby("component", sort=False)[["influence", "value", "abs_value"]].sum()
+        return agg.sort_values("influence", ascending=False).reset_index()
+
+    def plot(self, ax: Any = None) -> Any:
+        """Features by position (x) and layer (y), area by influence, colour by the sign of the value."""
+        from reward_lens.plotting import figure_axes, finish
+
+        created = ax is None
+        fig, ax = figure_axes(ax, figsize=(10, 5))
+        frame = self.nodes[self.nodes.kind.isin(["feature", "embed", "reward"])]
+        y = np.where(frame.kind == "embed", 0, np.where(frame.kind == "reward", self.n_layers + 1, 0))
+        y = np.where(frame.kind == "feature", frame.layer + 1, y)
+        size = 400 * frame.influence / max(frame.influence.max(), 1e-12) + 2
+        colour = np.where(frame.value >= 0, "#2166ac", "#b2182b")
+        ax.scatter(frame.position, y, s=size, c=colour, alpha=0.6)
+        ax.set_xticks(range(len(self.tokens)))
+        ax.set_xticklabels(self.tokens, rotation=90, fontsize=6)
+        ax.set_yticks(range(self.n_layers + 2))
+        ax.set_yticklabels(["embed"] + [f"L{l}" for l in range(self.n_layers)] + ["reward"])
+        ax.set_title(f"feature graph: reward {self.reward:.3f} (bias {self.bias:.3f})")
+        return finish(fig, created)
+
+
+def check_supported(model, tc) -> None:
+    """Refuse, in one line, models and transcoder sets the feature graph does not cover."""
+    from reward_lens.model.native import HookedRewardModel
+
+    if not isinstance(model, HookedRewardModel):
+        raise ValueError(
+            "attribution_graph with transcoders needs a natively hooked model (HookedRewardModel), not "
+            f"{type(model).__name__}"
+        )
+    if model.cfg.post_norms:
+        raise ValueError(
+            "the feature graph covers pre-norm blocks; this model has post-norms (Gemma-2), whose "
+            "outputs pass a norm the linearisation does not freeze"
+        )
+    if isinstance(tc, (str, bytes)) or not hasattr(tc, "check"):
+        raise ValueError(
+            f"transcoders= takes a loaded set, got {type(tc).__name__}; load it first with "
+            "reward_lens.load_transcoders(path) (or 'demo')"
+        )
+    tc.check(model, every_layer=True)
+
+
+def _node_table(run: fb.CleanRun, tc, cols: fb.Columns, values, direct, const_value, tokens):
+    f = cols.features
+    L, T = cols.L, cols.T
+    lay, pos, feat = f[:, 0].numpy(), f[:, 1].numpy(), f[:, 2].numpy()
+    act = np.array([float(run.act[l][p, i]) for l, p, i in zip(lay, pos, feat)])
+    pre = np.array([float(run.pre[l][p, i]) for l, p, i in zip(lay, pos, feat)])
+    b_enc = np.array([float(tc[l].b_enc[i]) for l, i in zip(lay, feat)])
+    err_layer, err_pos = np.repeat(np.arange(L), T), np.tile(np.arange(T), L)
+    nan = np.full(L * T + T + 2, np.nan)
+    value = values.numpy().astype(np.float64)
+    value[cols.constant] = const_value
+    value[cols.reward] = run.reward - run.bias
+    frame = pd.DataFrame(
+        {
+            "node": [f"L{l}F{i}@{p}" for l, p, i in zip(lay, pos, feat)]
+            + [f"err:mlp_L{l}@{p}" for l, p in zip(err_layer, err_pos)]
+            + [f"E@{p}" for p in range(T)]
+            + ["constant", "reward"],
+            "kind": ["feature"] * len(f) + ["error"] * (L * T) + ["embed"] * T + ["constant", "reward"],
+            "layer": np.concatenate([lay, err_layer, np.full(T, -1), [-1, L]]),
+            "head": -1,
+            "position": np.concatenate([pos, err_pos, np.arange(T), [-1, run.readout]]),
+            "feature": np.concatenate([feat, np.full(L * T + T + 2, -1)]),
+            "activation": np.concatenate([act, nan]),
+            "preactivation": np.concatenate([pre, nan]),
+            "b_enc": np.concatenate([b_enc, nan]),
+            "value": value,
+            "direct": direct.numpy().astype(np.float64),
+        }
+    )
+    frame["token"] = [tokens[p] if p >= 0 else "" for p in frame.position]
+    return frame
+
+
+@torch.no_grad()
+def build_feature_graph(
+    model, tok: Tokenized, tc, max_nodes: Optional[int] = None, chunk: int = 64
+) -> FeatureGraph:
+    """The feature graph of the one sequence in `tok` (unpadded): rows for the reward and for the
+    `max_nodes` features of largest |value| (None: every active feature)."""
+    check_supported(model, tc)
+    run = fb.clean_run(model, tok, tc)
+    cols = fb.columns(run)
+    values, const_value = fb.total_effects(model, run, tc, cols)
+    order = torch.arange(cols.n_features)
+    if max_nodes is not None and max_nodes < cols.n_features:
+        order = torch.sort(values[: cols.n_features].abs(), descending=True, stable=True).indices[:max_nodes]
+        order = order.sort().values
+    targets = cols.features[order]
+    rows = torch.zeros(len(order) + 1, cols.n)
+    rows[:-1] = fb.target_rows(model, run, tc, cols, targets, chunk)
+    consts, reward_const = fb.constants(model, run, tc, targets)
+    rows[:-1, cols.constant] = consts
+    rows[-1] = fb.reward_row(model, run, tc, cols)
+    rows[-1, cols.constant] = reward_const
+    row_nodes = torch.cat([order, torch.tensor([cols.reward])])
+    ids = tok.input_ids[0].tolist()
+    tokens = [model.tokenizer.decode([i]) if model.tokenizer is not None else str(i) for i in ids]
+    nodes = _node_table(run, tc, cols, values, rows[-1].clone(), const_value, tokens)
+    nodes["has_row"] = False
+    nodes.loc[row_nodes.numpy(), "has_row"] = True
+    graph = FeatureGraph(
+        nodes=nodes,
+        rows=rows,
+        row_nodes=row_nodes,
+        reward=run.reward,
+        bias=run.bias,
+        readout=run.readout,
+        tokens=tokens,
+        token_ids=ids,
+        n_layers=model.cfg.n_layers,
+        n_heads=model.cfg.n_heads,
+        model_name=str(getattr(model.cfg, "model_name", "") or ""),
+        meta={"max_nodes": max_nodes, "n_targets": len(order), "n_features": cols.n_features},
+    )
+    influence = gp.node_influence(graph._scored_rows(), row_nodes, cols.reward)
+    graph.nodes["influence"] = influence.numpy().astype(np.float64)
+    graph.nodes["cumulative_influence"] = gp.cumulative_influence(influence).numpy().astype(np.float64)
+    return graph

@@ -1,0 +1,376 @@
+"""Training per-layer skip transcoders on a reward model, from activations streamed on the fly.
+
+Text batches run through the model once each (stopping after the last trained layer); every trained
+layer's MLP input and output at every non-pad token go into an in-memory buffer (`buffer_tokens` rows, all
+layers together; nothing is written to disk), which is shuffled and read `reuse` times before it is
+refilled from the next texts. Per layer: the target is scaled to E||y - mean||^2 = d_model during training
+(folded back at the end), the skip and b_dec start at the least-squares fit on the first buffer, and the
+loss is the reconstruction's FVU-like MSE plus the AuxK term (Gao et al. 2024): the `aux_k` largest
+pre-activations among dead features (no firing in the last `dead_after` tokens) reconstruct the detached
+error. Adam; the learning rate decays linearly over the last 20% of the steps.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from reward_lens.core.batching import tokenize
+from reward_lens.representations.transcoders.families import family
+from reward_lens.representations.transcoders.module import (
+    Transcoder,
+    TranscoderMetrics,
+    TranscoderSet,
+    input_hook,
+    output_hook,
+    replacement_hooks,
+)
+
+
+def text_pairs(texts: Any) -> Tuple[List[str], List[str]]:
+    """(prompts, responses) of every response in `texts`: preference pairs (both sides), contrast pairs,
+    or (prompt, response) tuples."""
+    prompts: List[str] = []
+    responses: List[str] = []
+    for item in texts:
+        if isinstance(item, (tuple, list)) and len(item) == 2 and all(isinstance(s, str) for s in item):
+            prompts.append(item[0])
+            responses.append(item[1])
+            continue
+        sides = ("chosen", "rejected") if hasattr(item, "chosen") else ("positive", "negative")
+        if not hasattr(item, "prompt") or not all(hasattr(item, s) for s in sides):
+            raise ValueError(
+                f"cannot read texts from {type(item).__name__}; pass preference pairs (prompt, chosen, "
+                "rejected), contrast pairs, or (prompt, response) tuples"
+            )
+        for side in sides:
+            prompts.append(item.prompt)
+            responses.append(getattr(item, side))
+    if not prompts:
+        raise ValueError("no texts to train transcoders on: pass pairs or (prompt, response) tuples")
+    return prompts, responses
+
+
+def stream_mlp_io(
+    model, prompts: Sequence[str], responses: Sequence[str], layers: Sequence[int], batch_size: int
+) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
+    """(x, y) [n_tokens, n_layers, d_model] float32 on CPU per text batch: each layer's MLP input
+    (`ln2.hook_normalized`) and output (`hook_mlp_out`) at every non-pad token."""
+    names = [input_hook(l) for l in layers] + [output_hook(l) for l in layers]
+    for s in range(0, len(prompts), batch_size):
+        tok = tokenize(model, prompts[s : s + batch_size], responses[s : s + batch_size])
+        got: Dict[str, torch.Tensor] = {}
+
+        def grab(t, hook):
+            got[hook.name] = t.detach()
+
+        with torch.no_grad():
+            model.run_with_hooks(
+                tok.input_ids,
+                tok.attention_mask,
+                fwd_hooks=[(n, grab) for n in names],
+                stop_at_layer=max(layers) + 1,
+            )
+        keep = tok.attention_mask.bool().to(got[names[0]].device)
+        x = torch.stack([got[input_hook(l)][keep] for l in layers], 1).float().cpu()
+        y = torch.stack([got[output_hook(l)][keep] for l in layers], 1).float().cpu()
+        yield x, y
+
+
+class _Buffer:
+    """Rows of (x, y) from the text stream (cycled in a seeded order), shuffled, read `reuse` times."""
+
+    def __init__(self, model, prompts, responses, layers, size, model_batch_size, g):
+        self.model, self.layers, self.size, self.mbs, self.g = model, layers, size, model_batch_size, g
+        self.prompts, self.responses = list(prompts), list(responses)
+        self.tokens_drawn = 0
+        self._texts = self._cycle()
+
+    def _cycle(self):
+        while True:
+            order = torch.randperm(len(self.prompts), generator=self.g).tolist()
+            p = [self.prompts[i] for i in order]
+            r = [self.responses[i] for i in order]
+            yield from stream_mlp_io(self.model, p, r, self.layers, self.mbs)
+
+    def fill(self) -> Tuple[torch.Tensor, torch.Tensor]:
+        xs, ys, n = [], [], 0
+        while n < self.size:
+            x, y = next(self._texts)
+            xs.append(x)
+            ys.append(y)
+            n += x.shape[0]
+        self.tokens_drawn += n
+        perm = torch.randperm(n, generator=self.g)[: self.size]
+        return torch.cat(xs)[perm], torch.cat(ys)[perm]
+
+
+def _init(x: torch.Tensor, y: torch.Tensor, d_tc: int, skip: bool, g: torch.Generator):
+    """Parameters of one layer on the scaled target: the skip and b_dec by least squares on (x, y), random
+    unit-norm encoder rows, small decoder rows."""
+    n, d = x.shape
+    if skip:
+        design = torch.cat([x, torch.ones(n, 1)], 1).double()
+        sol = torch.linalg.lstsq(design, y.double()).solution.float()  # [d + 1, d]
+        W_skip, b_dec = sol[:d].T.contiguous(), sol[d].clone()
+    else:
+        W_skip, b_dec = None, y.mean(0)
+    W_enc = torch.randn(d_tc, d, generator=g)
+    W_enc /= W_enc.norm(dim=-1, keepdim=True)
+    W_dec = torch.randn(d_tc, d, generator=g)
+    W_dec *= 0.1 / W_dec.norm(dim=-1, keepdim=True)
+    params = {"W_enc": W_enc, "b_enc": torch.zeros(d_tc), "W_dec": W_dec, "b_dec": b_dec, "W_skip": W_skip}
+    return {k: v.requires_grad_(True) for k, v in params.items() if v is not None}
+
+
+def transcoder_losses(p: Dict[str, torch.Tensor], x, y, k: int, kind: str, dead, aux_k: int):
+    """(MSE / d_model, AuxK loss, which features fired [d_tc], the activations) of one layer's batch."""
+    d = y.shape[-1]
+    pre = x @ p["W_enc"].T + p["b_enc"]
+    f = family(kind).train_activate(pre, k)
+    out = f @ p["W_dec"] + p["b_dec"]
+    if "W_skip" in p:
+        out = out + x @ p["W_skip"].T
+    err = y - out
+    mse = err.pow(2).sum(-1).mean() / d
+    aux = torch.zeros(())
+    if dead is not None and int(dead.sum()):
+        values, idx = pre.masked_fill(~dead, float("-inf")).topk(min(aux_k, int(dead.sum())), dim=-1)
+        f_aux = torch.zeros_like(pre).scatter(-1, idx, values.relu())
+        aux = (err.detach() - f_aux @ p["W_dec"]).pow(2).sum(-1).mean() / d
+    return mse, aux, (f > 0).any(0).detach(), f.detach()
+
+
+def _step_layers(params, batch, since, thresholds, history, step: int, steps: int, o: Dict[str, Any]):
+    """One batch's summed loss over the layers; updates the dead-feature counters, BatchTopK's running
+    threshold (the mean smallest selected activation) and the curves."""
+    X, Y, rows, scale = batch
+    total, fvus = 0.0, []
+    for i in range(len(o["layers"])):
+        dead = since[i] >= o["dead_after"]
+        xb, yb = X[rows, i], Y[rows, i] * scale[i]  # contiguous per layer (the matmuls' rounding)
+        mse, aux, fired, f = transcoder_losses(
+            params[i], xb, yb, o["k"], o["kind"], dead if o["aux_coef"] > 0 else None, o["aux_k"]
+        )
+        total = total + mse + o["aux_coef"] * aux
+        since[i] += xb.shape[0]
+        since[i][fired] = 0
+        if o["kind"] == "batchtopk" and bool((f > 0).any()):
+            low = float(f[f > 0].min())
+            thresholds[i] = 0.99 * thresholds[i] + 0.01 * low if step else low
+        fvus.append(float(mse.detach()))
+        if step % max(1, steps // 100) == 0 or step == steps - 1:
+            history.append(
+                {
+                    "step": step,
+                    "layer": o["layers"][i],
+                    "fvu": fvus[-1],
+                    "aux_loss": float(aux.detach()),
+                    "dead_fraction": float(dead.float().mean()),
+                }
+            )
+    return total, fvus
+
+
+def _check(model, layers, d_tc, k, kind, steps, batch_size):
+    if model is None or not hasattr(model, "cfg"):
+        raise ValueError("train_transcoders needs the reward model (a HookedRewardModel) to stream from")
+    L = model.cfg.n_layers
+    layers = list(range(L)) if layers is None else sorted({int(l) for l in layers})
+    if not layers or not all(0 <= l < L for l in layers):
+        raise ValueError(f"layers must be in [0, {L}) for this model, got {layers}")
+    for name, value in (("d_tc", d_tc), ("k", k), ("steps", steps), ("batch_size", batch_size)):
+        if isinstance(value, bool) or int(value) != value or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if k > d_tc:
+        raise ValueError(f"k={k} must not exceed d_tc={d_tc}")
+    family(kind)
+    return layers
+
+
+def train_transcoders(
+    model,
+    texts: Any,
+    *,
+    d_tc: int = 512,
+    k: int = 16,
+    layers: Optional[Sequence[int]] = None,
+    kind: str = "topk",
+    skip: bool = True,
+    steps: int = 1500,
+    batch_size: int = 1024,
+    lr: Optional[float] = None,
+    aux_k: Optional[int] = None,
+    aux_coef: float = 1.0 / 32,
+    dead_after: int = 50_000,
+    buffer_tokens: int = 32_768,
+    reuse: int = 4,
+    model_batch_size: int = 32,
+    eval_texts: Any = None,
+    seed: int = 0,
+    progress: bool = True,
+) -> TranscoderSet:
+    """Train one skip transcoder per layer (`layers`, default all) of `model` on activations streamed from
+    `texts` (preference pairs, contrast pairs or (prompt, response) tuples); `kind` is "topk" or
+    "batchtopk". With `eval_texts` (e.g. held-out pairs) the set's `.metrics` are measured on them
+    (`evaluate_transcoders`); the training curves are `.metrics.history` either way."""
+    import pandas as pd
+    from tqdm.auto import tqdm
+
+    layers = _check(model, layers, d_tc, k, kind, steps, batch_size)
+    prompts, responses = text_pairs(texts)
+    g = torch.Generator().manual_seed(seed)
+    buf = _Buffer(model, prompts, responses, layers, buffer_tokens, model_batch_size, g)
+    X, Y = buf.fill()
+    d = X.shape[-1]
+    mu = Y.mean(0)  # [L, d]
+    scale = torch.sqrt(d / (Y - mu).pow(2).sum(-1).mean(0).clamp(min=1e-30))  # [L]
+    params = [_init(X[:, i], Y[:, i] * scale[i], d_tc, skip, g) for i in range(len(layers))]
+    lr = lr if lr is not None else 2e-4 / math.sqrt(d_tc / 16384)
+    aux_k = aux_k if aux_k is not None else max(1, d // 2)
+    opt = torch.optim.Adam([v for p in params for v in p.values()], lr=lr)
+    since = torch.zeros(len(layers), d_tc, dtype=torch.long)
+    thresholds = torch.zeros(len(layers))
+    per_fill = max(1, reuse * X.shape[0] // batch_size)
+    history: List[Dict[str, float]] = []
+    decay_from = int(0.8 * steps)
+    bar = tqdm(range(steps), desc="transcoders", leave=False, disable=not progress)
+    for step in bar:
+        if step and step % per_fill == 0:
+            X, Y = buf.fill()
+        rows = torch.randint(0, X.shape[0], (batch_size,), generator=g)
+        total, fvus = _step_layers(
+            params,
+            (X, Y, rows, scale),
+            since,
+            thresholds,
+            history,
+            step,
+            steps,
+            dict(k=k, kind=kind, aux_k=aux_k, aux_coef=aux_coef, dead_after=dead_after, layers=layers),
+        )
+        if step >= decay_from:
+            for group in opt.param_groups:
+                group["lr"] = lr * (steps - step) / max(1, steps - decay_from)
+        opt.zero_grad(set_to_none=True)
+        total.backward()
+        opt.step()
+        bar.set_postfix(fvu=f"{np.mean(fvus):.4f}", refresh=False)
+    bar.close()
+    out = _fold(params, scale, thresholds, layers, kind, k, skip, model.cfg.device)
+    config = dict(
+        model_name=str(getattr(model.cfg, "model_name", "") or ""),
+        training=dict(
+            steps=steps,
+            batch_size=batch_size,
+            lr=lr,
+            aux_k=aux_k,
+            aux_coef=aux_coef,
+            dead_after=dead_after,
+            buffer_tokens=buffer_tokens,
+            reuse=reuse,
+            seed=seed,
+            n_texts=len(prompts),
+            tokens_streamed=buf.tokens_drawn,
+        ),
+    )
+    tc = TranscoderSet(out, config)
+    history_frame = pd.DataFrame(history)
+    if eval_texts is not None:
+        tc.metrics = evaluate_transcoders(model, tc, eval_texts)
+        tc.metrics.history = history_frame
+    else:
+        empty = pd.DataFrame(columns=["layer", "fvu", "l0", "dead_fraction", "n_tokens"])
+        tc.metrics = TranscoderMetrics(empty, history=history_frame)
+    return tc
+
+
+def _fold(params, scale, thresholds, layers, kind: str, k: int, skip: bool, device) -> Dict[int, Transcoder]:
+    """The trained parameters as transcoders on raw activations: outputs divided by the target scale
+    (features unchanged), BatchTopK's running threshold set."""
+    out = {}
+    for i, l in enumerate(layers):
+        d_tc, d = params[i]["W_enc"].shape
+        t = Transcoder(d, d_tc, k, kind, skip)
+        with torch.no_grad():
+            t.W_enc.copy_(params[i]["W_enc"])
+            t.b_enc.copy_(params[i]["b_enc"])
+            t.W_dec.copy_(params[i]["W_dec"] / scale[i])
+            t.b_dec.copy_(params[i]["b_dec"] / scale[i])
+            if skip:
+                t.W_skip.copy_(params[i]["W_skip"] / scale[i])
+            t.threshold.fill_(float(thresholds[i]))
+        out[l] = t.to(device)
+    return out
+
+
+@torch.no_grad()
+def evaluate_transcoders(model, tc: TranscoderSet, texts: Any, batch_size: int = 32) -> TranscoderMetrics:
+    """Per layer FVU, L0 and dead fraction on the texts' tokens (preference pairs: both responses; or
+    (prompt, response) tuples); with preference pairs also the replacement model's reward (every
+    transcoded MLP replaced, no error terms) against the original: Pearson r and decisions kept."""
+    import pandas as pd
+
+    tc.check(model)
+    layers = tc.layers
+    prompts, responses = text_pairs(texts)
+    dt = torch.float64
+    n = 0
+    sums = {
+        k: torch.zeros(len(layers), *s, dtype=dt)
+        for k, s in (("y", (tc[layers[0]].d_model,)), ("yy", ()), ("sse", ()), ("l0", ()))
+    }
+    fired = torch.zeros(len(layers), tc[layers[0]].d_tc, dtype=torch.bool)
+    for x, y in stream_mlp_io(model, prompts, responses, layers, batch_size):
+        n += x.shape[0]
+        for i, l in enumerate(layers):
+            t = tc[l]
+            xi, yi = x[:, i].to(t.W_enc.device), y[:, i].to(t.W_enc.device)
+            f = t.encode(xi)
+            err = (yi - t.decode(f) - t.skip(xi)).double().cpu()
+            sums["y"][i] += yi.double().sum(0).cpu()
+            sums["yy"][i] += float(yi.double().pow(2).sum())
+            sums["sse"][i] += float(err.pow(2).sum())
+            sums["l0"][i] += float((f > 0).sum())
+            fired[i] |= (f > 0).any(0).cpu()
+    sst = sums["yy"] - sums["y"].pow(2).sum(-1) / max(n, 1)
+    frame = pd.DataFrame(
+        {
+            "layer": layers,
+            "fvu": (sums["sse"] / sst.clamp(min=1e-30)).numpy(),
+            "l0": (sums["l0"] / max(n, 1)).numpy(),
+            "dead_fraction": (~fired).double().mean(1).numpy(),
+            "n_tokens": [n] * len(layers),
+        }
+    )
+    metrics = TranscoderMetrics(frame)
+    items = list(texts)
+    if items and hasattr(items[0], "chosen"):
+        original, replaced = _pair_rewards(model, tc, items, batch_size)
+        metrics.reward_pearson = float(np.corrcoef(original.flatten(), replaced.flatten())[0, 1])
+        keep = np.sign(original[:, 0] - original[:, 1]) == np.sign(replaced[:, 0] - replaced[:, 1])
+        metrics.decision_agreement = float(keep.mean())
+        metrics.n_pairs = len(items)
+    return metrics
+
+
+def _pair_rewards(model, tc, pairs, batch_size) -> Tuple[np.ndarray, np.ndarray]:
+    """[n_pairs, 2] rewards (chosen, rejected) of the model and of its replacement model."""
+    original, replaced = [], []
+    for s in range(0, len(pairs), batch_size):
+        chunk = pairs[s : s + batch_size]
+        cols_o, cols_r = [], []
+        for side in ("chosen", "rejected"):
+            tok = tokenize(model, [p.prompt for p in chunk], [getattr(p, side) for p in chunk])
+            cols_o.append(model(tok.input_ids, tok.attention_mask).float().cpu())
+            cols_r.append(
+                model.run_with_hooks(tok.input_ids, tok.attention_mask, fwd_hooks=replacement_hooks(tc))
+                .float()
+                .cpu()
+            )
+        original.append(torch.stack(cols_o, 1))
+        replaced.append(torch.stack(cols_r, 1))
+    return torch.cat(original).numpy(), torch.cat(replaced).numpy()
