@@ -572,6 +572,87 @@ def merge(paths, out: Path) -> dict:
     return result
 
 
+def summary(paths) -> str:
+    """The saved results as the Markdown tables of benchmarks/RESULTS.md."""
+    out = []
+    for path in paths:
+        res = json.loads(Path(path).read_text())
+        st = res["settings"]
+        out.append(f"### {Path(path).name}: {st['steps']} steps, seeds {st['seeds']}\n")
+        out.append(
+            "| run | seed | hack alarm (length) | 5-step mean +20% | lead | length change | true accuracy "
+            "start -> end | CPU min | alarm share of step |"
+        )
+        out.append("|---|---|---|---|---|---|---|---|---|")
+        for name, runs in res["runs"].items():
+            for run in runs:
+                o = run["outcome"]
+                share = run.get("alarm_share_of_step")
+                out.append(
+                    f"| {name} | {run['seed']} | {o['length_alarm_step'] or 'none'} | "
+                    f"{o['first_step_rolling_length_passes'] or 'never'} | {o['lead_steps'] if o['lead_steps'] is not None else '-'} | "
+                    f"{o['length_change']:+.1%} | {o['true_accuracy_start']:.3f} -> {o['true_accuracy_end']:.3f} | "
+                    f"{run['cpu_seconds'] / 60:.1f} | {share:.2%} |"
+                )
+        if "false_alarm_rate" in res:
+            fa = res["false_alarm_rate"]
+            pb, up = fa["permuted_batches"], fa["uniform_p"]
+            out.append(
+                f"\nFalse alarms under the permutation null over {fa['horizon']} steps: {pb['rate']:.3f} "
+                f"(95% CI {pb['ci95'][0]:.3f}-{pb['ci95'][1]:.3f}) in {pb['runs']} simulated runs on the biased runs' "
+                f"own batches ({pb['n_perm']} permutations a step); {up['rate']:.4f} in {up['runs']} runs of "
+                f"the rule on uniform p-values (h = {up['threshold']:.3f}, k = {up['k']:.3f})."
+            )
+        if res.get("preflight"):
+            out.append(
+                "\n| pre-flight RM | seed | length pressure [95% CI] | p | named | filler / repeat / restate (advantage units) |"
+            )
+            out.append("|---|---|---|---|---|---|")
+            for rm, rows in res["preflight"].items():
+                for e in rows:
+                    f = e["features"][0]
+                    pads = " / ".join(f"{x['delta_advantage']:+.3f}" for x in e["sensitivity"])
+                    out.append(
+                        f"| {rm} | {e['seed']} | {f['pressure']:.3f} [{f['ci_low']:.3f}, {f['ci_high']:.3f}] | "
+                        f"{f['p_value']:.4f} | {', '.join(e['named']) or '-'} | {pads} |"
+                    )
+        if res.get("edits"):
+            out.append(
+                "\n| edit | on-policy pressure [95% CI] | holds 0 | filler (adv. units) | held-out accuracy | "
+                "GRPO length change (50 steps, seed 0) | true accuracy end | length alarm |"
+            )
+            out.append("|---|---|---|---|---|---|---|---|")
+            for e in res["edits"]:
+                lc = e.get("grpo_length_change")
+                out.append(
+                    f"| {e['edit']} | {e['pressure']:.3f} [{e['pressure_ci'][0]:.3f}, {e['pressure_ci'][1]:.3f}] | "
+                    f"{'yes' if e['interval_holds_0'] else 'no'} | {e['padding_advantage']['filler']:+.3f} | "
+                    f"{e['held_out_accuracy']:.4f} | {'-' if lc is None else f'{lc:+.1%}'} | "
+                    f"{'-' if lc is None else format(e['grpo_true_accuracy_end'], '.3f')} | "
+                    f"{'-' if lc is None else e['grpo_length_alarm'] or 'none'} |"
+                )
+        edited = res["runs"].get("edited", [])
+        if edited and edited[0]["pressure_at"]:
+            out.append(
+                "\n| edited run, seed | " + " | ".join(f"step {k}" for k in edited[0]["pressure_at"]) + " |"
+            )
+            out.append("|---|" + "---|" * len(edited[0]["pressure_at"]))
+            for run in edited:
+                cells = [
+                    f"{v['pressure']:.3f} [{v['ci'][0]:.3f}, {v['ci'][1]:.3f}]"
+                    for v in run["pressure_at"].values()
+                ]
+                out.append(f"| {run['seed']} | " + " | ".join(cells) + " |")
+        if res.get("edited_vs_noise_tost"):
+            t = res["edited_vs_noise_tost"]
+            out.append(
+                f"\nEdited vs noise length change, paired by seed (TOST, margin ±{t.get('margin', 0.1):.2f}): "
+                f"{json.dumps(t)}"
+            )
+        out.append("")
+    return "\n".join(out)
+
+
 def parse_args(argv=None):
     """The options, every one checked before any work (a bad one is one line and exit code 2)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -654,6 +735,9 @@ def parse_args(argv=None):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["--summary"]:  # rl_hack.py --summary quick.json full.json: RESULTS.md's tables
+        print(summary(argv[1:]))
+        return None
     if argv[:1] == ["--merge"]:  # rl_hack.py --merge A.json B.json ... OUT.json
         if len(argv) < 4:
             raise SystemExit("usage: rl_hack.py --merge A.json B.json [...] OUT.json")

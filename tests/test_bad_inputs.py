@@ -617,7 +617,7 @@ API_ERRORS = [
         "train_sae(d_sae=0)",
         lambda m: __import__("reward_lens").train_sae(data=torch.randn(64, 8), d_sae=0),
         ValueError,
-        "d_sae must be a positive",
+        "d_sae must be an integer >= 1",
     ),
 ]
 

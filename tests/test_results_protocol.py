@@ -166,6 +166,21 @@ def _monitoring_results(out):
         measure(model, prompts, responses, n_boot=50),
         measure(model, prompts, responses[::-1], n_boot=50),
     )
+    from reward_lens.integrations.alarm import HackAlarm
+    from reward_lens.integrations.preflight import Rollouts, measure_rollouts
+
+    rng = np.random.default_rng(0)
+    alarm = out["HackAlarm"] = HackAlarm(["length"], horizon=10, n_perm=99)
+    for step in range(1, 4):
+        lengths = rng.integers(5, 40, size=32).astype(float)
+        alarm.update(
+            step, 0.2 * lengths + rng.standard_normal(32), {"length": lengths}, np.repeat(range(4), 8)
+        )
+    items = pairs[:2]
+    texts = [p.chosen for p in items for _ in range(4)]
+    texts = [t + " I hope this helps." * (i % 3) for i, t in enumerate(texts)]
+    rollouts = Rollouts([p.prompt for p in items for _ in range(4)], texts, np.repeat([0, 1], 4), 0)
+    out["PreflightReport"] = measure_rollouts(model, rollouts, n_perm=99, n_boot=50)
     out["MonitorRun"] = MonitorRun(
         {"kind": "run"},
         [

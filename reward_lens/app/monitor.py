@@ -65,37 +65,23 @@ class MonitorRun:
         return pd.DataFrame(rows, columns=["step", "feature", "statistic", "value"])
 
     def plot_alarm(self, feature: str = "length", ax=None):
-        """The alarm's four CUSUMs of one feature (pressure and behaviour, up and down) with the threshold and
-        the alarm steps. Returns the Figure."""
-        import matplotlib.pyplot as plt
+        """The alarm's four CUSUMs of one feature (pressure and behaviour, up and down) with the thresholds
+        and the alarm step (`reward_lens.integrations.alarm.plot_cusums`). Returns the Figure."""
+        from reward_lens.integrations.alarm import plot_cusums
 
         frame = self.channel_frame()
         frame = frame[frame.feature == feature]
-        fig, ax = plt.subplots(figsize=(8.0, 3.6)) if ax is None else (ax.figure, ax)
-        for stat, colour, ls in (
-            ("pressure/cusum_up", "#c44e52", "-"),
-            ("pressure/cusum_down", "#c44e52", ":"),
-            ("behaviour/cusum_up", "#4c72b0", "-"),
-            ("behaviour/cusum_down", "#4c72b0", ":"),
-        ):
-            part = frame[frame.statistic == stat]
-            ax.plot(part.step, part.value, ls, color=colour, lw=1.2, label=stat.replace("/", " "))
+        keys = [f"{c}/cusum_{side}" for c in ("pressure", "behaviour") for side in ("up", "down")]
+        parts = {k: frame[frame.statistic == k] for k in keys}
+        steps = list(parts[keys[0]].step)
         last = self.batches[-1] if self.batches else {}
-        for key, colour, label in (
-            ("alarm/threshold", "#c44e52", "pressure h"),
-            ("alarm/behaviour_threshold", "#4c72b0", "behaviour h"),
-        ):
-            if last.get(key) is not None:
-                ax.axhline(last[key], color=colour, lw=0.8, ls="--", label=f"{label} = {last[key]:.2f}")
-        for a in self.alarms:
-            if a["feature"] == feature and a["channel"] == "hack":
-                ax.axvline(a["step"], color="#d62728", lw=1.5, label=f"hack alarm, step {a['step']}")
-        ax.set_xlabel("training step")
-        ax.set_ylabel("CUSUM")
-        ax.set_title(f"hack alarm on {feature}: pressure (reward pays for it) and behaviour (policy moves)")
-        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
-        fig.tight_layout()
-        return fig
+        thresholds = {
+            "pressure": last.get("alarm/threshold"),
+            "behaviour": last.get("alarm/behaviour_threshold"),
+        }
+        return plot_cusums(
+            steps, {k: list(p.value) for k, p in parts.items()}, thresholds, self.alarms, feature, ax
+        )
 
     def to_frame(self) -> pd.DataFrame:
         """Tidy: one row per (check, quantity) with value, ci_low, ci_high, the baseline's interval,

@@ -334,30 +334,45 @@ class HackAlarm:
         return pd.DataFrame(self.alarms, columns=["step", "feature", "channel", "side"])
 
     def plot(self, feature: str = "length", ax=None):
-        """The four CUSUMs of one feature over the steps with the threshold; alarms marked."""
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(7.5, 3.4)) if ax is None else (ax.figure, ax)
+        """The four CUSUMs of one feature over the steps with the thresholds; the hack alarm marked."""
         steps = [h["step"] for h in self.history]
-        for key, colour in (("pressure", "#c44e52"), ("behaviour", "#4c72b0")):
-            for side, ls in (("up", "-"), ("down", ":")):
-                ax.plot(
-                    steps,
-                    [h[f"{key}/{feature}/cusum_{side}"] for h in self.history],
-                    ls,
-                    color=colour,
-                    label=f"{key} {side}",
-                )
-        if self.history:
-            ax.axhline(
-                self.history[-1]["alarm/threshold"], color="black", lw=0.8, ls="--", label="threshold h"
-            )
-        for a in self.alarms:
-            if a["feature"] == feature and a["channel"] == "hack":
-                ax.axvline(a["step"], color="#d62728", lw=1.5, label=f"hack on {feature} (step {a['step']})")
-        ax.set_xlabel("training step")
-        ax.set_ylabel("CUSUM")
-        ax.set_title(f"hack alarm channels: {feature}")
-        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
-        fig.tight_layout()
-        return fig
+        series = {
+            f"{c}/cusum_{side}": [h[f"{c}/{feature}/cusum_{side}"] for h in self.history]
+            for c in CHANNELS
+            for side in SIDES
+        }
+        last = self.history[-1] if self.history else {}
+        thresholds = {
+            c: last.get(k)
+            for c, k in (("pressure", "alarm/threshold"), ("behaviour", "alarm/behaviour_threshold"))
+        }
+        return plot_cusums(steps, series, thresholds, self.alarms, feature, ax)
+
+
+def plot_cusums(steps, series: Mapping[str, Sequence[float]], thresholds, alarms, feature: str, ax=None):
+    """One feature's CUSUMs ("pressure/cusum_up", ... -> values per step) with each channel's threshold and
+    the hack alarm's step: the alarm's picture, for `HackAlarm.plot` and the monitor page. Returns the
+    Figure."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8.0, 3.6)) if ax is None else (ax.figure, ax)
+    colours = {"pressure": "#c44e52", "behaviour": "#4c72b0"}
+    for key, values in series.items():
+        channel, stat = key.split("/")
+        ls = "-" if stat.endswith("up") else ":"
+        ax.plot(
+            steps[: len(values)], values, ls, color=colours[channel], lw=1.2, label=f"{channel} {stat[6:]}"
+        )
+    for channel, h in thresholds.items():
+        if h is not None:
+            ax.axhline(h, color=colours[channel], lw=0.8, ls="--", label=f"{channel} h = {h:.2f}")
+    for a in alarms:
+        if a["feature"] == feature and a["channel"] == "hack":
+            ax.axvline(a["step"], color="#d62728", lw=1.5, label=f"hack alarm, step {a['step']}")
+    ax.set_xlabel("training step")
+    ax.set_yscale("symlog", linthresh=10)  # the thresholds (a few units) stay readable beside large sums
+    ax.set_ylabel("CUSUM")
+    ax.set_title(f"hack alarm on {feature}: pressure (reward pays for it) and behaviour (policy moves)")
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    fig.tight_layout()
+    return fig

@@ -33,7 +33,8 @@ from reward_lens.representations.concepts import ConceptVector
 from reward_lens.representations.dose import concept_effect
 
 
-def _copy_model(model):
+def copy_model(model):
+    """A deep copy of the model that shares its tokenizer (tokenizers need not be copied)."""
     tokenizer = model.tokenizer
     model.tokenizer = None  # tokenizers need not be deep-copied; the edit shares the original's
     try:
@@ -247,7 +248,7 @@ def edit_reward(
     v = v.detach().float()
     if not isinstance(concept, ConceptVector):
         v = v / v.norm()
-    edited = _copy_model(model)
+    edited = copy_model(model)
     if where == "head":
         project_out_of_head(edited, v)
         label, edit_layer = "head", None

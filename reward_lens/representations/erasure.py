@@ -23,7 +23,6 @@ eraser applied to the head input); `concept-erasure`'s `LeaceFitter` gives the s
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence
 
@@ -31,6 +30,7 @@ import numpy as np
 import torch
 
 from reward_lens.model.hooks import act_name
+from reward_lens.representations.editing import copy_model
 
 
 @dataclass
@@ -86,17 +86,6 @@ def fit_leace(
     return Eraser(A.float(), x.mean(0).float())
 
 
-def _copy(model):
-    tokenizer = model.tokenizer
-    model.tokenizer = None
-    try:
-        edited = copy.deepcopy(model)
-    finally:
-        model.tokenizer = tokenizer
-    edited.tokenizer = tokenizer
-    return edited
-
-
 def _require_scalar_head(model) -> None:
     head = model.reward_head
     if head.is_gated or head.nonlinear_readout or model.cfg.n_outputs != 1 or not hasattr(head, "W_R"):
@@ -123,7 +112,7 @@ def erase_at_head(model, eraser: Eraser):
     """A copy of the model whose scalar head reads eraser(n) instead of n, folded into W_R and b_R (exact;
     see the module docstring)."""
     _require_scalar_head(model)
-    edited = _copy(model)
+    edited = copy_model(model)
     head = edited.reward_head
     gain = edited.ln_final.gain
     g = torch.ones(edited.cfg.d_model) if gain is None else gain.detach().float().cpu()
@@ -161,7 +150,7 @@ def scrub_layers(model, prompts, responses, z, groups=None, batch_size: int = 32
     """A copy of the model with a LEACE eraser of `z` (one value per text) on every block's resid_post at
     every position, fitted layer by layer on the texts with the earlier erasers in place (concept
     scrubbing); the erasers are permanent hooks. Returns (model, erasers)."""
-    edited = _copy(model)
+    edited = copy_model(model)
     z = torch.as_tensor(np.asarray(z, np.float64))
     erasers: List[Eraser] = []
     for layer in range(edited.cfg.n_layers):

@@ -28,6 +28,7 @@ from reward_lens.core.batching import Tokenized
 from reward_lens.instruments.circuits import feature_build as fb
 from reward_lens.instruments.circuits import graph_prune as gp
 from reward_lens.instruments.circuits.graph_base import RewardGraph
+from reward_lens.model.validation import checked_arguments
 
 FEATURE_KINDS = ("feature", "error", "embed", "constant", "reward")
 
@@ -117,6 +118,7 @@ class FeatureGraph(RewardGraph):
         rows[:, self.constant_node] = self.rows[:, self.constant_node]
         return self._restricted(keep, rows, (node_threshold, edge_threshold))
 
+    @checked_arguments(counts={"max_nodes": 1})
     def html(self, max_nodes: int = 600) -> str:
         """The component graph's offline view (`graph_html`) of this graph: features on their layer's MLP
         row, error nodes beside them; pruned first (0.8 / 0.98) beyond `max_nodes` nodes; the constant,
@@ -160,9 +162,9 @@ class FeatureGraph(RewardGraph):
 
 def check_supported(model, tc) -> None:
     """Refuse, in one line, models and transcoder sets the feature graph does not cover."""
-    from reward_lens.model.native import HookedRewardModel
+    from reward_lens.model.native import NativeRewardModel
 
-    if not isinstance(model, HookedRewardModel):
+    if not isinstance(model, NativeRewardModel):
         raise ValueError(
             "attribution_graph with transcoders needs a natively hooked model (HookedRewardModel), not "
             f"{type(model).__name__}"

@@ -24,6 +24,7 @@ import torch
 import torch.nn as nn
 
 from reward_lens.model.hooks import mlp_input_name, mlp_output_name
+from reward_lens.model.validation import checked_arguments
 from reward_lens.representations.transcoders.families import family
 
 CONFIG_FILENAME = "transcoders.json"
@@ -166,6 +167,7 @@ class TranscoderSet:
             t.to(device)
         return self
 
+    @checked_arguments(flags=("every_layer",))
     def check(self, model, every_layer: bool = False) -> None:
         """A clear error when these transcoders do not fit `model` (width, layers; all layers if asked)."""
         cfg = model.cfg

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from reward_lens.core.batching import tokenize
+from reward_lens.model.validation import checked_arguments
 from reward_lens.representations.transcoders.families import family
 from reward_lens.representations.transcoders.module import (
     Transcoder,
@@ -191,6 +192,18 @@ def _check(model, layers, d_tc, k, kind, steps, batch_size):
     return layers
 
 
+@checked_arguments(
+    counts={
+        "k": 1,
+        "steps": 1,
+        "batch_size": 1,
+        "aux_k": 1,
+        "dead_after": 1,
+        "model_batch_size": 1,
+        "seed": 0,
+    },
+    flags=("skip",),
+)
 def train_transcoders(
     model,
     texts: Any,
@@ -308,6 +321,7 @@ def _fold(params, scale, thresholds, layers, kind: str, k: int, skip: bool, devi
 
 
 @torch.no_grad()
+@checked_arguments(counts={"batch_size": 1})
 def evaluate_transcoders(model, tc: TranscoderSet, texts: Any, batch_size: int = 32) -> TranscoderMetrics:
     """Per layer FVU, L0 and dead fraction on the texts' tokens (preference pairs: both responses; or
     (prompt, response) tuples); with preference pairs also the replacement model's reward (every
