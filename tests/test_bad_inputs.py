@@ -490,7 +490,7 @@ def no_model_load(monkeypatch):
     import reward_lens.app.cli as cli
 
     monkeypatch.setattr(
-        cli, "_load_model", lambda *a, **k: pytest.fail("the model was loaded before validation")
+        cli, "load_model", lambda *a, **k: pytest.fail("the model was loaded before validation")
     )
 
 

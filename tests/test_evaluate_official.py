@@ -236,7 +236,7 @@ def test_non_finite_rewards_are_refused_naming_row_and_response(base, tmp_path, 
         rl.evaluate(broken, rows, progress=False)
     import reward_lens.app.cli as cli
 
-    monkeypatch.setattr(cli, "_load_model", lambda *a, **k: (broken, "broken"))
+    monkeypatch.setattr(cli, "load_model", lambda *a, **k: (broken, "broken"))
     path = tmp_path / "jb.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in rows))
     assert main(["evaluate", str(path), "--out", str(tmp_path / "o")]) == 2

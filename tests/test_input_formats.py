@@ -221,10 +221,11 @@ def test_openrlhf_and_template_string_formats(llama3_run):
 
 def test_cli_input_format_reaches_the_model(llama3_run, tmp_path, capsys):
     from reward_lens.app.audit import input_format_name  # what results.json names (test_cli runs the audit)
-    from reward_lens.app.cli import _load_model, main
+    from reward_lens.app.cli import main
+    from reward_lens.app.options import load_model
 
     _, path, _ = llama3_run
-    model, _ = _load_model(str(path), None, None, "concat")
+    model, _ = load_model(str(path), None, None, "concat")
     assert model.input_format == "concat" and input_format_name(model) == "concat"
     assert input_format_name(HookedRewardModel.from_pretrained(path)) == "chat"  # "auto" resolved: a template
     assert (

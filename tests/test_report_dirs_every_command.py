@@ -82,13 +82,17 @@ def no_work(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the output was not checked before the work started")
 
-    monkeypatch.setattr(cli, "_load_model", refuse)
+    monkeypatch.setattr(cli, "load_model", refuse)
     import reward_lens.app.bench as bench
     import reward_lens.app.bench_cli as bench_cli
     import reward_lens.app.monitor as monitor
+    import reward_lens.app.preflight_cli as preflight_cli
+    import reward_lens.app.transcoder_cli as transcoder_cli
 
     monkeypatch.setattr(bench, "run_bench", refuse)
     monkeypatch.setattr(bench_cli, "load_named", refuse)
+    for module in (preflight_cli, transcoder_cli):
+        monkeypatch.setattr(module, "load_model", refuse)
     monkeypatch.setattr(monitor, "load_monitor", refuse)
 
 

@@ -5,10 +5,17 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from reward_lens.app.options import CLIError, check_device, check_pairs_file, check_positive, split_list
+from reward_lens.app.options import (
+    NAMED_MODELS,
+    CLIError,
+    check_device,
+    check_local_model_spec,
+    check_pairs_file,
+    check_positive,
+    load_model,
+    split_list,
+)
 from reward_lens.app.output import ReportDir, write_csv
-
-NAMED_MODELS = ("demo", "smollm2-organism", "trigger-organism", "gate-organism")
 
 
 def add_commands(sub) -> None:
@@ -73,37 +80,9 @@ def cmd_bench(args) -> int:
     return 0 if result.passed else 1
 
 
-def check_model_spec(spec: str) -> None:
-    """A --model that is neither named nor a directory is said so first (before any other complaint)."""
-    if spec not in NAMED_MODELS and not Path(spec).expanduser().is_dir():
-        what = (
-            "is a file, not a checkpoint directory" if Path(spec).expanduser().exists() else "does not exist"
-        )
-        raise CLIError(
-            f"--model {spec!r} {what}: give a checkpoint directory (config.json and safetensors weights) "
-            f"or one of {', '.join(NAMED_MODELS)}"
-        )
-
-
 def load_named(spec: str, device):
-    from reward_lens.demo import load_demo_model
-    from reward_lens.demo.organisms import load_gate_organism, load_trigger_organism
-
-    if spec == "demo":
-        return load_demo_model(device=device)
-    if spec == "trigger-organism":
-        return load_trigger_organism(device=device)
-    if spec == "gate-organism":
-        return load_gate_organism(device=device)
-    if spec == "smollm2-organism":
-        from reward_lens.demo.smollm2 import load_smollm2_organism
-
-        return load_smollm2_organism(device=device)
-    if not Path(spec).exists():
-        raise CLIError(f"--model {spec!r} is neither a directory nor one of {', '.join(NAMED_MODELS)}")
-    from reward_lens.loading.native import HookedRewardModel
-
-    return HookedRewardModel.from_pretrained(spec, device=device)
+    """The model a --model names (`reward_lens.app.options.load_model`)."""
+    return load_model(spec, device)[0]
 
 
 def default_items(spec: str):
@@ -129,7 +108,7 @@ def cmd_triggers(args) -> int:
         raise CLIError(f"--where must be one of {', '.join(INSERTION_POINTS)}, got {args.where!r}")
     if args.method not in METHODS:
         raise CLIError(f"--method must be one of {', '.join(METHODS)}, got {args.method!r}")
-    check_model_spec(args.model)
+    check_local_model_spec(args.model)
     check_pairs_file(args.pairs)
     with ReportDir(args.out) as out:  # checked and locked before any work, swapped in whole at the end
         items = load_pairs(args.pairs) if args.pairs else default_items(args.model)

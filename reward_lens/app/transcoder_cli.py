@@ -3,8 +3,15 @@ Module-level imports stay torch-free: the parser answers --help without loading 
 
 from __future__ import annotations
 
-from reward_lens.app.bench_cli import check_model_spec, load_named
-from reward_lens.app.options import CLIError, check_device, check_pairs_file, check_positive, split_list
+from reward_lens.app.options import (
+    CLIError,
+    check_device,
+    check_local_model_spec,
+    check_pairs_file,
+    check_positive,
+    load_model,
+    split_list,
+)
 from reward_lens.app.output import ReportDir
 
 # reward_lens.representations.transcoders.FAMILIES, spelled here (it imports torch; a test keeps them equal)
@@ -83,11 +90,11 @@ def cmd_train_transcoders(args) -> int:
     if args.k > args.d_tc:
         raise CLIError(f"--k ({args.k}) must not exceed --d-tc ({args.d_tc})")
     layers = _layers(args.layers)
-    check_model_spec(args.model)
+    check_local_model_spec(args.model)
     check_pairs_file(args.pairs)
     check_pairs_file(args.eval_pairs)
     with ReportDir(args.out) as out:  # checked and locked before any work, swapped in whole at the end
-        model = load_named(args.model, args.device or "cpu")
+        model, _ = load_model(args.model, args.device or "cpu")
         train, held_out = _texts(args)
         tc = train_transcoders(
             model,
