@@ -66,11 +66,7 @@ class AttributionGraph(RewardGraph):
     def component_influence(self) -> pd.DataFrame:
         """One row per component (`E`, `L1H2`, `mlp_L0`, ...), summed over positions: influence, value and
         |value|, most influential first. The per-node scores a benchmark ranks planted components by."""
-        frame = self.nodes[self.nodes.kind.isin(["embed", "head", "mlp", "bias"])].copy()
-        frame["component"] = frame.node.str.split("@").str[0]
-        frame["abs_value"] = frame.value.abs()
-        agg = frame.groupby("component", sort=False)[["influence", "value", "abs_value"]].sum()
-        return agg.sort_values("influence", ascending=False).reset_index()
+        return self._influence_by_component(("embed", "head", "mlp", "bias"))
 
     def plot(self, ax: Any = None) -> Any:
         """Nodes by position (x) and layer (y), area by influence, colour by the sign of the value."""

@@ -134,11 +134,7 @@ class FeatureGraph(RewardGraph):
 
     def component_influence(self) -> pd.DataFrame:
         """One row per (layer, feature), summed over positions: influence, value, |value|."""
-        frame = self.nodes[self.nodes.kind == "feature"].copy()
-        frame["component"] = frame.node.str.split("@").str[0]
-        frame["abs_value"] = frame.value.abs()
-        agg = frame.groupby("component", sort=False)[["influence", "value", "abs_value"]].sum()
-        return agg.sort_values("influence", ascending=False).reset_index()
+        return self._influence_by_component(("feature",))
 
     def plot(self, ax: Any = None) -> Any:
         """Features by position (x) and layer (y), area by influence, colour by the sign of the value."""

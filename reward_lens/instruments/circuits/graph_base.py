@@ -37,6 +37,15 @@ class RewardGraph:
     meta: Dict[str, Any] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ frames
+    def _influence_by_component(self, kinds: Tuple[str, ...]) -> pd.DataFrame:
+        """The nodes of `kinds` summed over positions by component (the node name before `@`):
+        influence, value and |value|, most influential first."""
+        frame = self.nodes[self.nodes.kind.isin(kinds)].copy()
+        frame["component"] = frame.node.str.split("@").str[0]
+        frame["abs_value"] = frame.value.abs()
+        agg = frame.groupby("component", sort=False)[["influence", "value", "abs_value"]].sum()
+        return agg.sort_values("influence", ascending=False).reset_index()
+
     @property
     def reward_node(self) -> int:
         return int(np.flatnonzero(self.nodes.kind.to_numpy() == "reward")[0])
