@@ -68,6 +68,7 @@ from reward_lens.instruments import (
     token_attribution,
 )
 from reward_lens.instruments import AttributionGraph, FeatureGraph, attribution_graph  # one text
+from reward_lens.instruments import FeatureExamples, feature_examples  # a feature's top activating texts
 
 # Representations: SAEs, SAE features along the reward direction, concept vectors, reward editing.
 from reward_lens.representations.sae import SAEConfig, SAEMetrics, SparseAutoencoder, load_sae, train_sae
@@ -166,6 +167,8 @@ __all__ = [
     "AttributionGraph",
     "FeatureGraph",
     "attribution_graph",
+    "FeatureExamples",
+    "feature_examples",
     "EffectDecompositionResult",
     "effect_decomposition",
     "FaithfulnessCurve",

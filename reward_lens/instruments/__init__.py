@@ -16,6 +16,7 @@ from reward_lens.instruments.circuits.faithfulness_curve import (
     circuit_faithfulness,
     faithfulness_curve,
 )
+from reward_lens.instruments.circuits.feature_examples import FeatureExamples, feature_examples
 from reward_lens.instruments.circuits.feature_graph import FeatureGraph
 from reward_lens.instruments.divergence import (
     DivergenceResult,
@@ -75,5 +76,7 @@ __all__ = [
     "search_triggers",
     "AttributionGraph",
     "FeatureGraph",
+    "FeatureExamples",
+    "feature_examples",
     "attribution_graph",
 ]

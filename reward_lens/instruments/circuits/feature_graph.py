@@ -7,6 +7,8 @@ replacement model, with the reward as the one logit):
                         #        feature, activation, value (total effect), direct (edge into the reward)
     g.edges             # source, target, weight
     g.scores()          # {"replacement", "completeness"}; g.prune(0.8, 0.98).scores() for the pruned graph
+    g.to_json("g.json") # Neuronpedia's graph file (pruned first; the viewer scores it as g.prune().scores())
+    g.html(texts=...)   # the view, each feature with its top activating texts (the demo: its bundled pairs)
 
 Nodes: every active feature at every position (`L{l}F{i}@p`), one MLP error node per (layer, position)
 (`err:mlp_L{l}@p`), the token embeddings (`E@p`), one constant node (`constant`: b_dec, the attention's
@@ -17,7 +19,7 @@ b_enc (its rows sum to that, with the constant's edge) and into the reward minus
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
 import numpy as np
@@ -38,7 +40,11 @@ class FeatureGraph(RewardGraph):
     """One text's feature attribution graph: `nodes` (index = column of `rows`), `rows` [n_rows, n_nodes]
     the incoming edges of the targets `row_nodes` (features, the reward last), `reward` the model's reward
     and `bias` the readout's constant. Influence, pruning and scores treat the constant node as
-    circuit-tracer treats biases: outside the normalised adjacency."""
+    circuit-tracer treats biases: outside the normalised adjacency. `model` and `transcoders` are what
+    built it (the view reads each feature's top activating texts with them)."""
+
+    model: Any = field(default=None, repr=False, compare=False)
+    transcoders: Any = field(default=None, repr=False, compare=False)
 
     @property
     def constant_node(self) -> int:
@@ -118,16 +124,62 @@ class FeatureGraph(RewardGraph):
         rows[:, self.constant_node] = self.rows[:, self.constant_node]
         return self._restricted(keep, rows, (node_threshold, edge_threshold))
 
-    @checked_arguments(counts={"max_nodes": 1})
-    def html(self, max_nodes: int = 600) -> str:
+    @checked_arguments(counts={"max_nodes": 1, "k": 1})
+    def html(self, max_nodes: int = 600, texts: Any = None, k: int = 5) -> str:
         """The component graph's offline view (`graph_html`) of this graph: features on their layer's MLP
         row, error nodes beside them; pruned first (0.8 / 0.98) beyond `max_nodes` nodes; the constant,
-        which has no position, is left out of the picture."""
+        which has no position, is left out of the picture. Each shown feature comes with its `k` top
+        activating texts among `texts` (strings, (prompt, response) tuples or pairs; `feature_examples`),
+        shown when the feature is clicked; without `texts`, the demo RM's graphs use its bundled pairs
+        (held out from the shipped transcoders' training), other graphs show none."""
         from reward_lens.instruments.circuits.graph_html import graph_html
 
         graph = self if len(self.nodes) <= max_nodes else self.prune()
         shown = torch.from_numpy(graph.nodes.kind.to_numpy() != "constant")
-        return graph_html(graph._restricted(shown, graph.rows, graph.thresholds))
+        view = graph._restricted(shown, graph.rows, graph.thresholds)
+        examples, source = self._examples(view, texts, k)
+        return graph_html(view, examples=examples, source=source)
+
+    def _examples(self, view: "FeatureGraph", texts: Any, k: int):
+        """(FeatureExamples of the view's features or None, where the texts come from)."""
+        from reward_lens.demo import DEMO_MODEL_NAME, demo_pairs
+        from reward_lens.instruments.circuits.feature_examples import feature_examples
+
+        if self.model is None or self.transcoders is None:
+            if texts is not None:
+                raise ValueError(
+                    "this graph holds no model and transcoders to read texts with; build it with "
+                    "attribution_graph(model, ..., transcoders=tc), or call feature_examples yourself"
+                )
+            return None, ""
+        source = "the texts given"
+        if texts is None:
+            if self.model_name != DEMO_MODEL_NAME:
+                return None, "pass texts= to html() for each feature's top activating texts"
+            texts, source = demo_pairs(), "the demo's bundled pairs, held out from transcoder training"
+        feats = view.nodes[view.nodes.kind == "feature"]
+        pairs = list(dict.fromkeys(zip(feats.layer.astype(int), feats.feature.astype(int))))
+        if not pairs:
+            return None, source
+        return feature_examples(self.model, self.transcoders, texts, pairs, k=k), source
+
+    @checked_arguments(flags=("prune",))
+    def to_json(self, path=None, prune: bool = True) -> Dict[str, Any]:
+        """The graph as a graph file for Neuronpedia's viewer and circuit-tracer's frontend (`metadata`,
+        `qParams`, `nodes`, `links`, valid under Neuronpedia's graph schema; `graph_json`), written to
+        `path` when given. The reward is the one logit (probability 1); features carry layer, position
+        (`ctx_idx`), feature id (in `node_id`; `feature` is its Cantor number), activation and influence;
+        the constant node is left out, so the viewer's replacement and completeness of the file equal
+        `scores()` of the graph written. Pruned first with the default thresholds unless already pruned,
+        as circuit-tracer's `create_graph_files` does; `prune=False` writes every node (the viewer
+        builds a dense N x N matrix: a few thousand nodes at most)."""
+        from reward_lens.instruments.circuits import graph_json as gj
+
+        graph = self.prune() if prune and not self.thresholds else self
+        out = gj.feature_graph_json(graph, gj.slug_of(path))
+        if path is not None:
+            gj.write(out, path)
+        return out
 
     def _repr_html_(self) -> str:
         return self.html()
@@ -252,6 +304,8 @@ def build_feature_graph(
         n_heads=model.cfg.n_heads,
         model_name=str(getattr(model.cfg, "model_name", "") or ""),
         meta={"max_nodes": max_nodes, "n_targets": len(order), "n_features": cols.n_features},
+        model=model,
+        transcoders=tc,
     )
     influence = gp.node_influence(graph._scored_rows(), row_nodes, cols.reward)
     graph.nodes["influence"] = influence.numpy().astype(np.float64)

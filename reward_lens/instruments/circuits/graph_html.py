@@ -1,22 +1,23 @@
-"""Views of an attribution graph: a self-contained interactive HTML page (SVG, no server, no external script)
-and circuit-tracer's graph-file JSON.
+"""The view of an attribution graph: a self-contained interactive HTML page (SVG, no server, no external
+script). The graph files (JSON) are `graph_json`'s.
 
 The HTML lays nodes out by position (x, the text along the axis) and layer (y: embeddings at the bottom,
 each layer's heads then its MLP, the reward on top). Hovering a node shows its numbers (a `<title>`),
-clicking it highlights its paths to the reward, a slider hides the edges below a |weight| rank. The nodes
-and edges it draws are also embedded as JSON (`script.graph-data`), so a test can read them back.
+clicking it highlights its paths to the reward, a slider hides the edges below a |weight| rank. A feature
+graph's view can list each feature's top activating texts (`feature_examples`), shown when the feature is
+clicked. The nodes, edges and texts it draws are also embedded as JSON (`script.graph-data`), so a test can
+read them back.
 """
 
 from __future__ import annotations
 
 import json
 from html import escape
-from pathlib import Path
-from typing import Any, Dict
 
 import numpy as np
 
 from reward_lens.instruments.circuits.graph_build import row_of
+from reward_lens.instruments.circuits.graph_json import process_token as shown
 
 WIDTH, HEIGHT = 1200, 560
 
@@ -33,7 +34,9 @@ edges[i]=1;var t=data.edges[i].target;if(!seen[t]){seen[t]=1;stack.push(t);}});}
 lines.forEach(function(e,i){e.classList.toggle('on',!!edges[i]);e.classList.toggle('off',!edges[i]);});
 circles.forEach(function(c){c.classList.toggle('off',!seen[c.dataset.node]);});
 root.querySelector('.clicked').textContent=start;}
-circles.forEach(function(c){c.addEventListener('click',function(){highlight(c.dataset.node);});});
+var panels=root.querySelectorAll('div[data-examples]');
+circles.forEach(function(c){c.addEventListener('click',function(){highlight(c.dataset.node);
+panels.forEach(function(p){p.hidden=p.dataset.examples!==c.dataset.component;});});});
 s.addEventListener('input',show);show();})();</script>"""
 
 _STYLE = """<style>.rl-graph line.off{stroke-opacity:0.05}.rl-graph line.on{stroke-opacity:0.95}
@@ -54,8 +57,9 @@ def _xy(row, graph) -> tuple:
     return x, y + (6 if row.kind == "error" else 0)
 
 
-def graph_html(graph) -> str:
-    """The interactive view of `graph` (an AttributionGraph), one string."""
+def graph_html(graph, examples=None, source: str = "") -> str:
+    """The interactive view of `graph` (an AttributionGraph or FeatureGraph), one string; `examples` (a
+    FeatureExamples) lists each feature's top activating texts, `source` says where those come from."""
     nodes = graph.nodes
     edges = graph.edges
     order = np.argsort(-np.abs(edges.weight.to_numpy()), kind="stable")
@@ -90,20 +94,33 @@ def graph_html(graph) -> str:
             f'stroke="{colour}" stroke-width="{width:.2f}" stroke-opacity=".5"><title>'
             f"{escape(e.source)} -&gt; {escape(e.target)}: weight={e.weight!r}</title></line>"
         )
+    top_text = _top_texts(examples)
     for r in nodes.itertuples():
         x, y = where[r.node]
         fill = {"embed": "#555", "reward": "#000", "error": "#bbb"}.get(
             r.kind, "#2166ac" if r.value >= 0 else "#b2182b"
         )
+        component = r.node.split("@")[0] if r.kind == "feature" else ""
+        extra = f' data-component="{escape(component)}"' if component else ""
+        radius = 2 + 6 * r.influence / inf_top
         parts.append(
-            f'<circle data-node="{escape(r.node)}" data-value="{r.value!r}" data-influence="{r.influence!r}" '
-            f'cx="{x:.1f}" cy="{y:.1f}" r="{2 + 6 * r.influence / inf_top:.1f}" fill="{fill}"><title>'
-            f"{escape(r.node)} ({r.kind}) token {escape(repr(r.token))}: value={r.value!r} "
-            f"influence={r.influence!r}</title></circle>"
+            f'<circle data-node="{escape(r.node)}"{extra} data-value="{r.value!r}" '
+            f'data-influence="{r.influence!r}" cx="{x:.1f}" cy="{y:.1f}" r="{radius:.1f}" fill="{fill}">'
+            f"<title>{escape(r.node)} ({r.kind}) token {escape(repr(r.token))}: value={r.value!r} "
+            f"influence={r.influence!r}{escape(top_text.get(component, ''))}</title></circle>"
         )
     parts += _axes(graph)
     parts.append("</svg>")
+    if source and examples is None:
+        parts.append(f"<div>Top activating texts: {escape(source)}.</div>")
+    if examples is not None:
+        first = nodes[nodes.kind == "feature"].sort_values("influence", ascending=False).node
+        parts += _example_panels(examples, source, first.iloc[0].split("@")[0] if len(first) else "")
     data = {"nodes": _node_records(nodes), "edges": edges.to_dict("records")}
+    if examples is not None:
+        data["examples"] = [
+            {k: _plain(v) for k, v in row.items()} for row in examples.frame.to_dict("records")
+        ]
     parts.append(f'<script type="application/json" class="graph-data">{_safe_json(data)}</script>')
     parts.append(_SCRIPT % {"id": uid} + "</div>")
     return "\n".join(parts)
@@ -130,6 +147,43 @@ def _axes(graph) -> list:
     return out
 
 
+def _top_texts(examples) -> dict:
+    """Each feature's most active context, for its node's hover title."""
+    if examples is None:
+        return {}
+    top = examples.frame[examples.frame["rank"] == 0]
+    return {
+        r.component: f" | top text: {r.before}[{r.token}]{r.after} ({r.activation:.4g})"
+        for r in top.itertuples()
+    }
+
+
+def _example_panels(examples, source: str, first: str) -> list:
+    """One panel per feature with its top activating texts (the most active token marked), the most
+    influential feature's shown first; clicking a feature shows its panel."""
+    frame = examples.frame
+    out = [
+        f'<div class="rl-examples"><div>Top activating texts of each feature: the {examples.k} most active '
+        f"of {examples.n_texts} texts ({escape(source)}); click a feature to show its texts.</div>"
+    ]
+    for component, rows in frame.groupby("component", sort=False):
+        hidden = "" if component == first else " hidden"
+        layer, feature = int(rows.layer.iloc[0]), int(rows.feature.iloc[0])
+        out.append(
+            f'<div data-examples="{escape(component)}"{hidden}><b>{escape(component)}</b> (layer {layer}, '
+            f"feature {feature})<ol>"
+        )
+        for r in rows.itertuples():
+            before, token, after = (escape(shown(t)) for t in (r.before, r.token, r.after))
+            out.append(
+                f'<li data-activation="{r.activation!r}" data-text="{r.text}">{before}<mark>{token}</mark>'
+                f"{after} <small>({escape(r.label)}, activation {r.activation:.4g})</small></li>"
+            )
+        out.append("</ol></div>")
+    out.append("</div>")
+    return out
+
+
 def _node_records(nodes) -> list:
     cols = ["node", "kind", "layer", "head", "position", "token", "value", "influence"]
     return [{c: _plain(getattr(r, c)) for c in cols} for r in nodes[cols].itertuples()]
@@ -141,89 +195,3 @@ def _plain(v):
 
 def _safe_json(data) -> str:
     return json.dumps(data).replace("</", "<\\/")
-
-
-# ---------------------------------------------------------------------------------------------------
-# circuit-tracer's graph file
-
-
-def _ct_node(r, graph, cumulative: float) -> Dict[str, Any]:
-    """One node as circuit-tracer's frontend reads it (`circuit_tracer/frontend/graph_models.Node`)."""
-    L, H = graph.n_layers, graph.n_heads
-    base = {"ctx_idx": int(r.position), "token_prob": 0.0, "is_target_logit": False, "run_idx": 0}
-    base.update({"reverse_ctx_idx": 0, "influence": cumulative, "activation": float(r.value)})
-    if r.kind == "embed":
-        tid = graph.token_ids[r.position]
-        ids = {"node_id": f"E_{tid}_{r.position}", "jsNodeId": f"E_{tid}-{r.position}"}
-        return {
-            **base,
-            **ids,
-            "feature": int(r.position),
-            "layer": "E",
-            "feature_type": "embedding",
-            "clerp": r.token,
-        }
-    if r.kind == "reward":
-        layer = str(L + 1)
-        return {
-            **base,
-            "node_id": f"{layer}_0_{r.position}",
-            "jsNodeId": f"L_0-{r.position}",
-            "feature": 0,
-            "layer": layer,
-            "feature_type": "logit",
-            "token_prob": 1.0,
-            "is_target_logit": True,
-            "clerp": f"reward {graph.reward:.4g} (bias {graph.bias:.4g})",
-            "activation": None,
-        }
-    slot = int(r.head) if r.head >= 0 else (H + 1 if r.kind == "bias" or r.node.startswith("err:bias") else H)
-    if r.kind == "error":
-        f = -1 - slot
-        return {
-            **base,
-            "node_id": f"{r.layer}_{f}_{r.position}",
-            "jsNodeId": f"{r.layer}_{f}-{r.position}",
-            "feature": f,
-            "layer": str(int(r.layer)),
-            "feature_type": "mlp reconstruction error",
-            "clerp": f"{r.node}: linearisation remainder (biases, rounding)",
-            "activation": None,
-        }
-    feature = (int(r.layer) + slot) * (int(r.layer) + slot + 1) // 2 + slot  # circuit-tracer's Cantor pairing
-    return {
-        **base,
-        "node_id": f"{r.layer}_{slot}_{r.position}",
-        "jsNodeId": f"{r.layer}_{slot}-0",
-        "feature": feature,
-        "layer": str(int(r.layer)),
-        "feature_type": "cross layer transcoder",
-        "clerp": r.node.split("@")[0] + f" at {r.token!r}",
-    }
-
-
-def graph_json(graph, path) -> Dict[str, Any]:
-    """Write `graph` as circuit-tracer's graph file at `path` and return the object written."""
-    nodes = graph.nodes
-    records = [_ct_node(r, graph, float(r.cumulative_influence)) for r in nodes.itertuples()]
-    ids = {r.node: rec["node_id"] for r, rec in zip(nodes.itertuples(), records)}
-    links = [
-        {"source": ids[e.source], "target": ids[e.target], "weight": float(e.weight)}
-        for e in graph.edges.itertuples()
-    ]
-    out = {
-        "metadata": {
-            "slug": Path(path).stem,
-            "scan": f"reward-lens:{graph.model_name or 'model'}",
-            "transcoder_list": [],
-            "prompt_tokens": list(graph.tokens),
-            "prompt": "".join(graph.tokens),
-            "node_threshold": graph.thresholds[0] if graph.thresholds else None,
-            "schema_version": 1,
-        },
-        "qParams": {"pinnedIds": [], "supernodes": [], "linkType": "both", "clickedId": "", "sg_pos": ""},
-        "nodes": records,
-        "links": links,
-    }
-    Path(path).write_text(json.dumps(out, indent=1))
-    return out
