@@ -101,11 +101,13 @@ def viewer_scores(doc) -> dict:
 
 
 def test_the_json_validates_against_neuronpedias_schema(graph, model, tmp_path):
-    out = graph.to_json(tmp_path / "reward.json")
-    assert json.loads((tmp_path / "reward.json").read_text()) == out
+    out = graph.to_json(tmp_path / "a reward: graph.json")
+    assert json.loads((tmp_path / "a reward: graph.json").read_text()) == out
     validate(out)
     validate(graph.to_json(prune=False))
-    assert out["metadata"]["slug"] == "reward" and out["metadata"]["node_threshold"] == 0.8
+    # the upload route's own check besides the schema: scan (a model id) and slug in [a-zA-Z0-9_.-]
+    assert (out["metadata"]["slug"], out["metadata"]["scan"]) == ("a-reward-graph", "reward-lens-demo")
+    assert out["metadata"]["node_threshold"] == 0.8
     assert out["metadata"]["pruning_settings"] == {"node_threshold": 0.8, "edge_threshold": 0.98}
     # the component graph's file validates too
     pair = rl.demo_pairs()[5]
@@ -114,6 +116,12 @@ def test_the_json_validates_against_neuronpedias_schema(graph, model, tmp_path):
     assert [n["clerp"] for n in component["nodes"] if n["feature_type"] == "logit"] == [
         'Output "reward" (p=1.000)'
     ]
+    # into a directory: {slug}.json and the listing circuit-tracer's local frontend reads
+    graph.to_json(tmp_path, slug="first")
+    again = graph.to_json(tmp_path, slug="first")
+    assert json.loads((tmp_path / "first.json").read_text()) == again
+    listing = json.loads((tmp_path / "graph-metadata.json").read_text())["graphs"]
+    assert [g["slug"] for g in listing] == ["first"] and listing[0] == again["metadata"]
     bad = json.loads(json.dumps(out))
     bad["nodes"][0]["ctx_idx"] = "3"  # the check can fail
     with pytest.raises(AssertionError):

@@ -114,14 +114,15 @@ class AttributionGraph(RewardGraph):
     def _repr_html_(self) -> str:
         return self.html()
 
-    def to_json(self, path=None) -> Dict[str, Any]:
+    def to_json(self, path=None, slug: Optional[str] = None) -> Dict[str, Any]:
         """The graph as a graph file for circuit-tracer's frontend and Neuronpedia's viewer (`metadata`,
         `qParams`, `nodes`, `links`; the reward as the one target logit; docs/theory.md lists every field),
-        written to `path` when given. A graph not yet pruned is pruned first with the default thresholds,
-        as circuit-tracer's `create_graph_files` does."""
+        written to `path` when given (a directory: `{slug}.json` there plus its `graph-metadata.json`
+        listing; `slug` defaults to the file's stem). A graph not yet pruned is pruned first with the
+        default thresholds, as circuit-tracer's `create_graph_files` does."""
         from reward_lens.instruments.circuits import graph_json as gj
 
-        out = gj.component_graph_json(self if self.thresholds else self.prune(), gj.slug_of(path))
+        out = gj.component_graph_json(self if self.thresholds else self.prune(), gj.slug_of(path, slug))
         if path is not None:
             gj.write(out, path)
         return out

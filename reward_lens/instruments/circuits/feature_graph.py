@@ -164,19 +164,21 @@ class FeatureGraph(RewardGraph):
         return feature_examples(self.model, self.transcoders, texts, pairs, k=k), source
 
     @checked_arguments(flags=("prune",))
-    def to_json(self, path=None, prune: bool = True) -> Dict[str, Any]:
+    def to_json(self, path=None, prune: bool = True, slug: Optional[str] = None) -> Dict[str, Any]:
         """The graph as a graph file for Neuronpedia's viewer and circuit-tracer's frontend (`metadata`,
         `qParams`, `nodes`, `links`, valid under Neuronpedia's graph schema; `graph_json`), written to
-        `path` when given. The reward is the one logit (probability 1); features carry layer, position
-        (`ctx_idx`), feature id (in `node_id`; `feature` is its Cantor number), activation and influence;
-        the constant node is left out, so the viewer's replacement and completeness of the file equal
-        `scores()` of the graph written. Pruned first with the default thresholds unless already pruned,
-        as circuit-tracer's `create_graph_files` does; `prune=False` writes every node (the viewer
-        builds a dense N x N matrix: a few thousand nodes at most)."""
+        `path` when given (a directory: `{slug}.json` there plus its `graph-metadata.json` listing, as
+        circuit-tracer's `create_graph_files` writes them; `slug` defaults to the file's stem). The reward
+        is the one logit (probability 1); features carry layer, position (`ctx_idx`), feature id (in
+        `node_id`; `feature` is its Cantor number), activation and influence; the constant node is left
+        out, so the viewer's replacement and completeness of the file equal `scores()` of the graph
+        written. Pruned first with the default thresholds unless already pruned, as `create_graph_files`
+        does; `prune=False` writes every node (the viewer builds a dense N x N matrix: a few thousand
+        nodes at most)."""
         from reward_lens.instruments.circuits import graph_json as gj
 
         graph = self.prune() if prune and not self.thresholds else self
-        out = gj.feature_graph_json(graph, gj.slug_of(path))
+        out = gj.feature_graph_json(graph, gj.slug_of(path, slug))
         if path is not None:
             gj.write(out, path)
         return out

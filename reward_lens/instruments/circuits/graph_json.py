@@ -13,6 +13,7 @@ graph's `scores()` (`tests/test_graph_json.py`)."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -26,6 +27,11 @@ REWARD_CLERP = 'Output "reward" (p=1.000)'  # the viewer reads the logit's proba
 def cantor(layer: int, index: int) -> int:
     """circuit-tracer's and Neuronpedia's feature number of (layer, index) (schema_version 1)."""
     return (layer + index) * (layer + index + 1) // 2 + index
+
+
+def neuronpedia_id(text: str, default: str) -> str:
+    """`text` as Neuronpedia accepts a scan (model id) or slug: letters, digits, '_', '.', '-' only."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-") or default
 
 
 def process_token(token: str) -> str:
@@ -87,8 +93,8 @@ def reward_node(n_layers: int, readout: int, influence: float) -> Dict:
 def document(graph, nodes: List[Dict], links: List[Dict], slug: str, extra: Optional[Dict] = None) -> Dict:
     """The whole graph file around `nodes` and `links`."""
     meta: Dict[str, Any] = {
-        "slug": slug,
-        "scan": f"reward-lens:{graph.model_name or 'model'}",
+        "slug": neuronpedia_id(slug, "reward-graph"),
+        "scan": neuronpedia_id(graph.model_name, "reward-model"),
         "transcoder_list": [],
         "prompt_tokens": [process_token(t) for t in graph.tokens],
         "prompt": "".join(graph.tokens),
@@ -109,8 +115,28 @@ def document(graph, nodes: List[Dict], links: List[Dict], slug: str, extra: Opti
     return {"metadata": meta, "qParams": dict(QPARAMS), "nodes": nodes, "links": links}
 
 
-def write(out: Dict, path) -> None:
-    Path(path).write_text(json.dumps(out, indent=1))
+def write(out: Dict, path) -> Path:
+    """Write the graph file at `path`; into a directory, as circuit-tracer's `create_graph_files` does:
+    `{slug}.json` there, and the graph's metadata added to (or replaced in) its `graph-metadata.json`, the
+    list circuit-tracer's local frontend (`serve(data_dir)`) reads. Returns the file written."""
+    path = Path(path)
+    if not path.is_dir():
+        path.write_text(json.dumps(out, indent=1))
+        return path
+    file = path / f"{out['metadata']['slug']}.json"
+    file.write_text(json.dumps(out, indent=1))
+    listing = path / "graph-metadata.json"
+    graphs = json.loads(listing.read_text()).get("graphs", []) if listing.exists() else []
+    graphs = [g for g in graphs if g.get("slug") != out["metadata"]["slug"]] + [out["metadata"]]
+    listing.write_text(json.dumps({"graphs": graphs}, indent=2))
+    return file
+
+
+def slug_of(path, slug: Optional[str]) -> str:
+    """The graph's slug: `slug` if given, else the file's stem (a directory or no path: "reward-graph")."""
+    if slug is not None:
+        return str(slug)
+    return Path(path).stem if path is not None and not Path(path).is_dir() else "reward-graph"
 
 
 def _links(graph, ids: Dict[str, str]) -> List[Dict]:
@@ -224,7 +250,3 @@ def component_graph_json(graph, slug: str = "reward-graph") -> Dict[str, Any]:
         records.append(rec)
         ids[r.node] = rec["node_id"]
     return document(graph, records, _links(graph, ids), slug)
-
-
-def slug_of(path) -> str:
-    return Path(path).stem if path is not None else "reward-graph"
