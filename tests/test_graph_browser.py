@@ -99,3 +99,37 @@ def test_graph_view_in_a_browser(browser, tmp_path):
     )
     assert hidden
     assert not [e for e in browser.get_log("browser") if e["level"] in ("SEVERE", "ERROR")]
+
+
+def test_feature_graph_view_shows_a_clicked_features_texts(browser, tmp_path):
+    """The feature graph's view: the most influential feature's texts shown at first; clicking another
+    feature shows its panel alone, with as many texts as the embedded JSON lists for it."""
+    import json
+
+    model, tc = rl.load_demo_model(), rl.load_transcoders("demo")
+    pair = rl.demo_pairs()[5]
+    ids = model.to_tokens(pair.prompt, pair.chosen)["input_ids"][0][-12:]
+    graph = rl.attribution_graph(model, input_ids=ids, transcoders=tc)
+    html = graph.html(texts=rl.demo_pairs()[:20], k=3)
+    page = tmp_path / "features.html"
+    page.write_text(f"<!doctype html><html><head><meta charset='utf-8'></head><body>{html}</body></html>")
+    browser.get(page.resolve().as_uri())
+    visible = (
+        "return Array.from(document.querySelectorAll('div[data-examples]')).filter(d => !d.hidden)"
+        ".map(d => [d.dataset.examples, d.querySelectorAll('li').length])"
+    )
+    shown = graph.prune().nodes
+    features = shown[shown.kind == "feature"].sort_values("influence", ascending=False)
+    first = features.node.iloc[0].split("@")[0]
+    data = json.loads(html.split('class="graph-data">')[1].split("</script>")[0].replace("<\\/", "</"))
+    listed = {e["component"] for e in data["examples"]}
+    assert [name for name, _ in browser.execute_script(visible)] == ([first] if first in listed else [])
+    other = next(n for n in features.node if n.split("@")[0] != first)
+    browser.execute_script(
+        "document.querySelector(`circle[data-node='${arguments[0]}']`).dispatchEvent(new Event('click'))",
+        other,
+    )
+    component = other.split("@")[0]
+    count = sum(e["component"] == component for e in data["examples"])
+    assert browser.execute_script(visible) == ([[component, count]] if count else [])
+    assert not [e for e in browser.get_log("browser") if e["level"] in ("SEVERE", "ERROR")]

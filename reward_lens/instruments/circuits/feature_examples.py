@@ -122,6 +122,8 @@ def _check_features(tc, features) -> List[Tuple[int, int]]:
         if not 0 <= i < tc[l].d_tc:
             raise ValueError(f"feature {i} is out of range for layer {l} (d_tc={tc[l].d_tc})")
         out.append((l, i))
+    if not out:
+        raise ValueError("no features given: pass (layer, feature) pairs, e.g. [(1, 23)]")
     return list(dict.fromkeys(out))
 
 
