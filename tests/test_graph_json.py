@@ -266,5 +266,5 @@ def test_feature_examples_bad_inputs_and_result(model, tc):
         rl.feature_examples(model, tc, ["x"], [(9, 1)])
     with pytest.raises(ValueError, match="no features given"):
         rl.feature_examples(model, tc, ["x"], [])
-    with pytest.raises(ValueError, match="k"):
+    with pytest.raises(ValueError, match="k must be an integer >= 1"):
         rl.feature_examples(model, tc, ["x"], [(0, 1)], k=0)
