@@ -153,7 +153,7 @@ def _top_texts(examples) -> dict:
         return {}
     top = examples.frame[examples.frame["rank"] == 0]
     return {
-        r.component: f" | top text: {r.before}[{r.token}]{r.after} ({r.activation:.4g})"
+        r.component: f" | top text: {shown(r.before)}[{shown(r.token)}]{shown(r.after)} ({r.activation:.4g})"
         for r in top.itertuples()
     }
 
