@@ -141,6 +141,11 @@ def test_the_reward_is_the_one_logit_with_probability_one(graph):
     links = [x for x in out["links"] if x["target"] == reward["node_id"]]
     assert len(links) == len(into) > 0
     assert np.allclose(sorted(x["weight"] for x in links), sorted(into.weight), rtol=0, atol=0)
+    # unpruned, the links into the reward plus the constant the description names give reward - bias
+    full = graph.to_json(prune=False)
+    total = sum(x["weight"] for x in full["links"] if x["target"] == reward["node_id"])
+    constant = float(re.search(r"constant (\S+) ", full["metadata"]["info"]["description"]).group(1))
+    assert abs(total + constant - (graph.reward - graph.bias)) <= 1e-5 * abs(graph.reward - graph.bias)
 
 
 def test_the_viewers_scores_are_the_graphs(graph, model, tc):

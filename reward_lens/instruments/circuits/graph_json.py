@@ -198,7 +198,14 @@ def feature_graph_json(graph, slug: str = "reward-graph") -> Dict[str, Any]:
         "generation_settings": {"max_feature_nodes": int(graph.meta.get("n_targets", 0))},
         **{f"{k}_score": float(v) for k, v in graph.scores().items()},
     }
-    return document(graph, records, _links(graph, ids), slug, extra)
+    out = document(graph, records, _links(graph, ids), slug, extra)
+    constant = float(graph.rows[graph.row_nodes == graph.reward_node][0, graph.constant_node])
+    out["metadata"]["info"]["description"] = (
+        f"reward feature graph: reward {graph.reward!r} = bias {graph.bias!r} + constant {constant!r} "
+        "(b_dec and attention biases, not a node here) + the links into the reward (the one logit, "
+        "probability 1)"
+    )
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------
