@@ -76,6 +76,7 @@ from reward_lens.representations.transcoders import (
     TranscoderMetrics,
     TranscoderSet,
     evaluate_transcoders,
+    jumprelu_from_topk,
     load_transcoders,
     train_transcoders,
 )
@@ -199,6 +200,7 @@ __all__ = [
     "TranscoderMetrics",
     "TranscoderSet",
     "evaluate_transcoders",
+    "jumprelu_from_topk",
     "load_transcoders",
     "train_transcoders",
     # behaviour
