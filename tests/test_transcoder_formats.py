@@ -160,11 +160,16 @@ def test_topk_calibration_matches_firing_counts(model, calibration, jumprelu):
 
 
 def test_jumprelu_thresholds_definition():
-    pre = torch.tensor([[3.0, -1.0, 0.5], [1.0, -2.0, 0.4], [2.0, -3.0, 0.3]])
-    fired = torch.tensor([[True, False, True], [False, False, True], [True, False, True]])
-    # feature 0 fired twice: halfway between its 2nd and 3rd largest; feature 1 never: its max, raised
-    # to 0; feature 2 on every row: below its smallest
-    assert torch.allclose(formats.jumprelu_thresholds(pre, fired), torch.tensor([1.5, 0.0, 0.0]))
+    pre = torch.tensor(
+        [[3.0, -1.0, 0.5, 2.0], [1.0, -2.0, 0.4, 2.0], [2.0, -3.0, 0.3, 2.0], [0.5, 1.0, 0.2, 1.0]]
+    )
+    fired = torch.zeros(4, 4, dtype=torch.bool)
+    fired[[0, 2], 0] = True  # twice: halfway between its 2nd and 3rd largest
+    # feature 1 never: above its largest (by 0.1%); feature 2 on every row: below its smallest, raised to 0
+    fired[:, 2] = True
+    fired[[0, 1], 3] = True  # twice, but its 2nd and 3rd largest tie (2.0): the cut nearest to 2 is 3
+    want = torch.tensor([1.5, 1.0 + 1e-3 + 1e-6, 0.0, 1.5])
+    assert torch.allclose(formats.jumprelu_thresholds(pre, fired), want)
 
 
 def test_batchtopk_converts_exactly():

@@ -25,8 +25,8 @@ the exports write only non-negative thresholds, and SAELens files with negative 
 thresholds raised to 0 (the same map).
 
 TopK has no fixed threshold: `jumprelu_from_topk` sets one per feature from calibration text so that each
-feature fires on as many calibration tokens as under TopK; BatchTopK's inference rule already is a JumpReLU
-and converts exactly.
+feature fires on as many calibration tokens as under TopK (as near as repeated values allow); BatchTopK's
+inference rule already is a JumpReLU and converts exactly.
 """
 
 from __future__ import annotations
@@ -85,17 +85,26 @@ def _jumprelu_copy(t: Transcoder, threshold: torch.Tensor) -> Transcoder:
     return out.to(t.W_enc.device)
 
 
-def jumprelu_thresholds(pre: torch.Tensor, fired: torch.Tensor) -> torch.Tensor:
-    """Per-feature thresholds [d_tc] under which `pre > threshold` holds on exactly as many of the rows of
-    `pre` [n, d_tc] as `fired` [n, d_tc] marks: halfway between the c-th and (c+1)-th largest
-    pre-activation of a feature that fired c times; a feature that never fired gets its largest
-    pre-activation. Never below 0 (TopK's ReLU never fires a negative pre-activation)."""
+def jumprelu_thresholds(pre: torch.Tensor, fired: torch.Tensor, tol: float = 1e-5) -> torch.Tensor:
+    """Per-feature thresholds [d_tc] under which `pre > threshold` holds on as many of the rows of `pre`
+    [n, d_tc] as `fired` [n, d_tc] marks: for a feature that fired c times, halfway between its c-th and
+    (c+1)-th largest pre-activation. Texts sharing a prefix repeat activations exactly, and a threshold on
+    a repeated value would split copies by rounding noise, so the cut goes between the nearest pair of
+    values that differ (by more than `tol` relative), the sparser one when two are as near; above the
+    largest value (by 0.1%) for a feature that never fired. Never below 0 (TopK's ReLU never fires a
+    negative pre-activation)."""
+    n = pre.shape[0]
     counts = fired.sum(0)  # [d_tc]
-    ranked = pre.sort(0, descending=True).values
-    ranked = torch.cat([ranked, ranked[-1:] - 1.0])  # below every row: the midpoint when c == n
-    upper = ranked.gather(0, (counts - 1).clamp(min=0)[None])[0]
-    lower = ranked.gather(0, counts[None])[0]
-    threshold = torch.where(counts > 0, (upper + lower) / 2, ranked[0])
+    ranked = pre.sort(0, descending=True).values  # [n, d_tc]
+    top = ranked[0] + 1e-3 * ranked[0].abs() + 1e-6
+    bottom = ranked[-1] - 1.0
+    cuts = torch.cat([top[None], (ranked[:-1] + ranked[1:]) / 2, bottom[None]])  # [n + 1]: b rows above
+    apart = torch.ones(n + 1, pre.shape[1], dtype=torch.bool)
+    apart[1:n] = (ranked[:-1] - ranked[1:]) > tol * (1.0 + ranked[1:].abs())
+    b = torch.arange(n + 1, dtype=torch.float64)[:, None]
+    cost = (b - counts[None].double()).abs() + b * 1e-9  # nearest separable count; the sparser on a tie
+    cost[~apart] = float("inf")
+    threshold = cuts.gather(0, cost.argmin(0)[None])[0]
     return threshold.clamp(min=0.0)
 
 
