@@ -77,6 +77,7 @@ from reward_lens.representations.transcoders import (
     TranscoderMetrics,
     TranscoderSet,
     evaluate_transcoders,
+    jumprelu_from_topk,
     load_transcoders,
     train_transcoders,
 )
@@ -202,6 +203,7 @@ __all__ = [
     "TranscoderMetrics",
     "TranscoderSet",
     "evaluate_transcoders",
+    "jumprelu_from_topk",
     "load_transcoders",
     "train_transcoders",
     # behaviour

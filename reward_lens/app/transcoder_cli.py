@@ -14,7 +14,8 @@ from reward_lens.app.options import (
 )
 from reward_lens.app.output import ReportDir
 
-# reward_lens.representations.transcoders.FAMILIES, spelled here (it imports torch; a test keeps them equal)
+# the trainable families of reward_lens.representations.transcoders.FAMILIES, spelled here (it imports torch;
+# a test keeps them equal)
 FAMILY_NAMES = ("batchtopk", "topk")
 DEMO_TEXT_SEED, DEMO_HELD_OUT_SEED = 41, 1  # scripts/train_demo_transcoders.py's
 

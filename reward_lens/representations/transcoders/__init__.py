@@ -1,8 +1,16 @@
 """Per-layer skip transcoders of a reward model's MLPs: `module` (the transcoder, the set, the disk format),
-`families` (TopK, BatchTopK behind one registry), `train` (training on activations streamed from text,
-held-out evaluation and the replacement model)."""
+`families` (TopK, BatchTopK, JumpReLU behind one registry), `train` (training on activations streamed from
+text, held-out evaluation and the replacement model), `formats` (circuit-tracer's and SAELens's formats and
+the TopK -> JumpReLU conversion they need)."""
 
 from reward_lens.representations.transcoders.families import FAMILIES
+from reward_lens.representations.transcoders.formats import (
+    jumprelu_from_topk,
+    read_circuit_tracer,
+    read_saelens,
+    save_circuit_tracer,
+    save_saelens,
+)
 from reward_lens.representations.transcoders.module import (
     Transcoder,
     TranscoderMetrics,
@@ -21,8 +29,13 @@ __all__ = [
     "TranscoderSet",
     "evaluate_transcoders",
     "input_hook",
+    "jumprelu_from_topk",
     "load_transcoders",
     "output_hook",
+    "read_circuit_tracer",
+    "read_saelens",
     "replacement_hooks",
+    "save_circuit_tracer",
+    "save_saelens",
     "train_transcoders",
 ]

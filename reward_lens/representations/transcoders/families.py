@@ -5,6 +5,9 @@ activations at inference (`activate`) and during training (`train_activate`).
 - `batchtopk`: in training, the k * n largest pre-activations over a batch of n tokens (Bussmann et al.
   2024, "BatchTopK sparse autoencoders"); at inference a JumpReLU at one threshold, the running mean of the
   smallest selected activation during training, so a token's L0 varies around k.
+- `jumprelu`: pre * (pre > threshold) with one threshold per feature, at inference only: the form
+  circuit-tracer and SAELens load (`formats`), and what a TopK set becomes through
+  `formats.jumprelu_from_topk` (thresholds calibrated on text).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ class Family:
     """One activation rule: `activate(pre, threshold)` at inference, `train_activate(pre, k)` in training."""
 
     name = ""
+    trainable = True
 
     @staticmethod
     def activate(pre: torch.Tensor, k: int, threshold: torch.Tensor) -> torch.Tensor:
@@ -53,7 +57,23 @@ class BatchTopK(Family):
         return torch.zeros_like(flat).scatter(-1, indices, values.relu()).reshape(pre.shape)
 
 
-FAMILIES: Dict[str, Type[Family]] = {f.name: f for f in (TopK, BatchTopK)}
+class JumpReLU(Family):
+    name = "jumprelu"
+    trainable = False
+
+    @staticmethod
+    def activate(pre: torch.Tensor, k: int, threshold: torch.Tensor) -> torch.Tensor:
+        return pre * (pre > threshold.to(pre.dtype))
+
+    @staticmethod
+    def train_activate(pre: torch.Tensor, k: int) -> torch.Tensor:
+        raise ValueError(
+            "jumprelu transcoders are not trained here; train kind='topk' or 'batchtopk' and convert with "
+            "reward_lens.representations.transcoders.jumprelu_from_topk"
+        )
+
+
+FAMILIES: Dict[str, Type[Family]] = {f.name: f for f in (TopK, BatchTopK, JumpReLU)}
 
 
 def family(name: str) -> Type[Family]:

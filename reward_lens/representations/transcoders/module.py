@@ -2,7 +2,7 @@
 to the MLP's output (`blocks.{l}.hook_mlp_out`) through sparse features,
 
     pre = x @ W_enc.T + b_enc                 [..., d_tc]
-    f   = activate(pre)                       the family's sparse rule (`families`): TopK or BatchTopK
+    f   = activate(pre)                       the family's sparse rule (`families`): TopK, BatchTopK, JumpReLU
     tc(x) = f @ W_dec + b_dec + x @ W_skip.T  decode(f) plus the linear skip
 
 so an MLP's output is  sum_i f_i W_dec[i] + b_dec + x W_skip.T + error, the split the feature attribution
@@ -10,7 +10,7 @@ graph (`reward_lens.instruments.circuits.feature_graph`) builds on.
 
 Disk format: a directory with `transcoders.json` (family, sizes, layers, hook names, training settings and
 metrics) and `transcoders.safetensors` (`{layer}.W_enc`, `{layer}.b_enc`, `{layer}.W_dec`, `{layer}.b_dec`,
-`{layer}.W_skip`, `{layer}.threshold`).
+`{layer}.W_skip`, `{layer}.threshold`). circuit-tracer's and SAELens's formats: `formats`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -30,6 +30,10 @@ from reward_lens.representations.transcoders.families import family
 CONFIG_FILENAME = "transcoders.json"
 WEIGHTS_FILENAME = "transcoders.safetensors"
 PARAMS = ("W_enc", "b_enc", "W_dec", "b_dec", "W_skip", "threshold")
+# Other tools' formats, registered by `formats` (imported with the package): format name -> writer(tc, path),
+# and the (holds(path), read(path, device)) pairs `load_transcoders` tries on a directory not in ours.
+FORMAT_WRITERS: Dict[str, Callable[..., Path]] = {}
+FORMAT_READERS: List[Tuple[Callable[[Path], bool], Callable[..., "TranscoderSet"]]] = []
 
 
 input_hook, output_hook = mlp_input_name, mlp_output_name  # blocks.{l}.ln2.hook_normalized, hook_mlp_out
@@ -37,8 +41,8 @@ input_hook, output_hook = mlp_input_name, mlp_output_name  # blocks.{l}.ln2.hook
 
 class Transcoder(nn.Module):
     """One layer's skip transcoder: `W_enc [d_tc, d_model]`, `b_enc [d_tc]`, `W_dec [d_tc, d_model]`,
-    `b_dec [d_model]`, `W_skip [d_model, d_model]` (None without a skip), `threshold [d_tc]` (BatchTopK's
-    inference threshold; unused by TopK)."""
+    `b_dec [d_model]`, `W_skip [d_model, d_model]` (None without a skip), `threshold [d_tc]` (the inference
+    threshold of BatchTopK and JumpReLU; unused by TopK)."""
 
     def __init__(self, d_model: int, d_tc: int, k: int, kind: str = "topk", skip: bool = True):
         super().__init__()
@@ -187,10 +191,17 @@ class TranscoderSet:
                 "transcoders for all layers"
             )
 
-    def save(self, path: Union[str, Path]) -> Path:
-        """Write `transcoders.json` and `transcoders.safetensors` into the directory `path`."""
+    def save(self, path: Union[str, Path], format: str = "reward-lens") -> Path:
+        """Write the set into the directory `path`: `format="reward-lens"` (transcoders.json +
+        transcoders.safetensors), "circuit-tracer" (config.yaml + layer_{l}.safetensors) or "saelens"
+        (layer_{l}/cfg.json + sae_weights.safetensors); the last two hold JumpReLU transcoders (`formats`)."""
         from safetensors.torch import save_file
 
+        if format != "reward-lens":
+            if format not in FORMAT_WRITERS:
+                known = ", ".join(repr(f) for f in ["reward-lens", *FORMAT_WRITERS])
+                raise ValueError(f"unknown transcoder format {format!r}; use one of {known}")
+            return FORMAT_WRITERS[format](self, path)
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         tensors = {}
@@ -229,7 +240,8 @@ class TranscoderSet:
 
 def load_transcoders(path: Union[str, Path] = "demo", device: Union[str, torch.device, None] = None):
     """A saved set of transcoders: "demo" for the demo RM's shipped set, else a directory written by
-    `TranscoderSet.save` / `train_transcoders(..., out=)` / `reward-lens train-transcoders`."""
+    `TranscoderSet.save` / `train_transcoders(..., out=)` / `reward-lens train-transcoders`, or one in
+    circuit-tracer's layout or SAELens's transcoder format (read as JumpReLU sets; `formats`)."""
     import pandas as pd
     from safetensors.torch import load_file
 
@@ -239,10 +251,14 @@ def load_transcoders(path: Union[str, Path] = "demo", device: Union[str, torch.d
         path = DEMO_TRANSCODERS_DIR
     path = Path(path)
     cfg_file, weights_file = path / CONFIG_FILENAME, path / WEIGHTS_FILENAME
-    if not cfg_file.exists() or not weights_file.exists():
+    if not (cfg_file.exists() and weights_file.exists()):
+        for holds, read in FORMAT_READERS:
+            if holds(path):
+                return read(path, device)
         raise FileNotFoundError(
-            f"{path} holds no transcoders (needs {CONFIG_FILENAME} and {WEIGHTS_FILENAME}); train a set "
-            "with `reward-lens train-transcoders` or pass 'demo'"
+            f"{path} holds no transcoders (needs {CONFIG_FILENAME} and {WEIGHTS_FILENAME}, circuit-tracer's "
+            "config.yaml + layer_{l}.safetensors, or SAELens's cfg.json + sae_weights.safetensors); train "
+            "a set with `reward-lens train-transcoders` or pass 'demo'"
         )
     info = json.loads(cfg_file.read_text())
     tensors = load_file(str(weights_file))

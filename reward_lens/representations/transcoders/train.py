@@ -188,7 +188,11 @@ def _check(model, layers, d_tc, k, kind, steps, batch_size):
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
     if k > d_tc:
         raise ValueError(f"k={k} must not exceed d_tc={d_tc}")
-    family(kind)
+    if not family(kind).trainable:
+        raise ValueError(
+            f"kind={kind!r} is an inference form; train kind='topk' or 'batchtopk' (a TopK set converts "
+            "to JumpReLU with jumprelu_from_topk)"
+        )
     return layers
 
 

@@ -1,0 +1,442 @@
+"""Transcoders in the formats other tools read: circuit-tracer's per-layer layout and SAELens's
+`jumprelu_skip_transcoder`, written and read back; and the conversion of a TopK set to the JumpReLU form
+both tools load.
+
+circuit-tracer (a directory, as its hub repos and its local cache hold a transcoder set):
+
+    config.yaml            model_kind: transcoder_set, feature_input_hook: ln2.hook_normalized,
+                           feature_output_hook: hook_mlp_out, model_name, scan (+ `reward_lens`, which
+                           circuit-tracer ignores: the source family, k and the calibration)
+    layer_{l}.safetensors  W_enc [d_tc, d_model], W_dec [d_tc, d_model], b_enc [d_tc], b_dec [d_model],
+                           W_skip [d_model, d_model] (only with a skip), activation_function.threshold [d_tc]
+
+circuit-tracer applies its JumpReLU as pre * (pre > threshold) and needs layers 0..max, each present.
+
+SAELens (one directory per layer, `layer_{l}/`, each what `SAE.load_from_disk` reads):
+
+    cfg.json                 architecture jumprelu_skip_transcoder (jumprelu_transcoder without a skip),
+                             d_in, d_sae, d_out, apply_b_dec_to_input false, metadata.hook_name /
+                             hook_name_out (blocks.{l}.ln2.hook_normalized / blocks.{l}.hook_mlp_out)
+    sae_weights.safetensors  W_enc [d_model, d_tc] (transposed from ours), W_dec [d_tc, d_model], b_enc,
+                             b_dec, threshold [d_tc], W_skip [d_model, d_model] (x @ W_skip.T, as ours)
+
+SAELens applies relu(pre) * (pre > threshold), which equals pre * (pre > threshold) for thresholds >= 0;
+the exports write only non-negative thresholds, and SAELens files with negative ones load with their
+thresholds raised to 0 (the same map).
+
+TopK has no fixed threshold: `jumprelu_from_topk` sets one per feature from calibration text so that each
+feature fires on as many calibration tokens as under TopK (as near as repeated values allow); BatchTopK's
+inference rule already is a JumpReLU and converts exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any, Dict, Optional, Union
+
+import torch
+
+from reward_lens.loading.checks import check_finite_weights, load_safetensors, read_json
+from reward_lens.model.validation import checked_arguments
+from reward_lens.representations.transcoders.module import (
+    FORMAT_READERS,
+    FORMAT_WRITERS,
+    Transcoder,
+    TranscoderSet,
+    input_hook,
+    output_hook,
+)
+
+CIRCUIT_TRACER_CONFIG = "config.yaml"
+SAELENS_CFG = "cfg.json"
+SAELENS_WEIGHTS = "sae_weights.safetensors"
+INPUT_HOOK, OUTPUT_HOOK = "ln2.hook_normalized", "hook_mlp_out"  # within blocks.{l}
+SAELENS_ARCHITECTURES = ("jumprelu_skip_transcoder", "jumprelu_transcoder", "skip_transcoder", "transcoder")
+SAELENS_FORMAT_VERSION = "6.0.0"
+_LAYER_FILE = re.compile(r"layer_(\d+)\.safetensors$")
+_LAYER_DIR = re.compile(r"layer_(\d+)$")
+
+
+def holds_circuit_tracer(path: Path) -> bool:
+    """Whether the directory `path` is in circuit-tracer's layout (has its config.yaml)."""
+    return (Path(path) / CIRCUIT_TRACER_CONFIG).exists()
+
+
+def holds_saelens(path: Path) -> bool:
+    """Whether `path` is an SAELens directory, or holds `layer_{l}/` ones."""
+    path = Path(path)
+    return (path / SAELENS_CFG).exists() or any(
+        (d / SAELENS_CFG).exists() for d in path.glob("layer_*") if _LAYER_DIR.match(d.name)
+    )
+
+
+# --- JumpReLU ----------------------------------------------------------------------------------------
+
+
+def _jumprelu_copy(t: Transcoder, threshold: torch.Tensor) -> Transcoder:
+    out = Transcoder(t.d_model, t.d_tc, t.k, "jumprelu", skip=t.W_skip is not None)
+    with torch.no_grad():
+        for name in ("W_enc", "b_enc", "W_dec", "b_dec", "W_skip"):
+            if getattr(t, name) is not None:
+                getattr(out, name).copy_(getattr(t, name))
+        out.threshold.copy_(threshold)
+    return out.to(t.W_enc.device)
+
+
+def jumprelu_thresholds(pre: torch.Tensor, fired: torch.Tensor, tol: float = 1e-5) -> torch.Tensor:
+    """Per-feature thresholds [d_tc] under which `pre > threshold` holds on as many of the rows of `pre`
+    [n, d_tc] as `fired` [n, d_tc] marks: for a feature that fired c times, halfway between its c-th and
+    (c+1)-th largest pre-activation. Texts sharing a prefix repeat activations exactly, and a threshold on
+    a repeated value would split copies by rounding noise, so the cut goes between the nearest pair of
+    values that differ (by more than `tol` relative), the sparser one when two are as near; above the
+    largest value (by 0.1%) for a feature that never fired. Never below 0 (TopK's ReLU never fires a
+    negative pre-activation)."""
+    n = pre.shape[0]
+    counts = fired.sum(0)  # [d_tc]
+    ranked = pre.sort(0, descending=True).values  # [n, d_tc]
+    top = ranked[0] + 1e-3 * ranked[0].abs() + 1e-6
+    bottom = ranked[-1] - 1.0
+    cuts = torch.cat([top[None], (ranked[:-1] + ranked[1:]) / 2, bottom[None]])  # [n + 1]: b rows above
+    apart = torch.ones(n + 1, pre.shape[1], dtype=torch.bool)
+    apart[1:n] = (ranked[:-1] - ranked[1:]) > tol * (1.0 + ranked[1:].abs())
+    b = torch.arange(n + 1, dtype=torch.float64)[:, None]
+    cost = (b - counts[None].double()).abs() + b * 1e-9  # nearest separable count; the sparser on a tie
+    cost[~apart] = float("inf")
+    threshold = cuts.gather(0, cost.argmin(0)[None])[0]
+    return threshold.clamp(min=0.0)
+
+
+@torch.no_grad()
+@checked_arguments(counts={"max_tokens": 1, "batch_size": 1})
+def jumprelu_from_topk(
+    tc: TranscoderSet,
+    model=None,
+    texts: Any = None,
+    *,
+    max_tokens: int = 32_768,
+    batch_size: int = 32,
+) -> TranscoderSet:
+    """The same transcoders with a JumpReLU (pre * (pre > threshold), one threshold per feature): the form
+    circuit-tracer and SAELens load. A TopK set's thresholds are calibrated on `texts` (pairs or
+    (prompt, response) tuples run through `model`, at most `max_tokens` tokens) so that each feature fires
+    on as many calibration tokens as under TopK; use text from the training distribution, not the text you
+    evaluate on. A BatchTopK set converts exactly (its inference rule is this JumpReLU), a JumpReLU set is
+    returned as is."""
+    from reward_lens.representations.transcoders.families import TopK
+    from reward_lens.representations.transcoders.train import stream_mlp_io, text_pairs
+
+    kinds = {tc[l].kind for l in tc.layers}
+    if kinds == {"jumprelu"}:
+        return tc
+    config = dict(tc.config)
+    if kinds == {"batchtopk"}:
+        out = {l: _jumprelu_copy(tc[l], tc[l].threshold.clamp(min=0.0)) for l in tc.layers}
+        config["jumprelu"] = {"source_family": "batchtopk", "exact": True}
+        return TranscoderSet(out, config)
+    if kinds != {"topk"}:
+        raise ValueError(f"cannot convert a set of families {sorted(kinds)}; convert one family at a time")
+    if model is None or texts is None:
+        raise ValueError(
+            "a TopK set needs calibration text for its thresholds: jumprelu_from_topk(tc, model, texts) with "
+            "texts from the training distribution (pairs or (prompt, response) tuples)"
+        )
+    tc.check(model)
+    prompts, responses = text_pairs(texts)
+    xs, n = [], 0
+    for x, _ in stream_mlp_io(model, prompts, responses, tc.layers, batch_size):
+        xs.append(x[: max_tokens - n])
+        n += xs[-1].shape[0]
+        if n >= max_tokens:
+            break
+    X = torch.cat(xs)  # [n, n_layers, d_model]
+    out = {}
+    for i, l in enumerate(tc.layers):
+        t = tc[l]
+        pre = t.pre(X[:, i].to(t.W_enc.device)).float().cpu()
+        fired = TopK.activate(pre, t.k, None) > 0
+        out[l] = _jumprelu_copy(t, jumprelu_thresholds(pre, fired).to(t.W_enc.device))
+    config["jumprelu"] = {
+        "source_family": "topk",
+        "k": tc[tc.layers[0]].k,
+        "calibration": "per-feature firing counts of TopK",
+        "calibration_tokens": int(X.shape[0]),
+        "calibration_texts": len(prompts),
+    }
+    return TranscoderSet(out, config)
+
+
+def _exportable(tc: TranscoderSet, tool: str) -> None:
+    kinds = {tc[l].kind for l in tc.layers}
+    if "topk" in kinds:
+        raise ValueError(
+            f"{tool} loads JumpReLU transcoders, not TopK ones; convert first with "
+            "jumprelu_from_topk(tc, model, texts) (thresholds calibrated on training-distribution text)"
+        )
+    for l in tc.layers:
+        if bool((tc[l].threshold < 0).any()):
+            raise ValueError(
+                f"layer {l} has negative JumpReLU thresholds, which {tool} would apply differently "
+                "(SAELens ReLUs first); raise them to 0 only if no negative pre-activation should fire"
+            )
+
+
+def _as_jumprelu(tc: TranscoderSet, tool: str) -> TranscoderSet:
+    if {tc[l].kind for l in tc.layers} == {"batchtopk"}:
+        tc = jumprelu_from_topk(tc)
+    _exportable(tc, tool)
+    return tc
+
+
+# --- circuit-tracer ----------------------------------------------------------------------------------
+
+
+def save_circuit_tracer(
+    tc: TranscoderSet, path: Union[str, Path], *, model_name: Optional[str] = None, scan: Optional[str] = None
+) -> Path:
+    """Write circuit-tracer's per-layer transcoder layout (config.yaml + layer_{l}.safetensors); load it
+    there with `load_transcoder_set({l: path/layer_{l}.safetensors}, ...)`, from a hub repo holding the
+    directory, or with reward_lens.load_transcoders(path)."""
+    import yaml
+    from safetensors.torch import save_file
+
+    tc = _as_jumprelu(tc, "circuit-tracer")
+    if tc.layers != list(range(len(tc))):
+        raise ValueError(
+            f"circuit-tracer needs a transcoder for every layer 0..{max(tc.layers)}; this set covers "
+            f"{tc.layers} (train the missing layers)"
+        )
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    for l in tc.layers:
+        t = tc[l]
+        tensors = {
+            "W_enc": t.W_enc,
+            "W_dec": t.W_dec,
+            "b_enc": t.b_enc,
+            "b_dec": t.b_dec,
+            "activation_function.threshold": t.threshold,
+        }
+        if t.W_skip is not None:
+            tensors["W_skip"] = t.W_skip
+        save_file(
+            {k: v.detach().float().cpu().contiguous() for k, v in tensors.items()},
+            str(path / f"layer_{l}.safetensors"),
+        )
+    name = model_name or str(tc.config.get("model_name") or "") or "reward-model"
+    first = tc[tc.layers[0]]
+    config = {
+        "model_kind": "transcoder_set",
+        "model_name": name,
+        "scan": scan or f"{name}-transcoders",
+        "feature_input_hook": INPUT_HOOK,
+        "feature_output_hook": OUTPUT_HOOK,
+        "reward_lens": {
+            "family": "jumprelu",
+            "k": first.k,
+            "d_model": first.d_model,
+            "d_tc": first.d_tc,
+            **({"jumprelu": tc.config["jumprelu"]} if "jumprelu" in tc.config else {}),
+        },
+    }
+    (path / CIRCUIT_TRACER_CONFIG).write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def _check_hooks(source: str, hook_in: Optional[str], hook_out: Optional[str], layer: Optional[int]) -> None:
+    want_in = INPUT_HOOK if layer is None else input_hook(layer)
+    want_out = OUTPUT_HOOK if layer is None else output_hook(layer)
+    if hook_in != want_in or (hook_out is not None and hook_out != want_out):
+        raise ValueError(
+            f"{source}: these transcoders read {hook_in!r} and write {hook_out!r}; reward-lens's transcoders "
+            f"map {want_in!r} to {want_out!r} (the MLP's normalised input to its output)"
+        )
+
+
+def read_circuit_tracer(path: Union[str, Path], device=None) -> TranscoderSet:
+    """A transcoder set from circuit-tracer's per-layer layout (config.yaml + layer_{l}.safetensors): a
+    JumpReLU set (ReLU transcoders, with no threshold, load as threshold 0)."""
+    import yaml
+
+    path = Path(path)
+    try:
+        config = yaml.safe_load((path / CIRCUIT_TRACER_CONFIG).read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path / CIRCUIT_TRACER_CONFIG} is not valid YAML ({exc}); repair it") from None
+    if config.get("model_kind", "transcoder_set") != "transcoder_set":
+        raise ValueError(
+            f"{path}: model_kind {config.get('model_kind')!r}; reward-lens reads per-layer transcoder sets "
+            "(model_kind: transcoder_set), not cross-layer transcoders"
+        )
+    _check_hooks(str(path), config.get("feature_input_hook"), config.get("feature_output_hook"), None)
+    files = {int(m.group(1)): f for f in path.iterdir() if (m := _LAYER_FILE.match(f.name))}
+    if not files:
+        raise FileNotFoundError(f"{path} has a config.yaml but no layer_{{l}}.safetensors files")
+    extra = config.get("reward_lens") or {}
+    out = {}
+    for l, f in sorted(files.items()):
+        sd = load_safetensors(f)
+        for name in ("W_enc", "W_dec", "b_enc", "b_dec"):
+            if name not in sd:
+                raise ValueError(f"{f}: lacks {name!r} (has {sorted(sd)}); not a circuit-tracer transcoder")
+        d_tc, d_model = sd["W_enc"].shape
+        shapes = {
+            "W_dec": (d_tc, d_model),
+            "b_enc": (d_tc,),
+            "b_dec": (d_model,),
+            "W_skip": (d_model, d_model),
+        }
+        shapes["activation_function.threshold"] = (d_tc,)
+        for name, shape in shapes.items():
+            if name in sd and tuple(sd[name].shape) != shape:
+                raise ValueError(f"{f}: {name} has shape {tuple(sd[name].shape)}, W_enc implies {shape}")
+        check_finite_weights(sd.items(), str(f))
+        t = Transcoder(d_model, d_tc, int(extra.get("k", 0)), "jumprelu", skip="W_skip" in sd)
+        with torch.no_grad():
+            for name in ("W_enc", "W_dec", "b_enc", "b_dec", "W_skip"):
+                if name in sd:
+                    getattr(t, name).copy_(sd[name].float())
+            t.threshold.copy_(sd.get("activation_function.threshold", torch.zeros(d_tc)).float())
+        out[l] = t.to(device) if device is not None else t
+    info = {
+        "model_name": config.get("model_name", ""),
+        "format": "circuit-tracer",
+        "scan": config.get("scan"),
+    }
+    if "jumprelu" in extra:
+        info["jumprelu"] = extra["jumprelu"]
+    return TranscoderSet(out, info)
+
+
+# --- SAELens -----------------------------------------------------------------------------------------
+
+
+def saelens_config(t: Transcoder, layer: int, model_name: str) -> Dict[str, Any]:
+    """One layer's cfg.json in SAELens's (>= 6) transcoder format."""
+    return {
+        "architecture": "jumprelu_skip_transcoder" if t.W_skip is not None else "jumprelu_transcoder",
+        "d_in": t.d_model,
+        "d_sae": t.d_tc,
+        "d_out": t.d_model,
+        "dtype": "float32",
+        "device": "cpu",
+        "apply_b_dec_to_input": False,
+        "normalize_activations": "none",
+        "reshape_activations": "none",
+        "metadata": {
+            "sae_lens_version": SAELENS_FORMAT_VERSION,
+            "sae_lens_training_version": SAELENS_FORMAT_VERSION,
+            "model_name": model_name,
+            "hook_name": input_hook(layer),
+            "hook_name_out": output_hook(layer),
+            "hook_head_index": None,
+            "prepend_bos": True,
+        },
+    }
+
+
+def save_saelens(tc: TranscoderSet, path: Union[str, Path], *, model_name: Optional[str] = None) -> Path:
+    """Write each layer as an SAELens `jumprelu_skip_transcoder` directory, `path/layer_{l}/` (cfg.json +
+    sae_weights.safetensors, W_enc transposed to SAELens's [d_in, d_sae]); load one there with
+    `SAE.load_from_disk(path/layer_{l})`, or the set with reward_lens.load_transcoders(path)."""
+    from safetensors.torch import save_file
+
+    tc = _as_jumprelu(tc, "SAELens")
+    name = model_name or str(tc.config.get("model_name") or "") or "reward-model"
+    path = Path(path)
+    for l in tc.layers:
+        t = tc[l]
+        d = path / f"layer_{l}"
+        d.mkdir(parents=True, exist_ok=True)
+        tensors = {"W_enc": t.W_enc.T, "W_dec": t.W_dec, "b_enc": t.b_enc, "b_dec": t.b_dec}
+        tensors["threshold"] = t.threshold
+        if t.W_skip is not None:
+            tensors["W_skip"] = t.W_skip
+        save_file(
+            {k: v.detach().float().cpu().contiguous() for k, v in tensors.items()}, str(d / SAELENS_WEIGHTS)
+        )
+        (d / SAELENS_CFG).write_text(json.dumps(saelens_config(t, l, name), indent=1) + "\n")
+    return path
+
+
+def read_saelens_transcoder(path: Union[str, Path]) -> tuple:
+    """(layer, JumpReLU Transcoder, model name) from one SAELens transcoder directory (architectures
+    jumprelu_skip_transcoder, jumprelu_transcoder, skip_transcoder, transcoder)."""
+    path = Path(path)
+    raw = read_json(path / SAELENS_CFG)
+    arch = raw.get("architecture")
+    if arch not in SAELENS_ARCHITECTURES:
+        raise ValueError(
+            f"{path}: SAELens architecture {arch!r} is not a transcoder reward-lens reads; use one of "
+            f"{', '.join(SAELENS_ARCHITECTURES)} (SAEs load with reward_lens.load_sae)"
+        )
+    meta = raw.get("metadata") or {}
+    hook_in = meta.get("hook_name") or raw.get("hook_name")
+    hook_out = meta.get("hook_name_out") or raw.get("hook_name_out")
+    m = re.match(r"blocks\.(\d+)\.", str(hook_in))
+    if m is None:
+        raise ValueError(f"{path}: hook_name {hook_in!r} names no layer (expected blocks.{{l}}.{INPUT_HOOK})")
+    layer = int(m.group(1))
+    _check_hooks(str(path), hook_in, hook_out, layer)
+    if raw.get("normalize_activations", "none") not in ("none", None, False):
+        raise ValueError(
+            f"{path}: normalize_activations={raw['normalize_activations']!r}; reward-lens reads transcoders "
+            "on raw activations ('none')"
+        )
+    if raw.get("apply_b_dec_to_input"):
+        raise ValueError(f"{path}: apply_b_dec_to_input is set, which SAELens transcoders do not support")
+    d_in, d_sae, d_out = int(raw["d_in"]), int(raw["d_sae"]), int(raw.get("d_out", raw["d_in"]))
+    if d_out != d_in:
+        raise ValueError(
+            f"{path}: d_out={d_out} differs from d_in={d_in}; an MLP transcoder maps d_model to itself"
+        )
+    weights = path / SAELENS_WEIGHTS
+    sd = {k: v.float() for k, v in load_safetensors(weights).items()}
+    skip = "skip" in arch
+    expected = {"W_enc": (d_in, d_sae), "W_dec": (d_sae, d_in), "b_enc": (d_sae,), "b_dec": (d_in,)}
+    if arch.startswith("jumprelu"):
+        expected["threshold"] = (d_sae,)
+    if skip:
+        expected["W_skip"] = (d_in, d_in)
+    for name, shape in expected.items():
+        if name not in sd:
+            raise ValueError(f"{weights}: lacks {name!r} (has {sorted(sd)})")
+        if tuple(sd[name].shape) != shape:
+            raise ValueError(f"{weights}: {name} has shape {tuple(sd[name].shape)}, cfg.json implies {shape}")
+    check_finite_weights(((k, sd[k]) for k in expected), str(weights))
+    t = Transcoder(d_in, d_sae, 0, "jumprelu", skip=skip)
+    with torch.no_grad():
+        t.W_enc.copy_(sd["W_enc"].T)
+        for name in ("W_dec", "b_enc", "b_dec", "W_skip"):
+            if name in expected:
+                getattr(t, name).copy_(sd[name])
+        # relu(pre) * (pre > thr) == pre * (pre > max(thr, 0)); plain ReLU transcoders are threshold 0
+        t.threshold.copy_(sd.get("threshold", torch.zeros(d_sae)).clamp(min=0.0))
+    return layer, t, meta.get("model_name") or raw.get("model_name") or ""
+
+
+def read_saelens(path: Union[str, Path], device=None) -> TranscoderSet:
+    """A transcoder set from SAELens transcoder directories: `path` itself (one layer) or its
+    `layer_{l}/` subdirectories (as `save_saelens` writes)."""
+    path = Path(path)
+    dirs = (
+        [path]
+        if (path / SAELENS_CFG).exists()
+        else sorted(
+            (d for d in path.iterdir() if _LAYER_DIR.match(d.name) and (d / SAELENS_CFG).exists()),
+            key=lambda d: int(d.name.split("_")[1]),
+        )
+    )
+    out, names = {}, set()
+    for d in dirs:
+        layer, t, name = read_saelens_transcoder(d)
+        if layer in out:
+            raise ValueError(f"{path}: two SAELens transcoders for layer {layer}; keep one per layer")
+        out[layer] = t.to(device) if device is not None else t
+        names.add(name)
+    return TranscoderSet(out, {"model_name": sorted(names)[0] if names else "", "format": "saelens"})
+
+
+FORMAT_WRITERS.update({"circuit-tracer": save_circuit_tracer, "saelens": save_saelens})
+FORMAT_READERS.extend([(holds_circuit_tracer, read_circuit_tracer), (holds_saelens, read_saelens)])
