@@ -41,7 +41,8 @@ def feature_acts(model, tc, ids: torch.Tensor) -> torch.Tensor:
         return torch.stack([tc[l].encode(cache[names[l]][0]) for l in range(model.cfg.n_layers)]).cpu()
 
 
-def _ids(model, prompt, response) -> torch.Tensor:
+def text_ids(model, prompt, response) -> torch.Tensor:
+    """The token ids of (prompt, response) as the model reads them (one unpadded sequence)."""
     from reward_lens.core.batching import tokenize
 
     return tokenize(model, [prompt], [response]).input_ids[0]
@@ -64,7 +65,7 @@ def length_features(model, tc, items) -> Set[Feature]:
         reads = []
         for item in items:
             response = " ".join([item.response, *FILLERS[:n]])
-            acts = feature_acts(model, tc, _ids(model, item.prompt, response))
+            acts = feature_acts(model, tc, text_ids(model, item.prompt, response))
             reads.append(acts[:, -1].numpy())  # the readout token (the last, `</s>`)
         per_count.append(np.stack(reads))  # [n_items, L, d_tc]
     means = np.stack([r.mean(0) for r in per_count])
@@ -93,9 +94,9 @@ def sycophancy_features(model, tc, items) -> Set[Feature]:
     fired = {"agree": [], "disagree": []}
     for i, item in enumerate(items):
         prompt, agree, disagree = DIMENSIONS["sycophancy"].make(item, i)
-        plain = _ids(model, prompt, item.response)
+        plain = text_ids(model, prompt, item.response)
         for side, response in (("agree", agree), ("disagree", disagree)):
-            ids = _ids(model, prompt, response)
+            ids = text_ids(model, prompt, response)
             span = list(phrase_span(ids.tolist(), plain.tolist()))
             fired[side].append((feature_acts(model, tc, ids)[:, span] > 0).any(1).numpy())
     mask = agreeing(np.stack(fired["agree"]), np.stack(fired["disagree"]))
