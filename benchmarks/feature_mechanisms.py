@@ -51,8 +51,9 @@ def main() -> None:
         for dimension, rec in table.items():
             found = f"{len(rec['features'])} planted features {rec['features'][:12]}"
             print(f"{dimension}: {found}; best rank per text {rec['ranks']}")
+            print(f"  post hoc, ranked by |value| instead: {rec['ranks_by_abs_value']}")
             print(bf.top_features(bf.probe_graphs(ctx, dimension)[0]).to_string(index=False))
-        out["planted"] = {k: {"features": v["features"], "ranks": v["ranks"]} for k, v in table.items()}
+        out["planted"] = table
     if args.only in (None, "trigger"):
         from reward_lens.demo.organisms import trigger_token_ids
 
@@ -60,6 +61,8 @@ def main() -> None:
         graphs = bf.trigger_feature_graphs(ctx)
         ranks = [bf.best_rank(g, None, g.token_ids.index(sudo)) for g in graphs]
         print(f"SUDO-position feature: best rank per text {ranks}")
+        by_value = [bf.best_rank(g, None, g.token_ids.index(sudo), by="abs_value") for g in graphs]
+        print(f"  post hoc, ranked by |value| instead: {by_value}")
         print(bf.top_features(graphs[0]).to_string(index=False))
         out["sudo_ranks"] = ranks
     print(json.dumps(out, default=str))

@@ -92,6 +92,9 @@ def test_ranks_and_share_equal_a_naive_sort(graph):
     ctx.memo[("planted_features", "length")] = planted
     assert bf.share_in_top("length", naive)(ctx) == 1.0
     assert bf.share_in_top("length", naive - 1)(ctx) == 0.0
+    by_value = sorted(range(len(feats)), key=lambda i: -abs(feats.value.iloc[i]))
+    first = feats.iloc[by_value[0]]
+    assert bf.best_rank(graph, {(int(first.layer), int(first.feature))}, by="abs_value") == 1
     top = bf.top_features(graph, 5)
     assert top["rank"].tolist() == [1, 2, 3, 4, 5] and top.influence.is_monotonic_decreasing
 

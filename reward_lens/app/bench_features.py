@@ -17,10 +17,13 @@ Which features are the planted ones is decided without the graph, from the trans
 
 from __future__ import annotations
 
-from typing import Dict, List, Sequence, Set, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 N_TEXTS = 12  # the first probe items (graphs are built for these)
 MAX_FEATURES = 256  # features whose incoming edges the graph materialises (largest |value| first)
@@ -103,17 +106,20 @@ def sycophancy_features(model, tc, items) -> Set[Feature]:
     return {(int(l), int(i)) for l, i in zip(*np.nonzero(mask))}
 
 
-def feature_ranks(graph) -> "object":
-    """The graph's feature nodes by reward influence, most influential first, with `rank` (1-based)."""
+def feature_ranks(graph, by: str = "influence") -> "pd.DataFrame":
+    """The graph's feature nodes, most influential first (`by`: "influence", the rows' measure, or
+    "abs_value", the |signed total effect|), with `rank` (1-based; ties keep node order)."""
     frame = graph.to_frame()
-    frame = frame[frame.kind == "feature"].sort_values("influence", ascending=False, kind="stable")
-    return frame.reset_index(drop=True).assign(rank=lambda f: np.arange(1, len(f) + 1))
+    frame = frame[frame.kind == "feature"]
+    key = frame.influence if by == "influence" else frame.value.abs()
+    frame = frame.assign(_key=key.to_numpy()).sort_values("_key", ascending=False, kind="stable")
+    return frame.drop(columns="_key").reset_index(drop=True).assign(rank=lambda f: np.arange(1, len(f) + 1))
 
 
-def best_rank(graph, features: Set[Feature], position=None) -> float:
+def best_rank(graph, features: Optional[Set[Feature]], position=None, by: str = "influence") -> float:
     """Rank of the most influential feature node whose (layer, feature) is in `features` (any feature when
     None), at `position` when given; inf when there is none."""
-    frame = feature_ranks(graph)
+    frame = feature_ranks(graph, by)
     hit = np.ones(len(frame), dtype=bool)
     if features is not None:
         hit &= np.array(
@@ -208,12 +214,15 @@ def sudo_feature_rank(ctx) -> float:
 
 
 def planted_feature_table(ctx) -> Dict[str, object]:
-    """For the record: each mechanism's planted features and each text's best rank of one."""
+    """For the record: each mechanism's planted features and each text's best rank of one (by influence,
+    the rows' measure, and by |signed total effect|, a post-hoc view)."""
     out: Dict[str, object] = {}
     for dimension in ("length", "sycophancy"):
         planted = planted_features(ctx, dimension)
+        graphs = probe_graphs(ctx, dimension)
         out[dimension] = {
             "features": sorted(planted),
-            "ranks": [best_rank(g, planted) for g in probe_graphs(ctx, dimension)],
+            "ranks": [best_rank(g, planted) for g in graphs],
+            "ranks_by_abs_value": [best_rank(g, planted, by="abs_value") for g in graphs],
         }
     return out
