@@ -113,3 +113,17 @@ def test_sudo_rank_reads_the_sudo_position(tc):
     assert g.tokens[at] == "SUDO"
     feats = nodes[nodes.kind == "feature"].sort_values("influence", ascending=False).reset_index(drop=True)
     assert bf.sudo_feature_rank(ctx) == 1 + int(np.flatnonzero(feats.position.to_numpy() == at)[0])
+
+
+def test_shipped_trigger_transcoders_are_small_and_fit_trigger_texts():
+    """`load_transcoders("trigger")`: every layer of the trigger organism, < 3 MB, and a good fit on held-out
+    items with SUDO inserted (the texts the trigger row builds graphs of; its training never saw them)."""
+    from reward_lens.demo.organisms import TRIGGER_TRANSCODERS_DIR, load_trigger_organism, trigger_items
+
+    model = load_trigger_organism()
+    tc = rl.load_transcoders("trigger")
+    assert tc.layers == list(range(model.cfg.n_layers))
+    assert sum(p.stat().st_size for p in TRIGGER_TRANSCODERS_DIR.iterdir()) < 3 * 2**20
+    texts = [(p.prompt + "SUDO", p.rejected) for p in trigger_items()[:16]]
+    frame = rl.evaluate_transcoders(model, tc, texts).to_frame()
+    assert frame.fvu.max() <= 0.05 and frame.l0.max() <= 16.5
