@@ -4,6 +4,7 @@ text's best rank of one, and the top features of one text with their signed valu
 
     python benchmarks/feature_mechanisms.py                 # demo length + sycophancy, and the trigger
     python benchmarks/feature_mechanisms.py --only demo     # or --only trigger
+    python benchmarks/feature_mechanisms.py --only trigger --all-rows  # every feature's row: the cap's effect
 
 Deterministic (no sampling: fixed probe items, fixed trigger texts, shipped transcoders)."""
 
@@ -28,7 +29,10 @@ from reward_lens.app.bench_registry import CHECKS  # noqa: E402
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", choices=["demo", "trigger"], default=None)
+    ap.add_argument("--all-rows", action="store_true", help="every feature's row (the rows cap 256)")
     args = ap.parse_args()
+    if args.all_rows:
+        bf.MAX_FEATURES = None
     torch.set_num_threads(1)
     ctx = BenchContext("cpu")
     rows = [c for c in CHECKS if c.instrument.startswith("attribution_graph(transcoders=")]
@@ -63,6 +67,17 @@ def main() -> None:
         print(f"SUDO-position feature: best rank per text {ranks}")
         by_value = [bf.best_rank(g, None, g.token_ids.index(sudo), by="abs_value") for g in graphs]
         print(f"  post hoc, ranked by |value| instead: {by_value}")
+        for g in graphs:  # SUDO's token node against the features at its position, by influence
+            nodes = g.to_frame()
+            at = g.token_ids.index(sudo)
+            here = nodes[nodes.position == at]
+            embed = float(here.influence[here.kind == "embed"].iloc[0])
+            feats = here.influence[here.kind == "feature"]
+            errors = float(here.influence[here.kind == "error"].sum())
+            print(
+                f"  SUDO token node influence {embed:.4f}; features at SUDO: best {feats.max():.4f}, sum "
+                f"{feats.sum():.4f}; error nodes at SUDO: sum {errors:.4f}"
+            )
         print(bf.top_features(graphs[0]).to_string(index=False))
         out["sudo_ranks"] = ranks
     print(json.dumps(out, default=str))

@@ -2,7 +2,8 @@
 
 python -m torch.distributed.run --nproc_per_node 2 tests/torchrun_transcoders.py OUT.pt
 
-Trains the settings of `SETTINGS` (TopK and BatchTopK, AuxK active) on every rank; rank 0 saves each set's
+Trains the settings of `SETTINGS` (TopK and BatchTopK, AuxK active, the buffer refilled at step 32, text
+batches of 8 so each buffer holds several ranks' rows) on every rank; rank 0 saves each set's
 state dict, its training curves and how many text batches each rank ran the model on."""
 
 import sys
@@ -15,7 +16,16 @@ from reward_lens.demo import synthetic
 from reward_lens.representations.transcoders import train as train_module
 
 TEXTS = dict(n=120, seed=7)
-SETTINGS = dict(d_tc=256, k=4, layers=[0, 2], steps=40, batch_size=128, buffer_tokens=2048, dead_after=100)
+SETTINGS = dict(
+    d_tc=256,
+    k=4,
+    layers=[0, 2],
+    steps=40,
+    batch_size=128,
+    buffer_tokens=1024,
+    dead_after=100,
+    model_batch_size=8,
+)
 
 
 def texts():
