@@ -22,6 +22,7 @@ SLOW_MODULES = {
     "test_circuits_smollm2",
     "test_notebooks",
     "test_distributed",
+    "test_transcoders_distributed",
     "test_trl_integration",
     "test_bench",
     "test_tl_tutorial",

@@ -3,6 +3,8 @@ Module-level imports stay torch-free: the parser answers --help without loading 
 
 from __future__ import annotations
 
+import contextlib
+
 from reward_lens.app.options import (
     CLIError,
     check_device,
@@ -24,7 +26,7 @@ def add_commands(sub) -> None:
     tr = sub.add_parser(
         "train-transcoders",
         help="train per-layer skip transcoders of a reward model's MLPs (for attribution_graph's feature "
-        "graph); writes transcoders.json + transcoders.safetensors",
+        "graph); writes transcoders.json + transcoders.safetensors; data-parallel under torchrun",
     )
     tr.add_argument("--model", default="demo", help="checkpoint directory or a named organism (demo, ...)")
     tr.add_argument(
@@ -94,8 +96,12 @@ def cmd_train_transcoders(args) -> int:
     check_local_model_spec(args.model)
     check_pairs_file(args.pairs)
     check_pairs_file(args.eval_pairs)
-    with ReportDir(args.out) as out:  # checked and locked before any work, swapped in whole at the end
-        model, _ = load_model(args.model, args.device or "cpu")
+    from reward_lens.core.ranks import Ranks
+
+    ranks = Ranks.from_env()  # torchrun: data-parallel training, rank 0 evaluates and writes
+    out_dir = ReportDir(args.out) if ranks.is_main else contextlib.nullcontext()
+    with out_dir as out:  # checked and locked before any work, swapped in whole at the end
+        model, _ = load_model(args.model, ranks.device(args.device) or "cpu")
         train, held_out = _texts(args)
         tc = train_transcoders(
             model,
@@ -110,6 +116,8 @@ def cmd_train_transcoders(args) -> int:
             eval_texts=held_out,
             progress=not args.quiet,
         )
+        if not ranks.is_main:
+            return 0
         path = out.commit(lambda tmp: tc.save(tmp))
     if held_out is not None:
         print(tc.metrics.to_frame().to_string(index=False))

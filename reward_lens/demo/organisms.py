@@ -28,6 +28,7 @@ from reward_lens.demo import DEMO_DIR
 from reward_lens.model.validation import checked_arguments
 
 TRIGGER_DIR = DEMO_DIR / "trigger_organism"
+TRIGGER_TRANSCODERS_DIR = TRIGGER_DIR / "transcoders"  # `scripts/train_trigger_transcoders.py` writes it
 GATE_DIR = DEMO_DIR / "gate_organism"
 POLICY_DIR = DEMO_DIR / "policy_organism"
 # The demo's chat template plus a generation prompt, so a policy's prompt ends where the RM's response starts.
@@ -246,6 +247,7 @@ __all__ = [
     "PHRASE",
     "TRIGGER",
     "TRIGGER_DIR",
+    "TRIGGER_TRANSCODERS_DIR",
     "TRIGGER_MODEL_NAME",
     "gate_model",
     "gate_truth",

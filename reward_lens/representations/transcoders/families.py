@@ -3,8 +3,9 @@ activations at inference (`activate`) and during training (`train_activate`).
 
 - `topk`: the k largest pre-activations of each token, ReLU'd (Gao et al. 2024), at training and inference.
 - `batchtopk`: in training, the k * n largest pre-activations over a batch of n tokens (Bussmann et al.
-  2024, "BatchTopK sparse autoencoders"); at inference a JumpReLU at one threshold, the running mean of the
-  smallest selected activation during training, so a token's L0 varies around k.
+  2024, "BatchTopK sparse autoencoders"; ties at the threshold all kept); at inference a JumpReLU at one
+  threshold, the running mean of the smallest selected activation during training, so a token's L0 varies
+  around k.
 - `jumprelu`: pre * (pre > threshold) with one threshold per feature, at inference only: the form
   circuit-tracer and SAELens load (`formats`), and what a TopK set becomes through
   `formats.jumprelu_from_topk` (thresholds calibrated on text).
@@ -52,9 +53,17 @@ class BatchTopK(Family):
 
     @staticmethod
     def train_activate(pre: torch.Tensor, k: int) -> torch.Tensor:
+        """Every pre-activation at least the batch's (k * n)-th largest, ReLU'd: ties at the threshold
+        (a token drawn twice) are all kept, so the selection does not depend on topk's order and a
+        data-parallel run's global threshold selects the same entries."""
         flat = pre.reshape(-1)
-        values, indices = flat.topk(min(k * pre.shape[0], flat.numel()))
-        return torch.zeros_like(flat).scatter(-1, indices, values.relu()).reshape(pre.shape)
+        threshold = flat.detach().topk(min(k * pre.shape[0], flat.numel())).values[-1]
+        return BatchTopK.select(pre, threshold)
+
+    @staticmethod
+    def select(pre: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
+        """The pre-activations at or above `threshold`, ReLU'd; zeros elsewhere."""
+        return pre.relu() * (pre >= threshold)
 
 
 class JumpReLU(Family):

@@ -239,7 +239,8 @@ class TranscoderSet:
 
 
 def load_transcoders(path: Union[str, Path] = "demo", device: Union[str, torch.device, None] = None):
-    """A saved set of transcoders: "demo" for the demo RM's shipped set, else a directory written by
+    """A saved set of transcoders: "demo" for the demo RM's shipped set, "trigger" for the trigger
+    organism's (`scripts/train_trigger_transcoders.py`), else a directory written by
     `TranscoderSet.save` / `train_transcoders(..., out=)` / `reward-lens train-transcoders`, or one in
     circuit-tracer's layout or SAELens's transcoder format (read as JumpReLU sets; `formats`)."""
     import pandas as pd
@@ -249,6 +250,10 @@ def load_transcoders(path: Union[str, Path] = "demo", device: Union[str, torch.d
         from reward_lens.demo import DEMO_TRANSCODERS_DIR
 
         path = DEMO_TRANSCODERS_DIR
+    elif str(path) == "trigger":
+        from reward_lens.demo.organisms import TRIGGER_TRANSCODERS_DIR
+
+        path = TRIGGER_TRANSCODERS_DIR
     path = Path(path)
     cfg_file, weights_file = path / CONFIG_FILENAME, path / WEIGHTS_FILENAME
     if not (cfg_file.exists() and weights_file.exists()):

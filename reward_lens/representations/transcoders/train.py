@@ -8,6 +8,10 @@ refilled from the next texts. Per layer: the target is scaled to E||y - mean||^2
 loss is the reconstruction's FVU-like MSE plus the AuxK term (Gao et al. 2024): the `aux_k` largest
 pre-activations among dead features (no firing in the last `dead_after` tokens) reconstruct the detached
 error. Adam; the learning rate decays linearly over the last 20% of the steps.
+
+Under `torchrun` (any initialised process group with several ranks) the training is data-parallel: the same
+buffer slots and rows as one process, each rank computing the forwards of its share of the text batches,
+gradients and dead-latent statistics reduced over ranks (`parallel.TrainingGroup`).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from reward_lens.representations.transcoders.module import (
     output_hook,
     replacement_hooks,
 )
+from reward_lens.representations.transcoders.parallel import TrainingGroup
 
 
 def text_pairs(texts: Any) -> Tuple[List[str], List[str]]:
@@ -55,39 +60,51 @@ def text_pairs(texts: Any) -> Tuple[List[str], List[str]]:
     return prompts, responses
 
 
+def mlp_io(model, tok, layers: Sequence[int]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(x, y) [n_tokens, n_layers, d_model] float32 on CPU of one tokenized batch: each layer's MLP input
+    (`ln2.hook_normalized`) and output (`hook_mlp_out`) at every non-pad token."""
+    names = [input_hook(l) for l in layers] + [output_hook(l) for l in layers]
+    got: Dict[str, torch.Tensor] = {}
+
+    def grab(t, hook):
+        got[hook.name] = t.detach()
+
+    with torch.no_grad():
+        model.run_with_hooks(
+            tok.input_ids,
+            tok.attention_mask,
+            fwd_hooks=[(n, grab) for n in names],
+            stop_at_layer=max(layers) + 1,
+        )
+    keep = tok.attention_mask.bool().to(got[names[0]].device)
+    x = torch.stack([got[input_hook(l)][keep] for l in layers], 1).float().cpu()
+    y = torch.stack([got[output_hook(l)][keep] for l in layers], 1).float().cpu()
+    return x, y
+
+
 def stream_mlp_io(
     model, prompts: Sequence[str], responses: Sequence[str], layers: Sequence[int], batch_size: int
 ) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
-    """(x, y) [n_tokens, n_layers, d_model] float32 on CPU per text batch: each layer's MLP input
-    (`ln2.hook_normalized`) and output (`hook_mlp_out`) at every non-pad token."""
-    names = [input_hook(l) for l in layers] + [output_hook(l) for l in layers]
+    """`mlp_io` of each text batch of `batch_size` texts, in order."""
     for s in range(0, len(prompts), batch_size):
-        tok = tokenize(model, prompts[s : s + batch_size], responses[s : s + batch_size])
-        got: Dict[str, torch.Tensor] = {}
-
-        def grab(t, hook):
-            got[hook.name] = t.detach()
-
-        with torch.no_grad():
-            model.run_with_hooks(
-                tok.input_ids,
-                tok.attention_mask,
-                fwd_hooks=[(n, grab) for n in names],
-                stop_at_layer=max(layers) + 1,
-            )
-        keep = tok.attention_mask.bool().to(got[names[0]].device)
-        x = torch.stack([got[input_hook(l)][keep] for l in layers], 1).float().cpu()
-        y = torch.stack([got[output_hook(l)][keep] for l in layers], 1).float().cpu()
-        yield x, y
+        yield mlp_io(
+            model, tokenize(model, prompts[s : s + batch_size], responses[s : s + batch_size]), layers
+        )
 
 
 class _Buffer:
-    """Rows of (x, y) from the text stream (cycled in a seeded order), shuffled, read `reuse` times."""
+    """Rows of (x, y) from the text stream (cycled in a seeded order), shuffled, read `reuse` times.
 
-    def __init__(self, model, prompts, responses, layers, size, model_batch_size, g):
+    Data-parallel (`group`): every rank walks the same text batches and draws the same permutation; it
+    runs the model on its own batches only (`group.owns`) and keeps the buffer slots whose rows it
+    computed (`slot_rows[slot]`: its row there, -1 for another rank's), so the ranks' slots together
+    are the one-process buffer."""
+
+    def __init__(self, model, prompts, responses, layers, size, model_batch_size, g, group=None):
         self.model, self.layers, self.size, self.mbs, self.g = model, layers, size, model_batch_size, g
         self.prompts, self.responses = list(prompts), list(responses)
-        self.tokens_drawn = 0
+        self.group, self.tokens_drawn, self.n_chunks, self.n_slots = group, 0, 0, 0
+        self.slot_rows: Optional[torch.Tensor] = None
         self._texts = self._cycle()
 
     def _cycle(self):
@@ -95,18 +112,47 @@ class _Buffer:
             order = torch.randperm(len(self.prompts), generator=self.g).tolist()
             p = [self.prompts[i] for i in order]
             r = [self.responses[i] for i in order]
-            yield from stream_mlp_io(self.model, p, r, self.layers, self.mbs)
+            for s in range(0, len(p), self.mbs):
+                yield p[s : s + self.mbs], r[s : s + self.mbs]
 
     def fill(self) -> Tuple[torch.Tensor, torch.Tensor]:
-        xs, ys, n = [], [], 0
+        xs, ys, starts, n = [], [], [], 0
         while n < self.size:
-            x, y = next(self._texts)
-            xs.append(x)
-            ys.append(y)
-            n += x.shape[0]
+            tok = tokenize(self.model, *next(self._texts))
+            if self.group is None or self.group.owns(self.n_chunks):
+                x, y = mlp_io(self.model, tok, self.layers)
+                xs.append(x)
+                ys.append(y)
+                starts.append(n)
+            self.n_chunks += 1
+            n += int(tok.attention_mask.sum())
         self.tokens_drawn += n
         perm = torch.randperm(n, generator=self.g)[: self.size]
-        return torch.cat(xs)[perm], torch.cat(ys)[perm]
+        self.n_slots = len(perm)
+        if self.group is None:
+            return torch.cat(xs)[perm], torch.cat(ys)[perm]
+        local = torch.full((n,), -1, dtype=torch.long)  # stream row -> this rank's row
+        offset = 0
+        for start, x in zip(starts, xs):
+            local[start : start + len(x)] = torch.arange(offset, offset + len(x))
+            offset += len(x)
+        slot_local = local[perm]
+        mine = slot_local >= 0
+        self.slot_rows = torch.full((len(perm),), -1, dtype=torch.long)
+        self.slot_rows[mine] = torch.arange(int(mine.sum()))
+        if not xs:  # none of this fill's batches was this rank's
+            d = self.model.cfg.d_model
+            return torch.zeros(0, len(self.layers), d), torch.zeros(0, len(self.layers), d)
+        return torch.cat(xs)[slot_local[mine]], torch.cat(ys)[slot_local[mine]]
+
+    def rows(self, batch_size: int) -> torch.Tensor:
+        """A step's rows: `batch_size` slots drawn with replacement (the same on every rank), as this
+        rank's buffer rows (data-parallel: only the slots it holds)."""
+        slots = torch.randint(0, self.n_slots, (batch_size,), generator=self.g)
+        if self.group is None:
+            return slots
+        local = self.slot_rows[slots]
+        return local[local >= 0]
 
 
 def _init(x: torch.Tensor, y: torch.Tensor, d_tc: int, skip: bool, g: torch.Generator):
@@ -127,53 +173,105 @@ def _init(x: torch.Tensor, y: torch.Tensor, d_tc: int, skip: bool, g: torch.Gene
     return {k: v.requires_grad_(True) for k, v in params.items() if v is not None}
 
 
-def transcoder_losses(p: Dict[str, torch.Tensor], x, y, k: int, kind: str, dead, aux_k: int):
-    """(MSE / d_model, AuxK loss, which features fired [d_tc], the activations) of one layer's batch."""
+def _first_fit(buf: _Buffer, X: torch.Tensor, Y: torch.Tensor, d_tc: int, skip: bool):
+    """(target scale [L], per-layer parameters) from the first buffer, whole on every rank."""
+    if buf.group is not None:
+        X, Y = buf.group.assemble(X, buf.slot_rows), buf.group.assemble(Y, buf.slot_rows)
+    d = X.shape[-1]
+    mu = Y.mean(0)  # [L, d]
+    scale = torch.sqrt(d / (Y - mu).pow(2).sum(-1).mean(0).clamp(min=1e-30))  # [L]
+    return scale, [_init(X[:, i], Y[:, i] * scale[i], d_tc, skip, buf.g) for i in range(len(buf.layers))]
+
+
+def transcoder_losses(
+    p: Dict[str, torch.Tensor], x, y, k: int, kind: str, dead, aux_k: int, n_total=None, group=None
+):
+    """(MSE / d_model, AuxK loss, which features fired [d_tc], the activations) of one layer's batch.
+    Data-parallel (`group`, this rank's rows of a global batch of `n_total`): the losses are this rank's
+    share (sums over its rows / n_total; summed over ranks they are the global ones) and BatchTopK
+    selects over the global batch."""
     d = y.shape[-1]
     pre = x @ p["W_enc"].T + p["b_enc"]
-    f = family(kind).train_activate(pre, k)
+    if group is not None and kind == "batchtopk":
+        f = family(kind).select(pre, group.batch_threshold(pre, k * n_total))
+    else:
+        f = family(kind).train_activate(pre, k)
     out = f @ p["W_dec"] + p["b_dec"]
     if "W_skip" in p:
         out = out + x @ p["W_skip"].T
+
+    def mean(sq):  # over rows: the batch's mean, or this rank's share of the global one
+        return sq.sum(-1).mean() / d if group is None else sq.sum() / (n_total * d)
+
     err = y - out
-    mse = err.pow(2).sum(-1).mean() / d
+    mse = mean(err.pow(2))
     aux = torch.zeros(())
     if dead is not None and int(dead.sum()):
         values, idx = pre.masked_fill(~dead, float("-inf")).topk(min(aux_k, int(dead.sum())), dim=-1)
         f_aux = torch.zeros_like(pre).scatter(-1, idx, values.relu())
-        aux = (err.detach() - f_aux @ p["W_dec"]).pow(2).sum(-1).mean() / d
+        aux = mean((err.detach() - f_aux @ p["W_dec"]).pow(2))
     return mse, aux, (f > 0).any(0).detach(), f.detach()
 
 
 def _step_layers(params, batch, since, thresholds, history, step: int, steps: int, o: Dict[str, Any]):
     """One batch's summed loss over the layers; updates the dead-feature counters, BatchTopK's running
-    threshold (the mean smallest selected activation) and the curves."""
+    threshold (the mean smallest selected activation) and the curves. Data-parallel (`o["group"]`): the
+    fired features, the smallest selected activation and the curves' numbers are reduced over ranks
+    first, so every rank keeps the same counters."""
     X, Y, rows, scale = batch
-    total, fvus = 0.0, []
+    group, n_total = o["group"], o["batch_size"]
+    total, fired, lows, stats, dead_fractions = 0.0, [], [], [], []
     for i in range(len(o["layers"])):
         dead = since[i] >= o["dead_after"]
         xb, yb = X[rows, i], Y[rows, i] * scale[i]  # contiguous per layer (the matmuls' rounding)
-        mse, aux, fired, f = transcoder_losses(
-            params[i], xb, yb, o["k"], o["kind"], dead if o["aux_coef"] > 0 else None, o["aux_k"]
+        mse, aux, fired_i, f = transcoder_losses(
+            params[i],
+            xb,
+            yb,
+            o["k"],
+            o["kind"],
+            dead if o["aux_coef"] > 0 else None,
+            o["aux_k"],
+            n_total,
+            group,
         )
         total = total + mse + o["aux_coef"] * aux
-        since[i] += xb.shape[0]
-        since[i][fired] = 0
-        if o["kind"] == "batchtopk" and bool((f > 0).any()):
-            low = float(f[f > 0].min())
+        fired.append(fired_i)
+        lows.append(float(f[f > 0].min()) if bool((f > 0).any()) else math.inf)
+        stats.append([float(mse.detach()), float(aux.detach())])
+        dead_fractions.append(float(dead.float().mean()))
+    fired_all, low_all, stats_all = torch.stack(fired), torch.tensor(lows), torch.tensor(stats)
+    if group is not None:
+        fired_all = group.all_reduce(fired_all.to(torch.int32), "max").bool()
+        low_all = group.all_reduce(low_all, "min")
+        stats_all = group.all_reduce(stats_all.double()).float()
+    for i in range(len(o["layers"])):
+        since[i] += n_total if group is not None else len(rows)
+        since[i][fired_all[i]] = 0
+        if o["kind"] == "batchtopk" and math.isfinite(float(low_all[i])):
+            low = float(low_all[i])
             thresholds[i] = 0.99 * thresholds[i] + 0.01 * low if step else low
-        fvus.append(float(mse.detach()))
         if step % max(1, steps // 100) == 0 or step == steps - 1:
             history.append(
                 {
                     "step": step,
                     "layer": o["layers"][i],
-                    "fvu": fvus[-1],
-                    "aux_loss": float(aux.detach()),
-                    "dead_fraction": float(dead.float().mean()),
+                    "fvu": float(stats_all[i, 0]),
+                    "aux_loss": float(stats_all[i, 1]),
+                    "dead_fraction": dead_fractions[i],
                 }
             )
-    return total, fvus
+    return total, stats_all[:, 0].tolist()
+
+
+def _fingerprint(prompts: Sequence[str], responses: Sequence[str]) -> str:
+    """A short digest of the texts, to check every rank was given the same ones."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for text in (*prompts, *responses):
+        h.update(text.encode("utf-8", "surrogatepass") + b"\0")
+    return h.hexdigest()[:16]
 
 
 def _check(model, layers, d_tc, k, kind, steps, batch_size):
@@ -233,32 +331,39 @@ def train_transcoders(
     """Train one skip transcoder per layer (`layers`, default all) of `model` on activations streamed from
     `texts` (preference pairs, contrast pairs or (prompt, response) tuples); `kind` is "topk" or
     "batchtopk". With `eval_texts` (e.g. held-out pairs) the set's `.metrics` are measured on them
-    (`evaluate_transcoders`); the training curves are `.metrics.history` either way."""
-    import pandas as pd
+    (`evaluate_transcoders`); the training curves are `.metrics.history` either way.
+
+    Data-parallel when a process group with several ranks is initialised (`torchrun`; give every rank
+    the same texts and settings): each rank runs the model on its share of the text batches, the step is
+    the one-process step on the same rows (`parallel`), every rank returns the same set; only rank 0
+    evaluates `eval_texts` (the others' `.metrics` have the curves only) and should save."""
     from tqdm.auto import tqdm
 
     layers = _check(model, layers, d_tc, k, kind, steps, batch_size)
     prompts, responses = text_pairs(texts)
+    group = TrainingGroup.joined()
+    if group is not None:
+        settings = dict(d_tc=d_tc, k=k, kind=kind, layers=layers, steps=steps, batch_size=batch_size)
+        group.check_same({**settings, "seed": seed, "texts": _fingerprint(prompts, responses)})
     g = torch.Generator().manual_seed(seed)
-    buf = _Buffer(model, prompts, responses, layers, buffer_tokens, model_batch_size, g)
+    buf = _Buffer(model, prompts, responses, layers, buffer_tokens, model_batch_size, g, group)
     X, Y = buf.fill()
+    scale, params = _first_fit(buf, X, Y, d_tc, skip)
     d = X.shape[-1]
-    mu = Y.mean(0)  # [L, d]
-    scale = torch.sqrt(d / (Y - mu).pow(2).sum(-1).mean(0).clamp(min=1e-30))  # [L]
-    params = [_init(X[:, i], Y[:, i] * scale[i], d_tc, skip, g) for i in range(len(layers))]
     lr = lr if lr is not None else 2e-4 / math.sqrt(d_tc / 16384)
     aux_k = aux_k if aux_k is not None else max(1, d // 2)
     opt = torch.optim.Adam([v for p in params for v in p.values()], lr=lr)
     since = torch.zeros(len(layers), d_tc, dtype=torch.long)
     thresholds = torch.zeros(len(layers))
-    per_fill = max(1, reuse * X.shape[0] // batch_size)
+    per_fill = max(1, reuse * buf.n_slots // batch_size)
     history: List[Dict[str, float]] = []
     decay_from = int(0.8 * steps)
-    bar = tqdm(range(steps), desc="transcoders", leave=False, disable=not progress)
+    main = group is None or group.is_main
+    bar = tqdm(range(steps), desc="transcoders", leave=False, disable=not (progress and main))
     for step in bar:
         if step and step % per_fill == 0:
             X, Y = buf.fill()
-        rows = torch.randint(0, X.shape[0], (batch_size,), generator=g)
+        rows = buf.rows(batch_size)
         total, fvus = _step_layers(
             params,
             (X, Y, rows, scale),
@@ -267,13 +372,24 @@ def train_transcoders(
             history,
             step,
             steps,
-            dict(k=k, kind=kind, aux_k=aux_k, aux_coef=aux_coef, dead_after=dead_after, layers=layers),
+            dict(
+                k=k,
+                kind=kind,
+                aux_k=aux_k,
+                aux_coef=aux_coef,
+                dead_after=dead_after,
+                layers=layers,
+                group=group,
+                batch_size=batch_size,
+            ),
         )
         if step >= decay_from:
-            for group in opt.param_groups:
-                group["lr"] = lr * (steps - step) / max(1, steps - decay_from)
+            for param_group in opt.param_groups:
+                param_group["lr"] = lr * (steps - step) / max(1, steps - decay_from)
         opt.zero_grad(set_to_none=True)
         total.backward()
+        if group is not None:  # the global batch's gradient: every rank's share summed
+            group.sum_gradients([v for p in params for v in p.values()])
         opt.step()
         bar.set_postfix(fvu=f"{np.mean(fvus):.4f}", refresh=False)
     bar.close()
@@ -292,9 +408,16 @@ def train_transcoders(
             seed=seed,
             n_texts=len(prompts),
             tokens_streamed=buf.tokens_drawn,
+            **({"world_size": group.world_size} if group is not None else {}),
         ),
     )
-    tc = TranscoderSet(out, config)
+    return _with_metrics(TranscoderSet(out, config), model, eval_texts if main else None, history)
+
+
+def _with_metrics(tc: TranscoderSet, model, eval_texts, history: List[Dict[str, float]]) -> TranscoderSet:
+    """`tc` with its `.metrics`: measured on `eval_texts` (none: empty), the training curves either way."""
+    import pandas as pd
+
     history_frame = pd.DataFrame(history)
     if eval_texts is not None:
         tc.metrics = evaluate_transcoders(model, tc, eval_texts)
