@@ -28,7 +28,7 @@ from safetensors.torch import save_file
 
 import reward_lens as rl
 from reward_lens.demo import synthetic
-from reward_lens.representations.transcoders.formats import _jumprelu_copy
+from reward_lens.representations.transcoders.convert import _jumprelu_copy
 from reward_lens.representations.transcoders.train import stream_mlp_io, text_pairs
 
 HELD_OUT_SEED, TEXT_SEED = 1, 41

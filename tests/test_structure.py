@@ -436,3 +436,48 @@ def test_no_pickle_is_loaded_that_could_run_code():
 def test_the_unsafe_load_check_finds_a_bare_torch_load():
     assert unsafe_loads("import torch\ntorch.load('x')\ntorch.load('y', weights_only=True)\n") == [2]
     assert unsafe_loads("import pickle\npickle.loads(b'')\n") == [2]
+
+
+MUTATORS = {"update", "extend", "append", "insert", "setdefault", "add"}
+
+
+def tables_filled_from_outside(source: str, imported: Set[str]) -> List[int]:
+    """Lines where module-level code fills a table it imported from another module (`TABLE.update(...)`,
+    `TABLE[key] = ...`): a registry installed from elsewhere, which the import graph does not show."""
+    lines = []
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
+            f = node.value.func
+            if isinstance(f, ast.Attribute) and f.attr in MUTATORS and isinstance(f.value, ast.Name):
+                if f.value.id in imported:
+                    lines.append(node.lineno)
+        elif isinstance(node, (ast.Assign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for t in targets:
+                if isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name) and t.value.id in imported:
+                    lines.append(node.lineno)
+    return lines
+
+
+def test_no_table_is_filled_from_another_module():
+    """A registry lives with the module that owns it and is filled there (or by a module it imports), never
+    by a module that imports it and writes into it at import time: that dependency would point the wrong
+    way and hide from the import graph."""
+    files = module_files()
+    modules = set(files)
+    bad = []
+    for module, path in files.items():
+        imported = {name for target, name in imports_of(module, path, modules) if name and target != module}
+        bad += [
+            f"{path.relative_to(PACKAGE.parent)}:{n}"
+            for n in tables_filled_from_outside(path.read_text(), imported)
+        ]
+    assert not bad, f"module-level writes into another module's table: {bad}"
+
+
+def test_the_table_check_finds_a_registration_from_above():
+    source = (
+        "from reward_lens.x import TABLE, other\n\nTABLE.update({'a': 1})\nTABLE['b'] = 2\n"
+        "local = {}\nlocal['c'] = 3\n"
+    )
+    assert tables_filled_from_outside(source, {"TABLE", "other"}) == [3, 4]

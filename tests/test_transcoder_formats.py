@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 import reward_lens as rl
 from reward_lens.demo import synthetic
 from reward_lens.model.hooks import act_name
-from reward_lens.representations.transcoders import formats
+from reward_lens.representations.transcoders import convert
 from reward_lens.representations.transcoders.families import TopK
 
 DATA = Path(__file__).parent / "data"
@@ -169,7 +169,7 @@ def test_jumprelu_thresholds_definition():
     fired[:, 2] = True
     fired[[0, 1], 3] = True  # twice, but its 2nd and 3rd largest tie (2.0): the cut nearest to 2 is 3
     want = torch.tensor([1.5, 1.0 + 1e-3 + 1e-6, 0.0, 1.5])
-    assert torch.allclose(formats.jumprelu_thresholds(pre, fired), want)
+    assert torch.allclose(convert.jumprelu_thresholds(pre, fired), want)
 
 
 def test_batchtopk_converts_exactly():

@@ -1,16 +1,12 @@
 """Per-layer skip transcoders of a reward model's MLPs: `module` (the transcoder, the set, the disk format),
 `families` (TopK, BatchTopK, JumpReLU behind one registry), `train` (training on activations streamed from
-text, held-out evaluation and the replacement model), `formats` (circuit-tracer's and SAELens's formats and
-the TopK -> JumpReLU conversion they need)."""
+text, held-out evaluation and the replacement model), `formats` (circuit-tracer's and SAELens's files, read
+and written at the level of tensors; `module` dispatches to them), `convert` (the TopK -> JumpReLU
+conversion those tools need)."""
 
+from reward_lens.representations.transcoders.convert import jumprelu_from_topk
 from reward_lens.representations.transcoders.families import FAMILIES
-from reward_lens.representations.transcoders.formats import (
-    jumprelu_from_topk,
-    read_circuit_tracer,
-    read_saelens,
-    save_circuit_tracer,
-    save_saelens,
-)
+from reward_lens.representations.transcoders.formats import save_circuit_tracer, save_saelens
 from reward_lens.representations.transcoders.module import (
     Transcoder,
     TranscoderMetrics,
@@ -32,8 +28,6 @@ __all__ = [
     "jumprelu_from_topk",
     "load_transcoders",
     "output_hook",
-    "read_circuit_tracer",
-    "read_saelens",
     "replacement_hooks",
     "save_circuit_tracer",
     "save_saelens",

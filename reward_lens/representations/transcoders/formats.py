@@ -24,9 +24,12 @@ SAELens applies relu(pre) * (pre > threshold), which equals pre * (pre > thresho
 the exports write only non-negative thresholds, and SAELens files with negative ones load with their
 thresholds raised to 0 (the same map).
 
-TopK has no fixed threshold: `jumprelu_from_topk` sets one per feature from calibration text so that each
-feature fires on as many calibration tokens as under TopK (as near as repeated values allow); BatchTopK's
-inference rule already is a JumpReLU and converts exactly.
+TopK has no fixed threshold: `convert.jumprelu_from_topk` sets one per feature from calibration text;
+BatchTopK's inference rule already is a JumpReLU, and the writers export it as is.
+
+This module works on tensors and the set's attributes only: readers return each layer's weights
+(`LayerWeights`), which `module.load_transcoders` turns into transcoders, so the dependency points down
+(`module` imports `formats`, never the reverse).
 """
 
 from __future__ import annotations
@@ -34,20 +37,13 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any, Dict, Optional, Union
+from typing import Any, Dict, Optional, Tuple, Union
 
 import torch
 
 from reward_lens.loading.checks import check_finite_weights, load_safetensors, read_json
-from reward_lens.model.validation import checked_arguments
-from reward_lens.representations.transcoders.module import (
-    FORMAT_READERS,
-    FORMAT_WRITERS,
-    Transcoder,
-    TranscoderSet,
-    input_hook,
-    output_hook,
-)
+from reward_lens.model.hooks import mlp_input_name as input_hook
+from reward_lens.model.hooks import mlp_output_name as output_hook
 
 CIRCUIT_TRACER_CONFIG = "config.yaml"
 SAELENS_CFG = "cfg.json"
@@ -57,6 +53,10 @@ SAELENS_ARCHITECTURES = ("jumprelu_skip_transcoder", "jumprelu_transcoder", "ski
 SAELENS_FORMAT_VERSION = "6.0.0"
 _LAYER_FILE = re.compile(r"layer_(\d+)\.safetensors$")
 _LAYER_DIR = re.compile(r"layer_(\d+)$")
+# One layer as read from another tool's files: d_model, d_tc, k, skip, and the tensors W_enc [d_tc, d_model],
+# b_enc, W_dec, b_dec, threshold, W_skip (absent without a skip); `module.load_transcoders` builds the
+# JumpReLU transcoder from it.
+LayerWeights = Dict[str, Any]
 
 
 def holds_circuit_tracer(path: Path) -> bool:
@@ -72,128 +72,44 @@ def holds_saelens(path: Path) -> bool:
     )
 
 
-# --- JumpReLU ----------------------------------------------------------------------------------------
-
-
-def _jumprelu_copy(t: Transcoder, threshold: torch.Tensor) -> Transcoder:
-    out = Transcoder(t.d_model, t.d_tc, t.k, "jumprelu", skip=t.W_skip is not None)
-    with torch.no_grad():
-        for name in ("W_enc", "b_enc", "W_dec", "b_dec", "W_skip"):
-            if getattr(t, name) is not None:
-                getattr(out, name).copy_(getattr(t, name))
-        out.threshold.copy_(threshold)
-    return out.to(t.W_enc.device)
-
-
-def jumprelu_thresholds(pre: torch.Tensor, fired: torch.Tensor, tol: float = 1e-5) -> torch.Tensor:
-    """Per-feature thresholds [d_tc] under which `pre > threshold` holds on as many of the rows of `pre`
-    [n, d_tc] as `fired` [n, d_tc] marks: for a feature that fired c times, halfway between its c-th and
-    (c+1)-th largest pre-activation. Texts sharing a prefix repeat activations exactly, and a threshold on
-    a repeated value would split copies by rounding noise, so the cut goes between the nearest pair of
-    values that differ (by more than `tol` relative), the sparser one when two are as near; above the
-    largest value (by 0.1%) for a feature that never fired. Never below 0 (TopK's ReLU never fires a
-    negative pre-activation)."""
-    n = pre.shape[0]
-    counts = fired.sum(0)  # [d_tc]
-    ranked = pre.sort(0, descending=True).values  # [n, d_tc]
-    top = ranked[0] + 1e-3 * ranked[0].abs() + 1e-6
-    bottom = ranked[-1] - 1.0
-    cuts = torch.cat([top[None], (ranked[:-1] + ranked[1:]) / 2, bottom[None]])  # [n + 1]: b rows above
-    apart = torch.ones(n + 1, pre.shape[1], dtype=torch.bool)
-    apart[1:n] = (ranked[:-1] - ranked[1:]) > tol * (1.0 + ranked[1:].abs())
-    b = torch.arange(n + 1, dtype=torch.float64)[:, None]
-    cost = (b - counts[None].double()).abs() + b * 1e-9  # nearest separable count; the sparser on a tie
-    cost[~apart] = float("inf")
-    threshold = cuts.gather(0, cost.argmin(0)[None])[0]
-    return threshold.clamp(min=0.0)
-
-
-@torch.no_grad()
-@checked_arguments(counts={"max_tokens": 1, "batch_size": 1})
-def jumprelu_from_topk(
-    tc: TranscoderSet,
-    model=None,
-    texts: Any = None,
-    *,
-    max_tokens: int = 32_768,
-    batch_size: int = 32,
-) -> TranscoderSet:
-    """The same transcoders with a JumpReLU (pre * (pre > threshold), one threshold per feature): the form
-    circuit-tracer and SAELens load. A TopK set's thresholds are calibrated on `texts` (pairs or
-    (prompt, response) tuples run through `model`, at most `max_tokens` tokens) so that each feature fires
-    on as many calibration tokens as under TopK; use text from the training distribution, not the text you
-    evaluate on. A BatchTopK set converts exactly (its inference rule is this JumpReLU), a JumpReLU set is
-    returned as is."""
-    from reward_lens.representations.transcoders.families import TopK
-    from reward_lens.representations.transcoders.train import stream_mlp_io, text_pairs
-
-    kinds = {tc[l].kind for l in tc.layers}
-    if kinds == {"jumprelu"}:
-        return tc
-    config = dict(tc.config)
-    if kinds == {"batchtopk"}:
-        out = {l: _jumprelu_copy(tc[l], tc[l].threshold.clamp(min=0.0)) for l in tc.layers}
-        config["jumprelu"] = {"source_family": "batchtopk", "exact": True}
-        return TranscoderSet(out, config)
-    if kinds != {"topk"}:
-        raise ValueError(f"cannot convert a set of families {sorted(kinds)}; convert one family at a time")
-    if model is None or texts is None:
-        raise ValueError(
-            "a TopK set needs calibration text for its thresholds: jumprelu_from_topk(tc, model, texts) with "
-            "texts from the training distribution (pairs or (prompt, response) tuples)"
-        )
-    tc.check(model)
-    prompts, responses = text_pairs(texts)
-    xs, n = [], 0
-    for x, _ in stream_mlp_io(model, prompts, responses, tc.layers, batch_size):
-        xs.append(x[: max_tokens - n])
-        n += xs[-1].shape[0]
-        if n >= max_tokens:
-            break
-    X = torch.cat(xs)  # [n, n_layers, d_model]
-    out = {}
-    for i, l in enumerate(tc.layers):
-        t = tc[l]
-        pre = t.pre(X[:, i].to(t.W_enc.device)).float().cpu()
-        fired = TopK.activate(pre, t.k, None) > 0
-        out[l] = _jumprelu_copy(t, jumprelu_thresholds(pre, fired).to(t.W_enc.device))
-    config["jumprelu"] = {
-        "source_family": "topk",
-        "k": tc[tc.layers[0]].k,
-        "calibration": "per-feature firing counts of TopK",
-        "calibration_tokens": int(X.shape[0]),
-        "calibration_texts": len(prompts),
-    }
-    return TranscoderSet(out, config)
-
-
-def _exportable(tc: TranscoderSet, tool: str) -> None:
+def export_thresholds(tc, tool: str) -> Dict[int, torch.Tensor]:
+    """Each layer's JumpReLU threshold as the tools apply it: a JumpReLU set's own, a BatchTopK set's
+    inference threshold (its rule is this JumpReLU, so the export is exact); a TopK set is refused."""
     kinds = {tc[l].kind for l in tc.layers}
     if "topk" in kinds:
         raise ValueError(
             f"{tool} loads JumpReLU transcoders, not TopK ones; convert first with "
             "jumprelu_from_topk(tc, model, texts) (thresholds calibrated on training-distribution text)"
         )
+    if len(kinds) > 1:
+        raise ValueError(f"cannot export a set of families {sorted(kinds)}; convert one family at a time")
+    out = {}
     for l in tc.layers:
-        if bool((tc[l].threshold < 0).any()):
+        threshold = tc[l].threshold.detach()
+        if kinds == {"batchtopk"}:
+            threshold = threshold.clamp(min=0.0)  # never fires a negative pre-activation (its ReLU)
+        elif bool((threshold < 0).any()):
             raise ValueError(
                 f"layer {l} has negative JumpReLU thresholds, which {tool} would apply differently "
                 "(SAELens ReLUs first); raise them to 0 only if no negative pre-activation should fire"
             )
+        out[l] = threshold
+    return out
 
 
-def _as_jumprelu(tc: TranscoderSet, tool: str) -> TranscoderSet:
-    if {tc[l].kind for l in tc.layers} == {"batchtopk"}:
-        tc = jumprelu_from_topk(tc)
-    _exportable(tc, tool)
-    return tc
+def _conversion_note(tc) -> Dict[str, Any]:
+    if "jumprelu" in tc.config:
+        return dict(tc.config["jumprelu"])
+    if tc[tc.layers[0]].kind == "batchtopk":
+        return {"source_family": "batchtopk", "exact": True}
+    return {}
 
 
 # --- circuit-tracer ----------------------------------------------------------------------------------
 
 
 def save_circuit_tracer(
-    tc: TranscoderSet, path: Union[str, Path], *, model_name: Optional[str] = None, scan: Optional[str] = None
+    tc, path: Union[str, Path], *, model_name: Optional[str] = None, scan: Optional[str] = None
 ) -> Path:
     """Write circuit-tracer's per-layer transcoder layout (config.yaml + layer_{l}.safetensors); load it
     there with `load_transcoder_set({l: path/layer_{l}.safetensors}, ...)`, from a hub repo holding the
@@ -201,7 +117,7 @@ def save_circuit_tracer(
     import yaml
     from safetensors.torch import save_file
 
-    tc = _as_jumprelu(tc, "circuit-tracer")
+    thresholds = export_thresholds(tc, "circuit-tracer")
     if tc.layers != list(range(len(tc))):
         raise ValueError(
             f"circuit-tracer needs a transcoder for every layer 0..{max(tc.layers)}; this set covers "
@@ -216,7 +132,7 @@ def save_circuit_tracer(
             "W_dec": t.W_dec,
             "b_enc": t.b_enc,
             "b_dec": t.b_dec,
-            "activation_function.threshold": t.threshold,
+            "activation_function.threshold": thresholds[l],
         }
         if t.W_skip is not None:
             tensors["W_skip"] = t.W_skip
@@ -237,7 +153,7 @@ def save_circuit_tracer(
             "k": first.k,
             "d_model": first.d_model,
             "d_tc": first.d_tc,
-            **({"jumprelu": tc.config["jumprelu"]} if "jumprelu" in tc.config else {}),
+            **({"jumprelu": note} if (note := _conversion_note(tc)) else {}),
         },
     }
     (path / CIRCUIT_TRACER_CONFIG).write_text(yaml.safe_dump(config, sort_keys=False))
@@ -254,9 +170,9 @@ def _check_hooks(source: str, hook_in: Optional[str], hook_out: Optional[str], l
         )
 
 
-def read_circuit_tracer(path: Union[str, Path], device=None) -> TranscoderSet:
-    """A transcoder set from circuit-tracer's per-layer layout (config.yaml + layer_{l}.safetensors): a
-    JumpReLU set (ReLU transcoders, with no threshold, load as threshold 0)."""
+def read_circuit_tracer(path: Union[str, Path]) -> Tuple[Dict[int, LayerWeights], Dict[str, Any]]:
+    """Each layer's JumpReLU weights and the set's info from circuit-tracer's per-layer layout (config.yaml
+    + layer_{l}.safetensors; ReLU transcoders, with no threshold, read as threshold 0)."""
     import yaml
 
     path = Path(path)
@@ -292,13 +208,11 @@ def read_circuit_tracer(path: Union[str, Path], device=None) -> TranscoderSet:
             if name in sd and tuple(sd[name].shape) != shape:
                 raise ValueError(f"{f}: {name} has shape {tuple(sd[name].shape)}, W_enc implies {shape}")
         check_finite_weights(sd.items(), str(f))
-        t = Transcoder(d_model, d_tc, int(extra.get("k", 0)), "jumprelu", skip="W_skip" in sd)
-        with torch.no_grad():
-            for name in ("W_enc", "W_dec", "b_enc", "b_dec", "W_skip"):
-                if name in sd:
-                    getattr(t, name).copy_(sd[name].float())
-            t.threshold.copy_(sd.get("activation_function.threshold", torch.zeros(d_tc)).float())
-        out[l] = t.to(device) if device is not None else t
+        weights = {
+            name: sd[name].float() for name in ("W_enc", "W_dec", "b_enc", "b_dec", "W_skip") if name in sd
+        }
+        weights["threshold"] = sd.get("activation_function.threshold", torch.zeros(d_tc)).float()
+        out[l] = dict(weights, d_model=d_model, d_tc=d_tc, k=int(extra.get("k", 0)), skip="W_skip" in sd)
     info = {
         "model_name": config.get("model_name", ""),
         "format": "circuit-tracer",
@@ -306,13 +220,13 @@ def read_circuit_tracer(path: Union[str, Path], device=None) -> TranscoderSet:
     }
     if "jumprelu" in extra:
         info["jumprelu"] = extra["jumprelu"]
-    return TranscoderSet(out, info)
+    return out, info
 
 
 # --- SAELens -----------------------------------------------------------------------------------------
 
 
-def saelens_config(t: Transcoder, layer: int, model_name: str) -> Dict[str, Any]:
+def saelens_config(t, layer: int, model_name: str) -> Dict[str, Any]:
     """One layer's cfg.json in SAELens's (>= 6) transcoder format."""
     return {
         "architecture": "jumprelu_skip_transcoder" if t.W_skip is not None else "jumprelu_transcoder",
@@ -336,13 +250,13 @@ def saelens_config(t: Transcoder, layer: int, model_name: str) -> Dict[str, Any]
     }
 
 
-def save_saelens(tc: TranscoderSet, path: Union[str, Path], *, model_name: Optional[str] = None) -> Path:
+def save_saelens(tc, path: Union[str, Path], *, model_name: Optional[str] = None) -> Path:
     """Write each layer as an SAELens `jumprelu_skip_transcoder` directory, `path/layer_{l}/` (cfg.json +
     sae_weights.safetensors, W_enc transposed to SAELens's [d_in, d_sae]); load one there with
     `SAE.load_from_disk(path/layer_{l})`, or the set with reward_lens.load_transcoders(path)."""
     from safetensors.torch import save_file
 
-    tc = _as_jumprelu(tc, "SAELens")
+    thresholds = export_thresholds(tc, "SAELens")
     name = model_name or str(tc.config.get("model_name") or "") or "reward-model"
     path = Path(path)
     for l in tc.layers:
@@ -350,7 +264,7 @@ def save_saelens(tc: TranscoderSet, path: Union[str, Path], *, model_name: Optio
         d = path / f"layer_{l}"
         d.mkdir(parents=True, exist_ok=True)
         tensors = {"W_enc": t.W_enc.T, "W_dec": t.W_dec, "b_enc": t.b_enc, "b_dec": t.b_dec}
-        tensors["threshold"] = t.threshold
+        tensors["threshold"] = thresholds[l]
         if t.W_skip is not None:
             tensors["W_skip"] = t.W_skip
         save_file(
@@ -360,8 +274,8 @@ def save_saelens(tc: TranscoderSet, path: Union[str, Path], *, model_name: Optio
     return path
 
 
-def read_saelens_transcoder(path: Union[str, Path]) -> tuple:
-    """(layer, JumpReLU Transcoder, model name) from one SAELens transcoder directory (architectures
+def read_saelens_transcoder(path: Union[str, Path]) -> Tuple[int, LayerWeights, str]:
+    """(layer, its JumpReLU weights, model name) from one SAELens transcoder directory (architectures
     jumprelu_skip_transcoder, jumprelu_transcoder, skip_transcoder, transcoder)."""
     path = Path(path)
     raw = read_json(path / SAELENS_CFG)
@@ -405,20 +319,17 @@ def read_saelens_transcoder(path: Union[str, Path]) -> tuple:
         if tuple(sd[name].shape) != shape:
             raise ValueError(f"{weights}: {name} has shape {tuple(sd[name].shape)}, cfg.json implies {shape}")
     check_finite_weights(((k, sd[k]) for k in expected), str(weights))
-    t = Transcoder(d_in, d_sae, 0, "jumprelu", skip=skip)
-    with torch.no_grad():
-        t.W_enc.copy_(sd["W_enc"].T)
-        for name in ("W_dec", "b_enc", "b_dec", "W_skip"):
-            if name in expected:
-                getattr(t, name).copy_(sd[name])
-        # relu(pre) * (pre > thr) == pre * (pre > max(thr, 0)); plain ReLU transcoders are threshold 0
-        t.threshold.copy_(sd.get("threshold", torch.zeros(d_sae)).clamp(min=0.0))
-    return layer, t, meta.get("model_name") or raw.get("model_name") or ""
+    weights = {"W_enc": sd["W_enc"].T.contiguous()}
+    weights.update({name: sd[name] for name in ("W_dec", "b_enc", "b_dec", "W_skip") if name in expected})
+    # relu(pre) * (pre > thr) == pre * (pre > max(thr, 0)); plain ReLU transcoders are threshold 0
+    weights["threshold"] = sd.get("threshold", torch.zeros(d_sae)).clamp(min=0.0)
+    weights.update(d_model=d_in, d_tc=d_sae, k=0, skip=skip)
+    return layer, weights, meta.get("model_name") or raw.get("model_name") or ""
 
 
-def read_saelens(path: Union[str, Path], device=None) -> TranscoderSet:
-    """A transcoder set from SAELens transcoder directories: `path` itself (one layer) or its
-    `layer_{l}/` subdirectories (as `save_saelens` writes)."""
+def read_saelens(path: Union[str, Path]) -> Tuple[Dict[int, LayerWeights], Dict[str, Any]]:
+    """Each layer's JumpReLU weights and the set's info from SAELens transcoder directories: `path` itself
+    (one layer) or its `layer_{l}/` subdirectories (as `save_saelens` writes)."""
     path = Path(path)
     dirs = (
         [path]
@@ -430,13 +341,14 @@ def read_saelens(path: Union[str, Path], device=None) -> TranscoderSet:
     )
     out, names = {}, set()
     for d in dirs:
-        layer, t, name = read_saelens_transcoder(d)
+        layer, weights, name = read_saelens_transcoder(d)
         if layer in out:
             raise ValueError(f"{path}: two SAELens transcoders for layer {layer}; keep one per layer")
-        out[layer] = t.to(device) if device is not None else t
+        out[layer] = weights
         names.add(name)
-    return TranscoderSet(out, {"model_name": sorted(names)[0] if names else "", "format": "saelens"})
+    return out, {"model_name": sorted(names)[0] if names else "", "format": "saelens"}
 
 
-FORMAT_WRITERS.update({"circuit-tracer": save_circuit_tracer, "saelens": save_saelens})
-FORMAT_READERS.extend([(holds_circuit_tracer, read_circuit_tracer), (holds_saelens, read_saelens)])
+# format name -> writer(tc, path); (holds(path), read(path)) for a directory not in reward-lens's own format
+WRITERS = {"circuit-tracer": save_circuit_tracer, "saelens": save_saelens}
+READERS = ((holds_circuit_tracer, read_circuit_tracer), (holds_saelens, read_saelens))

@@ -18,22 +18,19 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 import torch
 import torch.nn as nn
 
 from reward_lens.model.hooks import mlp_input_name, mlp_output_name
 from reward_lens.model.validation import checked_arguments
+from reward_lens.representations.transcoders import formats
 from reward_lens.representations.transcoders.families import family
 
 CONFIG_FILENAME = "transcoders.json"
 WEIGHTS_FILENAME = "transcoders.safetensors"
 PARAMS = ("W_enc", "b_enc", "W_dec", "b_dec", "W_skip", "threshold")
-# Other tools' formats, registered by `formats` (imported with the package): format name -> writer(tc, path),
-# and the (holds(path), read(path, device)) pairs `load_transcoders` tries on a directory not in ours.
-FORMAT_WRITERS: Dict[str, Callable[..., Path]] = {}
-FORMAT_READERS: List[Tuple[Callable[[Path], bool], Callable[..., "TranscoderSet"]]] = []
 
 
 input_hook, output_hook = mlp_input_name, mlp_output_name  # blocks.{l}.ln2.hook_normalized, hook_mlp_out
@@ -198,10 +195,10 @@ class TranscoderSet:
         from safetensors.torch import save_file
 
         if format != "reward-lens":
-            if format not in FORMAT_WRITERS:
-                known = ", ".join(repr(f) for f in ["reward-lens", *FORMAT_WRITERS])
+            if format not in formats.WRITERS:
+                known = ", ".join(repr(f) for f in ["reward-lens", *formats.WRITERS])
                 raise ValueError(f"unknown transcoder format {format!r}; use one of {known}")
-            return FORMAT_WRITERS[format](self, path)
+            return formats.WRITERS[format](self, path)
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         tensors = {}
@@ -257,9 +254,9 @@ def load_transcoders(path: Union[str, Path] = "demo", device: Union[str, torch.d
     path = Path(path)
     cfg_file, weights_file = path / CONFIG_FILENAME, path / WEIGHTS_FILENAME
     if not (cfg_file.exists() and weights_file.exists()):
-        for holds, read in FORMAT_READERS:
+        for holds, read in formats.READERS:
             if holds(path):
-                return read(path, device)
+                return _from_layer_weights(*read(path), device)
         raise FileNotFoundError(
             f"{path} holds no transcoders (needs {CONFIG_FILENAME} and {WEIGHTS_FILENAME}, circuit-tracer's "
             "config.yaml + layer_{l}.safetensors, or SAELens's cfg.json + sae_weights.safetensors); train "
@@ -282,6 +279,19 @@ def load_transcoders(path: Union[str, Path] = "demo", device: Union[str, torch.d
             pd.DataFrame(m["layers"]), m["reward_pearson"], m["decision_agreement"], m["n_pairs"]
         )
     return TranscoderSet(out, info, metrics)
+
+
+def _from_layer_weights(layers: Dict[int, Dict[str, Any]], info: Dict[str, Any], device) -> TranscoderSet:
+    """A JumpReLU set from other tools' per-layer weights (`formats.LayerWeights`)."""
+    out: Dict[int, Transcoder] = {}
+    for l, w in layers.items():
+        t = Transcoder(w["d_model"], w["d_tc"], w["k"], "jumprelu", skip=w["skip"])
+        with torch.no_grad():
+            for name in PARAMS:
+                if getattr(t, name) is not None:
+                    getattr(t, name).copy_(w[name])
+        out[int(l)] = t.to(device) if device is not None else t
+    return TranscoderSet(dict(sorted(out.items())), info)
 
 
 def replacement_hooks(tc: TranscoderSet, layers: Optional[Sequence[int]] = None) -> list:
