@@ -28,6 +28,15 @@ from reward_lens.app.bench_registry import CHECKS  # noqa: E402
 from reward_lens.instruments.circuits.contrastive_features import contrast_graphs  # noqa: E402
 
 
+def abs_delta_rank(contrast, features) -> float:
+    """Post hoc: the best rank of `features` with the contrast ranked by |delta| instead of delta."""
+    frame = contrast.to_frame()
+    frame = frame.assign(size=frame.delta.abs()).sort_values("size", ascending=False, kind="stable")
+    wanted = {(int(l), int(i)) for l, i in features}
+    hit = [i for i, (l, f) in enumerate(zip(frame.layer, frame.feature)) if (int(l), int(f)) in wanted]
+    return float(hit[0] + 1) if hit else float("inf")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", choices=["demo", "trigger"], default=None)
@@ -65,6 +74,13 @@ def main() -> None:
             ranks = bf.contrastive_ranks(ctx, dimension)
             out[f"contrastive_ranks_{dimension}"] = ranks
             print(f"{dimension}: best contrastive rank of a planted feature per text {ranks}")
+            pairs = list(zip(bf.probe_graphs(ctx, dimension), bf.control_graphs(ctx, dimension)))
+            planted = bf.planted_features(ctx, dimension)
+            by_abs = [abs_delta_rank(contrast_graphs(g, c), planted) for g, c in pairs]
+            print(f"  post hoc, ranked by |delta| instead: {by_abs}")
+            frame = contrast_graphs(*pairs[0]).to_frame()
+            hit = [(int(l), int(i)) in planted for l, i in zip(frame.layer, frame.feature)]
+            print("  the planted features on text 0:\n" + frame[hit].to_string(index=False))
             c = contrast_graphs(bf.probe_graphs(ctx, dimension)[0], bf.control_graphs(ctx, dimension)[0])
             print(c.summary().to_string(index=False))
     if args.only in (None, "trigger"):
@@ -92,6 +108,11 @@ def main() -> None:
         contrastive = bf.sudo_contrastive_ranks(ctx)
         out["sudo_contrastive_ranks"] = contrastive
         print(f"SUDO-position feature: best contrastive rank per text {contrastive}")
+        by_abs = []
+        for g, c in zip(graphs, bf.trigger_control_graphs(ctx)):
+            nodes = g.nodes[(g.nodes.kind == "feature") & (g.nodes.position == g.token_ids.index(sudo))]
+            by_abs.append(abs_delta_rank(contrast_graphs(g, c), set(zip(nodes.layer, nodes.feature))))
+        print(f"  post hoc, ranked by |delta| instead: {by_abs}")
         c = contrast_graphs(graphs[0], bf.trigger_control_graphs(ctx)[0])
         print(c.summary().to_string(index=False))
     print(json.dumps(out, default=str))
