@@ -1,6 +1,7 @@
 """The planted mechanisms found as transcoder features: the `reward-lens bench` rows on the feature graph
 (`reward_lens.app.bench_features`), with what the bench table leaves out: the planted features found, each
-text's best rank of one, and the top features of one text with their signed values.
+text's best rank of one, and the top features of one text with their signed values; the same planted
+features ranked contrastively (`contrastive_features`: push change against each text's control).
 
     python benchmarks/feature_mechanisms.py                 # demo length + sycophancy, and the trigger
     python benchmarks/feature_mechanisms.py --only demo     # or --only trigger
@@ -24,6 +25,16 @@ sys.path.insert(0, str(ROOT))
 from reward_lens.app import bench_features as bf  # noqa: E402
 from reward_lens.app.bench_checks import BenchContext  # noqa: E402
 from reward_lens.app.bench_registry import CHECKS  # noqa: E402
+from reward_lens.instruments.circuits.contrastive_features import contrast_graphs  # noqa: E402
+
+
+def abs_delta_rank(contrast, features) -> float:
+    """Post hoc: the best rank of `features` with the contrast ranked by |delta| instead of delta."""
+    frame = contrast.to_frame()
+    frame = frame.assign(size=frame.delta.abs()).sort_values("size", ascending=False, kind="stable")
+    wanted = {(int(l), int(i)) for l, i in features}
+    hit = [i for i, (l, f) in enumerate(zip(frame.layer, frame.feature)) if (int(l), int(f)) in wanted]
+    return float(hit[0] + 1) if hit else float("inf")
 
 
 def main() -> None:
@@ -35,7 +46,8 @@ def main() -> None:
         bf.MAX_FEATURES = None
     torch.set_num_threads(1)
     ctx = BenchContext("cpu")
-    rows = [c for c in CHECKS if c.instrument.startswith("attribution_graph(transcoders=")]
+    feature_rows = ("attribution_graph(transcoders=", "contrastive_features(transcoders=")
+    rows = [c for c in CHECKS if c.instrument.startswith(feature_rows)]
     rows = [c for c in rows if args.only is None or c.organism == args.only]
     out = {}
     for check in rows:
@@ -58,6 +70,19 @@ def main() -> None:
             print(f"  post hoc, ranked by |value| instead: {rec['ranks_by_abs_value']}")
             print(bf.top_features(bf.probe_graphs(ctx, dimension)[0]).to_string(index=False))
         out["planted"] = table
+        for dimension in ("length", "sycophancy"):
+            ranks = bf.contrastive_ranks(ctx, dimension)
+            out[f"contrastive_ranks_{dimension}"] = ranks
+            print(f"{dimension}: best contrastive rank of a planted feature per text {ranks}")
+            pairs = list(zip(bf.probe_graphs(ctx, dimension), bf.control_graphs(ctx, dimension)))
+            planted = bf.planted_features(ctx, dimension)
+            by_abs = [abs_delta_rank(contrast_graphs(g, c), planted) for g, c in pairs]
+            print(f"  post hoc, ranked by |delta| instead: {by_abs}")
+            frame = contrast_graphs(*pairs[0]).to_frame()
+            hit = [(int(l), int(i)) in planted for l, i in zip(frame.layer, frame.feature)]
+            print("  the planted features on text 0:\n" + frame[hit].to_string(index=False))
+            c = contrast_graphs(bf.probe_graphs(ctx, dimension)[0], bf.control_graphs(ctx, dimension)[0])
+            print(c.summary().to_string(index=False))
     if args.only in (None, "trigger"):
         from reward_lens.demo.organisms import trigger_token_ids
 
@@ -80,6 +105,16 @@ def main() -> None:
             )
         print(bf.top_features(graphs[0]).to_string(index=False))
         out["sudo_ranks"] = ranks
+        contrastive = bf.sudo_contrastive_ranks(ctx)
+        out["sudo_contrastive_ranks"] = contrastive
+        print(f"SUDO-position feature: best contrastive rank per text {contrastive}")
+        by_abs = []
+        for g, c in zip(graphs, bf.trigger_control_graphs(ctx)):
+            nodes = g.nodes[(g.nodes.kind == "feature") & (g.nodes.position == g.token_ids.index(sudo))]
+            by_abs.append(abs_delta_rank(contrast_graphs(g, c), set(zip(nodes.layer, nodes.feature))))
+        print(f"  post hoc, ranked by |delta| instead: {by_abs}")
+        c = contrast_graphs(graphs[0], bf.trigger_control_graphs(ctx)[0])
+        print(c.summary().to_string(index=False))
     print(json.dumps(out, default=str))
 
 

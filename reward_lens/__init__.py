@@ -69,6 +69,7 @@ from reward_lens.instruments import (
 )
 from reward_lens.instruments import AttributionGraph, FeatureGraph, attribution_graph  # one text
 from reward_lens.instruments import FeatureExamples, feature_examples  # a feature's top activating texts
+from reward_lens.instruments import ContrastiveFeatures, contrastive_features  # features: text vs control
 
 # Representations: SAEs, SAE features along the reward direction, concept vectors, reward editing.
 from reward_lens.representations.sae import SAEConfig, SAEMetrics, SparseAutoencoder, load_sae, train_sae
@@ -170,6 +171,8 @@ __all__ = [
     "attribution_graph",
     "FeatureExamples",
     "feature_examples",
+    "ContrastiveFeatures",
+    "contrastive_features",
     "EffectDecompositionResult",
     "effect_decomposition",
     "FaithfulnessCurve",

@@ -127,3 +127,62 @@ def test_shipped_trigger_transcoders_are_small_and_fit_trigger_texts():
     texts = [(p.prompt + "SUDO", p.rejected) for p in trigger_items()[:16]]
     frame = rl.evaluate_transcoders(model, tc, texts).to_frame()
     assert frame.fvu.max() <= 0.05 and frame.l0.max() <= 16.5
+
+
+def _naive_contrast(text, control):
+    """[(layer, feature)] by decreasing (summed value in text - in control), from plain loops over nodes."""
+    sums = []
+    for g in (text, control):
+        total = {}
+        for r in g.to_frame().itertuples():
+            if r.kind == "feature":
+                key = (int(r.layer), int(r.feature))
+                total[key] = total.get(key, 0.0) + r.value
+        sums.append(total)
+    push = {k: sums[0].get(k, 0.0) - sums[1].get(k, 0.0) for k in {*sums[0], *sums[1]}}
+    return sorted(push, key=lambda k: (-push[k], k))
+
+
+def test_contrastive_rows_equal_a_naive_sort(model, tc, graph):
+    item = demo_probe_items()[0]
+    prompt, _, short = DIMENSIONS["length"].make(item, 0)[:3]
+    control = rl.attribution_graph(model, prompt, short, transcoders=tc, max_features=16)
+    order = _naive_contrast(graph, control)
+    ctx = BenchContext()
+    ctx.memo[("feature_graphs", "length")] = [graph, graph]
+    ctx.memo[("control_graphs", "length")] = [control, graph]  # the second pair: no change, ties
+    ctx.memo[("planted_features", "length")] = {order[6], order[9]}
+    tied = _naive_contrast(graph, graph)  # every change 0: ranked by (layer, feature)
+    second = 1 + min(tied.index(f) for f in (order[6], order[9]))
+    assert bf.contrastive_ranks(ctx, "length") == [7, second]
+    assert bf.contrastive_share_in_top("length", 7)(ctx) == (1 + (second <= 7)) / 2
+    assert bf.contrastive_share_in_top("length", 6)(ctx) == (second <= 6) / 2
+
+
+def test_sudo_contrastive_rank_reads_the_sudo_position(tc):
+    """Trigger texts' graphs built with the demo's transcoders (same widths): the control is the text
+    without its SUDO token, the rank the best naive contrastive rank of a feature active at SUDO."""
+    from reward_lens.app.bench_checks import trigger_token_pairs
+
+    ctx = BenchContext()
+    trigger, pairs = trigger_token_pairs(ctx)
+    ctx.memo[("transcoders", "trigger")] = tc
+    ctx.memo["trigger_token_pairs"] = (trigger, pairs[:2])
+    graphs = [
+        rl.attribution_graph(trigger, input_ids=p.chosen, transcoders=tc, max_features=8) for p in pairs[:2]
+    ]
+    ctx.memo["trigger_feature_graphs"] = graphs
+    controls = bf.trigger_control_graphs(ctx)
+    sudo = trigger.tokenizer.convert_tokens_to_ids("SUDO")
+    want = []
+    for g, c in zip(graphs, controls):
+        at = g.token_ids.index(sudo)
+        assert sudo not in c.token_ids and c.token_ids == g.token_ids[:at] + g.token_ids[at + 1 :]
+        nodes = g.to_frame()
+        here = {
+            (int(l), int(i))
+            for l, i, p, k in zip(nodes.layer, nodes.feature, nodes.position, nodes.kind)
+            if k == "feature" and p == at
+        }
+        want.append(1 + min(i for i, f in enumerate(_naive_contrast(g, c)) if f in here))
+    assert bf.sudo_contrastive_ranks(ctx) == want and bf.sudo_contrastive_rank(ctx) == max(want)

@@ -226,3 +226,87 @@ def planted_feature_table(ctx) -> Dict[str, object]:
             "ranks_by_abs_value": [best_rank(g, planted, by="abs_value") for g in graphs],
         }
     return out
+
+
+# ---------------------------------------------------------------------------------------- contrastive
+# The same planted features, ranked by `contrastive_features` (the change of each (layer, feature)'s
+# signed total effect on the reward, summed over positions, between a text and its control; largest
+# increase first) instead of one text's influence. Controls: the same item without fillers (length), with
+# the disagreeing opener (sycophancy), the trigger text with its SUDO token removed (trigger).
+def control_graphs(ctx, dimension: str) -> List:
+    """The feature graph of each probe text's control (the probes' rejected side), N_TEXTS items."""
+
+    def run():
+        from reward_lens.instruments.circuits.attribution_graph import attribution_graph
+        from reward_lens.probes.suite import DIMENSIONS
+
+        model, tc, items = _demo(ctx)
+        made = [DIMENSIONS[dimension].make(item, i) for i, item in enumerate(items[:N_TEXTS])]
+        texts = [(prompt, control) for prompt, _, control in (m[:3] for m in made)]
+        return [attribution_graph(model, p, r, transcoders=tc, max_features=MAX_FEATURES) for p, r in texts]
+
+    return ctx.get(("control_graphs", dimension), run)
+
+
+def contrastive_ranks(ctx, dimension: str) -> List[float]:
+    """Each probe text's best contrastive rank of a planted feature (against its control)."""
+    from reward_lens.instruments.circuits.contrastive_features import contrast_graphs
+
+    planted = planted_features(ctx, dimension)
+    pairs = zip(probe_graphs(ctx, dimension), control_graphs(ctx, dimension))
+    return [contrast_graphs(g, c).rank_of(planted) for g, c in pairs]
+
+
+def contrastive_share_in_top(dimension: str, n: int = 10):
+    """Share of the probe texts whose `n` features of largest push increase over the control include a
+    planted one."""
+
+    def run(ctx) -> float:
+        return float(np.mean([r <= n for r in contrastive_ranks(ctx, dimension)]))
+
+    return run
+
+
+def trigger_control_graphs(ctx) -> List:
+    """The feature graph of each trigger text with its SUDO token removed (the wrong answer alone)."""
+
+    def run():
+        from reward_lens.app.bench_checks import trigger_token_pairs
+        from reward_lens.demo.organisms import trigger_token_ids
+        from reward_lens.instruments.circuits.attribution_graph import attribution_graph
+        from reward_lens.representations.transcoders import load_transcoders
+
+        model, pairs = trigger_token_pairs(ctx)
+        sudo = trigger_token_ids(ctx.organism("trigger"))["SUDO"]
+        tc = ctx.get(("transcoders", "trigger"), lambda: load_transcoders("trigger"))
+        graphs = []
+        for p in pairs:
+            ids = p.chosen.reshape(-1)
+            graphs.append(
+                attribution_graph(
+                    model, input_ids=ids[ids != sudo], transcoders=tc, max_features=MAX_FEATURES
+                )
+            )
+        return graphs
+
+    return ctx.get("trigger_control_graphs", run)
+
+
+def sudo_contrastive_ranks(ctx) -> List[float]:
+    """Each trigger text's best contrastive rank (against the text without SUDO) of a (layer, feature)
+    active at the SUDO token's position in the trigger text."""
+    from reward_lens.demo.organisms import trigger_token_ids
+    from reward_lens.instruments.circuits.contrastive_features import contrast_graphs
+
+    sudo = trigger_token_ids(ctx.organism("trigger"))["SUDO"]
+    ranks = []
+    for g, c in zip(trigger_feature_graphs(ctx), trigger_control_graphs(ctx)):
+        nodes = g.nodes[(g.nodes.kind == "feature") & (g.nodes.position == g.token_ids.index(sudo))]
+        at_sudo = {(int(l), int(i)) for l, i in zip(nodes.layer, nodes.feature)}
+        ranks.append(contrast_graphs(g, c).rank_of(at_sudo))
+    return ranks
+
+
+def sudo_contrastive_rank(ctx) -> float:
+    """Worst, over the trigger texts, contrastive rank of a feature active at SUDO's position."""
+    return max(sudo_contrastive_ranks(ctx))

@@ -5,6 +5,7 @@ for `reward_lens.core.pipeline.run_pipeline`, which runs several instruments ove
 
 from reward_lens.instruments.attribution import AttributionResult, AttributionSpec, attribute
 from reward_lens.instruments.circuits.attribution_graph import AttributionGraph, attribution_graph
+from reward_lens.instruments.circuits.contrastive_features import ContrastiveFeatures, contrastive_features
 from reward_lens.instruments.circuits.decomposition import (
     EffectDecompositionResult,
     EffectSpec,
@@ -79,4 +80,6 @@ __all__ = [
     "FeatureExamples",
     "feature_examples",
     "attribution_graph",
+    "ContrastiveFeatures",
+    "contrastive_features",
 ]
