@@ -11,8 +11,8 @@ feature's pre-activation and to the reward is then affine; its constant holds b_
 biases and the readout's. The model runs itself through its hooks (patterns, scales replaced by their clean
 values; nothing here computes attention or norms).
 
-- edges: into each feature's pre-activation minus b_enc, and into the reward minus its bias; one backward
-  per target, `chunk` targets per batched forward (one batch row each);
+- edges: into each feature's pre-activation minus b_enc, and into the reward minus its bias; one forward of
+  the text for all targets, then one batched backward per `chunk` targets of a layer;
 - constants: the same forward with every source zeroed;
 - values: each node's exact total effect on the reward in the local replacement model, where features
   downstream are recomputed from their pre-activations with the active set frozen (a = pre on it), so
