@@ -298,6 +298,29 @@ def test_max_features_and_the_component_graph_unchanged(model, tc, graph):
     assert type(plain) is rl.AttributionGraph and "head" in set(plain.nodes.kind)
 
 
+def test_rows_do_not_depend_on_how_targets_share_a_backward(model, tc, graph):
+    """One forward serves every row: 40 random targets (several layers, shuffled) one per backward and
+    64 per batched backward give the graph's own rows (fp32: 1e-6 of the largest edge; the constant's
+    column is filled by the graph afterwards)."""
+    from reward_lens.instruments.circuits import feature_build as fb
+    from reward_lens.instruments.circuits.attribution_graph import _single
+
+    ids, g = graph
+    run = fb.clean_run(model, _single(model, ids), tc)
+    cols = fb.columns(run)
+    pick = torch.randperm(len(g.row_nodes) - 1, generator=torch.Generator().manual_seed(0))[:40]
+    targets = cols.features[g.row_nodes[pick]]
+    assert len(set(targets[:, 0].tolist())) > 1
+    one = fb.target_rows(model, run, tc, cols, targets, chunk=1)
+    many = fb.target_rows(model, run, tc, cols, targets, chunk=64)
+    want = g.rows[pick].clone()
+    want[:, g.constant_node] = 0
+    scale = float(want.abs().max())
+    assert scale > 0
+    assert torch.allclose(one, want, rtol=0, atol=1e-6 * scale)
+    assert torch.allclose(many, want, rtol=0, atol=1e-6 * scale)
+
+
 def test_gate_organism_reward_is_conserved_with_its_gate_frozen(tc):
     """ArmoRM's gate is frozen at the clean text, as in the component graph: the reward's incoming edges
     still sum to the model's own reward minus the (gated) bias."""
@@ -316,6 +339,8 @@ def test_bad_inputs(model, tc, graph):
     ids, _ = graph
     with pytest.raises(ValueError, match="load it first with reward_lens.load_transcoders"):
         rl.attribution_graph(model, input_ids=ids, transcoders="demo")
+    with pytest.raises(ValueError, match="max_features"):
+        rl.attribution_graph(model, input_ids=ids, transcoders=tc, max_features=0)
     part = rl.TranscoderSet({0: tc[0]})
     with pytest.raises(ValueError, match=r"layers \[1, 2, 3\] have no transcoder"):
         rl.attribution_graph(model, input_ids=ids, transcoders=part)

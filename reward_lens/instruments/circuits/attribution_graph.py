@@ -252,7 +252,7 @@ def _single(model, ids) -> Tokenized:
     return Tokenized(ids, mask, model.readout_positions(ids, mask))
 
 
-@checked_arguments(counts={"max_nodes": 1})
+@checked_arguments(counts={"max_nodes": 1, "max_features": 1})
 def attribution_graph(
     model,
     prompt: Union[str, PreferencePair, TokenPair, None] = None,

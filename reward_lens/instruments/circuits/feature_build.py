@@ -11,8 +11,8 @@ feature's pre-activation and to the reward is then affine; its constant holds b_
 biases and the readout's. The model runs itself through its hooks (patterns, scales replaced by their clean
 values; nothing here computes attention or norms).
 
-- edges: into each feature's pre-activation minus b_enc, and into the reward minus its bias; one backward
-  per target, `chunk` targets per batched forward (one batch row each);
+- edges: into each feature's pre-activation minus b_enc, and into the reward minus its bias; one forward of
+  the text for all targets, then one batched backward per `chunk` targets of a layer;
 - constants: the same forward with every source zeroed;
 - values: each node's exact total effect on the reward in the local replacement model, where features
   downstream are recomputed from their pre-activations with the active set frozen (a = pre on it), so
@@ -203,23 +203,34 @@ def columns(run: CleanRun) -> Columns:
 
 def edges_from_grads(run: CleanRun, tc, cols: Columns, g_embed, g_mlp: Dict[int, torch.Tensor]):
     """[B, n_cols] the direct effects of every source on B targets whose gradients at the token writes
-    (g_embed [B, T, d]) and at each layer's MLP-output write (g_mlp[l] [B, T, d]) are given."""
+    (g_embed [B, T, d]) and at each layer's MLP-output write (g_mlp[l] [B, T, d]) are given. A feature's
+    edge is a * (g at its position . its decoder row): one batched product per position over the features
+    active there (never the gradient against every decoder row)."""
     B = g_embed.shape[0]
     out = torch.zeros(B, cols.n)
     T = cols.T
     out[:, cols.token_start : cols.token_start + T] = (g_embed * run.embed).sum(-1).cpu()
     for l, g in g_mlp.items():
-        sel = cols.features[cols.features[:, 0] == l]
-        if len(sel):
-            per = g[:, sel[:, 1]] @ tc[l].W_dec.T.float()  # [B, n_l, d_tc]: d target / d a at (p, f)
-            idx = sel[:, 2].to(per.device)
-            w = per.gather(-1, idx[None, :, None].expand(B, -1, 1))[..., 0]
-            a = run.act[l][sel[:, 1], sel[:, 2]]
-            start = cols.offsets[l]
-            out[:, start : start + len(sel)] = (w * a).cpu()
+        start, stop = cols.offsets[l], cols.offsets[l + 1] if l + 1 < cols.L else cols.n_features
+        if stop > start:
+            out[:, start:stop] = _feature_edges(run, tc, cols, l, g).cpu()
         e = cols.error_start + l * T
         out[:, e : e + T] = (g * run.err[l]).sum(-1).cpu()
     return out
+
+
+def _feature_edges(run: CleanRun, tc, cols: Columns, l: int, g: torch.Tensor) -> torch.Tensor:
+    """[B, n_l] a * (g[:, p] . W_dec[i]) for layer l's active features (p, i), in column order (by
+    position, then feature: `columns`' order)."""
+    sel = cols.features[cols.offsets[l] : cols.offsets[l + 1] if l + 1 < cols.L else cols.n_features]
+    pos, feat = sel[:, 1].to(g.device), sel[:, 2].to(g.device)
+    counts = torch.bincount(pos, minlength=cols.T)
+    width = int(counts.max())
+    slot = torch.arange(len(pos), device=g.device) - (torch.cumsum(counts, 0) - counts)[pos]
+    rows = torch.zeros(cols.T, width, g.shape[-1], dtype=torch.float32, device=g.device)
+    rows[pos, slot] = tc[l].W_dec.float()[feat]
+    per = torch.bmm(g.float().transpose(0, 1), rows.transpose(1, 2))  # [T, B, width]
+    return per[pos, :, slot].T * run.act[l][pos, feat]
 
 
 def _leaves(run: CleanRun, B: int, layers) -> Tuple[torch.Tensor, Dict[int, torch.Tensor]]:
@@ -228,26 +239,37 @@ def _leaves(run: CleanRun, B: int, layers) -> Tuple[torch.Tensor, Dict[int, torc
     return embed, writes
 
 
-def target_rows(model, run: CleanRun, tc, cols: Columns, targets: torch.Tensor, chunk: int = 64):
+def target_rows(
+    model, run: CleanRun, tc, cols: Columns, targets: torch.Tensor, chunk: int = 64, out=None
+) -> torch.Tensor:
     """[n, n_cols] the incoming edges of feature targets [n, 3] (layer, position, feature): the direct
-    effect of each source on the target's pre-activation, everything else frozen; `chunk` rows per
-    batched forward and backward (targets of one layer together, the forward stopping after it)."""
-    rows = torch.zeros(len(targets), cols.n)
-    for l in sorted(set(targets[:, 0].tolist())):
-        where = torch.nonzero(targets[:, 0] == l).flatten()
-        W_enc = tc[l].W_enc.float()
-        for idx in where.split(chunk):
-            pos, feat = targets[idx, 1], targets[idx, 2]
-            B = len(idx)
-            with torch.enable_grad():
-                embed, writes = _leaves(run, B, range(l + 1))  # layer l writes after its input
-                caps = frozen_forward(model, run, tc, embed, lambda m, x: writes[m], stop=l + 1)
-                x = caps["x"][l].float()
-                x = x[torch.arange(B, device=x.device), pos.to(x.device)]
-                pre = (x * W_enc[feat.to(W_enc.device)]).sum()
-                grads = torch.autograd.grad(pre, [embed, *writes.values()], allow_unused=True)
-            g_mlp = {m: _or_zeros(g, writes[m]) for m, g in zip(writes, grads[1:])}
-            rows[idx] = edges_from_grads(run, tc, cols, _or_zeros(grads[0], embed), g_mlp)
+    effect of each source on the target's pre-activation, everything else frozen. The frozen map is
+    linear, so one forward of the text (to the deepest target's layer) serves every target: `chunk`
+    targets of one layer share one batched backward (their gradients at that layer's normalised input
+    are the one-hot position times the encoder row). `out`: a [n, n_cols] tensor to fill instead."""
+    rows = torch.zeros(len(targets), cols.n) if out is None else out
+    if not len(targets):
+        return rows
+    top = int(targets[:, 0].max())
+    with torch.enable_grad():
+        embed, writes = _leaves(run, 1, range(top + 1))
+        caps = frozen_forward(model, run, tc, embed, lambda m, x: writes[m], stop=top + 1)
+        for l in sorted(set(targets[:, 0].tolist())):
+            where = torch.nonzero(targets[:, 0] == l).flatten()
+            x = caps["x"][l]  # [1, T, d]
+            W_enc = tc[l].W_enc.to(x.dtype)
+            leaves = [embed] + [writes[m] for m in range(l)]
+            for idx in where.split(chunk):
+                pos, feat = targets[idx, 1].to(x.device), targets[idx, 2].to(W_enc.device)
+                seed = torch.zeros(len(idx), *x.shape, dtype=x.dtype, device=x.device)
+                seed[torch.arange(len(idx), device=x.device), 0, pos] = W_enc[feat].to(x.device)
+                grads = torch.autograd.grad(
+                    x, leaves, seed, retain_graph=True, allow_unused=True, is_grads_batched=True
+                )
+                like = [leaf[None].expand(len(idx), -1, -1, -1) for leaf in leaves]
+                grads = [_or_zeros(g, w)[:, 0] for g, w in zip(grads, like)]
+                g_mlp = dict(zip(range(l), grads[1:]))
+                rows[idx] = edges_from_grads(run, tc, cols, grads[0], g_mlp)
     return rows
 
 

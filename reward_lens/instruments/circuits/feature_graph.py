@@ -236,9 +236,10 @@ def _node_table(run: fb.CleanRun, tc, cols: fb.Columns, values, direct, const_va
     f = cols.features
     L, T = cols.L, cols.T
     lay, pos, feat = f[:, 0].numpy(), f[:, 1].numpy(), f[:, 2].numpy()
-    act = np.array([float(run.act[l][p, i]) for l, p, i in zip(lay, pos, feat)])
-    pre = np.array([float(run.pre[l][p, i]) for l, p, i in zip(lay, pos, feat)])
-    b_enc = np.array([float(tc[l].b_enc[i]) for l, i in zip(lay, feat)])
+    act = torch.stack(run.act).float().cpu()[f[:, 0], f[:, 1], f[:, 2]].numpy().astype(np.float64)
+    pre = torch.stack(run.pre).float().cpu()[f[:, 0], f[:, 1], f[:, 2]].numpy().astype(np.float64)
+    b_enc = torch.stack([tc[l].b_enc for l in range(L)]).float().cpu()[f[:, 0], f[:, 2]]
+    b_enc = b_enc.numpy().astype(np.float64)
     err_layer, err_pos = np.repeat(np.arange(L), T), np.tile(np.arange(T), L)
     nan = np.full(L * T + T + 2, np.nan)
     value = values.numpy().astype(np.float64)
@@ -282,7 +283,7 @@ def build_feature_graph(
         order = order.sort().values
     targets = cols.features[order]
     rows = torch.zeros(len(order) + 1, cols.n)
-    rows[:-1] = fb.target_rows(model, run, tc, cols, targets, chunk)
+    fb.target_rows(model, run, tc, cols, targets, chunk, out=rows[:-1])
     consts, reward_const = fb.constants(model, run, tc, targets)
     rows[:-1, cols.constant] = consts
     rows[-1] = fb.reward_row(model, run, tc, cols)
@@ -309,7 +310,10 @@ def build_feature_graph(
         model=model,
         transcoders=tc,
     )
-    influence = gp.node_influence(graph._scored_rows(), row_nodes, cols.reward)
+    scored = rows.abs()  # the scored rows (constant outside), made non-negative once: rows dominate memory
+    scored[:, cols.constant] = 0
+    influence = gp.node_influence(scored, row_nodes, cols.reward, nonnegative=True)
+    del scored
     graph.nodes["influence"] = influence.numpy().astype(np.float64)
     graph.nodes["cumulative_influence"] = gp.cumulative_influence(influence).numpy().astype(np.float64)
     return graph

@@ -17,7 +17,7 @@ N x N matrix.
 
 from __future__ import annotations
 
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -26,26 +26,40 @@ import torch
 def normalize_rows(rows: torch.Tensor) -> torch.Tensor:
     """|rows| with each row scaled to sum 1 (rows of zeros stay zero)."""
     a = rows.abs()
-    return a / a.sum(1, keepdim=True).clamp(min=1e-10)
+    a /= a.sum(1, keepdim=True).clamp(min=1e-10)  # in place: a graph's rows can be most of its memory
+    return a
 
 
-def propagate(norm: torch.Tensor, row_nodes: torch.Tensor, start: torch.Tensor, max_iter: int = 1000):
-    """sum_{k >= 1} start A^k for the normalised adjacency A given by its rows (start: [N] weights)."""
-    current = start[row_nodes] @ norm
+def propagate(
+    norm: torch.Tensor,
+    row_nodes: torch.Tensor,
+    start: torch.Tensor,
+    max_iter: int = 1000,
+    row_scale: Optional[torch.Tensor] = None,
+):
+    """sum_{k >= 1} start A^k for the normalised adjacency A given by its rows (start: [N] weights). With
+    `row_scale` [n_rows], A = diag(row_scale) norm, applied to the vector instead of the matrix."""
+    scale = torch.ones(len(row_nodes)) if row_scale is None else row_scale
+    current = (start[row_nodes] * scale) @ norm
     total = current.clone()
     for _ in range(max_iter):
-        current = current[row_nodes] @ norm
+        current = (current[row_nodes] * scale) @ norm
         if not bool(current.any()):
             return total
         total += current
     raise RuntimeError(f"influence did not converge in {max_iter} steps (the graph has a cycle)")
 
 
-def node_influence(rows: torch.Tensor, row_nodes: torch.Tensor, target: int) -> torch.Tensor:
-    """[N] each node's influence on `target` (circuit-tracer's compute_node_influence)."""
+def node_influence(
+    rows: torch.Tensor, row_nodes: torch.Tensor, target: int, nonnegative: bool = False
+) -> torch.Tensor:
+    """[N] each node's influence on `target` (circuit-tracer's compute_node_influence). The row
+    normalisation scales the propagated vector, so the rows are held once more (|rows|), or not at all
+    when they are already `nonnegative`."""
+    a = rows if nonnegative else rows.abs()
     w = torch.zeros(rows.shape[1])
     w[target] = 1.0
-    return propagate(normalize_rows(rows), row_nodes, w)
+    return propagate(a, row_nodes, w, row_scale=1.0 / a.sum(1).clamp(min=1e-10))
 
 
 def find_threshold(scores: torch.Tensor, fraction: float) -> torch.Tensor:
