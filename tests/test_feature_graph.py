@@ -340,7 +340,7 @@ def test_bad_inputs(model, tc, graph):
     with pytest.raises(ValueError, match="load it first with reward_lens.load_transcoders"):
         rl.attribution_graph(model, input_ids=ids, transcoders="demo")
     with pytest.raises(ValueError, match="max_features"):
-        rl.attribution_graph(model, input_ids=ids, transcoders=tc, max_features=0)
+        rl.attribution_graph(model, input_ids=ids, transcoders=tc, max_features=-1)
     part = rl.TranscoderSet({0: tc[0]})
     with pytest.raises(ValueError, match=r"layers \[1, 2, 3\] have no transcoder"):
         rl.attribution_graph(model, input_ids=ids, transcoders=part)
