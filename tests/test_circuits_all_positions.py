@@ -170,25 +170,3 @@ def test_faithfulness_curve_takes_the_ranking_positions(demo):
     curve = faithfulness_curve(model, pairs, ranking, sizes=[0, 4, ranking.scores[0].isfinite().sum().item()])
     assert curve.positions == "all"
     assert curve.faithfulness[:, 0].abs().max() < 1e-5 and (curve.faithfulness[:, -1] - 1).abs().max() < 1e-5
-
-
-def test_eap_gradient_pass_equals_the_captured_target(demo):
-    """EAP's single pass (the target's own forward, its outputs kept) equals the straight-through pass over
-    a separate capture of the target at offset 0, gradients and the outputs the deltas are taken from."""
-    from reward_lens.core.batching import pair_batches
-    from reward_lens.core.directions import readout_direction
-    from reward_lens.instruments.circuits.positions import full_adjoints, joint_offsets_all, target_run_all
-
-    model, pairs = demo
-    snodes, rnodes = nodes(model, None, None)
-    batch = next(iter(pair_batches(model, pairs, 8, False, None)))
-    direction, bias = readout_direction(model, batch.chosen)
-    cap, seq = target_run_all(model, batch.chosen)
-    zero = joint_offsets_all(model, cap.full, cap.full, torch.zeros(1))
-    captured = full_adjoints(model, seq, cap.full, zero, rnodes, direction, bias)
-    kept = {}
-    natural = full_adjoints(model, seq, None, None, rnodes, direction, bias, record=kept)
-    assert (captured - natural).abs().max() < 1e-6 * max(1.0, float(captured.abs().max()))
-    for name in (act_name("z", 2), act_name("mlp_out", 1), act_name("attn_out", 3), act_name("resid_pre", 0)):
-        assert (kept[name] - cap.full[name]).abs().max() < 1e-5
-    assert (kept["reward"] - cap.rewards).abs().max() < 1e-5
