@@ -197,20 +197,15 @@ class Attention(nn.Module):
         out = F.linear(x, as_linear_weight(W))
         return out.view(*x.shape[:-1], W.shape[0], W.shape[2]) + b
 
-    def _rotated_qkv(self, x, cos, sin, hooked: bool = True, offsets=None):
+    def _rotated_qkv(self, x, cos, sin, hooked: bool = True, offsets=(0, 0, 0)):
         """q, k (after q/k norms and RoPE) and v of `x`; `hooked=False` skips the hook points (the
-        patching fast path's rows are alternatives of one token, not positions). `offsets` (dq, dk, dv),
-        each None or shaped as the projection, are added to the projections before the norms: leaves
-        whose gradients are the gradients with respect to each head's projection (edge attribution)."""
+        patching fast path's rows are alternatives of one token, not positions). `offsets` (dq, dk, dv) are
+        added to the projections, before the norms (edge attribution's leaves for per-head gradients)."""
         hook = (lambda point, t: point(t)) if hooked else (lambda point, t: t)
-        dq, dk, dv = offsets or (None, None, None)
-
-        def shifted(t, d):
-            return t if d is None else t + d
-
-        q = hook(self.hook_q, shifted(self._project(x, self.W_Q, self.b_Q), dq))
-        k = hook(self.hook_k, shifted(self._project(x, self.W_K, self.b_K), dk))
-        v = hook(self.hook_v, shifted(self._project(x, self.W_V, self.b_V), dv))
+        dq, dk, dv = offsets
+        q = hook(self.hook_q, self._project(x, self.W_Q, self.b_Q + dq))
+        k = hook(self.hook_k, self._project(x, self.W_K, self.b_K + dk))
+        v = hook(self.hook_v, self._project(x, self.W_V, self.b_V + dv))
         if self.cfg.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q = hook(self.hook_rot_q, apply_rotary(q, cos, sin))
@@ -278,18 +273,13 @@ class Attention(nn.Module):
             q, k, v = self._split_rotated_qkv(*per_head, cos, sin)
         return self.hook_z(self.attend(q, k, v, allowed))
 
-    def attend(self, q, k, v, allowed, hooked: bool = True):
-        """z [batch, query_pos, n_heads, d_head] of queries over keys/values (key_pos may exceed query_pos:
-        queries that continue cached keys), `allowed` [batch, query_pos, key_pos]; `hooked=False`: the
-        score and pattern hooks do not fire."""
+    def attend(self, q, k, v, allowed: Bool[torch.Tensor, "batch query_pos key_pos"]) -> torch.Tensor:
+        """z of queries over keys/values; key_pos may exceed query_pos (queries continuing cached keys)."""
         cfg = self.cfg
-        explicit = cfg.attn_scores_soft_cap is not None or (
-            hooked and (self.hook_attn_scores.has_hooks() or self.hook_pattern.has_hooks())
-        )
-        if explicit:
-            return self._explicit_attention(q, k, v, allowed, hooked)
-        # fused kernel; equal to the explicit path (tested), much faster
-        return F.scaled_dot_product_attention(
+        explicit = cfg.attn_scores_soft_cap is not None or self.hook_attn_scores.has_hooks()
+        if explicit or self.hook_pattern.has_hooks():
+            return self._explicit_attention(q, k, v, allowed)
+        return F.scaled_dot_product_attention(  # fused kernel; equal to the explicit path (tested)
             q.transpose(1, 2),
             k.transpose(1, 2),
             v.transpose(1, 2),
@@ -330,17 +320,14 @@ class Attention(nn.Module):
         """The attention output map, sum_h z_h W_O[h] + b_O (linear in each head's z)."""
         return z.reshape(*z.shape[:-2], -1) @ self.W_O.reshape(-1, self.cfg.d_model) + self.b_O
 
-    def _explicit_attention(self, q, k, v, allowed, hooked: bool = True):
+    def _explicit_attention(self, q, k, v, allowed):
         cfg = self.cfg
-        hook = (lambda point, t: point(t)) if hooked else (lambda point, t: t)
         group = cfg.n_heads // cfg.n_key_value_heads
         if group > 1:
             k, v = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)
         scores = self.soft_cap(torch.einsum("bqnh,bknh->bnqk", q, k) / cfg.attn_scale)
-        scores = hook(
-            self.hook_attn_scores, scores.masked_fill(~allowed[:, None], torch.finfo(scores.dtype).min)
-        )
-        pattern = hook(self.hook_pattern, F.softmax(scores.float(), dim=-1).to(q.dtype))
+        scores = self.hook_attn_scores(scores.masked_fill(~allowed[:, None], torch.finfo(scores.dtype).min))
+        pattern = self.hook_pattern(F.softmax(scores.float(), dim=-1).to(q.dtype))
         return torch.einsum("bnqk,bknh->bqnh", pattern, v)
 
     def forward_readout(

@@ -14,10 +14,16 @@ every receiver reads its target residual plus the offset x. alpha_k = (k + 1/2) 
                    the edges into the readout sum to the whole-residual patch effect (completeness,
                    exact as steps grow; the senders embed + heads + MLPs partition the readout residual)
     eap-ig-joint   the joint line for every receiver
+    eap-ig-inputs  (positions="all" only) Hanna et al.'s EAP-IG, the field's standard one: not an offset
+                   line but the whole model run at input embeddings e_t + a_k (e_s - e_t),
+                   a_k = (steps - k) / steps (from the source, a = 1, towards the target, never at it),
+                   g_R the plain gradient there; steps = 1 is the gradient at the source's input alone
 
 Cost per batch: two full forwards (the target with its keys/values, the source), then one-token readout
 passes (forward and backward): one row for eap, steps for eap-ig-joint, steps x n_senders for eap-ig (each
-sender's rows from its own block on, `max_rows` at a time).
+sender's rows from its own block on, `max_rows` at a time). At every position eap and eap-ig-inputs run
+the columns both sides share once without gradients and only the rest forward and backward
+(`shared_prefix`): eap one such pass and the source's forward, eap-ig-inputs one per point.
 """
 
 from __future__ import annotations
@@ -287,7 +293,10 @@ def edge_attribution(
     """EAP / EAP-IG scores of every (sender, receiver) edge, estimating `path_patch(model, pairs, mode=mode,
     positions=positions)` (module docstring). senders: "embed", "L{l}H{h}", "attn_L{l}", "mlp_L{l}"
     (default: embed, every head, every MLP); receivers: `path_patch`'s (default: all). positions="all":
-    token-aligned pairs, every position (gradients at every position, one full-sequence pass per point)."""
+    token-aligned pairs, every position. method: "eap" (one gradient at the target), "eap-ig" (the
+    default: each sender along its own line, the most accurate and, at every position, the most costly),
+    "eap-ig-joint" (all senders along one activation line), "eap-ig-inputs" (Hanna et al.'s EAP-IG: the
+    input embeddings interpolated, positions="all" only; `steps` forwards and backwards)."""
     if method not in EDGE_METHODS:
         raise ValueError(f"method must be one of {EDGE_METHODS}, got {method!r}")
     if mode not in TARGET:

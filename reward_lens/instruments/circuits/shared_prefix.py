@@ -49,13 +49,12 @@ def prefix_keys_values(model, seq: SequenceContext, start: int) -> Optional[Keys
     x = model.embed(seq.input_ids[:, :start])
     out: KeysValues = []
     for block in model.blocks:
-        attn = block.attn
-        cos, sin = seq.cos[:, :start], seq.sin[:, :start]
-        allowed = seq.masks[attn.window][:, :start, :start]
-        q, k, v = attn._rotated_qkv(block.ln1(x), cos, sin, hooked=False)
+        cos, sin, allowed = seq.step_args(block, x.device)
+        q, k, v = block.attn._rotated_qkv(block.ln1(x), cos[:, :start], sin[:, :start], hooked=False)
         out.append((k, v))
         if len(out) < len(model.blocks):  # the last block's output is never read
-            x = block.readout_mlp(x + block.attn_out_from_z(attn.attend(q, k, v, allowed, hooked=False)))
+            z = block.attn.attend(q, k, v, allowed[:, :start, :start])
+            x = block.readout_mlp(x + block.attn_out_from_z(z))
     return out
 
 
@@ -89,7 +88,6 @@ def suffix_pass(
     N, S, d = x0.shape
     P = N // B
     rep = (lambda t: t.repeat_interleave(P, 0)) if P > 1 else (lambda t: t)
-    cos, sin = rep(seq.cos[:, start:]), rep(seq.sin[:, start:])
     readout = rep(seq.readout - start)
     layers = {r.layer for r in receivers if r.kind != "readout"}
     wanted = bool(receivers)
@@ -112,7 +110,8 @@ def suffix_pass(
             record[act_name("resid_pre", 0)] = x
         for l in range(L):
             block, attn = model.blocks[l], model.blocks[l].attn
-            offsets = None
+            cos, sin, allowed = (rep(t[:, start:]) for t in seq.step_args(block, x.device))
+            offsets = (0, 0, 0)
             if wanted and l in layers:
                 inputs[l] = x
                 leaves[("q", l)] = leaf(cfg.n_heads, cfg.d_head)
@@ -122,7 +121,7 @@ def suffix_pass(
             q, k, v = attn._rotated_qkv(block.ln1(x), cos, sin, hooked=False, offsets=offsets)
             if kv is not None:
                 k, v = torch.cat([rep(kv[l][0]), k], 1), torch.cat([rep(kv[l][1]), v], 1)
-            z = attn.attend(q, k, v, rep(seq.masks[attn.window][:, start:]), hooked=False)
+            z = attn.attend(q, k, v, allowed)
             attn_out = block.attn_out_from_z(z)
             mid = x + attn_out
             leaves[("mlp", l)] = leaf(d) if wanted and l in layers else None
@@ -142,9 +141,18 @@ def suffix_pass(
             return None
         live = {key: t for key, t in leaves.items() if t is not None}
         grads = dict(zip(live, torch.autograd.grad(reward.sum(), list(live.values()), allow_unused=True)))
-    zero = torch.zeros(N, S, d, device=x0.device)
+    return receiver_columns(model, receivers, grads, inputs, B, P)
+
+
+def receiver_columns(model, receivers: Sequence[PathNode], grads, inputs, B: int, P: int) -> torch.Tensor:
+    """[B, n_receivers, S, d]: the leaves' gradients as each receiver's input gradient (a head's projection
+    gradient back through its W and ln1 at the block's input `inputs[layer]`), summed over the P rows."""
+    cfg = model.cfg
+    layers = sorted({r.layer for r in receivers if r.kind != "readout"})
+    N, S, d = grads[("readout", None)].shape
+    zero = torch.zeros(N, S, d, device=grads[("readout", None)].device)
     per_head: Dict[int, Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
-    for l in layers:  # each head's projection gradient back through its own W and ln1
+    for l in layers:
         attn = model.blocks[l].attn
         parts = [
             torch.einsum("nshe,hde->nshd", grads[(kind, l)], W) if grads[(kind, l)] is not None else None
