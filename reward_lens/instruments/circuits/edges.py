@@ -148,7 +148,8 @@ class EdgeAttributionResult(CleanPairRewards):
 
 
 def step_points(method: str, steps: int) -> torch.Tensor:
-    """alpha of each gradient: 0 (EAP) or the midpoints (k + 1/2) / steps (EAP-IG)."""
+    """alpha of each gradient: 0 (EAP), (steps - k) / steps (eap-ig-inputs: the way from the target to the
+    source) or the midpoints (k + 1/2) / steps (the lines)."""
     if method == "eap":
         return torch.zeros(1)
     if method == "eap-ig-inputs":  # Hanna et al.'s points: from the source (1) towards the target, not at it
@@ -209,17 +210,20 @@ def shared_prefix_scores(model, tok, stok, snodes, rnodes, method: str, alphas: 
     tgt, src = {}, {}
     if method == "eap":  # the gradient pass is the target's own forward: its outputs are kept there
         grads = suffix_pass(model, seq, start, kv, e_t, rnodes, direction, bias, record=tgt)
-    else:  # the input embeddings from the source towards the target, the source included
+        suffix_pass(model, seq, start, kv, e_s, [], direction, bias, record=src)
+    else:  # Hanna et al.'s points e_s + (1 - a)(e_t - e_s); the first, a = 1, is the source's own run
         suffix_pass(model, seq, start, kv, e_t, [], direction, bias, record=tgt)
         B, P = e_t.shape[0], alphas.numel()
         grads = 0.0
         per = max(1, max_rows // B)
         for lo in range(0, P, per):
             a = alphas[lo : lo + per].to(e_t.device, e_t.dtype)
-            x0 = e_t[:, None] + a[None, :, None, None] * (e_s - e_t)[:, None]
+            x0 = e_s[:, None] + (1 - a)[None, :, None, None] * (e_t - e_s)[:, None]
+            rows = {} if lo == 0 else None
             x0 = x0.reshape(-1, *e_t.shape[1:])
-            grads = grads + suffix_pass(model, seq, start, kv, x0, rnodes, direction, bias) / P
-    suffix_pass(model, seq, start, kv, e_s, [], direction, bias, record=src)
+            grads = grads + suffix_pass(model, seq, start, kv, x0, rnodes, direction, bias, record=rows) / P
+            if rows is not None:  # the source's outputs: each pair's first row
+                src = {name: t.unflatten(0, (B, -1))[:, 0] for name, t in rows.items()}
     delta = sender_deltas(model, snodes, tgt, src)  # [B, S, T - start, d]
     scores = torch.einsum("bstd,brtd->bsr", delta, grads)
     return scores, tgt["reward"], src["reward"]
