@@ -20,10 +20,10 @@ and printed so that a rerun states it. Run:
 """
 
 import argparse
-import time
 
 import numpy as np
 import torch
+from harness import timed
 from scipy.stats import spearmanr
 
 import reward_lens
@@ -48,8 +48,8 @@ def agreement(exact: torch.Tensor, scores: torch.Tensor):
     return float(np.mean(rho)), float(np.mean(sign))
 
 
-def forward_seconds(model, pairs, batch_size: int) -> float:
-    """Min of 3 timings of one no-grad forward over the pairs' chosen side, in the methods' batches."""
+def batched_forward(model, pairs, batch_size: int):
+    """One no-grad forward over the pairs' chosen side, in the methods' batches (what a ratio is over)."""
     batches = [b.chosen for b in pair_batches(model, pairs, batch_size, False, None)]
 
     def forward():
@@ -57,20 +57,15 @@ def forward_seconds(model, pairs, batch_size: int) -> float:
             for tok in batches:
                 model(tok.input_ids, tok.attention_mask)
 
-    forward()
-    times = []
-    for _ in range(3):
-        start = time.perf_counter()
-        forward()
-        times.append(time.perf_counter() - start)
-    return min(times)
+    return forward
 
 
-def timed(fn):
-    fn()  # warm-up
-    start = time.perf_counter()
+def run_and_time(fn, forward):
+    """(fn's result from a warm-up call, fn's wall time, the forward's min of 3), timed interleaved."""
     out = fn()
-    return out, time.perf_counter() - start
+    (fw, _), (t, _) = timed([forward, fn], 1)
+    fw = min([fw] + [s for s, _ in timed([forward], 2)])
+    return out, t, fw
 
 
 def report(name: str, model, pairs, senders, receivers, steps: int, batch_size: int, max_rows: int):
@@ -78,8 +73,10 @@ def report(name: str, model, pairs, senders, receivers, steps: int, batch_size: 
     every sender (edge attribution's embed sender has no path patch and is left out)."""
     at = {"positions": "all", "batch_size": batch_size}
     exact_senders = default_senders(model)[1:] if senders is None else senders
-    exact, t_exact = timed(lambda: path_patch(model, pairs, exact_senders, receivers, **at).effect())
-    fw = forward_seconds(model, pairs, batch_size)
+    forward = batched_forward(model, pairs, batch_size)
+    exact, t_exact, fw = run_and_time(
+        lambda: path_patch(model, pairs, exact_senders, receivers, **at).effect(), forward
+    )
     n_edges = int(torch.isfinite(exact[0]).sum())
     print(
         f"\n{name}: {len(pairs)} minimal pairs, noising, {n_edges} edges; one forward of the pairs {fw:.3f} s"
@@ -87,7 +84,7 @@ def report(name: str, model, pairs, senders, receivers, steps: int, batch_size: 
     print(f"  {'path_patch (exact)':18s} {t_exact:8.2f} s = {t_exact / fw:8.1f} forward equivalents")
     for method in METHODS:
         kw = {} if method == "eap" else {"steps": steps}
-        res, t = timed(
+        res, t, _ = run_and_time(
             lambda: edge_attribution(
                 model,
                 pairs,
@@ -97,7 +94,8 @@ def report(name: str, model, pairs, senders, receivers, steps: int, batch_size: 
                 max_rows=max_rows,
                 **kw,
                 **at,
-            )
+            ),
+            forward,
         )
         skip = len(res.senders) - len(exact_senders)  # the embed sender, when every sender is asked for
         rho, sign = agreement(exact, res.scores[:, skip:])

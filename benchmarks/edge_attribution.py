@@ -10,7 +10,9 @@ sequence, timed interleaved with each method.
 `--positions all`: the same at every position (a token-aligned pair: rejected = chosen with its last
 `--differ` tokens replaced, default 16; gradients and path patches over the whole sequence), and EAP-IG
 interpolating the input embeddings (eap-ig-inputs). EAP and eap-ig-inputs run only the columns from the
-first differing one on (the shared columns once, without gradients): `--differ 256` is their worst case.
+first differing one on (the shared columns once, without gradients): `--differ` = `--seq` is their worst
+case. They call neither `forward` nor `run_with_hooks` (their passes are the blocks' own steps), so their
+"full forwards" count is 0; the forward-pass equivalents are the measure.
 Run: python benchmarks/edge_attribution.py [--layers 6 --d-model 256 --seq 256 --steps 16 --repeats 3]
      [--positions readout|all] [--differ 16] [--methods eap,eap-ig,...]
 """
