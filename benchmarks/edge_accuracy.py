@@ -21,31 +21,18 @@ and printed so that a rerun states it. Run:
 
 import argparse
 
-import numpy as np
 import torch
 from harness import timed
-from scipy.stats import spearmanr
 
 import reward_lens
 from reward_lens import edge_attribution, path_patch
 from reward_lens.core.batching import pair_batches
 from reward_lens.demo.organisms import minimal_pairs
+from reward_lens.instruments.circuits.edges import agreement
 from reward_lens.instruments.circuits.graph import default_senders
 from reward_lens.instruments.patching.path import default_receivers, parse_receiver
 
 METHODS = ("eap", "eap-ig", "eap-ig-joint", "eap-ig-inputs")
-
-
-def agreement(exact: torch.Tensor, scores: torch.Tensor):
-    """(mean per-pair Spearman over every edge, mean per-pair sign agreement on the 20 largest |exact|)."""
-    rho, sign = [], []
-    for i in range(exact.shape[0]):
-        ok = torch.isfinite(exact[i])
-        a, b = exact[i][ok].numpy(), scores[i][ok].numpy()
-        rho.append(spearmanr(a, b).correlation)
-        big = np.argsort(-np.abs(a))[:20]
-        sign.append(float((np.sign(a[big]) == np.sign(b[big])).mean()))
-    return float(np.mean(rho)), float(np.mean(sign))
 
 
 def batched_forward(model, pairs, batch_size: int):

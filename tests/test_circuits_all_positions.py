@@ -13,11 +13,11 @@
 import numpy as np
 import pytest
 import torch
-from scipy.stats import spearmanr
 
 import reward_lens
 from reward_lens import circuit_faithfulness, edge_attribution, faithfulness_curve, path_patch
 from reward_lens.demo.organisms import minimal_pairs
+from reward_lens.instruments.circuits.edges import agreement
 from reward_lens.instruments.circuits.graph import default_senders, nodes
 from reward_lens.model.hooks import act_name
 
@@ -126,17 +126,6 @@ def test_misaligned_pairs_are_refused(demo):
         path_patch(model, pairs, ["L0H0"], ["readout"], positions="every")
 
 
-def _agreement(exact, scores):
-    rho, sign = [], []
-    for i in range(exact.shape[0]):
-        ok = torch.isfinite(exact[i])
-        a, b = exact[i][ok].numpy(), scores[i][ok].numpy()
-        rho.append(spearmanr(a, b).correlation)
-        big = np.argsort(-np.abs(a))[:20]
-        sign.append(float((np.sign(a[big]) == np.sign(b[big])).mean()))
-    return float(np.mean(rho)), float(np.mean(sign))
-
-
 def test_eap_ig_estimates_all_position_path_patching(demo):
     model, pairs = demo
     senders = default_senders(model)
@@ -145,7 +134,7 @@ def test_eap_ig_estimates_all_position_path_patching(demo):
     for method in ("eap-ig", "eap"):
         res = edge_attribution(model, pairs, method=method, positions="all")
         assert res.positions == "all" and res.senders == senders
-        out[method] = _agreement(exact, res.scores[:, 1:])
+        out[method] = agreement(exact, res.scores[:, 1:])
     print("demo, all positions (Spearman, sign agreement on the top 20):", out)
     assert out["eap-ig"][0] >= 0.9 and out["eap-ig"][1] >= 0.9
 

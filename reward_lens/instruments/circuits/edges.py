@@ -147,6 +147,22 @@ class EdgeAttributionResult(CleanPairRewards):
         return sender_receiver_heatmap(grid, self.senders, self.receivers, label, title, ax)
 
 
+def agreement(exact: torch.Tensor, scores: torch.Tensor, top: int = 20) -> Tuple[float, float]:
+    """How well estimated edge scores [pair, sender, receiver] rank and sign exact path-patching effects of
+    the same edges: (mean per-pair Spearman over every finite edge, mean per-pair sign agreement on the `top`
+    largest |exact| edges), the figures docs/theory.md reports."""
+    from scipy.stats import spearmanr  # scipy only where it is used, as stats.py does
+
+    rho, sign = [], []
+    for i in range(exact.shape[0]):
+        ok = torch.isfinite(exact[i])
+        a, b = to_numpy(exact[i][ok]), to_numpy(scores[i][ok])
+        rho.append(spearmanr(a, b).correlation)
+        big = np.argsort(-np.abs(a))[:top]
+        sign.append(float((np.sign(a[big]) == np.sign(b[big])).mean()))
+    return float(np.mean(rho)), float(np.mean(sign))
+
+
 def step_points(method: str, steps: int) -> torch.Tensor:
     """alpha of each gradient: 0 (EAP), (steps - k) / steps (eap-ig-inputs: the way from the target to the
     source) or the midpoints (k + 1/2) / steps (the lines)."""
