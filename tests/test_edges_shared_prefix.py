@@ -5,7 +5,8 @@
   (`line_scores_all` with its one point at 0, no shared prefix, per-head split inputs) on Llama, Mistral
   (window 4), Qwen3 (qk-norm) and Gemma-2 (post-norms, soft-caps) tiny models, both padding sides, pairs
   differing from their first column, their middle, their last, or not at all: scores to 1e-5 relative,
-  rewards to 1e-5;
+  rewards to 1e-5; on the same models eap-ig-inputs' first point is the source's own run (rewards equal to
+  EAP's, 1e-5) and chunking its points (max_rows) leaves the scores unchanged (1e-5);
 - eap-ig-inputs equals an independent computation: for each point, a hooked forward of the target ids
   whose hook_embed is replaced by the interpolated embedding, zero leaves added at every split q/k/v input,
   MLP input and the final residual, autograd; Δ from two run_with_cache captures (demo organism, 2
@@ -57,15 +58,22 @@ def test_eap_equals_the_whole_sequence_straight_through_pass(arch, side):
     with frozen_weights(model):
         for batch in token_aligned_batches(model, pairs, 4, False, side):
             tok, stok = batch.chosen, batch.rejected
-            fast, ft, fs = shared_prefix_scores(model, tok, stok, snodes, rnodes, "eap", torch.zeros(1), 256)
-            ref, rt, rs = line_scores_all(
-                model, tok, stok, snodes, rnodes, "eap-ig-joint", torch.zeros(1), 256
-            )
+            args = (model, tok, stok, snodes, rnodes)
+            fast, ft, fs = shared_prefix_scores(*args, "eap", torch.zeros(1), 256)
+            ref, rt, rs = line_scores_all(*args, "eap-ig-joint", torch.zeros(1), 256)
             scale = max(1.0, float(ref.abs().max()))
             assert (fast - ref).abs().max() <= 1e-5 * scale, (fast - ref).abs().max()
             assert (ft - rt).abs().max() < 1e-5 and (fs - rs).abs().max() < 1e-5
             assert fast[3].abs().max() == 0  # no difference: every sender's Δ is 0
             assert fast[:3].abs().max() > 1e-3
+            # eap-ig-inputs: its first point is the source's own run (the same rewards and Δ as EAP's source
+            # pass), and the points' chunking does not change the scores
+            points = step_points("eap-ig-inputs", 3)
+            whole, wt, ws = shared_prefix_scores(*args, "eap-ig-inputs", points, 256)
+            one_by_one, _, _ = shared_prefix_scores(*args, "eap-ig-inputs", points, 4)
+            assert (wt - ft).abs().max() < 1e-5 and (ws - fs).abs().max() < 1e-5
+            assert (whole - one_by_one).abs().max() <= 1e-5 * max(1.0, float(whole.abs().max()))
+            assert whole[3].abs().max() == 0 and (whole - fast).abs().max() > 1e-4
 
 
 @pytest.fixture(scope="module")
