@@ -2,14 +2,12 @@
 patching over the late layers' edges (mean per-pair Spearman >= 0.9, sign agreement >= 0.9 on the 20 largest
 exact paths; EAP reported beside it), and the effect decomposition's identity and its equality to `patch`."""
 
-import numpy as np
 import pytest
-import torch
-from scipy.stats import spearmanr
 from test_smollm2 import SKIP_REASON
 
 import reward_lens
 from reward_lens import edge_attribution, effect_decomposition, patch, path_patch
+from reward_lens.instruments.circuits.edges import agreement
 from reward_lens.instruments.patching.path import default_receivers, parse_receiver
 
 pytestmark = pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
@@ -45,14 +43,7 @@ def test_eap_ig_against_exact_path_patching(organism, positions):
         res = edge_attribution(
             model, pairs, method=method, senders=senders, receivers=receivers, max_rows=64, **at
         )
-        rho, sign = [], []
-        for i in range(len(pairs)):
-            ok = torch.isfinite(exact[i])
-            a, b = exact[i][ok].numpy(), res.scores[i][ok].numpy()
-            rho.append(spearmanr(a, b).correlation)
-            big = np.argsort(-np.abs(a))[:20]
-            sign.append(float((np.sign(a[big]) == np.sign(b[big])).mean()))
-        out[method] = (float(np.mean(rho)), float(np.mean(sign)))
+        out[method] = agreement(exact, res.scores)
     print(f"SmolLM2, positions={positions}:", out)
     assert out["eap-ig"][0] >= 0.9 and out["eap-ig"][1] >= 0.9
 

@@ -197,13 +197,15 @@ class Attention(nn.Module):
         out = F.linear(x, as_linear_weight(W))
         return out.view(*x.shape[:-1], W.shape[0], W.shape[2]) + b
 
-    def _rotated_qkv(self, x, cos, sin, hooked: bool = True):
+    def _rotated_qkv(self, x, cos, sin, hooked: bool = True, offsets=(0, 0, 0)):
         """q, k (after q/k norms and RoPE) and v of `x`; `hooked=False` skips the hook points (the
-        patching fast path's rows are alternatives of one token, not positions)."""
+        patching fast path's rows are alternatives of one token, not positions). `offsets` (dq, dk, dv) are
+        added to the projections, before the norms (edge attribution's leaves for per-head gradients)."""
         hook = (lambda point, t: point(t)) if hooked else (lambda point, t: t)
-        q = hook(self.hook_q, self._project(x, self.W_Q, self.b_Q))
-        k = hook(self.hook_k, self._project(x, self.W_K, self.b_K))
-        v = hook(self.hook_v, self._project(x, self.W_V, self.b_V))
+        dq, dk, dv = offsets
+        q = hook(self.hook_q, self._project(x, self.W_Q, self.b_Q + dq))
+        k = hook(self.hook_k, self._project(x, self.W_K, self.b_K + dk))
+        v = hook(self.hook_v, self._project(x, self.W_V, self.b_V + dv))
         if self.cfg.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q = hook(self.hook_rot_q, apply_rotary(q, cos, sin))
@@ -265,28 +267,26 @@ class Attention(nn.Module):
         per_head: Optional[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None,
     ) -> Float[torch.Tensor, "batch pos n_heads d_head"]:
         """Every head's z (as hook_z holds it) over the whole sequence, from `x` or `per_head` (`forward`)."""
-        cfg = self.cfg
         if per_head is None:
             q, k, v = self._rotated_qkv(x, cos, sin)
         else:
             q, k, v = self._split_rotated_qkv(*per_head, cos, sin)
-        explicit = (
-            cfg.attn_scores_soft_cap is not None
-            or self.hook_attn_scores.has_hooks()
-            or self.hook_pattern.has_hooks()
-        )
-        if explicit:
-            z = self._explicit_attention(q, k, v, allowed)
-        else:  # fused kernel; equal to the explicit path (tested), much faster
-            z = F.scaled_dot_product_attention(
-                q.transpose(1, 2),
-                k.transpose(1, 2),
-                v.transpose(1, 2),
-                attn_mask=allowed[:, None],
-                scale=1.0 / cfg.attn_scale,
-                enable_gqa=cfg.n_heads != cfg.n_key_value_heads,
-            ).transpose(1, 2)
-        return self.hook_z(z)
+        return self.hook_z(self.attend(q, k, v, allowed))
+
+    def attend(self, q, k, v, allowed: Bool[torch.Tensor, "batch query_pos key_pos"]) -> torch.Tensor:
+        """z of queries over keys/values; key_pos may exceed query_pos (queries continuing cached keys)."""
+        cfg = self.cfg
+        explicit = cfg.attn_scores_soft_cap is not None or self.hook_attn_scores.has_hooks()
+        if explicit or self.hook_pattern.has_hooks():
+            return self._explicit_attention(q, k, v, allowed)
+        return F.scaled_dot_product_attention(  # fused kernel; equal to the explicit path (tested)
+            q.transpose(1, 2),
+            k.transpose(1, 2),
+            v.transpose(1, 2),
+            attn_mask=allowed[:, None],
+            scale=1.0 / cfg.attn_scale,
+            enable_gqa=cfg.n_heads != cfg.n_key_value_heads,
+        ).transpose(1, 2)
 
     def forward_with_past(
         self,

@@ -14,10 +14,16 @@ every receiver reads its target residual plus the offset x. alpha_k = (k + 1/2) 
                    the edges into the readout sum to the whole-residual patch effect (completeness,
                    exact as steps grow; the senders embed + heads + MLPs partition the readout residual)
     eap-ig-joint   the joint line for every receiver
+    eap-ig-inputs  (positions="all" only) Hanna et al.'s EAP-IG, the field's standard one: not an offset
+                   line but the whole model run at input embeddings e_t + a_k (e_s - e_t),
+                   a_k = (steps - k) / steps (from the source, a = 1, towards the target, never at it),
+                   g_R the plain gradient there; steps = 1 is the gradient at the source's input alone
 
 Cost per batch: two full forwards (the target with its keys/values, the source), then one-token readout
 passes (forward and backward): one row for eap, steps for eap-ig-joint, steps x n_senders for eap-ig (each
-sender's rows from its own block on, `max_rows` at a time).
+sender's rows from its own block on, `max_rows` at a time). At every position eap and eap-ig-inputs run
+the columns both sides share once without gradients and only the rest forward and backward
+(`shared_prefix`): eap one such pass and the source's forward, eap-ig-inputs one per point.
 """
 
 from __future__ import annotations
@@ -52,13 +58,14 @@ from reward_lens.instruments.circuits.positions import (
     source_run_all,
     target_run_all,
 )
+from reward_lens.instruments.circuits.shared_prefix import first_difference, prefix_keys_values, suffix_pass
 from reward_lens.instruments.patching.path import check_positions, grid_over_batches
 from reward_lens.model.frozen import with_frozen_weights
 from reward_lens.model.validation import as_index, check_name_list, checked_arguments, safe_ratio
 from reward_lens.plotting import sender_receiver_heatmap
 from reward_lens.results import CleanPairRewards, edge_frame, edge_means, to_numpy
 
-EDGE_METHODS = ("eap", "eap-ig", "eap-ig-joint")
+EDGE_METHODS = ("eap", "eap-ig", "eap-ig-joint", "eap-ig-inputs")
 Edge = Tuple[str, str]
 
 
@@ -140,10 +147,29 @@ class EdgeAttributionResult(CleanPairRewards):
         return sender_receiver_heatmap(grid, self.senders, self.receivers, label, title, ax)
 
 
+def agreement(exact: torch.Tensor, scores: torch.Tensor, top: int = 20) -> Tuple[float, float]:
+    """How well estimated edge scores [pair, sender, receiver] rank and sign exact path-patching effects of
+    the same edges: (mean per-pair Spearman over every finite edge, mean per-pair sign agreement on the `top`
+    largest |exact| edges), the figures docs/theory.md reports."""
+    from scipy.stats import spearmanr  # scipy only where it is used, as stats.py does
+
+    rho, sign = [], []
+    for i in range(exact.shape[0]):
+        ok = torch.isfinite(exact[i])
+        a, b = to_numpy(exact[i][ok]), to_numpy(scores[i][ok])
+        rho.append(spearmanr(a, b).correlation)
+        big = np.argsort(-np.abs(a))[:top]
+        sign.append(float((np.sign(a[big]) == np.sign(b[big])).mean()))
+    return float(np.mean(rho)), float(np.mean(sign))
+
+
 def step_points(method: str, steps: int) -> torch.Tensor:
-    """alpha of each gradient: 0 (EAP) or the midpoints (k + 1/2) / steps (EAP-IG)."""
+    """alpha of each gradient: 0 (EAP), (steps - k) / steps (eap-ig-inputs: the way from the target to the
+    source) or the midpoints (k + 1/2) / steps (the lines)."""
     if method == "eap":
         return torch.zeros(1)
+    if method == "eap-ig-inputs":  # Hanna et al.'s points: from the source (1) towards the target, not at it
+        return torch.arange(steps, 0, -1, dtype=torch.float64).float() / steps
     return (torch.arange(steps, dtype=torch.float64) + 0.5).float() / steps
 
 
@@ -188,30 +214,73 @@ def batch_scores(model, batch, snodes, rnodes, mode: str, method: str, alphas: t
     return scores, {t_side: ctx.cap.rewards.float().cpu(), s_side: src.rewards.float().cpu()}
 
 
+def shared_prefix_scores(model, tok, stok, snodes, rnodes, method: str, alphas: torch.Tensor, max_rows: int):
+    """(scores [B, S, R], target rewards, source rewards) of `eap` and `eap-ig-inputs` at every position,
+    from the first column where the batch's two sides differ (`shared_prefix`)."""
+    direction, bias = readout_direction(model, tok)
+    seq = model.sequence_context(tok)
+    start = first_difference(tok, stok, seq)
+    kv = prefix_keys_values(model, seq, start)
+    with torch.no_grad():
+        e_t, e_s = model.embed(tok.input_ids[:, start:]), model.embed(stok.input_ids[:, start:])
+    tgt, src = {}, {}
+    if method == "eap":  # the gradient pass is the target's own forward: its outputs are kept there
+        grads = suffix_pass(model, seq, start, kv, e_t, rnodes, direction, bias, record=tgt)
+        suffix_pass(model, seq, start, kv, e_s, [], direction, bias, record=src)
+    else:  # Hanna et al.'s points e_s + (1 - a)(e_t - e_s); the first, a = 1, is the source's own run
+        suffix_pass(model, seq, start, kv, e_t, [], direction, bias, record=tgt)
+        B, P = e_t.shape[0], alphas.numel()
+        grads = 0.0
+        per = max(1, max_rows // B)
+        for lo in range(0, P, per):
+            a = alphas[lo : lo + per].to(e_t.device, e_t.dtype)
+            x0 = e_s[:, None] + (1 - a)[None, :, None, None] * (e_t - e_s)[:, None]
+            rows = {} if lo == 0 else None
+            x0 = x0.reshape(-1, *e_t.shape[1:])
+            grads = grads + suffix_pass(model, seq, start, kv, x0, rnodes, direction, bias, record=rows) / P
+            if rows is not None:  # the source's outputs: each pair's first row
+                src = {name: t.unflatten(0, (B, -1))[:, 0] for name, t in rows.items()}
+    delta = sender_deltas(model, snodes, tgt, src)  # [B, S, T - start, d]
+    scores = torch.einsum("bstd,brtd->bsr", delta, grads)
+    return scores, tgt["reward"], src["reward"]
+
+
 def batch_scores_all(
     model, batch, snodes, rnodes, mode: str, method: str, alphas: torch.Tensor, max_rows: int
 ):
     """`batch_scores` at every position (token-aligned pairs): score = sum over positions of Δ_S . g_R."""
     t_side, s_side = TARGET[mode]
     tok, stok = getattr(batch, t_side), getattr(batch, s_side)
+    target_run_all(model, tok, capture_target=False)  # checks the architecture
+    if method in ("eap", "eap-ig-inputs"):
+        scores, t_rewards, s_rewards = shared_prefix_scores(
+            model, tok, stok, snodes, rnodes, method, alphas, max_rows
+        )
+    else:
+        scores, t_rewards, s_rewards = line_scores_all(
+            model, tok, stok, snodes, rnodes, method, alphas, max_rows
+        )
+    scores = scores.cpu()
+    scores[:, ~edge_mask(snodes, rnodes)] = float("nan")
+    return scores, {t_side: t_rewards.float().cpu(), s_side: s_rewards.float().cpu()}
+
+
+def line_scores_all(model, tok, stok, snodes, rnodes, method: str, alphas: torch.Tensor, max_rows: int):
+    """(scores, target rewards, source rewards) of `eap-ig` and `eap-ig-joint` at every position: the
+    straight-through passes over whole sequences (`positions.full_adjoints`); with alphas = [0] (the joint
+    line's one point at the target) it is EAP, the reference the shared-prefix pass is tested against."""
     direction, bias = readout_direction(model, tok)
     src = source_run_all(model, stok)
     srcf = src.full
-    if method == "eap" and not any(b.output_gain_hooks() for b in model.blocks):
-        seq = target_run_all(model, tok, capture_target=False)
-        tgt = {}  # the gradient pass is the target's forward: its outputs are kept there
-        grads = full_adjoints(model, seq, None, None, rnodes, direction, bias, record=tgt)[:, 0]
-        rewards = tgt["reward"]
-    else:
-        tcap, seq = target_run_all(model, tok)
-        tgt, rewards = tcap.full, tcap.rewards
-        grads = 0.0
-        per = max(1, max_rows // tok.input_ids.shape[0])
-        for lo in range(0, alphas.numel(), per):  # the joint line, `per` points at a time
-            part = alphas[lo : lo + per]
-            joint = joint_offsets_all(model, tgt, srcf, part)
-            g = full_adjoints(model, seq, tgt, joint, rnodes, direction, bias, mean_over=part.numel())
-            grads = grads + g[:, 0] * (part.numel() / alphas.numel())
+    tcap, seq = target_run_all(model, tok)
+    tgt = tcap.full
+    grads = 0.0
+    per = max(1, max_rows // tok.input_ids.shape[0])
+    for lo in range(0, alphas.numel(), per):  # the joint line, `per` points at a time
+        part = alphas[lo : lo + per]
+        joint = joint_offsets_all(model, tgt, srcf, part)
+        g = full_adjoints(model, seq, tgt, joint, rnodes, direction, bias, mean_over=part.numel())
+        grads = grads + g[:, 0] * (part.numel() / alphas.numel())
     delta = sender_deltas(model, snodes, tgt, srcf)  # [B, S, T, d]
     B, P = delta.shape[0], alphas.numel()
     scores = torch.einsum("bstd,brtd->bsr", delta, grads)
@@ -221,9 +290,7 @@ def batch_scores_all(
             offsets = sender_offsets_all(model, [snodes[i] for i in part], delta[:, part], alphas)
             g = full_adjoints(model, seq, tgt, offsets, [rnodes[j] for j in own], direction, bias, start, P)
             scores[:, part[:, None], own[None]] = torch.einsum("bstd,bsrtd->bsr", delta[:, part], g)
-    scores = scores.cpu()
-    scores[:, ~edge_mask(snodes, rnodes)] = float("nan")
-    return scores, {t_side: rewards.float().cpu(), s_side: src.rewards.float().cpu()}
+    return scores, tcap.rewards, src.rewards
 
 
 @checked_arguments(counts={"steps": 1, "batch_size": 1, "max_rows": 1})
@@ -246,7 +313,10 @@ def edge_attribution(
     """EAP / EAP-IG scores of every (sender, receiver) edge, estimating `path_patch(model, pairs, mode=mode,
     positions=positions)` (module docstring). senders: "embed", "L{l}H{h}", "attn_L{l}", "mlp_L{l}"
     (default: embed, every head, every MLP); receivers: `path_patch`'s (default: all). positions="all":
-    token-aligned pairs, every position (gradients at every position, one full-sequence pass per point)."""
+    token-aligned pairs, every position. method: "eap" (one gradient at the target), "eap-ig" (the
+    default: each sender along its own line, the most accurate and, at every position, the most costly),
+    "eap-ig-joint" (all senders along one activation line), "eap-ig-inputs" (Hanna et al.'s EAP-IG: the
+    input embeddings interpolated, positions="all" only; `steps` forwards and backwards)."""
     if method not in EDGE_METHODS:
         raise ValueError(f"method must be one of {EDGE_METHODS}, got {method!r}")
     if mode not in TARGET:
@@ -261,6 +331,12 @@ def edge_attribution(
     if not model.has_head_hooks:
         raise ValueError("edge_attribution needs per-head hooks and weights (a native architecture)")
     everywhere = check_positions(positions) == "all"
+    if method == "eap-ig-inputs" and not everywhere:
+        raise ValueError(
+            "method='eap-ig-inputs' interpolates the input embeddings of both sides position by position, "
+            "which needs token-aligned pairs and estimates the all-position effect: pass positions='all', "
+            "or use method='eap-ig' for the readout-only definition"
+        )
     pairs = as_pairs(pairs)
     snodes, rnodes = nodes(model, senders, receivers)
     alphas = step_points(method, steps)

@@ -13,7 +13,7 @@ as recomputed in this run or the source run's output.
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Sequence
 
 import torch
 
@@ -77,36 +77,25 @@ def sender_offsets_all(model, senders: Sequence[PathNode], deltas: torch.Tensor,
 def full_adjoints(
     model,
     seq: SequenceContext,
-    tgt: Optional[Dict[str, torch.Tensor]],
-    offsets: Optional[Dict[str, torch.Tensor]],
+    tgt: Dict[str, torch.Tensor],
+    offsets: Dict[str, torch.Tensor],
     receivers: Sequence[PathNode],
     direction,
     bias,
     start: int = 0,
     mean_over: int = 1,
-    record: Optional[Dict[str, torch.Tensor]] = None,
 ) -> torch.Tensor:
     """Gradients [B, P / mean_over, n_receivers, T, d] (means over consecutive groups of `mean_over`
     points) of the reward with respect to each receiver's own input at every position (a head's q/k/v
     input before ln1, an MLP's input, the final residual), at P points: every residual of the target run
     plus `offsets[name]` [B, P, T, d], straight-through (module docstring). Blocks before `start` are not
-    run (receivers there get zero gradients). `tgt=None, offsets=None`: the target's own forward from its
-    embedding (P = 1; EAP), its outputs kept in `record` (embed, z, attn_out, mlp_out, "reward") so that
-    no separate capture of the target is needed."""
+    run (receivers there get zero gradients)."""
     cfg, L = model.cfg, model.cfg.n_layers
     final_name = final_resid_name(L)
-    natural = offsets is None
-    B, P, T, d = (
-        (*seq.input_ids.shape[:1], 1, seq.input_ids.shape[1], cfg.d_model)
-        if natural
-        else (offsets[final_name].shape)
-    )
-    rows = seq if natural else seq.repeat(P)
-    record = {} if record is None else record
+    B, P, T, d = offsets[final_name].shape
+    rows = seq.repeat(P)
 
     def through(stream, name):  # the offset value, gradients into what was summed so far
-        if natural:
-            return stream
         v = (tgt[name][:, None].float() + offsets[name]).reshape(B * P, T, d).to(cfg.dtype)
         return v if stream is None else stream + (v - stream).detach()
 
@@ -118,8 +107,7 @@ def full_adjoints(
     layers = {r.layer for r in receivers if r.kind != "readout"}
     leaves: Dict[tuple, torch.Tensor] = {}
     with gradients_on("edge_attribution"):
-        stream = model.embed(rows.input_ids).detach() if natural else None
-        record[act_name("resid_pre", 0)] = stream
+        stream = None
         for l in range(start, L):
             block = model.blocks[l]
             cos, sin, allowed = rows.step_args(block, rows.input_ids.device)
@@ -136,16 +124,12 @@ def full_adjoints(
             mid = through(x + attn, act_name("resid_mid", l))
             leaves[("mlp", l)] = leaf(d) if l in layers else None
             stream = block.readout_mlp(mid, leaves[("mlp", l)])
-            if natural:
-                record[act_name("z", l)], record[act_name("attn_out", l)] = z.detach(), attn.detach()
-                record[act_name("mlp_out", l)] = (stream - mid).detach()
         leaves[("readout", None)] = leaf(d)
         final = through(stream, final_name) + leaves[("readout", None)]
         at = final[torch.arange(B * P, device=final.device), rows.readout]
         reward = reward_from_final_resid(
             model, at, direction.repeat_interleave(P, 0), bias.repeat_interleave(P, 0)
         )
-        record["reward"] = reward.detach()
         wanted = {k: v for k, v in leaves.items() if v is not None}
         grads = dict(zip(wanted, torch.autograd.grad(reward.sum(), list(wanted.values()), allow_unused=True)))
     cols = []
