@@ -355,8 +355,16 @@ def sign_flip_ci(
     mean = float(deltas.mean())
     far = 10.0 * (np.abs(deltas).max(initial=0.0) + abs(mean)) + 1.0
 
+    # _flip_pvalue(deltas, signs, exact, mu) >= alpha, with signs @ (deltas - mu) = signs @ deltas -
+    # mu * sum(signs) formed once instead of one matrix product per bisection step
+    n, flipped, counts = len(deltas), signs @ deltas, signs.sum(1)
+
     def accepted(mu: float) -> bool:
-        return _flip_pvalue(deltas, signs, exact, mu) >= alpha
+        x = deltas - mu
+        tol = 1e-12 * max(1.0, np.abs(x).max(initial=0.0))
+        hits = np.abs((flipped - mu * counts) / n) >= abs(x.mean()) - tol
+        p = float(hits.mean()) if exact else (1 + int(hits.sum())) / (1 + len(signs))
+        return p >= alpha
 
     def end(outer: float) -> float:
         inner = mean  # p(mean) = 1: accepted
@@ -509,7 +517,7 @@ def _per_item_frame(rows, texts, rewards):
     return per_item, index_a, index_b
 
 
-@checked_arguments(counts={"batch_size": 1, "n_boot": 1, "n_perm": 1, "seed": 0})
+@checked_arguments(counts={"batch_size": 1, "n_boot": 1, "n_perm": 1, "seed": 0}, flags=("shared_prefixes",))
 def run_probes(
     model,
     items: Union[None, str, Path, Iterable[ItemLike]] = None,
@@ -522,12 +530,15 @@ def run_probes(
     alpha: float = 0.05,
     output: Optional[int] = None,
     progress: bool = False,
+    shared_prefixes: bool = True,
 ) -> ProbeResult:
     """Score every probe pair with `model` and summarise Δ = r(A) - r(B) per dimension.
 
     `items`: None (the demo model's own items for the demo model, else the shipped natural-language items),
     "general", "demo", a JSONL path, or ProbeItems / PreferencePairs (chosen is the base) / (prompt, response)
-    tuples / dicts. `output` picks one reward of a multi-output head.
+    tuples / dicts. `output` picks one reward of a multi-output head. `shared_prefixes`: the variants of an
+    item share its prompt and often its response, so each shared token is computed once
+    (`readout_run(shared_prefixes=True)`; equal to plain forwards to float rounding, native models).
     """
 
     if n_boot < 100:
@@ -557,6 +568,7 @@ def run_probes(
         [last, scale],
         batch_size=batch_size,
         progress="probes" if progress else False,
+        shared_prefixes=shared_prefixes,
     )
     rewards = run.rewards.float()
     states = (run.acts[last].double() / run.acts[scale].reshape(-1, 1).double()).cpu().numpy()
