@@ -297,10 +297,9 @@ class Attention(nn.Module):
         past_v: Float[torch.Tensor, "m prefix n_kv d_head"],
         allowed: Bool[torch.Tensor, "m suffix key_pos"],
     ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The attention output of n suffixes continuing cached prefixes (m = 1: one shared by every row;
-        m = n: one per row): each suffix position attends to the prefix's keys/values (as hook_rot_k /
-        hook_v hold them) and to the suffix up to itself, as `allowed` says; hooks do not fire. Returns
-        (output, the suffix's own keys, values) for suffixes continuing it. Equal to a full forward."""
+        """(attention output, own keys, own values) of n suffixes continuing cached prefixes (m = 1: one
+        shared by every row; m = n: one per row): each suffix position attends to the prefix's keys/values
+        (as hook_rot_k / hook_v hold them) and to the suffix up to itself, as `allowed` says; no hooks."""
         cfg = self.cfg
         q, k, v = self._rotated_qkv(x, cos, sin, hooked=False)
         n, S, H, d = q.shape
@@ -482,12 +481,13 @@ class TransformerBlock(nn.Module):
         attn_in = attn.hook_attn_in(copies(n))
         return attn_in, attn_in[:, :, :nkv], attn_in[:, :, :nkv]
 
-    def forward_with_past(self, resid, cos, sin, past_k, past_v, allowed):
-        """(resid_post, the suffix's keys, its values) of n suffixes continuing cached prefixes
-        (`Attention.forward_with_past`); hooks do not fire."""
+    def forward_with_past(self, resid, cos, sin, past_k, past_v, allowed, rows=None):
+        """(resid_post, the suffix's keys, its values) of n suffixes over cached prefixes (`Attention.
+        forward_with_past`), no hooks; `rows` [n, suffix]: where the MLP runs (padding keeps resid_mid)."""
         attn, k, v = self.attn.forward_with_past(self.ln1(resid), cos, sin, past_k, past_v, allowed)
-        resid_mid = resid + self.attn_post(attn)
-        return resid_mid + self.mlp_post(self.mlp(self.ln2(resid_mid))), k, v
+        mid = resid + self.attn_post(attn)
+        out = self.readout_mlp(mid) if rows is None else mid.index_put((rows,), self.readout_mlp(mid[rows]))
+        return out, k, v
 
     # ------------------------------------------------------------------ the one-token readout step
     @property

@@ -296,7 +296,7 @@ def _run_nodes(model, tree: PrefixTree, run: List[int], store_k, store_v, final)
     cos, sin = model.rotary(pos, resid.dtype)
     for layer, block in enumerate(model.blocks):
         resid, k, v = block.forward_with_past(
-            resid, cos, sin, store_k[layer][past], store_v[layer][past], allowed[block.attn.window]
+            resid, cos, sin, store_k[layer][past], store_v[layer][past], allowed[block.attn.window], valid
         )
         store_k[layer][own] = k[valid]
         store_v[layer][own] = v[valid]
