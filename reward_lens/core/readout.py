@@ -86,7 +86,6 @@ def readout_run(
 # Texts per radix tree: enough for the variants of several items to share their prompts and responses;
 # each tree's nodes run in batches of at most `batch_size` rows' padded tokens.
 TEXTS_PER_TREE = 64
-TREE_LEVELS = None
 
 
 def shares_prefixes(model) -> bool:
@@ -112,7 +111,6 @@ def _shared_prefix_readout_run(model, prompts, responses, names_filter, batch_si
             list(names),
             readout_positions=tok.readout,
             max_tokens=batch_size * tok.input_ids.shape[1],
-            max_levels=TREE_LEVELS,
         )
         check_finite_rewards(
             run.rewards, [f"input {i} (prompt {str(prompts[i])[:40]!r})" for i in order[sl].tolist()]

@@ -209,7 +209,6 @@ class NativeRewardModel(TransformerLensConveniences, RewardModelBase):
         *,
         readout_positions: Optional[Int[torch.Tensor, " batch"]] = None,
         max_tokens: Optional[int] = None,
-        max_levels: Optional[int] = None,
     ) -> suffix.SharedPrefixRun:
         """Rewards of a padded batch (left or right) with every token that rows share with their prefix
         computed once (the rows' radix tree over cached keys and values), and `names` (the final
@@ -221,7 +220,6 @@ class NativeRewardModel(TransformerLensConveniences, RewardModelBase):
             names,
             readout_positions=readout_positions,
             max_tokens=max_tokens,
-            max_levels=max_levels,
         )
 
     def suffix_rewards(

@@ -139,10 +139,9 @@ class PrefixTree:
         return self._chains[node]
 
 
-def prefix_tree(rows: Sequence[Sequence[int]], max_levels: Optional[int] = None) -> PrefixTree:
+def prefix_tree(rows: Sequence[Sequence[int]]) -> PrefixTree:
     """The radix tree of token rows (each non-empty): rows sorted, each group split where its rows
-    diverge or one of them ends. `max_levels`: at most that many levels, the last holding each distinct
-    row's whole rest (fewer, longer runs: less per-run overhead, some tokens computed more than once)."""
+    diverge or one of them ends."""
     if any(len(r) == 0 for r in rows):
         raise ValueError("every row needs at least one attended token")
     tree = PrefixTree([], [], [], [], [], [-1] * len(rows))
@@ -150,15 +149,6 @@ def prefix_tree(rows: Sequence[Sequence[int]], max_levels: Optional[int] = None)
     stack = [(order, 0, -1, 0)]  # (rows sharing their first `depth` tokens, depth, parent node, level)
     while stack:
         group, depth, parent, level = stack.pop()
-        if max_levels is not None and level >= max_levels - 1:
-            for j, r in enumerate(group):  # one leaf per distinct rest (sorted: equal rows are consecutive)
-                same = j > 0 and rows[r] == rows[group[j - 1]]
-                tree.ends[r] = (
-                    tree.ends[group[j - 1]]
-                    if same
-                    else _add_node(tree, rows[r][depth:], parent, depth, level)
-                )
-            continue
         first, last = rows[group[0]], rows[group[-1]]  # sorted: the group's common prefix is theirs
         end = depth
         while end < min(len(first), len(last)) and first[end] == last[end]:
@@ -226,7 +216,6 @@ def shared_prefix_final_residual(
     input_ids: Int[torch.Tensor, "batch pos"],
     attention_mask: Int[torch.Tensor, "batch pos"],
     max_tokens: Optional[int] = None,
-    max_levels: Optional[int] = None,
 ) -> Float[torch.Tensor, "batch pos d_model"]:
     """The final residual of every row at every attended position (zeros at padding), as a forward of the
     batch gives it, with every token that rows share with their prefix computed once: the rows' radix tree
@@ -247,7 +236,7 @@ def shared_prefix_final_residual(
             "none empty; run a plain forward for other masks"
         )
     rows = [ids_host[r, first[r] : first[r] + counts[r]].tolist() for r in range(batch)]
-    tree = prefix_tree(rows, max_levels)
+    tree = prefix_tree(rows)
     device, cfg = model.cfg.device, model.cfg
     dtype = model.embed.W_E.dtype
     N, L = tree.n_tokens, cfg.n_layers
@@ -320,7 +309,6 @@ def shared_prefix_run(
     *,
     readout_positions: Optional[Int[torch.Tensor, " batch"]] = None,
     max_tokens: Optional[int] = None,
-    max_levels: Optional[int] = None,
 ) -> SharedPrefixRun:
     """What `model(input_ids, attention_mask)` returns, computed over shared prefixes
     (`shared_prefix_final_residual`), the final norm and the head then run on the whole final residual as
@@ -335,7 +323,7 @@ def shared_prefix_run(
             f"shared-prefix scoring keeps the final residual ({last}) and the final norm's and the head's "
             f"hooks only, not {bad}; capture those with a forward (model.run_with_cache)"
         )
-    h = shared_prefix_final_residual(model, input_ids, attention_mask, max_tokens, max_levels)
+    h = shared_prefix_final_residual(model, input_ids, attention_mask, max_tokens)
     ids = input_ids.to(h.device)
     if readout_positions is None:
         readout_positions = model.readout_positions(ids, attention_mask.to(h.device))
