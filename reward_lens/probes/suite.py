@@ -355,24 +355,19 @@ def sign_flip_ci(
     mean = float(deltas.mean())
     far = 10.0 * (np.abs(deltas).max(initial=0.0) + abs(mean)) + 1.0
 
-    # _flip_pvalue(deltas, signs, exact, mu) >= alpha, with signs @ (deltas - mu) = signs @ deltas -
-    # mu * sum(signs) formed once instead of one matrix product per bisection step
+    # _flip_pvalue(..., mu) >= alpha, with signs @ (deltas - mu) = signs @ deltas - mu * sum(signs)
     n, flipped, counts = len(deltas), signs @ deltas, signs.sum(1)
 
     def accepted(mu: float) -> bool:
         x = deltas - mu
         tol = 1e-12 * max(1.0, np.abs(x).max(initial=0.0))
         hits = np.abs((flipped - mu * counts) / n) >= abs(x.mean()) - tol
-        p = float(hits.mean()) if exact else (1 + int(hits.sum())) / (1 + len(signs))
-        return p >= alpha
+        return (float(hits.mean()) if exact else (1 + int(hits.sum())) / (1 + len(signs))) >= alpha
 
     def end(outer: float) -> float:
         inner = mean  # p(mean) = 1: accepted
         if 0.0 != mean and (0.0 - mean) * (outer - mean) > 0:  # 0 lies on this side: bracket there first
-            if accepted(0.0):
-                inner = 0.0
-            else:
-                outer = 0.0
+            inner, outer = (0.0, outer) if accepted(0.0) else (inner, 0.0)
         if accepted(outer):
             return float(np.sign(outer - mean) * np.inf)
         for _ in range(48):  # to 2^-48 of the bracket: far below the data's float resolution
@@ -536,9 +531,8 @@ def run_probes(
 
     `items`: None (the demo model's own items for the demo model, else the shipped natural-language items),
     "general", "demo", a JSONL path, or ProbeItems / PreferencePairs (chosen is the base) / (prompt, response)
-    tuples / dicts. `output` picks one reward of a multi-output head. `shared_prefixes`: the variants of an
-    item share its prompt and often its response, so each shared token is computed once
-    (`readout_run(shared_prefixes=True)`; equal to plain forwards to float rounding, native models).
+    tuples / dicts. `output` picks one reward of a multi-output head. `shared_prefixes`: each token that
+    an item's variants share is computed once (`readout_run`; equal to plain forwards to float rounding).
     """
 
     if n_boot < 100:
