@@ -5,9 +5,10 @@
 
 Prints the probe texts' attended tokens, the tokens the plain path runs (batches sorted by length, each
 padded to its longest), the tokens of their radix trees (`model.shared_prefix_run`, 64 texts to a tree),
-then `run_probes` both ways, interleaved (`--repeats` rounds; this process's CPU seconds, which another
-process taking the core does not inflate, and wall seconds), the ratio of the medians, and the largest
-reward difference and whether verdicts and p-values agree.
+the audit's pairs' tokens and how many of them repeat a pair's prompt (`--tokens-only` stops there), then
+`run_probes` both ways, interleaved (`--repeats` rounds; this process's CPU seconds, which another process
+taking the core does not inflate, and wall seconds), the ratio of the medians, and the largest reward
+difference and whether verdicts and p-values agree.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from reward_lens.core.batching import length_order, take_rows, tokenize  # noqa: E402
+from reward_lens.core.batching import length_order, pair_batches, take_rows, tokenize  # noqa: E402
 from reward_lens.core.readout import TEXTS_PER_TREE  # noqa: E402
 from reward_lens.model.suffix import prefix_tree  # noqa: E402
 from reward_lens.probes.suite import DIMENSIONS, _key, _resolve_items, run_probes  # noqa: E402
@@ -36,6 +37,7 @@ def parse_args(argv=None):
     ap.add_argument("--batch-size", type=int, default=8, help="the audit's batch size")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--items", type=int, default=None, help="only the first N probe items")
+    ap.add_argument("--tokens-only", action="store_true", help="print the token counts and stop")
     return ap.parse_args(argv)
 
 
@@ -61,17 +63,26 @@ def token_counts(model, items, batch_size: int):
     return len(originals), int(tok.attention_mask.sum()), padded, tree
 
 
+def pair_tokens(model, pairs, batch_size: int):
+    """(attended tokens of both responses of every pair, tokens of the second copy of each shared prompt)."""
+    total = shared = 0
+    for b in pair_batches(model, pairs, batch_size):
+        total += int(b.chosen.attention_mask.sum() + b.rejected.attention_mask.sum())
+        shared += int(b.prompt_len.sum())
+    return total, shared
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(1)
     if args.organism == "smollm2":
-        from reward_lens.demo.smollm2 import load_smollm2_organism
+        from reward_lens.demo.smollm2 import load_smollm2_organism, smollm2_pairs
 
-        model = load_smollm2_organism(device="cpu")
+        model, pairs = load_smollm2_organism(device="cpu"), smollm2_pairs()
     else:
-        from reward_lens.demo import load_demo_model
+        from reward_lens.demo import demo_pairs, load_demo_model
 
-        model = load_demo_model(device="cpu")
+        model, pairs = load_demo_model(device="cpu"), demo_pairs()
     items = _resolve_items(model, None)[: args.items]
     n, real, padded, tree = token_counts(model, items, args.batch_size)
     print(
@@ -79,6 +90,13 @@ def main(argv=None) -> int:
         f"batch size {args.batch_size}, 1 thread; tokens: attended {real}, plain path {padded} (padded), "
         f"trees {tree} ({tree / padded:.2f} of the plain path's)"
     )
+    total, shared = pair_tokens(model, pairs, args.batch_size)
+    print(
+        f"the audit's {len(pairs)} pairs: {total} attended tokens, of which {shared} ({shared / total:.2f}) "
+        "repeat the pair's prompt in its second response"
+    )
+    if args.tokens_only:
+        return 0
     runs = {False: [], True: []}
     results = {}
     for _ in range(args.repeats):
