@@ -13,6 +13,7 @@ import torch
 from reward_lens.core.batching import Tokenized, batches, cat_padded, length_order, take_rows, tokenize
 from reward_lens.model import hooks
 from reward_lens.model.frozen import gradients_on, with_frozen_weights
+from reward_lens.model.placement import is_placed
 from reward_lens.model.validation import check_finite_rewards
 
 NamesFilter = Union[None, str, Sequence[str], Callable[[str], bool]]
@@ -40,11 +41,17 @@ def readout_run(
     batch_size: int = 8,
     progress: Union[bool, str] = False,
     by_length: bool = True,
+    shared_prefixes: bool = False,
 ) -> ReadoutRun:
     """Rewards of every (prompt, response) and the named activations at each readout position, in input
     order. `by_length`: batch the texts sorted by token count (tokenised once, each batch padded to its own
-    longest), so short texts are not padded to long ones; the results are put back in input order."""
+    longest), so short texts are not padded to long ones; the results are put back in input order.
+    `shared_prefixes`: texts that share token prefixes (variants of one response) compute each shared token
+    once (`model.shared_prefix_run`; `names_filter` then a list of the final residual and final-norm or
+    head hooks); equal to the plain forwards to float rounding."""
     n = len(prompts)
+    if shared_prefixes and shares_prefixes(model):
+        return _shared_prefix_readout_run(model, prompts, responses, names_filter, batch_size, progress)
     whole = tokenize(model, prompts, responses) if by_length and n > batch_size else None
     order = length_order(whole) if whole is not None else torch.arange(n)
     rewards: List[torch.Tensor] = []
@@ -74,6 +81,49 @@ def readout_run(
         return t[back.to(t.device)]
 
     return ReadoutRun(unsort(torch.cat(rewards)), {k: unsort(cat_padded(v)) for k, v in acts.items()})
+
+
+# Texts per radix tree: enough for the variants of several items to share their prompts and responses;
+# each tree's nodes run in batches of at most `batch_size` rows' padded tokens.
+TEXTS_PER_TREE = 64
+
+
+def shares_prefixes(model) -> bool:
+    """Whether `model` scores over shared prefixes (native blocks on one device); else plain forwards."""
+    return bool(getattr(model, "has_readout_fast_path", False)) and not is_placed(model)
+
+
+def _shared_prefix_readout_run(model, prompts, responses, names_filter, batch_size, progress) -> ReadoutRun:
+    names = [] if names_filter is None else [names_filter] if isinstance(names_filter, str) else names_filter
+    if callable(names):
+        raise ValueError("shared-prefix scoring takes hook names as a list, not a filter function")
+    whole = tokenize(model, prompts, responses)
+    host_ids, host_mask = whole.input_ids.cpu(), whole.attention_mask.cpu().bool()
+    rows = [host_ids[r][host_mask[r]].tolist() for r in range(len(prompts))]
+    order = torch.tensor(sorted(range(len(rows)), key=lambda r: rows[r]), dtype=torch.long)
+    rewards: List[torch.Tensor] = []
+    acts: Dict[str, List[torch.Tensor]] = {}
+    for sl in batches(len(rows), TEXTS_PER_TREE, progress):
+        tok = take_rows(model, whole, order[sl])
+        run = model.shared_prefix_run(
+            tok.input_ids,
+            tok.attention_mask,
+            list(names),
+            readout_positions=tok.readout,
+            max_tokens=batch_size * tok.input_ids.shape[1],
+        )
+        check_finite_rewards(
+            run.rewards, [f"input {i} (prompt {str(prompts[i])[:40]!r})" for i in order[sl].tolist()]
+        )
+        rewards.append(run.rewards)
+        at = torch.arange(len(tok.readout), device=run.rewards.device)
+        for name in names:
+            acts.setdefault(name, []).append(run.acts[name][at, tok.readout.to(at.device)])
+    back = torch.argsort(order)
+    return ReadoutRun(
+        torch.cat(rewards)[back.to(rewards[0].device)],
+        {k: torch.cat(v)[back.to(v[0].device)] for k, v in acts.items()},
+    )
 
 
 @torch.no_grad()

@@ -293,28 +293,28 @@ class Attention(nn.Module):
         x: Float[torch.Tensor, "n suffix d_model"],
         cos: torch.Tensor,
         sin: torch.Tensor,
-        past_k: Float[torch.Tensor, "1 prefix n_kv d_head"],
-        past_v: Float[torch.Tensor, "1 prefix n_kv d_head"],
-        allowed: Bool[torch.Tensor, "1 suffix key_pos"],
-    ) -> Float[torch.Tensor, "n suffix d_model"]:
-        """The attention output of n suffixes that continue one cached prefix: each suffix position attends
-        to the prefix's keys/values (as hook_rot_k / hook_v hold them) and to the suffix up to itself, as
-        `allowed` says; hooks do not fire (rows are alternatives). Equal to a full forward (tested)."""
+        past_k: Float[torch.Tensor, "m prefix n_kv d_head"],
+        past_v: Float[torch.Tensor, "m prefix n_kv d_head"],
+        allowed: Bool[torch.Tensor, "m suffix key_pos"],
+    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(attention output, own keys, own values) of n suffixes continuing cached prefixes (m = 1: one
+        shared by every row; m = n: one per row): each suffix position attends to the prefix's keys/values
+        (as hook_rot_k / hook_v hold them) and to the suffix up to itself, as `allowed` says; no hooks."""
         cfg = self.cfg
         q, k, v = self._rotated_qkv(x, cos, sin, hooked=False)
         n, S, H, d = q.shape
-        nkv = cfg.n_key_value_heads
-        P = past_k.shape[1]
-        qg = q.reshape(n, S, nkv, H // nkv, d)
-        # The prefix's keys are shared by every row: one GEMM per key/value head, never copied per row.
-        prefix = torch.einsum("nskgd,pkd->nskgp", qg, past_k[0])
+        qg = q.reshape(n, S, cfg.n_key_value_heads, H // cfg.n_key_value_heads, d)
+        # One prefix shared by every row: one GEMM per key/value head, never copied per row.
+        shared = past_k.shape[0] == 1
+        past, (pk, pv) = ("pkd", (past_k[0], past_v[0])) if shared else ("npkd", (past_k, past_v))
+        prefix = torch.einsum(f"nskgd,{past}->nskgp", qg, pk)
         own = torch.einsum("nskgd,ntkd->nskgt", qg, k)  # each row's suffix keys
         scores = self.soft_cap(torch.cat([prefix, own], dim=-1) / cfg.attn_scale)
-        scores = scores.masked_fill(~allowed[0][None, :, None, None, :], torch.finfo(scores.dtype).min)
+        scores = scores.masked_fill(~allowed[:, :, None, None, :], torch.finfo(scores.dtype).min)
         pattern = F.softmax(scores.float(), dim=-1).to(q.dtype)
-        z = torch.einsum("nskgp,pkd->nskgd", pattern[..., :P], past_v[0])
-        z = z + torch.einsum("nskgt,ntkd->nskgd", pattern[..., P:], v)
-        return self.project_z(z.reshape(n, S, H, d))
+        z = torch.einsum(f"nskgp,{past}->nskgd", pattern[..., : pk.shape[-3]], pv)
+        z = z + torch.einsum("nskgt,ntkd->nskgd", pattern[..., pk.shape[-3] :], v)
+        return self.project_z(z.reshape(n, S, H, d)), k, v
 
     def project_z(self, z: Float[torch.Tensor, "... n_heads d_head"]) -> Float[torch.Tensor, "... d_model"]:
         """The attention output map, sum_h z_h W_O[h] + b_O (linear in each head's z)."""
@@ -481,12 +481,13 @@ class TransformerBlock(nn.Module):
         attn_in = attn.hook_attn_in(copies(n))
         return attn_in, attn_in[:, :, :nkv], attn_in[:, :, :nkv]
 
-    def forward_with_past(self, resid, cos, sin, past_k, past_v, allowed):
-        """resid_post of n suffixes continuing one cached prefix (`Attention.forward_with_past`); hooks
-        do not fire."""
-        attn = self.attn_post(self.attn.forward_with_past(self.ln1(resid), cos, sin, past_k, past_v, allowed))
-        resid_mid = resid + attn
-        return resid_mid + self.mlp_post(self.mlp(self.ln2(resid_mid)))
+    def forward_with_past(self, resid, cos, sin, past_k, past_v, allowed, rows=None):
+        """(resid_post, the suffix's keys, its values) of n suffixes over cached prefixes (`Attention.
+        forward_with_past`), no hooks; `rows` [n, suffix]: where the MLP runs (padding keeps resid_mid)."""
+        attn, k, v = self.attn.forward_with_past(self.ln1(resid), cos, sin, past_k, past_v, allowed)
+        mid = resid + self.attn_post(attn)
+        out = self.readout_mlp(mid) if rows is None else mid.index_put((rows,), self.readout_mlp(mid[rows]))
+        return out, k, v
 
     # ------------------------------------------------------------------ the one-token readout step
     @property

@@ -201,6 +201,27 @@ class NativeRewardModel(TransformerLensConveniences, RewardModelBase):
         (`reward_lens.model.suffix`)."""
         return suffix.prefix_cache(self, prefix_ids)
 
+    def shared_prefix_run(
+        self,
+        input_ids: Int[torch.Tensor, "batch pos"],
+        attention_mask: Int[torch.Tensor, "batch pos"],
+        names: Sequence[str] = (),
+        *,
+        readout_positions: Optional[Int[torch.Tensor, " batch"]] = None,
+        max_tokens: Optional[int] = None,
+    ) -> suffix.SharedPrefixRun:
+        """Rewards of a padded batch (left or right) with every token that rows share with their prefix
+        computed once (the rows' radix tree over cached keys and values), and `names` (the final
+        residual, final-norm and head hooks) whole; equal to `self(input_ids, attention_mask)`."""
+        return suffix.shared_prefix_run(
+            self,
+            input_ids,
+            attention_mask,
+            names,
+            readout_positions=readout_positions,
+            max_tokens=max_tokens,
+        )
+
     def suffix_rewards(
         self,
         cache: suffix.PrefixCache,

@@ -355,16 +355,19 @@ def sign_flip_ci(
     mean = float(deltas.mean())
     far = 10.0 * (np.abs(deltas).max(initial=0.0) + abs(mean)) + 1.0
 
+    # _flip_pvalue(..., mu) >= alpha, with signs @ (deltas - mu) = signs @ deltas - mu * sum(signs)
+    n, flipped, counts = len(deltas), signs @ deltas, signs.sum(1)
+
     def accepted(mu: float) -> bool:
-        return _flip_pvalue(deltas, signs, exact, mu) >= alpha
+        x = deltas - mu
+        tol = 1e-12 * max(1.0, np.abs(x).max(initial=0.0))
+        hits = np.abs((flipped - mu * counts) / n) >= abs(x.mean()) - tol
+        return (float(hits.mean()) if exact else (1 + int(hits.sum())) / (1 + len(signs))) >= alpha
 
     def end(outer: float) -> float:
         inner = mean  # p(mean) = 1: accepted
         if 0.0 != mean and (0.0 - mean) * (outer - mean) > 0:  # 0 lies on this side: bracket there first
-            if accepted(0.0):
-                inner = 0.0
-            else:
-                outer = 0.0
+            inner, outer = (0.0, outer) if accepted(0.0) else (inner, 0.0)
         if accepted(outer):
             return float(np.sign(outer - mean) * np.inf)
         for _ in range(48):  # to 2^-48 of the bracket: far below the data's float resolution
@@ -509,7 +512,7 @@ def _per_item_frame(rows, texts, rewards):
     return per_item, index_a, index_b
 
 
-@checked_arguments(counts={"batch_size": 1, "n_boot": 1, "n_perm": 1, "seed": 0})
+@checked_arguments(counts={"batch_size": 1, "n_boot": 1, "n_perm": 1, "seed": 0}, flags=("shared_prefixes",))
 def run_probes(
     model,
     items: Union[None, str, Path, Iterable[ItemLike]] = None,
@@ -522,12 +525,14 @@ def run_probes(
     alpha: float = 0.05,
     output: Optional[int] = None,
     progress: bool = False,
+    shared_prefixes: bool = True,
 ) -> ProbeResult:
     """Score every probe pair with `model` and summarise Δ = r(A) - r(B) per dimension.
 
     `items`: None (the demo model's own items for the demo model, else the shipped natural-language items),
     "general", "demo", a JSONL path, or ProbeItems / PreferencePairs (chosen is the base) / (prompt, response)
-    tuples / dicts. `output` picks one reward of a multi-output head.
+    tuples / dicts. `output` picks one reward of a multi-output head. `shared_prefixes`: each token that
+    an item's variants share is computed once (`readout_run`; equal to plain forwards to float rounding).
     """
 
     if n_boot < 100:
@@ -557,6 +562,7 @@ def run_probes(
         [last, scale],
         batch_size=batch_size,
         progress="probes" if progress else False,
+        shared_prefixes=shared_prefixes,
     )
     rewards = run.rewards.float()
     states = (run.acts[last].double() / run.acts[scale].reshape(-1, 1).double()).cpu().numpy()
