@@ -155,6 +155,12 @@ def _representation_results(out):
     )
     out["TranscoderMetrics"] = tc.metrics
     out["FeatureGraph"] = attribution_graph(demo, held[0].prompt, held[0].chosen, transcoders=tc).prune()
+    out["ContrastiveFeatures"] = reward_lens.contrastive_features(
+        demo, (held[0].prompt, held[0].chosen), (held[0].prompt, held[0].rejected), transcoders=tc
+    )
+    out["FeatureExamples"] = reward_lens.feature_examples(
+        demo, tc, [(p.prompt, p.chosen) for p in held], [(0, 0), (1, 3)], k=2
+    )
 
 
 def _monitoring_results(out):
