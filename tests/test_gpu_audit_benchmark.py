@@ -62,7 +62,14 @@ def test_gpu_audit_benchmark_tiny_on_cpu():
 def test_the_gpu_session_script_runs_its_parts_at_tiny_sizes_on_cpu(tmp_path):
     """benchmarks/gpu_session.sh --smoke: the device check a GPU session runs, each part at a tiny size on the
     CPU, so the one prepared script stays runnable without a GPU (its CUDA tests are the GPU's part alone)."""
-    env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "OUT": str(tmp_path),
+        "PYTHON": sys.executable,
+        "OMP_NUM_THREADS": "1",
+        "GPU_SESSION_SITE": str(tmp_path / "site"),
+        "GPU_SESSION_PARTS": str(tmp_path / "parts"),
+    }
     out = subprocess.run(
         ["bash", str(ROOT / "benchmarks" / "gpu_session.sh"), "--smoke"],
         cwd=ROOT,
