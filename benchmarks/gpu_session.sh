@@ -18,7 +18,7 @@
 #     run(command="bash benchmarks/gpu_session.sh --receive .gpu/smollm2.part-aa", carry=[".gpu/smollm2.part-aa"])
 #     ... part-ab, then the last part with the session itself:
 #     run(command="bash benchmarks/gpu_session.sh --receive .gpu/smollm2.part-ac && bash benchmarks/gpu_session.sh",
-#         carry=[".gpu/smollm2.part-ac", ".whl"], timeout_s=560)
+#         carry=[".gpu/smollm2.part-ac", ".whl"], timeout_s=590)
 # Without all three parts there the SmolLM2 part says it is skipped and the rest still runs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -70,9 +70,9 @@ if [ "$MODE" = "--smoke" ]; then
 else
     DEVICE=cuda
     AUDIT_ARGS="--device cuda --dtype bfloat16 --batch-size auto"
-    # Sized for ~3 min on one H200 (an estimate, not yet measured): 4 000 steps of 4 096 tokens, 30 layers.
-    TC_ARGS="--device cuda --d-tc 4096 --k 32 --steps 4000 --batch-size 4096 --buffer-tokens 65536 --reuse 4
-        --dead-after 1000000 --n-pairs 20000 --eval-pairs 160 --compare-steps 1000 --compare-buffer-tokens 32768"
+    # Sized for ~4 min on one H200 (an estimate, not yet measured): 3 000 steps of 4 096 tokens, 30 layers.
+    TC_ARGS="--device cuda --d-tc 4096 --k 32 --steps 3000 --batch-size 4096 --buffer-tokens 65536 --reuse 4
+        --dead-after 1000000 --n-pairs 20000 --eval-pairs 160 --compare-steps 500 --compare-buffer-tokens 32768"
 fi
 
 {
@@ -85,14 +85,14 @@ EOF
 } 2>&1 | tee "$OUT/device.txt"
 
 if [ "$DEVICE" = cuda ]; then
-    timeout 150 $PY -m pytest -q -p no:cacheprovider tests/test_model.py tests/test_transcoders.py -k cuda 2>&1 \
+    timeout 90 $PY -m pytest -q -p no:cacheprovider tests/test_model.py tests/test_transcoders.py -k cuda 2>&1 \
         | tee "$OUT/cuda_tests.log"
 fi
 # shellcheck disable=SC2086
-timeout 240 $PY benchmarks/gpu_audit.py $AUDIT_ARGS 2>&1 | tee "$OUT/gpu_audit.log"
+timeout 180 $PY benchmarks/gpu_audit.py $AUDIT_ARGS 2>&1 | tee "$OUT/gpu_audit.log"
 if $PY -c "import reward_lens.demo.smollm2 as s; assert (s.gguf_dir() / s.GGUF_FILE).exists()" 2>/dev/null; then
     # shellcheck disable=SC2086
-    timeout 300 $PY scripts/train_smollm2_transcoders.py --out "$OUT/smollm2_tc" $TC_ARGS 2>&1 \
+    timeout 270 $PY scripts/train_smollm2_transcoders.py --out "$OUT/smollm2_tc" $TC_ARGS 2>&1 \
         | tee "$OUT/smollm2_transcoders.log"
     cp "$OUT/smollm2_tc/run.json" "$OUT/smollm2_transcoders.json" 2>/dev/null
     rm -rf "$OUT/smollm2_tc"
