@@ -8,7 +8,7 @@
 
 Cost on CPU (2 threads, measured on a shared box): ~0.45 s per layer and step at d_tc 1024 and 256-512
 tokens, so ~7-15 s per step for 30 layers, plus ~40 tokens/s for the streamed forwards. `--device cuda`
-moves the model's forwards to the GPU; the optimisation runs where `train_transcoders` keeps its parameters (the CPU).
+puts the model, the activation buffer and the optimisation on the GPU (benchmarks/gpu_session.sh runs it there).
 
 Training text: generator pairs (`smollm2_data.training_pairs`, both sides) drawn with their own seed on the
 organism's *training* questions only, so the held-out pairs (`smollm2_pairs()`, on held-out questions) and the

@@ -57,3 +57,32 @@ def test_gpu_audit_benchmark_tiny_on_cpu():
     assert ratio and float(ratio.group(1)) > 1  # the pipeline does more than one forward
     error = float(re.search(r"attribution max relative error ([\d.e+-]+)", text).group(1))
     assert error < 1e-4  # fp32: the exact attribution reproduces the reward
+
+
+def test_the_gpu_session_script_runs_its_parts_at_tiny_sizes_on_cpu(tmp_path):
+    """benchmarks/gpu_session.sh --smoke: the device check a GPU session runs, each part at a tiny size on the
+    CPU, so the one prepared script stays runnable without a GPU (its CUDA tests are the GPU's part alone)."""
+    env = {
+        **os.environ,
+        "OUT": str(tmp_path),
+        "PYTHON": sys.executable,
+        "OMP_NUM_THREADS": "1",
+        "GPU_SESSION_SITE": str(tmp_path / "site"),
+        "GPU_SESSION_PARTS": str(tmp_path / "parts"),
+    }
+    out = subprocess.run(
+        ["bash", str(ROOT / "benchmarks" / "gpu_session.sh"), "--smoke"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "device cpu" in (tmp_path / "device.txt").read_text()
+    assert "pipeline / bare forward" in (tmp_path / "gpu_audit.log").read_text()
+    import json
+
+    run = json.loads((tmp_path / "smollm2_transcoders.json").read_text())
+    assert run["args"]["device"] == "cpu" and run["summary"]["n_pairs"] == 4
+    assert set(run["verdicts"]) >= {"mean_fvu", "max_fvu", "reward_pearson"}

@@ -89,6 +89,35 @@ def test_training_lowers_the_loss_and_metrics_match_a_recomputation(model, tiny)
         assert row.n_tokens == x.shape[0]
 
 
+def test_training_device_is_the_models_and_the_batches_do_not_depend_on_it(model):
+    """The buffer and the optimisation live on the model's device by default; the draws come from the CPU
+    generator on every device, so an explicit device="cpu" is the same run bit for bit."""
+    texts = synthetic.training_pairs(40, 3, exclude=HELD_OUT)
+    settings = dict(d_tc=32, k=4, layers=[1], steps=12, batch_size=64, buffer_tokens=512, progress=False)
+    default = rl.train_transcoders(model, texts, **settings)
+    explicit = rl.train_transcoders(model, texts, device="cpu", **settings)
+    for name, value in default[1].state_dict().items():
+        assert torch.equal(value, explicit[1].state_dict()[name]), name
+    assert default[1].W_enc.device == model.cfg.device
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (run on a GPU machine)")
+def test_training_on_cuda_equals_the_cpu_run_to_rounding():
+    """The same settings and texts train on the GPU (model, buffer and Adam there) to the CPU run's
+    parameters: the same batches, so only matmul rounding separates them (TF32 off)."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    texts = synthetic.training_pairs(60, 5, exclude=HELD_OUT)
+    settings = dict(d_tc=64, k=8, layers=[0, 3], steps=20, batch_size=128, buffer_tokens=1024, progress=False)
+    cpu = rl.train_transcoders(rl.load_demo_model(device="cpu"), texts, **settings)
+    gpu = rl.train_transcoders(rl.load_demo_model(device="cuda"), texts, **settings)
+    for l in (0, 3):
+        assert gpu[l].W_enc.device.type == "cuda"
+        for name, value in cpu[l].state_dict().items():
+            other = gpu[l].state_dict()[name].cpu()
+            scale = float(value.abs().max()) or 1.0
+            assert float((other - value).abs().max()) <= 1e-3 * scale, (l, name)
+
+
 def test_the_replacement_model_reward_matches_hand_hooks(model, tiny):
     """The replacement model's decisions and Pearson r, recomputed with hooks written here."""
     pairs = rl.demo_pairs()[:20]

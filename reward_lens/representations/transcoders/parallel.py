@@ -82,9 +82,9 @@ class TrainingGroup:
         """The whole buffer [n_slots, ...] in slot order from every rank's rows (`slot_rows[s]`: this
         rank's row of slot s, -1 where another rank holds it). Exact: each slot is one rank's value
         plus zeros."""
-        whole = torch.zeros(len(slot_rows), *local.shape[1:], dtype=local.dtype)
+        whole = torch.zeros(len(slot_rows), *local.shape[1:], dtype=local.dtype, device=local.device)
         mine = slot_rows >= 0
-        whole[mine] = local[slot_rows[mine]]
+        whole[mine.to(local.device)] = local[slot_rows[mine].to(local.device)]
         return self.all_reduce(whole)
 
     def batch_threshold(self, pre: torch.Tensor, m: int) -> torch.Tensor:

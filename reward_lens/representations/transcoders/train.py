@@ -60,9 +60,9 @@ def text_pairs(texts: Any) -> Tuple[List[str], List[str]]:
     return prompts, responses
 
 
-def mlp_io(model, tok, layers: Sequence[int]) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(x, y) [n_tokens, n_layers, d_model] float32 on CPU of one tokenized batch: each layer's MLP input
-    (`ln2.hook_normalized`) and output (`hook_mlp_out`) at every non-pad token."""
+def mlp_io(model, tok, layers: Sequence[int], device: Any = "cpu") -> Tuple[torch.Tensor, torch.Tensor]:
+    """(x, y) [n_tokens, n_layers, d_model] float32 on `device` of one tokenized batch: each layer's MLP
+    input (`ln2.hook_normalized`) and output (`hook_mlp_out`) at every non-pad token."""
     names = [input_hook(l) for l in layers] + [output_hook(l) for l in layers]
     got: Dict[str, torch.Tensor] = {}
 
@@ -77,19 +77,23 @@ def mlp_io(model, tok, layers: Sequence[int]) -> Tuple[torch.Tensor, torch.Tenso
             stop_at_layer=max(layers) + 1,
         )
     keep = tok.attention_mask.bool().to(got[names[0]].device)
-    x = torch.stack([got[input_hook(l)][keep] for l in layers], 1).float().cpu()
-    y = torch.stack([got[output_hook(l)][keep] for l in layers], 1).float().cpu()
+    x = torch.stack([got[input_hook(l)][keep] for l in layers], 1).float().to(device)
+    y = torch.stack([got[output_hook(l)][keep] for l in layers], 1).float().to(device)
     return x, y
 
 
 def stream_mlp_io(
-    model, prompts: Sequence[str], responses: Sequence[str], layers: Sequence[int], batch_size: int
+    model,
+    prompts: Sequence[str],
+    responses: Sequence[str],
+    layers: Sequence[int],
+    batch_size: int,
+    device: Any = "cpu",
 ) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
     """`mlp_io` of each text batch of `batch_size` texts, in order."""
     for s in range(0, len(prompts), batch_size):
-        yield mlp_io(
-            model, tokenize(model, prompts[s : s + batch_size], responses[s : s + batch_size]), layers
-        )
+        tok = tokenize(model, prompts[s : s + batch_size], responses[s : s + batch_size])
+        yield mlp_io(model, tok, layers, device)
 
 
 class _Buffer:
@@ -98,10 +102,14 @@ class _Buffer:
     Data-parallel (`group`): every rank walks the same text batches and draws the same permutation; it
     runs the model on its own batches only (`group.owns`) and keeps the buffer slots whose rows it
     computed (`slot_rows[slot]`: its row there, -1 for another rank's), so the ranks' slots together
-    are the one-process buffer."""
+    are the one-process buffer. The rows live on `device` (where the training runs); the random draws
+    come from the CPU generator `g` on every device, so a run's batches do not depend on where it runs."""
 
-    def __init__(self, model, prompts, responses, layers, size, model_batch_size, g, group=None):
+    def __init__(
+        self, model, prompts, responses, layers, size, model_batch_size, g, group=None, device="cpu"
+    ):
         self.model, self.layers, self.size, self.mbs, self.g = model, layers, size, model_batch_size, g
+        self.device = torch.device(device)
         self.prompts, self.responses = list(prompts), list(responses)
         self.group, self.tokens_drawn, self.n_chunks, self.n_slots = group, 0, 0, 0
         self.slot_rows: Optional[torch.Tensor] = None
@@ -120,7 +128,7 @@ class _Buffer:
         while n < self.size:
             tok = tokenize(self.model, *next(self._texts))
             if self.group is None or self.group.owns(self.n_chunks):
-                x, y = mlp_io(self.model, tok, self.layers)
+                x, y = mlp_io(self.model, tok, self.layers, self.device)
                 xs.append(x)
                 ys.append(y)
                 starts.append(n)
@@ -130,6 +138,7 @@ class _Buffer:
         perm = torch.randperm(n, generator=self.g)[: self.size]
         self.n_slots = len(perm)
         if self.group is None:
+            perm = perm.to(self.device)
             return torch.cat(xs)[perm], torch.cat(ys)[perm]
         local = torch.full((n,), -1, dtype=torch.long)  # stream row -> this rank's row
         offset = 0
@@ -141,26 +150,27 @@ class _Buffer:
         self.slot_rows = torch.full((len(perm),), -1, dtype=torch.long)
         self.slot_rows[mine] = torch.arange(int(mine.sum()))
         if not xs:  # none of this fill's batches was this rank's
-            d = self.model.cfg.d_model
-            return torch.zeros(0, len(self.layers), d), torch.zeros(0, len(self.layers), d)
-        return torch.cat(xs)[slot_local[mine]], torch.cat(ys)[slot_local[mine]]
+            empty = torch.zeros(0, len(self.layers), self.model.cfg.d_model, device=self.device)
+            return empty, empty.clone()
+        rows = slot_local[mine].to(self.device)
+        return torch.cat(xs)[rows], torch.cat(ys)[rows]
 
     def rows(self, batch_size: int) -> torch.Tensor:
         """A step's rows: `batch_size` slots drawn with replacement (the same on every rank), as this
         rank's buffer rows (data-parallel: only the slots it holds)."""
         slots = torch.randint(0, self.n_slots, (batch_size,), generator=self.g)
         if self.group is None:
-            return slots
+            return slots.to(self.device)
         local = self.slot_rows[slots]
-        return local[local >= 0]
+        return local[local >= 0].to(self.device)
 
 
 def _init(x: torch.Tensor, y: torch.Tensor, d_tc: int, skip: bool, g: torch.Generator):
-    """Parameters of one layer on the scaled target: the skip and b_dec by least squares on (x, y), random
-    unit-norm encoder rows, small decoder rows."""
+    """Parameters of one layer on the scaled target, on x's device: the skip and b_dec by least squares on
+    (x, y), random unit-norm encoder rows, small decoder rows (drawn on the CPU from `g`)."""
     n, d = x.shape
     if skip:
-        design = torch.cat([x, torch.ones(n, 1)], 1).double()
+        design = torch.cat([x, torch.ones(n, 1, device=x.device)], 1).double()
         sol = torch.linalg.lstsq(design, y.double()).solution.float()  # [d + 1, d]
         W_skip, b_dec = sol[:d].T.contiguous(), sol[d].clone()
     else:
@@ -170,7 +180,7 @@ def _init(x: torch.Tensor, y: torch.Tensor, d_tc: int, skip: bool, g: torch.Gene
     W_dec = torch.randn(d_tc, d, generator=g)
     W_dec *= 0.1 / W_dec.norm(dim=-1, keepdim=True)
     params = {"W_enc": W_enc, "b_enc": torch.zeros(d_tc), "W_dec": W_dec, "b_dec": b_dec, "W_skip": W_skip}
-    return {k: v.requires_grad_(True) for k, v in params.items() if v is not None}
+    return {k: v.to(x.device).requires_grad_(True) for k, v in params.items() if v is not None}
 
 
 def _first_fit(buf: _Buffer, X: torch.Tensor, Y: torch.Tensor, d_tc: int, skip: bool):
@@ -205,7 +215,7 @@ def transcoder_losses(
 
     err = y - out
     mse = mean(err.pow(2))
-    aux = torch.zeros(())
+    aux = torch.zeros((), device=y.device)
     if dead is not None and int(dead.sum()):
         values, idx = pre.masked_fill(~dead, float("-inf")).topk(min(aux_k, int(dead.sum())), dim=-1)
         f_aux = torch.zeros_like(pre).scatter(-1, idx, values.relu())
@@ -327,6 +337,7 @@ def train_transcoders(
     eval_texts: Any = None,
     seed: int = 0,
     progress: bool = True,
+    device: Any = None,
 ) -> TranscoderSet:
     """Train one skip transcoder per layer (`layers`, default all) of `model` on activations streamed from
     `texts` (preference pairs, contrast pairs or (prompt, response) tuples); `kind` is "topk" or
@@ -336,7 +347,11 @@ def train_transcoders(
     Data-parallel when a process group with several ranks is initialised (`torchrun`; give every rank
     the same texts and settings): each rank runs the model on its share of the text batches, the step is
     the one-process step on the same rows (`parallel`), every rank returns the same set; only rank 0
-    evaluates `eval_texts` (the others' `.metrics` have the curves only) and should save."""
+    evaluates `eval_texts` (the others' `.metrics` have the curves only) and should save.
+
+    `device`: where the activation buffer and the optimisation live (default: the model's device, so a
+    model on a GPU trains there; the buffer is `buffer_tokens` x layers x 2 x d_model floats). The random
+    draws are the CPU generator's on every device: the same batches, equal parameters to float rounding."""
     from tqdm.auto import tqdm
 
     layers = _check(model, layers, d_tc, k, kind, steps, batch_size)
@@ -346,14 +361,15 @@ def train_transcoders(
         settings = dict(d_tc=d_tc, k=k, kind=kind, layers=layers, steps=steps, batch_size=batch_size)
         group.check_same({**settings, "seed": seed, "texts": _fingerprint(prompts, responses)})
     g = torch.Generator().manual_seed(seed)
-    buf = _Buffer(model, prompts, responses, layers, buffer_tokens, model_batch_size, g, group)
+    device = torch.device(device if device is not None else model.cfg.device)
+    buf = _Buffer(model, prompts, responses, layers, buffer_tokens, model_batch_size, g, group, device)
     X, Y = buf.fill()
     scale, params = _first_fit(buf, X, Y, d_tc, skip)
     d = X.shape[-1]
     lr = lr if lr is not None else 2e-4 / math.sqrt(d_tc / 16384)
     aux_k = aux_k if aux_k is not None else max(1, d // 2)
     opt = torch.optim.Adam([v for p in params for v in p.values()], lr=lr)
-    since = torch.zeros(len(layers), d_tc, dtype=torch.long)
+    since = torch.zeros(len(layers), d_tc, dtype=torch.long, device=device)
     thresholds = torch.zeros(len(layers))
     per_fill = max(1, reuse * buf.n_slots // batch_size)
     history: List[Dict[str, float]] = []
@@ -465,7 +481,7 @@ def evaluate_transcoders(model, tc: TranscoderSet, texts: Any, batch_size: int =
         for k, s in (("y", (tc[layers[0]].d_model,)), ("yy", ()), ("sse", ()), ("l0", ()))
     }
     fired = torch.zeros(len(layers), tc[layers[0]].d_tc, dtype=torch.bool)
-    for x, y in stream_mlp_io(model, prompts, responses, layers, batch_size):
+    for x, y in stream_mlp_io(model, prompts, responses, layers, batch_size, tc[layers[0]].W_enc.device):
         n += x.shape[0]
         for i, l in enumerate(layers):
             t = tc[l]
