@@ -50,7 +50,7 @@ from reward_lens.instruments.patching.engines import readout_recompute_exact
 from reward_lens.model.frozen import with_frozen_weights
 from reward_lens.model.hooks import act_name, final_resid_name
 from reward_lens.model.recompute import ReadoutContext
-from reward_lens.model.validation import checked_arguments, safe_ratio
+from reward_lens.model.validation import check_name_list, checked_arguments, safe_ratio
 from reward_lens.plotting import sender_receiver_heatmap
 from reward_lens.results import CleanPairRewards, edge_frame, edge_means, to_numpy
 from reward_lens.stats import reward_scale
@@ -489,11 +489,8 @@ def path_patch(
     if method not in PATH_METHODS:
         raise ValueError(f"method must be one of {PATH_METHODS}, got {method!r}")
     check_positions(positions)
-    for name, given in (("senders", senders), ("receivers", receivers)):
-        if given is not None and (isinstance(given, str) or len(given) == 0):
-            raise ValueError(
-                f"{name}={given!r}: give a non-empty list of names (e.g. ['L0H1']), or None for all"
-            )
+    check_name_list("senders", senders)
+    check_name_list("receivers", receivers)
     pairs = as_pairs(pairs)
     snodes = [
         parse_sender(cfg, s)
