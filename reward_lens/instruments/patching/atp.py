@@ -27,7 +27,7 @@ from reward_lens.instruments.patching.contrastive import MeansPrePass, PatchResu
 from reward_lens.instruments.patching.engines import readout_capture_names, readout_recompute_exact
 from reward_lens.instruments.patching.positions import patch_positions, select, site_values
 from reward_lens.instruments.patching.spec import SOURCE, TARGETS, check_options
-from reward_lens.instruments.sites import Site, sites_for
+from reward_lens.instruments.sites import Site, site_rows, sites_for
 from reward_lens.model.frozen import gradients_on, with_frozen_weights
 from reward_lens.model.hooks import act_name, resid_entering
 from reward_lens.model.placement import block_device
@@ -105,7 +105,6 @@ class AtPResult(CleanPairRewards):
 
     def to_frame(self) -> pd.DataFrame:
         """pair, component, layer, head, level, mode, target, position, atp_effect, normalized_effect."""
-        n, S = len(self.pair_ids), len(self.sites)
         gap = to_numpy(self.clean_gap)
         frames = []
         for (mode, target), est in self.estimates.items():
@@ -113,11 +112,7 @@ class AtPResult(CleanPairRewards):
             frames.append(
                 pd.DataFrame(
                     {
-                        "pair": np.repeat(self.pair_ids, S),
-                        "component": [s.name for s in self.sites] * n,
-                        "layer": [s.layer for s in self.sites] * n,
-                        "head": pd.array([s.head for s in self.sites] * n, dtype="Int64"),
-                        "level": [s.level for s in self.sites] * n,
+                        **site_rows(self.pair_ids, self.sites),
                         "mode": mode,
                         "target": target,
                         "position": self.positions,

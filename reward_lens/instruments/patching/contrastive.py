@@ -50,7 +50,7 @@ from reward_lens.instruments.patching.engines import (  # noqa: F401
 )
 from reward_lens.instruments.patching.positions import select
 from reward_lens.instruments.patching.spec import METHODS, MODES, POSITIONS, TARGETS, check_options  # noqa: F401
-from reward_lens.instruments.sites import Site, sites_for
+from reward_lens.instruments.sites import Site, site_rows, sites_for
 from reward_lens.model.validation import check_model, checked_arguments, safe_ratio
 from reward_lens.plotting import diverging_heatmap, finish, panels
 from reward_lens.results import CleanPairRewards, to_numpy
@@ -106,7 +106,7 @@ class PatchResult(CleanPairRewards):
         """One row per (pair, site, mode, target): pair, component, layer, head, level, mode, target,
         position, clean_reward, patched_reward, effect, clean_gap, normalized_effect."""
         frames = []
-        n, S = len(self.pair_ids), len(self.sites)
+        S = len(self.sites)
         gap = to_numpy(self.clean_gap)
         for (mode, target), patched in self.patched.items():
             clean = to_numpy(self.clean_chosen if target == "chosen" else self.clean_rejected)
@@ -115,11 +115,7 @@ class PatchResult(CleanPairRewards):
             frames.append(
                 pd.DataFrame(
                     {
-                        "pair": [pid for pid in self.pair_ids for _ in range(S)],
-                        "component": [s.name for s in self.sites] * n,
-                        "layer": [s.layer for s in self.sites] * n,
-                        "head": pd.array([s.head for s in self.sites] * n, dtype="Int64"),
-                        "level": [s.level for s in self.sites] * n,
+                        **site_rows(self.pair_ids, self.sites),
                         "mode": mode,
                         "target": target,
                         "position": self.positions,
