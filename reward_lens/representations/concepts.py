@@ -358,21 +358,16 @@ def concept_vector(
     template = "blocks.{layer}.hook_" + hook
     names = [template.format(layer=l) for l in layers]
     prompts = [it.prompt for it in items]
-    pos = readout_run(
-        model,
-        prompts,
-        [it.positive for it in items],
-        names,
-        batch_size=batch_size,
-        progress="concept +" if progress else False,
-    )
-    neg = readout_run(
-        model,
-        prompts,
-        [it.negative for it in items],
-        names,
-        batch_size=batch_size,
-        progress="concept -" if progress else False,
+    pos, neg = (
+        readout_run(
+            model,
+            prompts,
+            [getattr(it, side) for it in items],
+            names,
+            batch_size=batch_size,
+            progress=f"concept {sign}" if progress else False,
+        )
+        for side, sign in (("positive", "+"), ("negative", "-"))
     )
     gated = is_gated(model)
     w = (
