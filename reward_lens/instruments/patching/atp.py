@@ -23,7 +23,7 @@ import torch
 from reward_lens.core.directions import reward_from_final_resid
 from reward_lens.core.pipeline import Reads, Shared, run_spec
 from reward_lens.core.readout import Capture
-from reward_lens.instruments.patching.contrastive import MeansPrePass, PatchResult
+from reward_lens.instruments.patching.contrastive import GapNormalized, MeansPrePass, PatchResult
 from reward_lens.instruments.patching.engines import readout_capture_names, readout_recompute_exact
 from reward_lens.instruments.patching.positions import patch_positions, select, site_values
 from reward_lens.instruments.patching.spec import SOURCE, TARGETS, check_options
@@ -31,10 +31,10 @@ from reward_lens.instruments.sites import Site, site_rows, sites_for
 from reward_lens.model.frozen import gradients_on, with_frozen_weights
 from reward_lens.model.hooks import act_name, resid_entering
 from reward_lens.model.placement import block_device
-from reward_lens.model.validation import checked_arguments, safe_ratio
+from reward_lens.model.validation import checked_arguments
 from reward_lens.plotting import finish, panels
-from reward_lens.results import CleanPairRewards, to_numpy
-from reward_lens.stats import reward_scale, spearman, spearman_rows
+from reward_lens.results import to_numpy
+from reward_lens.stats import spearman, spearman_rows
 
 
 @dataclass
@@ -74,7 +74,7 @@ class AtPComparison:
 
 
 @dataclass
-class AtPResult(CleanPairRewards):
+class AtPResult(GapNormalized):
     """`estimates[(mode, target)]`: [n_pairs, n_sites] first-order estimates of patched - clean reward;
     `clean_chosen`/`clean_rejected` [n_pairs] the clean rewards (also `reward_chosen`/`reward_rejected`)."""
 
@@ -97,15 +97,10 @@ class AtPResult(CleanPairRewards):
                 f"no estimates for mode={mode!r}, target={target!r}; have {sorted(self.estimates)}"
             )
         eff = self.estimates[(mode, target)]
-        return (
-            safe_ratio(eff, self.clean_gap[:, None], reward_scale(self.clean_chosen, self.clean_rejected))
-            if normalized
-            else eff
-        )
+        return self.per_gap(eff) if normalized else eff
 
     def to_frame(self) -> pd.DataFrame:
         """pair, component, layer, head, level, mode, target, position, atp_effect, normalized_effect."""
-        gap = to_numpy(self.clean_gap)
         frames = []
         for (mode, target), est in self.estimates.items():
             e = to_numpy(est)
@@ -117,9 +112,7 @@ class AtPResult(CleanPairRewards):
                         "target": target,
                         "position": self.positions,
                         "atp_effect": e.ravel(),
-                        "normalized_effect": safe_ratio(
-                            e, gap[:, None], reward_scale(self.clean_chosen, self.clean_rejected)
-                        ).ravel(),
+                        "normalized_effect": self.per_gap(e).ravel(),
                     }
                 )
             )

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import pandas as pd
@@ -57,8 +57,19 @@ from reward_lens.results import CleanPairRewards, to_numpy
 from reward_lens.stats import reward_scale
 
 
+class GapNormalized(CleanPairRewards):
+    """Patching results whose effects [n_pairs, ...] are also given per clean gap (`per_gap`)."""
+
+    def per_gap(self, effect: Any) -> Any:
+        """`effect` [n_pairs, ...] (a tensor, or a numpy array) divided by each pair's clean gap; a tie:
+        NaN (`safe_ratio` at the clean rewards' scale)."""
+        gap = self.clean_gap if isinstance(effect, torch.Tensor) else to_numpy(self.clean_gap)
+        gap = gap.reshape(-1, *([1] * (effect.ndim - 1)))
+        return safe_ratio(effect, gap, reward_scale(self.clean_chosen, self.clean_rejected))
+
+
 @dataclass
-class PatchResult(CleanPairRewards):
+class PatchResult(GapNormalized):
     """Patched rewards per pair and site. `patched[(mode, target)]` is [n_pairs, n_sites] (target:
     "chosen" or "rejected"); `clean_chosen`/`clean_rejected` [n_pairs] the clean rewards (also
     `reward_chosen`/`reward_rejected`, with `reward_gap`, as every result)."""
@@ -96,11 +107,7 @@ class PatchResult(CleanPairRewards):
         mode, target = self._key(mode, target)
         clean = self.clean_chosen if target == "chosen" else self.clean_rejected
         eff = self.patched[(mode, target)] - clean[:, None]
-        return (
-            safe_ratio(eff, self.clean_gap[:, None], reward_scale(self.clean_chosen, self.clean_rejected))
-            if normalized
-            else eff
-        )
+        return self.per_gap(eff) if normalized else eff
 
     def to_frame(self) -> pd.DataFrame:
         """One row per (pair, site, mode, target): pair, component, layer, head, level, mode, target,
@@ -123,9 +130,7 @@ class PatchResult(CleanPairRewards):
                         "patched_reward": p.ravel(),
                         "effect": eff.ravel(),
                         "clean_gap": gap.repeat(S),
-                        "normalized_effect": safe_ratio(
-                            eff, gap[:, None], reward_scale(self.clean_chosen, self.clean_rejected)
-                        ).ravel(),
+                        "normalized_effect": self.per_gap(eff).ravel(),
                     }
                 )
             )
