@@ -351,6 +351,8 @@ class DivergenceSpec(Spec):
         return _stack_states(entries), final
 
 
+# The options repeat DivergenceSpec's on purpose: the spec joins a shared pipeline (run_audit), this is the
+# typed, checked public call for one instrument alone; every instrument has the pair (patch / PatchSpec, ...).
 @checked_arguments(counts={"n_components": 1, "max_reference": 1, "batch_size": 1})
 def divergence_patch(
     model,
