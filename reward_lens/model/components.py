@@ -198,8 +198,7 @@ class Attention(nn.Module):
         return out.view(*x.shape[:-1], W.shape[0], W.shape[2]) + b
 
     def _rotate_qkv(self, q, k, v, cos, sin, hooked: bool):
-        """The projections q, k, v through the q/k norms and RoPE; with `hooked`, the hook points fire
-        (hook_q / hook_k / hook_v on the projections, hook_rot_q / hook_rot_k after RoPE)."""
+        """Projections q, k, v through the q/k norms and RoPE, the hook points firing if `hooked`."""
         hook = (lambda point, t: point(t)) if hooked else (lambda point, t: t)
         q, k, v = hook(self.hook_q, q), hook(self.hook_k, k), hook(self.hook_v, v)
         if self.cfg.qk_norm:
@@ -209,8 +208,7 @@ class Attention(nn.Module):
         return q, k, v
 
     def _project_inputs(self, xq, xk, xv):
-        """q, k, v projections of inputs each shared by every head ([batch, pos, d_model]: one GEMM) or one
-        per head ([batch, pos, n, d_model], n = n_heads for `xq`, n_key_value_heads for `xk`/`xv`)."""
+        """q, k, v projections of inputs shared by every head ([batch, pos, d_model]) or one per head."""
 
         def project(x, W, b):
             return self._project(x, W, b) if x.dim() == 3 else torch.einsum("...nd,ndh->...nh", x, W) + b
