@@ -23,11 +23,11 @@ import torch
 from reward_lens.core.directions import reward_from_final_resid
 from reward_lens.core.pipeline import Reads, Shared, run_spec
 from reward_lens.core.readout import Capture
-from reward_lens.instruments.patching.contrastive import GapNormalized, MeansPrePass, PatchResult
+from reward_lens.instruments.patching.contrastive import MeansPrePass, PatchResult, SiteEffects
 from reward_lens.instruments.patching.engines import readout_capture_names, readout_recompute_exact
 from reward_lens.instruments.patching.positions import patch_positions, select, site_values
 from reward_lens.instruments.patching.spec import SOURCE, TARGETS, check_options
-from reward_lens.instruments.sites import Site, site_rows, sites_for
+from reward_lens.instruments.sites import Site, sites_for
 from reward_lens.model.frozen import gradients_on, with_frozen_weights
 from reward_lens.model.hooks import act_name, resid_entering
 from reward_lens.model.placement import block_device
@@ -74,7 +74,7 @@ class AtPComparison:
 
 
 @dataclass
-class AtPResult(GapNormalized):
+class AtPResult(SiteEffects):
     """`estimates[(mode, target)]`: [n_pairs, n_sites] first-order estimates of patched - clean reward;
     `clean_chosen`/`clean_rejected` [n_pairs] the clean rewards (also `reward_chosen`/`reward_rejected`)."""
 
@@ -84,10 +84,6 @@ class AtPResult(GapNormalized):
     clean_chosen: torch.Tensor
     clean_rejected: torch.Tensor
     estimates: Dict[Tuple[str, str], torch.Tensor] = field(default_factory=dict)
-
-    @property
-    def components(self) -> List[str]:
-        return [s.name for s in self.sites]
 
     @checked_arguments(flags=("normalized",))
     def effect(self, mode: str, target: Optional[str] = None, normalized: bool = False) -> torch.Tensor:
@@ -104,18 +100,8 @@ class AtPResult(GapNormalized):
         frames = []
         for (mode, target), est in self.estimates.items():
             e = to_numpy(est)
-            frames.append(
-                pd.DataFrame(
-                    {
-                        **site_rows(self.pair_ids, self.sites),
-                        "mode": mode,
-                        "target": target,
-                        "position": self.positions,
-                        "atp_effect": e.ravel(),
-                        "normalized_effect": self.per_gap(e).ravel(),
-                    }
-                )
-            )
+            values = {"atp_effect": e.ravel(), "normalized_effect": self.per_gap(e).ravel()}
+            frames.append(self.site_frame(mode, target, values))
         return pd.concat(frames, ignore_index=True)
 
     def summary(self) -> pd.DataFrame:

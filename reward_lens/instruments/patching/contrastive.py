@@ -68,8 +68,34 @@ class GapNormalized(CleanPairRewards):
         return safe_ratio(effect, gap, reward_scale(self.clean_chosen, self.clean_rejected))
 
 
+class SiteEffects(GapNormalized):
+    """Per-(pair, site) patching results (`pair_ids`, `sites`, `positions`): their component names and
+    frames."""
+
+    pair_ids: List[str]
+    sites: List[Site]
+    positions: str
+
+    @property
+    def components(self) -> List[str]:
+        return [s.name for s in self.sites]
+
+    def site_frame(self, mode: str, target: str, values: Dict[str, Any]) -> pd.DataFrame:
+        """One (mode, target)'s rows, one per (pair, site) in `ravel()` order: the identifying columns
+        (`site_rows`, mode, target, position), then `values`."""
+        return pd.DataFrame(
+            {
+                **site_rows(self.pair_ids, self.sites),
+                "mode": mode,
+                "target": target,
+                "position": self.positions,
+                **values,
+            }
+        )
+
+
 @dataclass
-class PatchResult(GapNormalized):
+class PatchResult(SiteEffects):
     """Patched rewards per pair and site. `patched[(mode, target)]` is [n_pairs, n_sites] (target:
     "chosen" or "rejected"); `clean_chosen`/`clean_rejected` [n_pairs] the clean rewards (also
     `reward_chosen`/`reward_rejected`, with `reward_gap`, as every result)."""
@@ -81,10 +107,6 @@ class PatchResult(GapNormalized):
     clean_chosen: Float[torch.Tensor, " pair"]
     clean_rejected: Float[torch.Tensor, " pair"]
     patched: Dict[Tuple[str, str], torch.Tensor] = field(default_factory=dict)
-
-    @property
-    def components(self) -> List[str]:
-        return [s.name for s in self.sites]
 
     @property
     def modes(self) -> List[str]:
@@ -119,21 +141,14 @@ class PatchResult(GapNormalized):
             clean = to_numpy(self.clean_chosen if target == "chosen" else self.clean_rejected)
             p = to_numpy(patched)
             eff = p - clean[:, None]
-            frames.append(
-                pd.DataFrame(
-                    {
-                        **site_rows(self.pair_ids, self.sites),
-                        "mode": mode,
-                        "target": target,
-                        "position": self.positions,
-                        "clean_reward": clean.repeat(S),
-                        "patched_reward": p.ravel(),
-                        "effect": eff.ravel(),
-                        "clean_gap": gap.repeat(S),
-                        "normalized_effect": self.per_gap(eff).ravel(),
-                    }
-                )
-            )
+            values = {
+                "clean_reward": clean.repeat(S),
+                "patched_reward": p.ravel(),
+                "effect": eff.ravel(),
+                "clean_gap": gap.repeat(S),
+                "normalized_effect": self.per_gap(eff).ravel(),
+            }
+            frames.append(self.site_frame(mode, target, values))
         return pd.concat(frames, ignore_index=True)
 
     def summary(self) -> pd.DataFrame:
