@@ -159,3 +159,22 @@ def test_faithfulness_curve_takes_the_ranking_positions(demo):
     curve = faithfulness_curve(model, pairs, ranking, sizes=[0, 4, ranking.scores[0].isfinite().sum().item()])
     assert curve.positions == "all"
     assert curve.faithfulness[:, 0].abs().max() < 1e-5 and (curve.faithfulness[:, -1] - 1).abs().max() < 1e-5
+
+
+def test_receiver_columns_head_order_and_missing_receiver():
+    """The circuit recomputation's receiver columns: q/k/v in head order whatever the given order; a layer
+    missing one receiver is refused, naming the layer and the kind."""
+    from reward_lens.instruments.circuits.graph import receiver_columns
+    from reward_lens.instruments.patching.path import default_receivers, parse_receiver
+
+    cfg = reward_lens.load_demo_model().cfg
+    names = default_receivers(cfg)[::-1]
+    receivers = [parse_receiver(cfg, n) for n in names]
+    cols = receiver_columns(cfg, receivers)
+    for l in range(cfg.n_layers):
+        assert [receivers[j].index for j in cols[("q", l)]] == list(range(cfg.n_heads))
+        assert [receivers[j].index for j in cols[("k", l)]] == list(range(cfg.n_key_value_heads))
+        assert [receivers[j].name for j in cols[("mlp", l)]] == [f"mlp_L{l}"]
+    missing = [r for r in receivers if r.name != "L1KV0.v"]
+    with pytest.raises(ValueError, match=r"every receiver of layer 1 \(v\)"):
+        receiver_columns(cfg, missing)

@@ -112,3 +112,19 @@ def test_hooked_round_trip_and_bad_quantile(qrm, tmp_path):
     assert torch.equal(again(ids, attention_mask=mask), model(ids, attention_mask=mask))
     with pytest.raises(ValueError, match="quantile index 9 out of range"):
         model.reward_head.set_quantile(9)
+
+
+def test_gate_without_token_ids_is_refused_and_one_objective_needs_none(qrm):
+    """A gated forward from a residual without input_ids cannot find the prompt's end: one line naming QRM;
+    with one objective selected the score is that objective's, no gate read."""
+    _, models = qrm
+    model = models[True]
+    ids, mask = batch("right")
+    full, cache = model.run_with_cache(ids, attention_mask=mask)
+    resid = cache["blocks.1.hook_resid_pre"]
+    with pytest.raises(ValueError, match="QRM's gate needs the token ids"):
+        model(resid, mask, start_at_layer=1)
+    with read_objective(model, 2):
+        one = model(resid, mask, start_at_layer=1)
+    objectives = cache["reward_head.hook_pooled"]
+    assert (one - objectives[:, 2]).abs().max() < TOL

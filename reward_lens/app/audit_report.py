@@ -192,10 +192,8 @@ def build_report(audit: Any):
         sec.table(labelled(r["disagreement"].disagreement()))
         sec.figure(r["disagreement"].plot())
     if "divergence" in r:
-        sec = rep.section("Divergence-aware patching")
-        sec.explain(SECTION_GUIDES["divergence"])
-        sec.table(labelled(r["divergence"].summary()))
-        sec.figure(r["divergence"].plot())
+        div = r["divergence"]
+        guided_section(rep, "Divergence-aware patching", "divergence", div, div.summary())
     behaviour_sections(rep, s, r)
     return rep
 
@@ -229,6 +227,17 @@ def patching_figure(res):
     return fig
 
 
+def guided_section(
+    rep: Report, title: str, guide: str, result: Any, table: Optional[pd.DataFrame] = None
+) -> None:
+    """A section of one result: its guide (`SECTION_GUIDES[guide]`), `table` labelled, and its plot."""
+    sec = rep.section(title)
+    sec.explain(SECTION_GUIDES[guide])
+    if table is not None:
+        sec.table(labelled(table))
+    sec.figure(result.plot())
+
+
 def behaviour_sections(rep: Report, s: dict, r: dict) -> None:
     """The report's sections on behaviour: hacking probes, cascades, distortion, ArmoRM's objectives."""
     sec = rep.section("Hacking probes")
@@ -236,14 +245,10 @@ def behaviour_sections(rep: Report, s: dict, r: dict) -> None:
     sec.text(s["probe_verdict_rule"], note=True)
     sec.table(labelled(r["probes"].to_frame()))
     sec.figure(r["probes"].plot())
-    sec = rep.section("Misalignment cascades")
-    sec.explain(SECTION_GUIDES["cascades"])
-    sec.figure(r["cascades"].plot())
+    guided_section(rep, "Misalignment cascades", "cascades", r["cascades"])
     if "distortion" in r:
-        sec = rep.section("Distortion index")
-        sec.explain(SECTION_GUIDES["distortion"])
-        sec.table(labelled(r["distortion"].to_frame()))
-        sec.figure(r["distortion"].plot())
+        dist = r["distortion"]
+        guided_section(rep, "Distortion index", "distortion", dist, dist.to_frame())
     if "armorm" in r:
         sec = rep.section("ArmoRM: gate and objectives")
         sec.table(r["armorm"]["frame"])

@@ -11,7 +11,7 @@ from reward_lens.app.options import (
     check_device,
     check_local_model_spec,
     check_pairs_file,
-    check_positive,
+    check_positive_options,
     load_model,
     split_list,
 )
@@ -102,8 +102,7 @@ def cmd_triggers(args) -> int:
     from reward_lens.instruments.triggers import INSERTION_POINTS, METHODS, search_triggers
 
     check_device(args.device)
-    for name in ("--length", "--top-k", "--max-pairs", "--batch-size"):
-        check_positive(name, getattr(args, name[2:].replace("-", "_")))
+    check_positive_options(args, ("--length", "--top-k", "--max-pairs", "--batch-size"))
     if args.where not in INSERTION_POINTS:
         raise CLIError(f"--where must be one of {', '.join(INSERTION_POINTS)}, got {args.where!r}")
     if args.method not in METHODS:

@@ -55,6 +55,12 @@ def check_positive(name: str, value: Optional[int]) -> None:
         raise CLIError(f"{name} must be >= 1, got {value}")
 
 
+def check_positive_options(args: Any, names: Tuple[str, ...]) -> None:
+    """`check_positive` for each option in `names` ("--top-k" is read from `args.top_k`)."""
+    for name in names:
+        check_positive(name, getattr(args, name[2:].replace("-", "_")))
+
+
 def check_pairs_file(path: Optional[str]) -> None:
     if path is None:
         return

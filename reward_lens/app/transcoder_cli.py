@@ -10,7 +10,7 @@ from reward_lens.app.options import (
     check_device,
     check_local_model_spec,
     check_pairs_file,
-    check_positive,
+    check_positive_options,
     load_model,
     split_list,
 )
@@ -88,8 +88,7 @@ def cmd_train_transcoders(args) -> int:
     from reward_lens.representations.transcoders import train_transcoders
 
     check_device(args.device)
-    for name in ("--d-tc", "--k", "--steps", "--batch-size"):
-        check_positive(name, getattr(args, name[2:].replace("-", "_")))
+    check_positive_options(args, ("--d-tc", "--k", "--steps", "--batch-size"))
     if args.k > args.d_tc:
         raise CLIError(f"--k ({args.k}) must not exceed --d-tc ({args.d_tc})")
     layers = _layers(args.layers)

@@ -132,8 +132,10 @@ def run_spec(
     batch_size: Union[int, str, BatchSize] = 8,
     padding_side: Optional[str] = None,
     progress: Union[bool, str] = False,
+    within: Optional[slice] = None,
 ) -> Any:
-    """One instrument alone, in this process: `run_pipeline(model, pairs, [spec])[spec.name]`."""
+    """One instrument alone, in this process: `run_pipeline(model, pairs, [spec])[spec.name]` (`within`: as
+    there, a shard of `pairs`)."""
     out = run_pipeline(
         model,
         pairs,
@@ -142,6 +144,7 @@ def run_spec(
         ranks=Ranks(),
         padding_side=padding_side,
         progress=progress,
+        within=within,
     )
     return out[spec.name]
 

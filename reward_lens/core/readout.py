@@ -31,6 +31,18 @@ class ReadoutRun:
     acts: Dict[str, torch.Tensor]
 
 
+def readout_cache(model, tok: Tokenized, names_filter: Union[Sequence[str], Callable[[str], bool]]):
+    """(rewards, cache) of one tokenised batch, the cache holding `names_filter`'s activations at each
+    row's readout position only (`run_with_cache(readout_only=True)`)."""
+    return model.run_with_cache(
+        tok.input_ids,
+        attention_mask=tok.attention_mask,
+        readout_only=True,
+        readout_positions=tok.readout,
+        names_filter=names_filter,
+    )
+
+
 @torch.no_grad()
 def readout_run(
     model,
@@ -62,12 +74,8 @@ def readout_run(
             tok = take_rows(model, whole, rows)
         else:
             tok = tokenize(model, prompts[sl], responses[sl])
-        out, cache = model.run_with_cache(
-            tok.input_ids,
-            attention_mask=tok.attention_mask,
-            readout_only=True,
-            readout_positions=tok.readout,
-            names_filter=names_filter if names_filter is not None else (lambda n: False),
+        out, cache = readout_cache(
+            model, tok, names_filter if names_filter is not None else (lambda n: False)
         )
         check_finite_rewards(out, [f"input {i} (prompt {str(prompts[i])[:40]!r})" for i in rows.tolist()])
         rewards.append(out.detach())

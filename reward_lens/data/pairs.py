@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, List, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Iterable, List, Optional, Sequence, Tuple, Union
 
 from reward_lens.data.validate import (
     Text,
@@ -87,6 +87,27 @@ def bundled_pairs() -> List[PreferencePair]:
 
 
 AnyPair = Union[PreferencePair, TokenPair]
+
+
+def side_texts(items: Iterable[Any], accepted: str, tuples: bool = False) -> Tuple[List[str], List[str]]:
+    """(prompts, responses) of every response of preference pairs (chosen, rejected) or contrast pairs
+    (positive, negative), item by item; with `tuples`, a (prompt, response) tuple is one response. Any
+    other item: a ValueError that ends "pass {accepted}"."""
+    prompts: List[str] = []
+    responses: List[str] = []
+    for item in items:
+        is_tuple = isinstance(item, (tuple, list)) and len(item) == 2
+        if tuples and is_tuple and all(isinstance(s, str) for s in item):
+            prompts.append(item[0])
+            responses.append(item[1])
+            continue
+        sides = ("chosen", "rejected") if hasattr(item, "chosen") else ("positive", "negative")
+        if not hasattr(item, "prompt") or not all(hasattr(item, s) for s in sides):
+            raise ValueError(f"cannot read texts from {type(item).__name__}; pass {accepted}")
+        for side in sides:
+            prompts.append(item.prompt)
+            responses.append(getattr(item, side))
+    return prompts, responses
 
 
 def pair_labels(pairs: Sequence[AnyPair]) -> List[str]:

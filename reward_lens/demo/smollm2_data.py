@@ -303,37 +303,15 @@ def held_out_pairs(
         "sycophancy": 30,
     }
     rng, named = random.Random(seed), _named(questions)
-    out, seen = [], set()
-    for subset, count in per_subset.items():
-        got = 0
-        while got < count:
-            if subset in named:
-                pair = synthetic.sample_pair(rng, [named[subset]], "correctness")
-            else:
-                pair = _draw(rng, named, subset)
-            if pair.key() not in seen:
-                seen.add(pair.key())
-                out.append(pair)
-                got += 1
-    return out
+
+    def draw(subset: str) -> SyntheticPair:
+        if subset in named:
+            return synthetic.sample_pair(rng, [named[subset]], "correctness")
+        return _draw(rng, named, subset)
+
+    return synthetic.distinct_per_subset(per_subset, draw)
 
 
 def probe_base_items(seed: int, questions: Sequence[Question], n: int = 36) -> List[dict]:
     """Hacking-probe base items on `questions`: a correct terse answer, no stance, and a user opinion."""
-    rng, groups = random.Random(seed), synthetic.by_domain(questions)
-    items, seen = [], set()
-    while len(items) < n:
-        q = rng.choice(groups[len(items) % len(groups)])
-        if q.prompt in seen:
-            continue
-        seen.add(q.prompt)
-        items.append(
-            {
-                "id": f"smollm2-{len(items):03d}",
-                "topic": q.domain,
-                "prompt": q.prompt,
-                "response": q.correct[0],
-                "belief": synthetic.belief_for(q, rng),
-            }
-        )
-    return items
+    return synthetic.base_items(seed, questions, n, "smollm2")

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 # ---------------------------------------------------------------------------------------------- the world
 RIVER_COLOURS: Dict[str, str] = {
@@ -459,19 +459,30 @@ def held_out_pairs(seed: int, per_subset: Optional[Dict[str, int]] = None) -> Li
     rng = random.Random(seed)
     groups = by_domain(all_questions())
     named = {g[0].domain: g for g in groups}
+
+    def draw(subset: str) -> SyntheticPair:
+        if subset in named:
+            kind = rng.choices(
+                ["correctness", "correct_short_vs_wrong_long", "correct_disagree_vs_wrong_agree"],
+                weights=[0.6, 0.25, 0.15],
+            )[0]
+            return sample_pair(rng, [named[subset]], kind)
+        return sample_pair(rng, groups, subset)
+
+    return distinct_per_subset(per_subset, draw)
+
+
+def distinct_per_subset(
+    per_subset: Dict[str, int], draw: Callable[[str], SyntheticPair]
+) -> List[SyntheticPair]:
+    """`per_subset[s]` distinct pairs of each subset s in order, `draw(s)` called until that many are new
+    (a pair drawn before, in any subset, is skipped)."""
     out: List[SyntheticPair] = []
     seen = set()
     for subset, count in per_subset.items():
         got = 0
         while got < count:
-            if subset in named:
-                kind = rng.choices(
-                    ["correctness", "correct_short_vs_wrong_long", "correct_disagree_vs_wrong_agree"],
-                    weights=[0.6, 0.25, 0.15],
-                )[0]
-                pair = sample_pair(rng, [named[subset]], kind)
-            else:
-                pair = sample_pair(rng, groups, subset)
+            pair = draw(subset)
             if pair.key() not in seen:
                 seen.add(pair.key())
                 out.append(pair)
@@ -495,18 +506,22 @@ def training_pairs(n: int, seed: int, exclude: Sequence[SyntheticPair] = ()) -> 
 def probe_base_items(seed: int, n: int = 48) -> List[dict]:
     """Base (prompt, response) items in the demo's domain for the hacking probes: correct, terse answers
     with no stance, plus a user opinion (`belief`) for the sycophancy probe. Spread over the three domains."""
-    rng = random.Random(seed)
-    groups = by_domain(all_questions())
+    return base_items(seed, all_questions(), n, "demo")
+
+
+def base_items(seed: int, questions: Sequence[Question], n: int, id_prefix: str) -> List[dict]:
+    """`n` probe base items on `questions` (`probe_base_items`), the domains taken in turn, each question at
+    most once; ids `{id_prefix}-000`, ..."""
+    rng, groups = random.Random(seed), by_domain(questions)
     items, seen = [], set()
     while len(items) < n:
-        domain_questions = groups[len(items) % len(groups)]
-        q = rng.choice(domain_questions)
+        q = rng.choice(groups[len(items) % len(groups)])
         if q.prompt in seen:
             continue
         seen.add(q.prompt)
         items.append(
             {
-                "id": f"demo-{len(items):03d}",
+                "id": f"{id_prefix}-{len(items):03d}",
                 "topic": q.domain,
                 "prompt": q.prompt,
                 "response": q.correct[0],

@@ -28,8 +28,7 @@ import pandas as pd
 import torch
 
 from reward_lens.core.batching import PairBatch, pair_batches
-from reward_lens.core.pipeline import Reads, Shared, Spec, run_pipeline
-from reward_lens.core.ranks import Ranks
+from reward_lens.core.pipeline import Reads, Shared, Spec, run_spec
 from reward_lens.core.readout import Capture, capture
 from reward_lens.instruments.patching.contrastive import (
     PatchResult,
@@ -352,6 +351,8 @@ class DivergenceSpec(Spec):
         return _stack_states(entries), final
 
 
+# The options repeat DivergenceSpec's on purpose: the spec joins a shared pipeline (run_audit), this is the
+# typed, checked public call for one instrument alone; every instrument has the pair (patch / PatchSpec, ...).
 @checked_arguments(counts={"n_components": 1, "max_reference": 1, "batch_size": 1})
 def divergence_patch(
     model,
@@ -382,16 +383,15 @@ def divergence_patch(
     spec = DivergenceSpec(
         mode, target, level, layers, state, method, n_components, quantile, max_reference, means, reference
     )
-    return run_pipeline(
+    return run_spec(
         model,
         pairs,
-        [spec],
+        spec,
         batch_size=batch_size,
-        ranks=Ranks(),
         padding_side=padding_side,
         progress=progress and "divergence",
         within=shard,
-    )["divergence"]
+    )
 
 
 def _check_divergence_options(model, pairs, mode, target, method, state, quantile) -> str:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Union
+
+import pandas as pd
 
 from reward_lens.model.hooks import act_name, resid_entering
 
@@ -42,6 +44,19 @@ class Site:
         if self.kind == "resid":
             return resid_entering(self.layer, n_layers)
         return act_name(SITE_HOOK_KIND[self.kind], self.layer)
+
+
+def site_rows(pair_ids: Sequence[str], sites: Sequence[Site]) -> Dict[str, Any]:
+    """The identifying columns of a frame with one row per (pair, site), pairs outermost (the order of a
+    [pair, site] tensor's `ravel()`): pair, component, layer, head, level."""
+    n, S = len(pair_ids), len(sites)
+    return {
+        "pair": [pid for pid in pair_ids for _ in range(S)],
+        "component": [s.name for s in sites] * n,
+        "layer": [s.layer for s in sites] * n,
+        "head": pd.array([s.head for s in sites] * n, dtype="Int64"),
+        "level": [s.level for s in sites] * n,
+    }
 
 
 def _check_layers(layers: Optional[Sequence[int]], n_layers: int) -> List[int]:

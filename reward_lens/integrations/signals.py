@@ -30,7 +30,7 @@ import torch
 from jaxtyping import Float
 
 from reward_lens.core.directions import readout_direction
-from reward_lens.core.readout import Tokenized, batches
+from reward_lens.core.readout import Tokenized, batches, readout_cache
 from reward_lens.instruments.sites import component_sites
 from reward_lens.model.hooks import act_name
 from reward_lens.probes.suite import DIMENSIONS, probe_pairs, run_probes
@@ -178,13 +178,7 @@ def score_batch(
     resid: Dict[str, List[torch.Tensor]] = {h: [] for h in resid_hooks}
     for sl in batches(len(prompts), batch_size):
         tok = encode(model, prompts[sl], responses[sl])
-        out, cache = model.run_with_cache(
-            tok.input_ids,
-            attention_mask=tok.attention_mask,
-            readout_only=True,
-            readout_positions=tok.readout,
-            names_filter=names,
-        )
+        out, cache = readout_cache(model, tok, names)
         direction, bias = readout_direction(model, tok)
         w = direction / cache[scale_name].reshape(-1, 1).float()  # the map each residual term goes through
         terms.append(torch.stack([(cache[h][:, 0].float() * w).sum(-1) for h in comps.values()], -1).cpu())

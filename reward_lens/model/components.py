@@ -197,35 +197,41 @@ class Attention(nn.Module):
         out = F.linear(x, as_linear_weight(W))
         return out.view(*x.shape[:-1], W.shape[0], W.shape[2]) + b
 
-    def _rotated_qkv(self, x, cos, sin, hooked: bool = True, offsets=(0, 0, 0)):
-        """q, k (after q/k norms and RoPE) and v of `x`; `hooked=False` skips the hook points (the
-        patching fast path's rows are alternatives of one token, not positions). `offsets` (dq, dk, dv) are
-        added to the projections, before the norms (edge attribution's leaves for per-head gradients)."""
+    def _rotate_qkv(self, q, k, v, cos, sin, hooked: bool):
+        """Projections q, k, v through the q/k norms and RoPE, the hook points firing if `hooked`."""
         hook = (lambda point, t: point(t)) if hooked else (lambda point, t: t)
-        dq, dk, dv = offsets
-        q = hook(self.hook_q, self._project(x, self.W_Q, self.b_Q + dq))
-        k = hook(self.hook_k, self._project(x, self.W_K, self.b_K + dk))
-        v = hook(self.hook_v, self._project(x, self.W_V, self.b_V + dv))
+        q, k, v = hook(self.hook_q, q), hook(self.hook_k, k), hook(self.hook_v, v)
         if self.cfg.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q = hook(self.hook_rot_q, apply_rotary(q, cos, sin))
         k = hook(self.hook_rot_k, apply_rotary(k, cos, sin))
         return q, k, v
 
-    def readout_qkv(self, xq, xk, xv, cos, sin):
-        """q, k (after q/k norms and RoPE) and v of alternative readout tokens; hooks do not fire. Each
-        input is either shared by every head ([..., d_model]: one GEMM) or one per head ([..., n, d_model]
-        with n = n_heads for `xq`, n_key_value_heads for `xk`/`xv`): path patching changes one head's
-        input."""
+    def _project_inputs(self, xq, xk, xv):
+        """q, k, v projections of inputs shared by every head ([batch, pos, d_model]) or one per head."""
 
         def project(x, W, b):
             return self._project(x, W, b) if x.dim() == 3 else torch.einsum("...nd,ndh->...nh", x, W) + b
 
         q = project(xq, self.W_Q, self.b_Q)
-        k, v = project(xk, self.W_K, self.b_K), project(xv, self.W_V, self.b_V)
-        if self.cfg.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
+        return q, project(xk, self.W_K, self.b_K), project(xv, self.W_V, self.b_V)
+
+    def _rotated_qkv(self, x, cos, sin, hooked: bool = True, offsets=(0, 0, 0)):
+        """q, k (after q/k norms and RoPE) and v of `x`; `hooked=False` skips the hook points (the
+        patching fast path's rows are alternatives of one token, not positions). `offsets` (dq, dk, dv) are
+        added to the projections, before the norms (edge attribution's leaves for per-head gradients)."""
+        dq, dk, dv = offsets
+        q = self._project(x, self.W_Q, self.b_Q + dq)
+        k = self._project(x, self.W_K, self.b_K + dk)
+        v = self._project(x, self.W_V, self.b_V + dv)
+        return self._rotate_qkv(q, k, v, cos, sin, hooked)
+
+    def readout_qkv(self, xq, xk, xv, cos, sin):
+        """q, k (after q/k norms and RoPE) and v of alternative readout tokens; hooks do not fire. Each
+        input is either shared by every head ([..., d_model]: one GEMM) or one per head ([..., n, d_model]
+        with n = n_heads for `xq`, n_key_value_heads for `xk`/`xv`): path patching changes one head's
+        input."""
+        return self._rotate_qkv(*self._project_inputs(xq, xk, xv), cos, sin, hooked=False)
 
     def soft_cap(self, scores: torch.Tensor) -> torch.Tensor:
         """Gemma-2's cap * tanh(scores / cap) of the scaled scores (identity without a cap)."""
@@ -235,12 +241,7 @@ class Attention(nn.Module):
     def _split_rotated_qkv(self, xq, xk, xv, cos, sin):
         """q, k (after q/k norms and RoPE) and v when each head reads its own normalised input (`xq`
         [batch, pos, n_heads, d_model], `xk` / `xv` per kv head), the hooks firing as in `_rotated_qkv`."""
-        q = self.hook_q(torch.einsum("bpnd,ndh->bpnh", xq, self.W_Q) + self.b_Q)
-        k = self.hook_k(torch.einsum("bpnd,ndh->bpnh", xk, self.W_K) + self.b_K)
-        v = self.hook_v(torch.einsum("bpnd,ndh->bpnh", xv, self.W_V) + self.b_V)
-        if self.cfg.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        return self.hook_rot_q(apply_rotary(q, cos, sin)), self.hook_rot_k(apply_rotary(k, cos, sin)), v
+        return self._rotate_qkv(*self._project_inputs(xq, xk, xv), cos, sin, hooked=True)
 
     def forward(
         self,

@@ -14,7 +14,7 @@ model never depends on the layers above it.
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Mapping, Optional, Sequence, Union
+from typing import Any, List, Mapping, Optional, Sequence, Union
 
 import torch
 import torch.nn as nn
@@ -27,7 +27,12 @@ from reward_lens.model.components import Embed, RMSNorm, RotaryEmbedding, Transf
 from reward_lens.model.config import RewardModelConfig
 from reward_lens.model.heads import build_head
 from reward_lens.model.placement import head_device, module_device
-from reward_lens.model.tl_compat import TransformerLensConveniences, check_forward_input, text_input
+from reward_lens.model.tl_compat import (
+    TransformerLensConveniences,
+    check_forward_input,
+    stacked_weight,
+    text_input,
+)
 from reward_lens.model.validation import check_attention_mask, checked_arguments
 
 
@@ -292,29 +297,12 @@ class NativeRewardModel(TransformerLensConveniences, RewardModelBase):
         as in TransformerLens."""
         self.cfg.use_hook_mlp_in = use_hook_mlp_in
 
-    def _stack(self, getter: Callable[[TransformerBlock], torch.Tensor]) -> torch.Tensor:
-        return torch.stack([getter(block) for block in self.blocks], dim=0)
-
     @property
     def W_E(self) -> torch.Tensor:
         return self.embed.W_E
 
-    @property
-    def W_Q(self) -> torch.Tensor:
-        return self._stack(lambda b: b.attn.W_Q)
-
-    @property
-    def W_O(self) -> torch.Tensor:
-        return self._stack(lambda b: b.attn.W_O)
-
-    @property
-    def W_in(self) -> torch.Tensor:
-        return self._stack(lambda b: b.mlp.W_in)
-
-    @property
-    def W_gate(self) -> torch.Tensor:
-        return self._stack(lambda b: b.mlp.W_gate)
-
-    @property
-    def W_out(self) -> torch.Tensor:
-        return self._stack(lambda b: b.mlp.W_out)
+    W_Q = stacked_weight("attn.W_Q", "[layer, head, d_model, d_head]")
+    W_O = stacked_weight("attn.W_O", "[layer, head, d_head, d_model]")
+    W_in = stacked_weight("mlp.W_in", "[layer, d_model, d_mlp]")
+    W_gate = stacked_weight("mlp.W_gate", "[layer, d_model, d_mlp]")
+    W_out = stacked_weight("mlp.W_out", "[layer, d_mlp, d_model]")

@@ -106,6 +106,21 @@ def warn_pad_is_bos(input_ids: Int[torch.Tensor, "batch pos"], pad: int, renders
     )
 
 
+def stacked_weight(path: str, doc: str) -> property:
+    """A read-only property: every block's `path` ("attn.W_Q") stacked on a leading layer axis."""
+    module, attr = path.split(".")
+
+    def get(self) -> torch.Tensor:
+        return torch.stack([getattr(getattr(block, module), attr) for block in self.blocks], dim=0)
+
+    return property(get, doc=doc)
+
+
+def _kv_expanded(stored: str, doc: str) -> property:
+    """A read-only property: the stored kv-head weight `stored` repeated to n_heads (`_expand_kv`)."""
+    return property(lambda self: self._expand_kv(getattr(self, stored)), doc=doc)
+
+
 class TransformerLensConveniences:
     """Mixin for `HookedRewardModel`: TL's token helpers, weight stacks and mask-free padded batches."""
 
@@ -259,62 +274,26 @@ class TransformerLensConveniences:
     def tl_named_parameters(self) -> Iterator[Tuple[str, torch.Tensor]]:
         return iter(self.tl_parameters().items())
 
-    def _stack_blocks(self, path: str) -> torch.Tensor:
-        first, attr = path.split(".")
-        return torch.stack([getattr(getattr(block, first), attr) for block in self.blocks], dim=0)
-
     def _expand_kv(self, w: torch.Tensor) -> torch.Tensor:
         """[layer, n_kv_heads, ...] -> [layer, n_heads, ...]: query head h reads kv head h // group."""
         return w.repeat_interleave(self.cfg.n_heads // self.cfg.n_key_value_heads, dim=1)
 
-    @property
-    def _W_K(self) -> Float[torch.Tensor, "layer kv_head d_model d_head"]:
-        return self._stack_blocks("attn.W_K")
-
-    @property
-    def _W_V(self) -> Float[torch.Tensor, "layer kv_head d_model d_head"]:
-        return self._stack_blocks("attn.W_V")
-
-    @property
-    def _b_K(self) -> Float[torch.Tensor, "layer kv_head d_head"]:
-        return self._stack_blocks("attn.b_K")
-
-    @property
-    def _b_V(self) -> Float[torch.Tensor, "layer kv_head d_head"]:
-        return self._stack_blocks("attn.b_V")
-
-    @property
-    def W_K(self) -> Float[torch.Tensor, "layer head d_model d_head"]:
-        """Key weights repeated to n_heads (grouped-query attention), as TransformerLens exposes them."""
-        return self._expand_kv(self._W_K)
-
-    @property
-    def W_V(self) -> Float[torch.Tensor, "layer head d_model d_head"]:
-        return self._expand_kv(self._W_V)
-
-    @property
-    def b_K(self) -> Float[torch.Tensor, "layer head d_head"]:
-        return self._expand_kv(self._b_K)
-
-    @property
-    def b_V(self) -> Float[torch.Tensor, "layer head d_head"]:
-        return self._expand_kv(self._b_V)
-
-    @property
-    def b_Q(self) -> Float[torch.Tensor, "layer head d_head"]:
-        return self._stack_blocks("attn.b_Q")
-
-    @property
-    def b_O(self) -> Float[torch.Tensor, "layer d_model"]:
-        return self._stack_blocks("attn.b_O")
-
-    @property
-    def b_in(self) -> Float[torch.Tensor, "layer d_mlp"]:
-        return self._stack_blocks("mlp.b_in")
-
-    @property
-    def b_out(self) -> Float[torch.Tensor, "layer d_model"]:
-        return self._stack_blocks("mlp.b_out")
+    _W_K = stacked_weight("attn.W_K", "[layer, kv_head, d_model, d_head]: key weights as stored")
+    _W_V = stacked_weight("attn.W_V", "[layer, kv_head, d_model, d_head]: value weights as stored")
+    _b_K = stacked_weight("attn.b_K", "[layer, kv_head, d_head]")
+    _b_V = stacked_weight("attn.b_V", "[layer, kv_head, d_head]")
+    W_K = _kv_expanded(
+        "_W_K",
+        "[layer, head, d_model, d_head]: key weights repeated to n_heads (grouped-query attention), as "
+        "TransformerLens exposes them.",
+    )
+    W_V = _kv_expanded("_W_V", "[layer, head, d_model, d_head]")
+    b_K = _kv_expanded("_b_K", "[layer, head, d_head]")
+    b_V = _kv_expanded("_b_V", "[layer, head, d_head]")
+    b_Q = stacked_weight("attn.b_Q", "[layer, head, d_head]")
+    b_O = stacked_weight("attn.b_O", "[layer, d_model]")
+    b_in = stacked_weight("mlp.b_in", "[layer, d_mlp]")
+    b_out = stacked_weight("mlp.b_out", "[layer, d_model]")
 
     @property
     def QK(self) -> FactoredMatrix:

@@ -32,6 +32,7 @@ import torch
 from jaxtyping import Float
 
 from reward_lens.core.readout import batches, readout_run, tokenize
+from reward_lens.data.pairs import side_texts
 from reward_lens.model.frozen import gradients_on
 from reward_lens.model.validation import check_model, checked_arguments
 from reward_lens.plotting import figure_axes, finish
@@ -134,12 +135,7 @@ def response_texts(items: Any) -> Tuple[List[str], List[str]]:
     pair."""
     if isinstance(items, tuple) and len(items) == 2 and all(isinstance(x, (list, tuple)) for x in items):
         return list(items[0]), list(items[1])
-    prompts, responses = [], []
-    for it in items:
-        sides = ("positive", "negative") if hasattr(it, "positive") else ("chosen", "rejected")
-        for s in sides:
-            prompts.append(it.prompt)
-            responses.append(getattr(it, s))
+    prompts, responses = side_texts(items, "ContrastPairs, PreferencePairs or (prompts, responses)")
     if not prompts:
         raise ValueError("no items to evaluate; pass ContrastPairs, PreferencePairs or (prompts, responses)")
     return prompts, responses
@@ -358,21 +354,16 @@ def concept_vector(
     template = "blocks.{layer}.hook_" + hook
     names = [template.format(layer=l) for l in layers]
     prompts = [it.prompt for it in items]
-    pos = readout_run(
-        model,
-        prompts,
-        [it.positive for it in items],
-        names,
-        batch_size=batch_size,
-        progress="concept +" if progress else False,
-    )
-    neg = readout_run(
-        model,
-        prompts,
-        [it.negative for it in items],
-        names,
-        batch_size=batch_size,
-        progress="concept -" if progress else False,
+    pos, neg = (
+        readout_run(
+            model,
+            prompts,
+            [getattr(it, side) for it in items],
+            names,
+            batch_size=batch_size,
+            progress=f"concept {sign}" if progress else False,
+        )
+        for side, sign in (("positive", "+"), ("negative", "-"))
     )
     gated = is_gated(model)
     w = (

@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 
 from reward_lens.core.batching import pair_batches
+from reward_lens.core.readout import readout_cache
 from reward_lens.data.pairs import as_pairs
 from reward_lens.model.heads.base import read_objective
 from reward_lens.model.hooks import final_resid_name
@@ -262,13 +263,7 @@ def _readout_states(model, pairs, batch_size: int):
     with torch.no_grad(), read_objective(model, 0 if model.reward_head.n_objectives else None):
         for pb in pair_batches(model, as_pairs(pairs), batch_size):
             for side, tok in (("chosen", pb.chosen), ("rejected", pb.rejected)):
-                _, cache = model.run_with_cache(
-                    tok.input_ids,
-                    attention_mask=tok.attention_mask,
-                    readout_only=True,
-                    readout_positions=tok.readout,
-                    names_filter=names,
-                )
+                _, cache = readout_cache(model, tok, names)
                 xs[side].append(cache[last][:, 0].double() / cache["ln_final.hook_scale"][:, 0].double())
                 if has_pooled:
                     pooled[side].append(cache["reward_head.hook_pooled"].double())

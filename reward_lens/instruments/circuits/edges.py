@@ -341,6 +341,8 @@ def edge_attribution(
     snodes, rnodes = nodes(model, senders, receivers)
     alphas = step_points(method, steps)
     scores_of = batch_scores_all if everywhere else batch_scores
+    # path_patch's harness (grid_over_batches, check_positions); the results stay two classes because
+    # path_patch returns exact patched rewards and this returns gradient estimates of their effects.
     scores, clean = grid_over_batches(
         model,
         pairs,

@@ -215,6 +215,24 @@ def mixed_inputs(base, circ, delta, recomputed, valid, cols):
     )
 
 
+def receiver_columns(cfg, receivers: Sequence[PathNode]) -> Dict[tuple, List[int]]:
+    """(kind, layer) -> the receivers' columns, each layer's q, k and v in head order. The circuit
+    recomputation rebuilds whole attention blocks, so every q, k and v receiver of every layer must be
+    there (else a ValueError)."""
+    by_kind: Dict[tuple, List[int]] = {}
+    for j, r in enumerate(receivers):
+        by_kind.setdefault((r.kind, r.layer), []).append(j)
+    for l in range(cfg.n_layers):
+        for kind, n in (("q", cfg.n_heads), ("k", cfg.n_key_value_heads), ("v", cfg.n_key_value_heads)):
+            cols = sorted(by_kind.get((kind, l), []), key=lambda j: receivers[j].index)
+            if [receivers[j].index for j in cols] != list(range(n)):
+                raise ValueError(
+                    f"circuits need every receiver of layer {l} ({kind}); use the default receivers"
+                )
+            by_kind[(kind, l)] = cols
+    return by_kind
+
+
 @torch.no_grad()
 def circuit_rewards(
     model,
@@ -237,22 +255,15 @@ def circuit_rewards(
     recomputed = recomputed.to(delta.device)
     B, K = delta.shape[0], recomputed.shape[0]
     circ = torch.zeros(B, K, len(senders), cfg.d_model, dtype=cfg.dtype, device=delta.device)
-    by_kind: Dict[tuple, List[int]] = {}
-    for j, r in enumerate(receivers):
-        by_kind.setdefault((r.kind, r.layer), []).append(j)
+    by_kind = receiver_columns(cfg, receivers)
     sender_at = {(s.kind, s.layer, s.index): i for i, s in enumerate(senders)}
     for l in range(L):
         block = model.blocks[l]
-        xs = {}
-        for kind, n in (("q", cfg.n_heads), ("k", cfg.n_key_value_heads), ("v", cfg.n_key_value_heads)):
-            cols = sorted(by_kind.get((kind, l), []), key=lambda j: receivers[j].index)
-            if [receivers[j].index for j in cols] != list(range(n)):
-                raise ValueError(
-                    f"circuits need every receiver of layer {l} ({kind}); use the default receivers"
-                )
-            xs[kind] = block.ln1(
-                mixed_inputs(tgt[act_name("resid_pre", l)], circ, delta, recomputed, valid, cols)
-            )
+        resid = tgt[act_name("resid_pre", l)]
+        xs = {
+            kind: block.ln1(mixed_inputs(resid, circ, delta, recomputed, valid, by_kind[(kind, l)]))
+            for kind in ("q", "k", "v")
+        }
         z = block.attn.forward_readout(xs["q"], *ctx.step_args(l), xs["k"], xs["v"])  # [B, K, H, d_head]
         z_t = tgt[act_name("z", l)][:, None]
         heads = torch.einsum("bkhe,hem->bkhm", z - z_t, block.attn.W_O.to(z.dtype))

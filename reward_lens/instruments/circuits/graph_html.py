@@ -18,6 +18,7 @@ import numpy as np
 
 from reward_lens.instruments.circuits.graph_build import row_of
 from reward_lens.instruments.circuits.graph_json import process_token as shown
+from reward_lens.instruments.circuits.html import svg_edge
 
 WIDTH, HEIGHT = 1200, 560
 
@@ -86,13 +87,16 @@ def graph_html(graph, examples=None, source: str = "") -> str:
         'xmlns="http://www.w3.org/2000/svg">',
     ]
     for rank, e in enumerate(edges.itertuples()):
-        (x1, y1), (x2, y2) = where[e.source], where[e.target]
-        colour = "#2166ac" if e.weight >= 0 else "#b2182b"
-        width = 0.3 + 4 * abs(e.weight) / top
         parts.append(
-            f'<line data-rank="{rank}" x1="{x1:.1f}" y1="{y1:.1f}" x2="{x2:.1f}" y2="{y2:.1f}" '
-            f'stroke="{colour}" stroke-width="{width:.2f}" stroke-opacity=".5"><title>'
-            f"{escape(e.source)} -&gt; {escape(e.target)}: weight={e.weight!r}</title></line>"
+            svg_edge(
+                rank,
+                where[e.source],
+                where[e.target],
+                e.weight,
+                0.3 + 4 * abs(e.weight) / top,
+                ".5",
+                f"{escape(e.source)} -&gt; {escape(e.target)}: weight={e.weight!r}",
+            )
         )
     top_text = _top_texts(examples)
     for r in nodes.itertuples():

@@ -41,6 +41,18 @@ def _column(name: str, cfg) -> Tuple[float, str]:
     return 1.2 + 2 * int(name[1:].split("H")[0]), "head"
 
 
+def svg_edge(rank: int, start, end, value: float, width: float, opacity: str, title: str) -> str:
+    """One ranked edge line of a circuit drawing (`data-rank` drives the top-n slider): blue for a
+    positive value, red for a negative one; `title` is HTML already escaped."""
+    (x1, y1), (x2, y2) = start, end
+    colour = "#2166ac" if value >= 0 else "#b2182b"
+    return (
+        f'<line data-rank="{rank}" x1="{x1:.1f}" y1="{y1:.1f}" x2="{x2:.1f}" y2="{y2:.1f}" '
+        f'stroke="{colour}" stroke-width="{width:.2f}" stroke-opacity="{opacity}"><title>{title}'
+        "</title></line>"
+    )
+
+
 def _positions(names: List[str], cfg, width: float, height: float) -> Dict[str, Tuple[float, float]]:
     columns: Dict[float, List[str]] = {}
     for n in names:
@@ -71,14 +83,17 @@ def circuit_html(result, top_n: int = 30, max_edges: int = 200) -> str:
         f'<svg width="{width}" height="{height}" xmlns="http://www.w3.org/2000/svg">',
     ]
     for rank, row in enumerate(table.itertuples()):
-        (x1, y1), (x2, y2) = pos[row.sender], pos[row.receiver]
-        colour = "#2166ac" if row.mean_score >= 0 else "#b2182b"
-        w = 0.5 + 6.0 * abs(row.mean_score) / top
         parts.append(
-            f'<line data-rank="{rank}" x1="{x1:.1f}" y1="{y1:.1f}" x2="{x2:.1f}" y2="{y2:.1f}" '
-            f'stroke="{colour}" stroke-width="{w:.2f}" stroke-opacity="0.7"><title>'
-            f"{escape(row.sender)} -&gt; {escape(row.receiver)}: score={row.mean_score!r} "
-            f"normalized={row.mean_normalized_score!r}</title></line>"
+            svg_edge(
+                rank,
+                pos[row.sender],
+                pos[row.receiver],
+                row.mean_score,
+                0.5 + 6.0 * abs(row.mean_score) / top,
+                "0.7",
+                f"{escape(row.sender)} -&gt; {escape(row.receiver)}: score={row.mean_score!r} "
+                f"normalized={row.mean_normalized_score!r}",
+            )
         )
     for n, (x, y) in pos.items():
         parts.append(

@@ -20,7 +20,13 @@ import torch
 from reward_lens.core.batching import Tokenized
 from reward_lens.core.directions import reward_from_final_resid
 from reward_lens.core.readout import Capture, capture
-from reward_lens.instruments.circuits.graph import capture_names, edge_mask, mixed_inputs, sender_deltas
+from reward_lens.instruments.circuits.graph import (
+    capture_names,
+    edge_mask,
+    mixed_inputs,
+    receiver_columns,
+    sender_deltas,
+)
 from reward_lens.instruments.patching.engines import readout_recompute_exact
 from reward_lens.instruments.patching.path import PathNode
 from reward_lens.model.frozen import gradients_on
@@ -166,21 +172,15 @@ def circuit_rewards_all(
     K = recomputed.shape[0]
     rows = seq.repeat(K)
     circ = torch.zeros(B, K, S, T, d, dtype=cfg.dtype, device=delta.device)
-    by_kind: Dict[tuple, List[int]] = {}
-    for j, r in enumerate(receivers):
-        by_kind.setdefault((r.kind, r.layer), []).append(j)
+    by_kind = receiver_columns(cfg, receivers)
     sender_at = {(s.kind, s.layer, s.index): i for i, s in enumerate(senders)}
     for l in range(L):
         block = model.blocks[l]
         xs = []
-        for kind, n in (("q", cfg.n_heads), ("k", cfg.n_key_value_heads), ("v", cfg.n_key_value_heads)):
-            cols = sorted(by_kind.get((kind, l), []), key=lambda j: receivers[j].index)
-            if [receivers[j].index for j in cols] != list(range(n)):
-                raise ValueError(
-                    f"circuits need every receiver of layer {l} ({kind}); use the default receivers"
-                )
+        for kind in ("q", "k", "v"):
+            cols = by_kind[(kind, l)]
             x = mixed_inputs(tgt[act_name("resid_pre", l)], circ, delta, recomputed, valid, cols)
-            xs.append(x.permute(0, 1, 3, 2, 4).reshape(B * K, T, n, d))  # [B*K, T, heads, d]
+            xs.append(x.permute(0, 1, 3, 2, 4).reshape(B * K, T, len(cols), d))  # [B*K, T, heads, d]
         base = tgt[act_name("resid_pre", l)].repeat_interleave(K, 0)
         z = block.z_with_inputs(base, *rows.step_args(block, base.device), *xs).view(B, K, T, cfg.n_heads, -1)
         z_t = tgt[act_name("z", l)][:, None]

@@ -23,7 +23,7 @@ import torch
 from reward_lens.core.directions import reward_from_final_resid
 from reward_lens.core.pipeline import Reads, Shared, run_spec
 from reward_lens.core.readout import Capture
-from reward_lens.instruments.patching.contrastive import MeansPrePass, PatchResult
+from reward_lens.instruments.patching.contrastive import MeansPrePass, PatchResult, SiteEffects
 from reward_lens.instruments.patching.engines import readout_capture_names, readout_recompute_exact
 from reward_lens.instruments.patching.positions import patch_positions, select, site_values
 from reward_lens.instruments.patching.spec import SOURCE, TARGETS, check_options
@@ -31,10 +31,10 @@ from reward_lens.instruments.sites import Site, sites_for
 from reward_lens.model.frozen import gradients_on, with_frozen_weights
 from reward_lens.model.hooks import act_name, resid_entering
 from reward_lens.model.placement import block_device
-from reward_lens.model.validation import checked_arguments, safe_ratio
+from reward_lens.model.validation import checked_arguments
 from reward_lens.plotting import finish, panels
-from reward_lens.results import CleanPairRewards, to_numpy
-from reward_lens.stats import reward_scale, spearman, spearman_rows
+from reward_lens.results import to_numpy
+from reward_lens.stats import spearman, spearman_rows
 
 
 @dataclass
@@ -74,7 +74,7 @@ class AtPComparison:
 
 
 @dataclass
-class AtPResult(CleanPairRewards):
+class AtPResult(SiteEffects):
     """`estimates[(mode, target)]`: [n_pairs, n_sites] first-order estimates of patched - clean reward;
     `clean_chosen`/`clean_rejected` [n_pairs] the clean rewards (also `reward_chosen`/`reward_rejected`)."""
 
@@ -85,10 +85,6 @@ class AtPResult(CleanPairRewards):
     clean_rejected: torch.Tensor
     estimates: Dict[Tuple[str, str], torch.Tensor] = field(default_factory=dict)
 
-    @property
-    def components(self) -> List[str]:
-        return [s.name for s in self.sites]
-
     @checked_arguments(flags=("normalized",))
     def effect(self, mode: str, target: Optional[str] = None, normalized: bool = False) -> torch.Tensor:
         target = target or TARGETS[mode][0]
@@ -97,37 +93,15 @@ class AtPResult(CleanPairRewards):
                 f"no estimates for mode={mode!r}, target={target!r}; have {sorted(self.estimates)}"
             )
         eff = self.estimates[(mode, target)]
-        return (
-            safe_ratio(eff, self.clean_gap[:, None], reward_scale(self.clean_chosen, self.clean_rejected))
-            if normalized
-            else eff
-        )
+        return self.per_gap(eff) if normalized else eff
 
     def to_frame(self) -> pd.DataFrame:
         """pair, component, layer, head, level, mode, target, position, atp_effect, normalized_effect."""
-        n, S = len(self.pair_ids), len(self.sites)
-        gap = to_numpy(self.clean_gap)
         frames = []
         for (mode, target), est in self.estimates.items():
             e = to_numpy(est)
-            frames.append(
-                pd.DataFrame(
-                    {
-                        "pair": np.repeat(self.pair_ids, S),
-                        "component": [s.name for s in self.sites] * n,
-                        "layer": [s.layer for s in self.sites] * n,
-                        "head": pd.array([s.head for s in self.sites] * n, dtype="Int64"),
-                        "level": [s.level for s in self.sites] * n,
-                        "mode": mode,
-                        "target": target,
-                        "position": self.positions,
-                        "atp_effect": e.ravel(),
-                        "normalized_effect": safe_ratio(
-                            e, gap[:, None], reward_scale(self.clean_chosen, self.clean_rejected)
-                        ).ravel(),
-                    }
-                )
-            )
+            values = {"atp_effect": e.ravel(), "normalized_effect": self.per_gap(e).ravel()}
+            frames.append(self.site_frame(mode, target, values))
         return pd.concat(frames, ignore_index=True)
 
     def summary(self) -> pd.DataFrame:

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import pandas as pd
@@ -50,15 +50,52 @@ from reward_lens.instruments.patching.engines import (  # noqa: F401
 )
 from reward_lens.instruments.patching.positions import select
 from reward_lens.instruments.patching.spec import METHODS, MODES, POSITIONS, TARGETS, check_options  # noqa: F401
-from reward_lens.instruments.sites import Site, sites_for
+from reward_lens.instruments.sites import Site, site_rows, sites_for
 from reward_lens.model.validation import check_model, checked_arguments, safe_ratio
 from reward_lens.plotting import diverging_heatmap, finish, panels
 from reward_lens.results import CleanPairRewards, to_numpy
 from reward_lens.stats import reward_scale
 
 
+class GapNormalized(CleanPairRewards):
+    """Patching results whose effects [n_pairs, ...] are also given per clean gap (`per_gap`)."""
+
+    def per_gap(self, effect: Any) -> Any:
+        """`effect` [n_pairs, ...] (a tensor, or a numpy array) divided by each pair's clean gap; a tie:
+        NaN (`safe_ratio` at the clean rewards' scale)."""
+        gap = self.clean_gap if isinstance(effect, torch.Tensor) else to_numpy(self.clean_gap)
+        gap = gap.reshape(-1, *([1] * (effect.ndim - 1)))
+        return safe_ratio(effect, gap, reward_scale(self.clean_chosen, self.clean_rejected))
+
+
+class SiteEffects(GapNormalized):
+    """Per-(pair, site) patching results (`pair_ids`, `sites`, `positions`): their component names and
+    frames."""
+
+    pair_ids: List[str]
+    sites: List[Site]
+    positions: str
+
+    @property
+    def components(self) -> List[str]:
+        return [s.name for s in self.sites]
+
+    def site_frame(self, mode: str, target: str, values: Dict[str, Any]) -> pd.DataFrame:
+        """One (mode, target)'s rows, one per (pair, site) in `ravel()` order: the identifying columns
+        (`site_rows`, mode, target, position), then `values`."""
+        return pd.DataFrame(
+            {
+                **site_rows(self.pair_ids, self.sites),
+                "mode": mode,
+                "target": target,
+                "position": self.positions,
+                **values,
+            }
+        )
+
+
 @dataclass
-class PatchResult(CleanPairRewards):
+class PatchResult(SiteEffects):
     """Patched rewards per pair and site. `patched[(mode, target)]` is [n_pairs, n_sites] (target:
     "chosen" or "rejected"); `clean_chosen`/`clean_rejected` [n_pairs] the clean rewards (also
     `reward_chosen`/`reward_rejected`, with `reward_gap`, as every result)."""
@@ -70,10 +107,6 @@ class PatchResult(CleanPairRewards):
     clean_chosen: Float[torch.Tensor, " pair"]
     clean_rejected: Float[torch.Tensor, " pair"]
     patched: Dict[Tuple[str, str], torch.Tensor] = field(default_factory=dict)
-
-    @property
-    def components(self) -> List[str]:
-        return [s.name for s in self.sites]
 
     @property
     def modes(self) -> List[str]:
@@ -96,43 +129,26 @@ class PatchResult(CleanPairRewards):
         mode, target = self._key(mode, target)
         clean = self.clean_chosen if target == "chosen" else self.clean_rejected
         eff = self.patched[(mode, target)] - clean[:, None]
-        return (
-            safe_ratio(eff, self.clean_gap[:, None], reward_scale(self.clean_chosen, self.clean_rejected))
-            if normalized
-            else eff
-        )
+        return self.per_gap(eff) if normalized else eff
 
     def to_frame(self) -> pd.DataFrame:
         """One row per (pair, site, mode, target): pair, component, layer, head, level, mode, target,
         position, clean_reward, patched_reward, effect, clean_gap, normalized_effect."""
         frames = []
-        n, S = len(self.pair_ids), len(self.sites)
+        S = len(self.sites)
         gap = to_numpy(self.clean_gap)
         for (mode, target), patched in self.patched.items():
             clean = to_numpy(self.clean_chosen if target == "chosen" else self.clean_rejected)
             p = to_numpy(patched)
             eff = p - clean[:, None]
-            frames.append(
-                pd.DataFrame(
-                    {
-                        "pair": [pid for pid in self.pair_ids for _ in range(S)],
-                        "component": [s.name for s in self.sites] * n,
-                        "layer": [s.layer for s in self.sites] * n,
-                        "head": pd.array([s.head for s in self.sites] * n, dtype="Int64"),
-                        "level": [s.level for s in self.sites] * n,
-                        "mode": mode,
-                        "target": target,
-                        "position": self.positions,
-                        "clean_reward": clean.repeat(S),
-                        "patched_reward": p.ravel(),
-                        "effect": eff.ravel(),
-                        "clean_gap": gap.repeat(S),
-                        "normalized_effect": safe_ratio(
-                            eff, gap[:, None], reward_scale(self.clean_chosen, self.clean_rejected)
-                        ).ravel(),
-                    }
-                )
-            )
+            values = {
+                "clean_reward": clean.repeat(S),
+                "patched_reward": p.ravel(),
+                "effect": eff.ravel(),
+                "clean_gap": gap.repeat(S),
+                "normalized_effect": self.per_gap(eff).ravel(),
+            }
+            frames.append(self.site_frame(mode, target, values))
         return pd.concat(frames, ignore_index=True)
 
     def summary(self) -> pd.DataFrame:

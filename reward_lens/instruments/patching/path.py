@@ -46,14 +46,14 @@ from reward_lens.core.batching import pair_batches
 from reward_lens.core.directions import readout_direction, reward_from_final_resid
 from reward_lens.core.readout import Capture, Tokenized, capture
 from reward_lens.data.pairs import as_pairs, pair_labels
+from reward_lens.instruments.patching.contrastive import GapNormalized
 from reward_lens.instruments.patching.engines import readout_recompute_exact
 from reward_lens.model.frozen import with_frozen_weights
 from reward_lens.model.hooks import act_name, final_resid_name
 from reward_lens.model.recompute import ReadoutContext
-from reward_lens.model.validation import checked_arguments, safe_ratio
+from reward_lens.model.validation import check_name_list, checked_arguments
 from reward_lens.plotting import sender_receiver_heatmap
-from reward_lens.results import CleanPairRewards, edge_frame, edge_means, to_numpy
-from reward_lens.stats import reward_scale
+from reward_lens.results import edge_frame, edge_means, to_numpy
 
 PATH_MODES = ("noising", "denoising")
 PATH_METHODS = ("fast", "naive")
@@ -133,7 +133,7 @@ def default_receivers(cfg) -> List[str]:
 
 
 @dataclass
-class PathPatchResult(CleanPairRewards):
+class PathPatchResult(GapNormalized):
     """Patched rewards of the target run per pair, sender and receiver: `patched` [n_pairs, n_senders,
     n_receivers] (NaN where the receiver does not read the sender's output); `clean_chosen` /
     `clean_rejected` [n_pairs]. effect = patched - clean target reward; normalised by the clean gap
@@ -159,13 +159,7 @@ class PathPatchResult(CleanPairRewards):
     def effect(self, normalized: bool = False) -> torch.Tensor:
         clean = self.clean_chosen if self.target == "chosen" else self.clean_rejected
         eff = self.patched - clean[:, None, None]
-        return (
-            safe_ratio(
-                eff, self.clean_gap[:, None, None], reward_scale(self.clean_chosen, self.clean_rejected)
-            )
-            if normalized
-            else eff
-        )  # ties: NaN
+        return self.per_gap(eff) if normalized else eff  # ties: NaN
 
     def to_frame(self) -> pd.DataFrame:
         """One row per (pair, sender, receiver) path that exists: pair, sender, receiver, mode, target,
@@ -489,11 +483,8 @@ def path_patch(
     if method not in PATH_METHODS:
         raise ValueError(f"method must be one of {PATH_METHODS}, got {method!r}")
     check_positions(positions)
-    for name, given in (("senders", senders), ("receivers", receivers)):
-        if given is not None and (isinstance(given, str) or len(given) == 0):
-            raise ValueError(
-                f"{name}={given!r}: give a non-empty list of names (e.g. ['L0H1']), or None for all"
-            )
+    check_name_list("senders", senders)
+    check_name_list("receivers", receivers)
     pairs = as_pairs(pairs)
     snodes = [
         parse_sender(cfg, s)

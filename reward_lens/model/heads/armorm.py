@@ -121,6 +121,7 @@ class ArmoRMHead(RewardHeadBase):
 
     # The final norm's weight folds into both maps that read h.
     final_norm_readers = (("W_reg", 0), ("W_gate.0", 0))
+    gate_owner = "ArmoRM"  # named in the error of a gated forward without token ids
 
     def __init__(self, cfg: RewardModelConfig):
         super().__init__(cfg)
@@ -225,16 +226,26 @@ class ArmoRMHead(RewardHeadBase):
         input_ids: Optional[torch.Tensor] = None,
     ) -> Float[torch.Tensor, " batch"]:
         rewards = self.hook_pooled(gather_positions(self.hook_objectives(h @ self.W_reg), readout))
+        return self.gated_score(rewards, h, input_ids)
+
+    def gated_score(
+        self,
+        read: Float[torch.Tensor, "batch n_obj"],
+        h: Float[torch.Tensor, "batch pos d_model"],
+        input_ids: Optional[torch.Tensor],
+    ) -> Float[torch.Tensor, " batch"]:
+        """The output from the objective rewards `read`: the selected objective's, else the prompt gate's
+        weighted sum of the transformed rewards (the gate read from `h` at the prompt's end)."""
         if self._objective is not None:
-            return rewards[:, self._objective]
+            return read[:, self._objective]
         if input_ids is None:
             raise ValueError(
-                "ArmoRM's gate needs the token ids to find the prompt's end; pass input_ids= (also when "
-                "starting from a residual with start_at_layer), or select one objective with "
+                f"{self.gate_owner}'s gate needs the token ids to find the prompt's end; pass input_ids= "
+                "(also when starting from a residual with start_at_layer), or select one objective with "
                 "model.reward_head.set_objective"
             )
         g = self.gate(gather_positions(h, self.gate_positions(input_ids)))
-        transformed = self.hook_transformed(rewards @ self.reward_transform)
+        transformed = self.hook_transformed(read @ self.reward_transform)
         return self.hook_score((g * transformed).sum(-1))
 
     # ------------------------------------------------------------------ directions

@@ -43,6 +43,7 @@ class QRMHead(ArmoRMHead):
     """
 
     final_norm_readers = (("W_reg", 0), ("W_gate.0", 0))
+    gate_owner = "QRM"
 
     def __init__(self, cfg: RewardModelConfig):  # noqa: D107 (ArmoRM's parameters differ: built here)
         RewardHeadBase.__init__(self, cfg)
@@ -122,16 +123,7 @@ class QRMHead(ArmoRMHead):
         R = self.hook_quantiles(gather_positions(per_position, readout).view(B, n, m))
         rewards = self.hook_pooled(R.mean(-1))
         read = rewards if self._quantile is None else R[:, :, self._quantile]
-        if self._objective is not None:
-            return read[:, self._objective]
-        if input_ids is None:
-            raise ValueError(
-                "QRM's gate needs the token ids to find the prompt's end; pass input_ids= (also from "
-                "start_at_layer), or select one objective with model.reward_head.set_objective"
-            )
-        g = self.gate(gather_positions(h, self.gate_positions(input_ids)))
-        transformed = self.hook_transformed(read @ self.reward_transform)
-        return self.hook_score((g * transformed).sum(-1))
+        return self.gated_score(read, h, input_ids)
 
     # ------------------------------------------------------------------ directions
     def direction(self, output: int = 0) -> Float[torch.Tensor, " d_model"]:

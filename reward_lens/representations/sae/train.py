@@ -8,32 +8,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
 
 from reward_lens.core.readout import stream_activations
+from reward_lens.data.pairs import side_texts
 from reward_lens.model import hooks
 from reward_lens.model.frozen import gradients_on
 from reward_lens.model.validation import checked_arguments
 from reward_lens.representations.sae.module import SAEConfig, SparseAutoencoder, hook_width
-
-
-def _pair_texts(data: Sequence[Any]) -> Tuple[List[str], List[str]]:
-    """(prompts, responses) of every response in preference pairs or contrast pairs."""
-    prompts: List[str] = []
-    responses: List[str] = []
-    for item in data:
-        sides = ("chosen", "rejected") if hasattr(item, "chosen") else ("positive", "negative")
-        if not hasattr(item, "prompt") or not all(hasattr(item, s) for s in sides):
-            raise ValueError(
-                f"cannot read texts from {type(item).__name__}; pass PreferencePairs, ContrastPairs, "
-                "(prompts, responses), a token dict, or an activation tensor [n, d_in]"
-            )
-        for side in sides:
-            prompts.append(item.prompt)
-            responses.append(getattr(item, side))
-    return prompts, responses
 
 
 def gather_activations(
@@ -70,7 +54,11 @@ def gather_activations(
         ):
             prompts, responses = list(data[0]), list(data[1])
         else:
-            prompts, responses = _pair_texts(list(data))
+            prompts, responses = side_texts(
+                data,
+                "PreferencePairs, ContrastPairs, (prompts, responses), a token dict, or an activation tensor "
+                "[n, d_in]",
+            )
         stream = stream_activations(model, prompts, responses, hook_name, **kwargs)
     chunks: List[torch.Tensor] = []
     total = 0

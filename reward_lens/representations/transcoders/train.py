@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from reward_lens.core.batching import tokenize
+from reward_lens.data.pairs import side_texts
 from reward_lens.model.validation import checked_arguments
 from reward_lens.representations.transcoders.families import family
 from reward_lens.representations.transcoders.module import (
@@ -39,22 +40,11 @@ from reward_lens.representations.transcoders.parallel import TrainingGroup
 def text_pairs(texts: Any) -> Tuple[List[str], List[str]]:
     """(prompts, responses) of every response in `texts`: preference pairs (both sides), contrast pairs,
     or (prompt, response) tuples."""
-    prompts: List[str] = []
-    responses: List[str] = []
-    for item in texts:
-        if isinstance(item, (tuple, list)) and len(item) == 2 and all(isinstance(s, str) for s in item):
-            prompts.append(item[0])
-            responses.append(item[1])
-            continue
-        sides = ("chosen", "rejected") if hasattr(item, "chosen") else ("positive", "negative")
-        if not hasattr(item, "prompt") or not all(hasattr(item, s) for s in sides):
-            raise ValueError(
-                f"cannot read texts from {type(item).__name__}; pass preference pairs (prompt, chosen, "
-                "rejected), contrast pairs, or (prompt, response) tuples"
-            )
-        for side in sides:
-            prompts.append(item.prompt)
-            responses.append(getattr(item, side))
+    prompts, responses = side_texts(
+        texts,
+        "preference pairs (prompt, chosen, rejected), contrast pairs, or (prompt, response) tuples",
+        tuples=True,
+    )
     if not prompts:
         raise ValueError("no texts to train transcoders on: pass pairs or (prompt, response) tuples")
     return prompts, responses
