@@ -139,6 +139,7 @@ def frozen_forward(model, run: CleanRun, tc, embed, mlp_out, stop: Optional[int]
 
     def keep_x(t, hook, l):
         caps["x"][l] = t
+        return t.detach()  # the model's own MLP, whose output is replaced, records no graph
 
     def replace(t, hook, l):
         x = caps["x"][l].float()
@@ -264,10 +265,10 @@ def target_rows(
     tc,
     cols: Columns,
     targets: torch.Tensor,
-    chunk: int = 64,
+    chunk: int = 32,
     out=None,
     bands: int = 16,
-    grad_bytes: int = 2**28,
+    grad_bytes: int = 2**27,
 ) -> torch.Tensor:
     """[n, n_cols] the incoming edges of feature targets [n, 3] (layer, position, feature): the direct
     effect of each source on the target's pre-activation, everything else frozen. The frozen map is

@@ -267,13 +267,13 @@ def _node_table(run: fb.CleanRun, tc, cols: fb.Columns, values, direct, const_va
     return frame
 
 
-ROUND_MAX = 1024  # the most feature rows chosen from one influence estimate
+ROUND_MIN, ROUND_MAX = 64, 1024  # the fewest and most feature rows chosen from one influence estimate
 
 
-def round_size(done: int, left: int, chunk: int = 64) -> int:
+def round_size(done: int, left: int) -> int:
     """How many features the next selection round takes: as many as have rows already (at least
-    `chunk`, at most ROUND_MAX), never more than are `left`."""
-    return min(left, ROUND_MAX, max(chunk, done))
+    ROUND_MIN, at most ROUND_MAX), never more than are `left`."""
+    return min(left, ROUND_MAX, max(ROUND_MIN, done))
 
 
 def _row_levels(cols: fb.Columns, row_nodes: torch.Tensor) -> torch.Tensor:
@@ -284,7 +284,7 @@ def _row_levels(cols: fb.Columns, row_nodes: torch.Tensor) -> torch.Tensor:
     return level
 
 
-def select_rows(model, run: fb.CleanRun, tc, cols: fb.Columns, rows, row_nodes, chunk: int = 64):
+def select_rows(model, run: fb.CleanRun, tc, cols: fb.Columns, rows, row_nodes, chunk: int = 32):
     """Fill `rows` [m + 1, n_cols] (the reward's row last, already there) with the rows of m features
     chosen by influence, as circuit-tracer chooses them: in rounds (`round_size`), each taking the
     features without a row of largest influence on the reward estimated from the rows computed so far
@@ -298,7 +298,7 @@ def select_rows(model, run: fb.CleanRun, tc, cols: fb.Columns, rows, row_nodes, 
         level = _row_levels(cols, row_nodes)
         influence = gp.ordered_influence(rows, row_nodes, cols.reward, level, use, cols.constant)
         rank = torch.sort(influence[: cols.n_features], descending=True, stable=True).indices
-        take = rank[~visited[rank]][: round_size(done, m - done, chunk)]
+        take = rank[~visited[rank]][: round_size(done, m - done)]
         visited[take] = True
         row_nodes[done : done + len(take)] = take
         fb.target_rows(model, run, tc, cols, cols.features[take], chunk, out=rows[done : done + len(take)])
@@ -307,7 +307,7 @@ def select_rows(model, run: fb.CleanRun, tc, cols: fb.Columns, rows, row_nodes, 
 
 @torch.no_grad()
 def build_feature_graph(
-    model, tok: Tokenized, tc, max_nodes: Optional[int] = None, chunk: int = 64
+    model, tok: Tokenized, tc, max_nodes: Optional[int] = None, chunk: int = 32
 ) -> FeatureGraph:
     """The feature graph of the one sequence in `tok` (unpadded): rows for the reward and for
     `max_nodes` features chosen by influence (`select_rows`; None, or at least the active features:
@@ -315,7 +315,6 @@ def build_feature_graph(
     check_supported(model, tc)
     run = fb.clean_run(model, tok, tc)
     cols = fb.columns(run)
-    values, const_value = fb.total_effects(model, run, tc, cols)
     every = max_nodes is None or max_nodes >= cols.n_features
     m = cols.n_features if every else max_nodes
     rows = torch.zeros(m + 1, cols.n)
@@ -330,6 +329,8 @@ def build_feature_graph(
     consts, reward_const = fb.constants(model, run, tc, targets)
     rows[:-1, cols.constant] = consts
     rows[-1, cols.constant] = reward_const
+    # after the rows: its transient memory reuses what their backwards freed, not more of the machine's
+    values, const_value = fb.total_effects(model, run, tc, cols)
     ids = tok.input_ids[0].tolist()
     tokens = [model.tokenizer.decode([i]) if model.tokenizer is not None else str(i) for i in ids]
     nodes = _node_table(run, tc, cols, values, rows[-1].clone(), const_value, tokens)

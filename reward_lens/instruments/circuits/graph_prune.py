@@ -69,7 +69,7 @@ def ordered_influence(
     row_level: torch.Tensor,
     use: Optional[torch.Tensor] = None,
     skip_column: Optional[int] = None,
-    block: int = 256,
+    block: int = 32,
 ) -> torch.Tensor:
     """[N] `node_influence` of the graph of the rows `use` (indices into `rows`; None: all), for a graph
     whose edges only run up levels: a row of level v has no edge from a node whose row has level >= v
