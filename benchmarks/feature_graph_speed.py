@@ -200,6 +200,16 @@ def main() -> None:
         f = torch.from_numpy(feats)
         result["coverage"] = float(influence[chosen & f].sum() / influence[f].sum())
         result["coverage_of_rowed"] = float(influence[chosen & f].sum() / influence[rowed & f].sum())
+        # the most any len(small) features could hold: the big graph's own top features by influence
+        top = torch.sort(torch.where(f, influence, torch.zeros_like(influence)), descending=True).values
+        result["coverage_best_possible"] = float(top[: len(small.row_nodes) - 1].sum() / influence[f].sum())
+        result["small_rows_in_big"] = float((chosen & rowed).sum() / chosen.sum())
+        # another reading of "node influence": every node's (features, errors, tokens), the small graph
+        # covering its row features and every error and token node (both graphs have all of those)
+        kinds = big.nodes.kind.to_numpy()
+        shared = torch.from_numpy((kinds == "error") | (kinds == "embed"))
+        held = influence[chosen & f].sum() + influence[shared].sum()
+        result["coverage_all_nodes"] = float(held / (influence[f].sum() + influence[shared].sum()))
 
     if args.naive_rows:
         run = fb.clean_run(model, model_tok(model, ids), tc)
