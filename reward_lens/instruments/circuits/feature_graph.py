@@ -236,10 +236,12 @@ def _node_table(run: fb.CleanRun, tc, cols: fb.Columns, values, direct, const_va
     f = cols.features
     L, T = cols.L, cols.T
     lay, pos, feat = f[:, 0].numpy(), f[:, 1].numpy(), f[:, 2].numpy()
-    act = torch.stack(run.act).float().cpu()[f[:, 0], f[:, 1], f[:, 2]].numpy().astype(np.float64)
-    pre = torch.stack(run.pre).float().cpu()[f[:, 0], f[:, 1], f[:, 2]].numpy().astype(np.float64)
-    b_enc = torch.stack([tc[l].b_enc for l in range(L)]).float().cpu()[f[:, 0], f[:, 2]]
-    b_enc = b_enc.numpy().astype(np.float64)
+    # per layer (the layers' [T, d_tc] maps are never stacked into one copy)
+    per = [f[f[:, 0] == l] for l in range(L)]
+    act = np.concatenate([run.act[l][s[:, 1], s[:, 2]].float().cpu().numpy() for l, s in enumerate(per)])
+    pre = np.concatenate([run.pre[l][s[:, 1], s[:, 2]].float().cpu().numpy() for l, s in enumerate(per)])
+    b_enc = np.concatenate([tc[l].b_enc[s[:, 2]].detach().float().cpu().numpy() for l, s in enumerate(per)])
+    act, pre, b_enc = act.astype(np.float64), pre.astype(np.float64), b_enc.astype(np.float64)
     err_layer, err_pos = np.repeat(np.arange(L), T), np.tile(np.arange(T), L)
     nan = np.full(L * T + T + 2, np.nan)
     value = values.numpy().astype(np.float64)

@@ -86,7 +86,7 @@ def ordered_influence(
         here = use[levels == level]
         update = torch.zeros(N)  # rows of one level feed only nodes below it: apply after the level
         for b in here.split(block):
-            a = rows[b].abs()
+            a = rows[b].abs_()  # rows[b] is a copy (b indexes): made non-negative in place
             if skip_column is not None:
                 a[:, skip_column] = 0
             update += (reach[row_nodes[b]] / a.sum(1).clamp(min=1e-10)) @ a
