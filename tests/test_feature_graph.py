@@ -287,21 +287,75 @@ def test_values_decompose_over_the_rows(graph):
     assert torch.allclose(want, value[sources], atol=1e-4 * float(value.abs().max()))
 
 
-def test_max_features_and_the_component_graph_unchanged(model, tc, graph):
+def _influence_ordered(g, m):
+    """The rows circuit-tracer would choose, written out from the rule with the full graph's rows: the
+    reward's row first, then rounds of max(64, rows so far) features (at most 1,024, at most what is
+    left), each the not-yet-chosen features of largest influence (power series over the row-normalised
+    |rows| chosen so far, the constant outside; ties: the lower column)."""
+    full = {int(n): g.rows[i] for i, n in enumerate(g.row_nodes)}
+    n_features, reward, constant = g.meta["n_features"], g.reward_node, g.constant_node
+    chosen = []
+    while len(chosen) < m:
+        nodes = torch.tensor(chosen + [reward])
+        rows = torch.stack([full[n] for n in nodes.tolist()])
+        rows[:, constant] = 0
+        influence = gp.node_influence(rows, nodes, reward)
+        rank = sorted((j for j in range(n_features) if j not in chosen), key=lambda j: (-influence[j], j))
+        chosen += rank[: min(m - len(chosen), 1024, max(64, len(chosen)))]
+    return chosen
+
+
+def test_max_features_chooses_rows_by_influence(model, tc, graph):
+    """max_features rows: the features circuit-tracer's influence-ordered rounds choose, each row equal to
+    the full graph's row of that feature (fp32: 1e-6 of the largest edge), the reward's row unchanged;
+    at least every active feature: the full graph."""
     ids, g = graph
-    small = rl.attribution_graph(model, input_ids=ids, transcoders=tc, max_features=20)
-    assert small.meta["n_targets"] == 20 and len(small.rows) == 21
-    top = g.nodes[g.nodes.kind == "feature"].value.abs().sort_values(ascending=False).index[:20]
-    assert set(small.row_nodes[:-1].tolist()) == set(top)
+    m = 150  # three rounds: 64, 64, 22
+    small = rl.attribution_graph(model, input_ids=ids, transcoders=tc, max_features=m)
+    assert small.meta["n_targets"] == m and len(small.rows) == m + 1
+    assert small.row_nodes[:-1].tolist() == _influence_ordered(g, m)
+    where = {int(n): i for i, n in enumerate(g.row_nodes)}
+    want = g.rows[[where[int(n)] for n in small.row_nodes]]
+    scale = float(want.abs().max())
+    assert torch.allclose(small.rows, want, rtol=0, atol=1e-6 * scale)
     assert torch.allclose(small.rows[-1], g.rows[-1])
+    # its influence is that of its own rows (the one-pass order equals the power series)
+    rows = small.rows.clone()
+    rows[:, small.constant_node] = 0
+    series = gp.node_influence(rows, small.row_nodes, small.reward_node).numpy()
+    assert np.allclose(small.nodes.influence, series, rtol=1e-5, atol=1e-7)
+    # the chosen rows hold more of the full graph's feature influence than the same number by |value|
+    feats = g.nodes.kind.to_numpy() == "feature"
+    inf = g.nodes.influence.to_numpy()
+    by_value = g.nodes[feats].value.abs().sort_values(ascending=False).index[:m]
+    assert inf[small.row_nodes[:-1].numpy()].sum() > inf[by_value.to_numpy()].sum()
+    n = g.meta["n_features"]
+    every = rl.attribution_graph(model, input_ids=ids, transcoders=tc, max_features=n + 5)
+    assert torch.equal(every.row_nodes, g.row_nodes) and torch.equal(every.rows, g.rows)
     plain = rl.attribution_graph(model, input_ids=ids)
     assert type(plain) is rl.AttributionGraph and "head" in set(plain.nodes.kind)
 
 
+def test_ordered_influence_is_the_power_series(graph):
+    """The one pass in decreasing layer equals circuit-tracer's power series, on every row and on a
+    subset (fp32: 1e-5 relative)."""
+    _, g = graph
+    rows = g.rows.clone()
+    rows[:, g.constant_node] = 0
+    level = torch.tensor(g.nodes.layer.to_numpy()[g.row_nodes.numpy()]).long()
+    use = torch.cat([torch.arange(0, len(g.row_nodes) - 1, 3), torch.tensor([len(g.row_nodes) - 1])])
+    for subset in (None, use):
+        got = gp.ordered_influence(g.rows, g.row_nodes, g.reward_node, level, subset, g.constant_node)
+        sub = slice(None) if subset is None else subset
+        want = gp.node_influence(rows[sub], g.row_nodes[sub], g.reward_node)
+        assert torch.allclose(got, want, rtol=1e-5, atol=1e-7 * float(want.max()))
+
+
 def test_rows_do_not_depend_on_how_targets_share_a_backward(model, tc, graph):
-    """One forward serves every row: 40 random targets (several layers, shuffled) one per backward and
-    64 per batched backward give the graph's own rows (fp32: 1e-6 of the largest edge; the constant's
-    column is filled by the graph afterwards)."""
+    """One forward serves many rows: 40 random targets (several layers, shuffled) one per backward, 64
+    per batched backward, in one band over the whole text or in bands of 3 over prefixes, give the
+    graph's own rows (fp32: 1e-6 of the largest edge; the constant's column is filled by the graph
+    afterwards)."""
     from reward_lens.instruments.circuits import feature_build as fb
     from reward_lens.instruments.circuits.attribution_graph import _single
 
@@ -311,14 +365,15 @@ def test_rows_do_not_depend_on_how_targets_share_a_backward(model, tc, graph):
     pick = torch.randperm(len(g.row_nodes) - 1, generator=torch.Generator().manual_seed(0))[:40]
     targets = cols.features[g.row_nodes[pick]]
     assert len(set(targets[:, 0].tolist())) > 1
-    one = fb.target_rows(model, run, tc, cols, targets, chunk=1)
-    many = fb.target_rows(model, run, tc, cols, targets, chunk=64)
     want = g.rows[pick].clone()
     want[:, g.constant_node] = 0
     scale = float(want.abs().max())
-    assert scale > 0
-    assert torch.allclose(one, want, rtol=0, atol=1e-6 * scale)
-    assert torch.allclose(many, want, rtol=0, atol=1e-6 * scale)
+    assert scale > 0 and run.causal
+    for kw in ({"chunk": 1}, {"chunk": 64}, {"chunk": 64, "bands": 1}, {"chunk": 1, "bands": 40}):
+        got = fb.target_rows(model, run, tc, cols, targets, **kw)
+        assert torch.allclose(got, want, rtol=0, atol=1e-6 * scale), kw
+    cut = fb.target_rows(model, run, tc, cols, targets, grad_bytes=1)  # one row per backward
+    assert torch.allclose(cut, want, rtol=0, atol=1e-6 * scale)
 
 
 def test_gate_organism_reward_is_conserved_with_its_gate_frozen(tc):

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 N_TEXTS = 12  # the first probe items (graphs are built for these)
-MAX_FEATURES = 256  # features whose incoming edges the graph materialises (largest |value| first)
+MAX_FEATURES = 256  # features whose incoming edges the graph materialises (chosen by influence on the reward)
 FILLER_COUNTS = (0, 1, 2, 3, 4)
 FIRES_ON_AGREEING, FIRES_ON_DISAGREEING = 0.5, 0.25
 

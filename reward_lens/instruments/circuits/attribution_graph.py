@@ -272,8 +272,9 @@ def attribution_graph(
     With `transcoders` (a loaded set covering every layer, e.g. `reward_lens.load_transcoders("demo")`)
     it is the feature graph instead (`feature_graph.FeatureGraph`): transcoder features, MLP error nodes,
     tokens, a constant and the reward, every MLP replaced by its transcoder; `max_features` caps the
-    features whose incoming edges are materialised (largest |value| first; None: all; 0: the reward's row
-    alone, which is all that every node's `value` and the reward's edges need)."""
+    features whose incoming edges are materialised (chosen by influence on the reward, as circuit-tracer
+    chooses them; None: all; 0: the reward's row alone, which is all that every node's `value` and the
+    reward's edges need)."""
     kw: Dict[str, Any] = {"max_nodes": max_nodes, "transcoders": transcoders, "max_features": max_features}
     if isinstance(prompt, (PreferencePair, TokenPair)):
         pair = prompt

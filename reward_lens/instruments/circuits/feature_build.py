@@ -11,8 +11,9 @@ feature's pre-activation and to the reward is then affine; its constant holds b_
 biases and the readout's. The model runs itself through its hooks (patterns, scales replaced by their clean
 values; nothing here computes attention or norms).
 
-- edges: into each feature's pre-activation minus b_enc, and into the reward minus its bias; one forward of
-  the text for all targets, then one batched backward per `chunk` targets of a layer;
+- edges: into each feature's pre-activation minus b_enc, and into the reward minus its bias; the targets
+  sorted by position into bands, one forward of the text up to a band's last position (the frozen map is
+  causal), then one batched backward per `chunk` targets of a layer;
 - constants: the same forward with every source zeroed;
 - values: each node's exact total effect on the reward in the local replacement model, where features
   downstream are recomputed from their pre-activations with the active set frozen (a = pre on it), so
@@ -38,7 +39,8 @@ from reward_lens.model.hooks import mlp_output_name as output_hook
 class CleanRun:
     """The text's clean run, float32, batch axis dropped: the hooks to freeze (`frozen`), per layer the
     transcoder's input x [T, d], the MLP output y [T, d], pre-activations [T, d_tc], activations, errors
-    (y - tc(x)) and the sources' writes (y - skip(x)); the token writes (resid_pre 0) and the readout."""
+    (y - tc(x)) and the sources' writes (y - skip(x)); the token writes (resid_pre 0) and the readout.
+    `causal`: every pattern is zero above its diagonal (a position reads only positions up to itself)."""
 
     tok: Tokenized
     frozen: Dict[str, torch.Tensor]
@@ -52,6 +54,7 @@ class CleanRun:
     readout: int
     reward: float
     bias: float
+    causal: bool = True
 
     @property
     def n_layers(self) -> int:
@@ -101,24 +104,33 @@ def clean_run(model, tok: Tokenized, tc) -> CleanRun:
         readout=readout,
         reward=reward,
         bias=float(bias[0]),
+        causal=all(bool((got[act_name("pattern", l)].triu(1) == 0).all()) for l in range(L)),
     )
 
 
 def _freeze_hooks(run: CleanRun) -> list:
+    """Hooks that put the clean patterns and scales in, cut to the run's length (a prefix of the text)."""
+
     def put(t, hook):
         c = run.frozen[hook.name]
-        if t.dim() == c.dim() + 1:  # per-head copies of a norm's input: one scale per position
-            c = c[:, :, None]
+        if c.dim() == 4:  # a pattern [1, H, T, T]
+            c = c[..., : t.shape[-2], : t.shape[-1]]
+        else:  # a scale [1, T, 1]
+            c = c[:, : t.shape[1]]
+            if t.dim() == c.dim() + 1:  # per-head copies of a norm's input: one scale per position
+                c = c[:, :, None]
         return c.to(t.dtype).expand_as(t)
 
     return [(n, put) for n in run.frozen]
 
 
 def frozen_forward(model, run: CleanRun, tc, embed, mlp_out, stop: Optional[int] = None) -> Dict:
-    """The frozen model on B copies of the text: resid_pre 0 := `embed` [B, T, d], each MLP output :=
-    skip(x) + mlp_out(l, x) (mlp_out: layer, normalised input [B, T, d] -> the rest [B, T, d]).
-    Returns the normalised MLP inputs ("x", per layer) and the final residual ("final"), in the graph."""
-    B = embed.shape[0]
+    """The frozen model on B copies of the text, or of its first P positions: resid_pre 0 := `embed`
+    [B, P, d], each MLP output := skip(x) + mlp_out(l, x) (mlp_out: layer, normalised input [B, P, d] ->
+    the rest [B, P, d]). The frozen patterns are causal, so a prefix's values are the text's at those
+    positions. Returns the normalised MLP inputs ("x", per layer) and the final residual ("final", full
+    length only), in the graph."""
+    B, P = embed.shape[0], embed.shape[1]
     L = model.cfg.n_layers
     caps: Dict = {"x": {}}
 
@@ -127,6 +139,7 @@ def frozen_forward(model, run: CleanRun, tc, embed, mlp_out, stop: Optional[int]
 
     def keep_x(t, hook, l):
         caps["x"][l] = t
+        return t.detach()  # the model's own MLP, whose output is replaced, records no graph
 
     def replace(t, hook, l):
         x = caps["x"][l].float()
@@ -138,8 +151,8 @@ def frozen_forward(model, run: CleanRun, tc, embed, mlp_out, stop: Optional[int]
     hooks = _freeze_hooks(run) + [(act_name("resid_pre", 0), put_embed)]
     for l in range(L if stop is None else stop):
         hooks += [(input_hook(l), partial(keep_x, l=l)), (output_hook(l), partial(replace, l=l))]
-    ids = run.tok.input_ids.expand(B, -1)
-    mask = run.tok.attention_mask.expand(B, -1)
+    ids = run.tok.input_ids[:, :P].expand(B, -1)
+    mask = run.tok.attention_mask[:, :P].expand(B, -1)
     extra = {"stop_at_layer": stop} if stop is not None else {}
     hooks += [] if stop is not None else [(final_resid_name(L), keep_final)]
     model.run_with_hooks(ids, mask, return_type=None, fwd_hooks=hooks, **extra)
@@ -203,73 +216,99 @@ def columns(run: CleanRun) -> Columns:
 
 def edges_from_grads(run: CleanRun, tc, cols: Columns, g_embed, g_mlp: Dict[int, torch.Tensor]):
     """[B, n_cols] the direct effects of every source on B targets whose gradients at the token writes
-    (g_embed [B, T, d]) and at each layer's MLP-output write (g_mlp[l] [B, T, d]) are given. A feature's
-    edge is a * (g at its position . its decoder row): one batched product per position over the features
-    active there (never the gradient against every decoder row)."""
-    B = g_embed.shape[0]
+    (g_embed [B, P, d]) and at each layer's MLP-output write (g_mlp[l] [B, P, d]) are given, over the
+    text's first P positions (the sources after them have no edge into these targets). A feature's edge is
+    a * (g at its position . its decoder row): one batched product per position over the features active
+    there (never the gradient against every decoder row)."""
+    B, P = g_embed.shape[0], g_embed.shape[1]
     out = torch.zeros(B, cols.n)
     T = cols.T
-    out[:, cols.token_start : cols.token_start + T] = (g_embed * run.embed).sum(-1).cpu()
+    out[:, cols.token_start : cols.token_start + P] = (g_embed * run.embed[:P]).sum(-1).cpu()
     for l, g in g_mlp.items():
-        start, stop = cols.offsets[l], cols.offsets[l + 1] if l + 1 < cols.L else cols.n_features
-        if stop > start:
-            out[:, start:stop] = _feature_edges(run, tc, cols, l, g).cpu()
+        start = cols.offsets[l]
+        edges = _feature_edges(run, tc, cols, l, g)
+        out[:, start : start + edges.shape[1]] = edges.cpu()
         e = cols.error_start + l * T
-        out[:, e : e + T] = (g * run.err[l]).sum(-1).cpu()
+        out[:, e : e + P] = (g * run.err[l][:P]).sum(-1).cpu()
     return out
 
 
 def _feature_edges(run: CleanRun, tc, cols: Columns, l: int, g: torch.Tensor) -> torch.Tensor:
-    """[B, n_l] a * (g[:, p] . W_dec[i]) for layer l's active features (p, i), in column order (by
-    position, then feature: `columns`' order)."""
+    """[B, n] a * (g[:, p] . W_dec[i]) for layer l's active features (p, i) at the P positions of g, in
+    column order (by position, then feature: `columns`' order), so the first n of the layer's columns."""
+    P = g.shape[1]
     sel = cols.features[cols.offsets[l] : cols.offsets[l + 1] if l + 1 < cols.L else cols.n_features]
+    sel = sel[sel[:, 1] < P]
+    if not len(sel):
+        return torch.zeros(g.shape[0], 0, device=g.device)
     pos, feat = sel[:, 1].to(g.device), sel[:, 2].to(g.device)
-    counts = torch.bincount(pos, minlength=cols.T)
+    counts = torch.bincount(pos, minlength=P)
     width = int(counts.max())
     slot = torch.arange(len(pos), device=g.device) - (torch.cumsum(counts, 0) - counts)[pos]
-    rows = torch.zeros(cols.T, width, g.shape[-1], dtype=torch.float32, device=g.device)
+    rows = torch.zeros(P, width, g.shape[-1], dtype=torch.float32, device=g.device)
     rows[pos, slot] = tc[l].W_dec.float()[feat]
-    per = torch.bmm(g.float().transpose(0, 1), rows.transpose(1, 2))  # [T, B, width]
+    per = torch.bmm(g.float().transpose(0, 1), rows.transpose(1, 2))  # [P, B, width]
     return per[pos, :, slot].T * run.act[l][pos, feat]
 
 
-def _leaves(run: CleanRun, B: int, layers) -> Tuple[torch.Tensor, Dict[int, torch.Tensor]]:
-    embed = run.embed[None].expand(B, -1, -1).clone().requires_grad_(True)
-    writes = {l: run.write[l][None].expand(B, -1, -1).clone().requires_grad_(True) for l in layers}
+def _leaves(run: CleanRun, B: int, layers, P: Optional[int] = None) -> Tuple[torch.Tensor, Dict]:
+    """Leaf copies of the token writes and of the MLP writes of `layers`, B of them, the first P
+    positions (None: all)."""
+    embed = run.embed[None, :P].expand(B, -1, -1).clone().requires_grad_(True)
+    writes = {l: run.write[l][None, :P].expand(B, -1, -1).clone().requires_grad_(True) for l in layers}
     return embed, writes
 
 
 def target_rows(
-    model, run: CleanRun, tc, cols: Columns, targets: torch.Tensor, chunk: int = 64, out=None
+    model,
+    run: CleanRun,
+    tc,
+    cols: Columns,
+    targets: torch.Tensor,
+    chunk: int = 32,
+    out=None,
+    bands: int = 16,
+    grad_bytes: int = 2**27,
 ) -> torch.Tensor:
     """[n, n_cols] the incoming edges of feature targets [n, 3] (layer, position, feature): the direct
     effect of each source on the target's pre-activation, everything else frozen. The frozen map is
-    linear, so one forward of the text (to the deepest target's layer) serves every target: `chunk`
-    targets of one layer share one batched backward (their gradients at that layer's normalised input
-    are the one-hot position times the encoder row). `out`: a [n, n_cols] tensor to fill instead."""
+    linear, so one forward serves many targets: up to `chunk` targets of one layer share one batched
+    backward (their gradients at that layer's normalised input are the one-hot position times the encoder
+    row). It is causal too, so the targets are sorted by position and cut into up to `bands` bands (of at
+    least 2 * chunk targets): each band's forward and backwards run over the text up to its last
+    position alone. A backward holds its gradients at every layer below the target's, so a chunk is cut
+    to keep them under `grad_bytes`. `out`: a [n, n_cols] tensor to fill instead."""
     rows = torch.zeros(len(targets), cols.n) if out is None else out
     if not len(targets):
         return rows
-    top = int(targets[:, 0].max())
-    with torch.enable_grad():
-        embed, writes = _leaves(run, 1, range(top + 1))
-        caps = frozen_forward(model, run, tc, embed, lambda m, x: writes[m], stop=top + 1)
-        for l in sorted(set(targets[:, 0].tolist())):
-            where = torch.nonzero(targets[:, 0] == l).flatten()
-            x = caps["x"][l]  # [1, T, d]
-            W_enc = tc[l].W_enc.to(x.dtype)
-            leaves = [embed] + [writes[m] for m in range(l)]
-            for idx in where.split(chunk):
-                pos, feat = targets[idx, 1].to(x.device), targets[idx, 2].to(W_enc.device)
-                seed = torch.zeros(len(idx), *x.shape, dtype=x.dtype, device=x.device)
-                seed[torch.arange(len(idx), device=x.device), 0, pos] = W_enc[feat].to(x.device)
-                grads = torch.autograd.grad(
-                    x, leaves, seed, retain_graph=True, allow_unused=True, is_grads_batched=True
-                )
-                like = [leaf[None].expand(len(idx), -1, -1, -1) for leaf in leaves]
-                grads = [_or_zeros(g, w)[:, 0] for g, w in zip(grads, like)]
-                g_mlp = dict(zip(range(l), grads[1:]))
-                rows[idx] = edges_from_grads(run, tc, cols, grads[0], g_mlp)
+    order = torch.sort(targets[:, 1], stable=True).indices
+    size = max(2 * chunk, -(-len(targets) // max(bands, 1))) if run.causal else len(targets)
+    d = run.embed.shape[-1]
+    for band in order.split(size):
+        sub = targets[band]
+        P = int(sub[:, 1].max()) + 1 if run.causal else cols.T
+        top = int(sub[:, 0].max())
+        with torch.enable_grad():
+            embed, writes = _leaves(run, 1, range(top + 1), P)
+            caps = frozen_forward(model, run, tc, embed, lambda m, x: writes[m], stop=top + 1)
+            for l in sorted(set(sub[:, 0].tolist())):
+                where = band[sub[:, 0] == l]
+                x = caps["x"][l]  # [1, P, d]
+                W_enc = tc[l].W_enc.to(x.dtype)
+                leaves = [embed] + [writes[m] for m in range(l)]
+                per_row = 4 * P * d * (l + 1)
+                for idx in where.split(max(1, min(chunk, grad_bytes // per_row))):
+                    pos, feat = targets[idx, 1].to(x.device), targets[idx, 2].to(W_enc.device)
+                    seed = torch.zeros(len(idx), *x.shape, dtype=x.dtype, device=x.device)
+                    seed[torch.arange(len(idx), device=x.device), 0, pos] = W_enc[feat].to(x.device)
+                    grads = torch.autograd.grad(
+                        x, leaves, seed, retain_graph=True, allow_unused=True, is_grads_batched=True
+                    )
+                    like = [leaf[None].expand(len(idx), -1, -1, -1) for leaf in leaves]
+                    grads = [_or_zeros(g, w)[:, 0] for g, w in zip(grads, like)]
+                    g_mlp = dict(zip(range(l), grads[1:]))
+                    rows[idx] = edges_from_grads(run, tc, cols, grads[0], g_mlp)
+                    del grads, g_mlp
     return rows
 
 

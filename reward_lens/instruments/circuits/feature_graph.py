@@ -236,10 +236,12 @@ def _node_table(run: fb.CleanRun, tc, cols: fb.Columns, values, direct, const_va
     f = cols.features
     L, T = cols.L, cols.T
     lay, pos, feat = f[:, 0].numpy(), f[:, 1].numpy(), f[:, 2].numpy()
-    act = torch.stack(run.act).float().cpu()[f[:, 0], f[:, 1], f[:, 2]].numpy().astype(np.float64)
-    pre = torch.stack(run.pre).float().cpu()[f[:, 0], f[:, 1], f[:, 2]].numpy().astype(np.float64)
-    b_enc = torch.stack([tc[l].b_enc for l in range(L)]).float().cpu()[f[:, 0], f[:, 2]]
-    b_enc = b_enc.numpy().astype(np.float64)
+    # per layer (the layers' [T, d_tc] maps are never stacked into one copy)
+    per = [f[f[:, 0] == l] for l in range(L)]
+    act = np.concatenate([run.act[l][s[:, 1], s[:, 2]].float().cpu().numpy() for l, s in enumerate(per)])
+    pre = np.concatenate([run.pre[l][s[:, 1], s[:, 2]].float().cpu().numpy() for l, s in enumerate(per)])
+    b_enc = np.concatenate([tc[l].b_enc[s[:, 2]].detach().float().cpu().numpy() for l, s in enumerate(per)])
+    act, pre, b_enc = act.astype(np.float64), pre.astype(np.float64), b_enc.astype(np.float64)
     err_layer, err_pos = np.repeat(np.arange(L), T), np.tile(np.arange(T), L)
     nan = np.full(L * T + T + 2, np.nan)
     value = values.numpy().astype(np.float64)
@@ -267,28 +269,70 @@ def _node_table(run: fb.CleanRun, tc, cols: fb.Columns, values, direct, const_va
     return frame
 
 
+ROUND_MIN, ROUND_MAX = 64, 1024  # the fewest and most feature rows chosen from one influence estimate
+
+
+def round_size(done: int, left: int) -> int:
+    """How many features the next selection round takes: as many as have rows already (at least
+    ROUND_MIN, at most ROUND_MAX), never more than are `left`."""
+    return min(left, ROUND_MAX, max(ROUND_MIN, done))
+
+
+def _row_levels(cols: fb.Columns, row_nodes: torch.Tensor) -> torch.Tensor:
+    """Each row's layer (the reward's: n_layers): a feature reads only the layers below its own."""
+    feats = row_nodes < cols.n_features
+    level = torch.full((len(row_nodes),), cols.L, dtype=torch.long)
+    level[feats] = cols.features[row_nodes[feats], 0]
+    return level
+
+
+def select_rows(model, run: fb.CleanRun, tc, cols: fb.Columns, rows, row_nodes, chunk: int = 32):
+    """Fill `rows` [m + 1, n_cols] (the reward's row last, already there) with the rows of m features
+    chosen by influence, as circuit-tracer chooses them: in rounds (`round_size`), each taking the
+    features without a row of largest influence on the reward estimated from the rows computed so far
+    (the row-normalised |adjacency|, the constant left out; ties: the lower column). `row_nodes` [m + 1]
+    gets each row's node, in the order chosen."""
+    m = len(rows) - 1
+    visited = torch.zeros(cols.n_features, dtype=torch.bool)
+    done = 0
+    while done < m:
+        use = torch.cat([torch.arange(done), torch.tensor([m])])
+        level = _row_levels(cols, row_nodes)
+        influence = gp.ordered_influence(rows, row_nodes, cols.reward, level, use, cols.constant)
+        rank = torch.sort(influence[: cols.n_features], descending=True, stable=True).indices
+        take = rank[~visited[rank]][: round_size(done, m - done)]
+        visited[take] = True
+        row_nodes[done : done + len(take)] = take
+        fb.target_rows(model, run, tc, cols, cols.features[take], chunk, out=rows[done : done + len(take)])
+        done += len(take)
+
+
 @torch.no_grad()
 def build_feature_graph(
-    model, tok: Tokenized, tc, max_nodes: Optional[int] = None, chunk: int = 64
+    model, tok: Tokenized, tc, max_nodes: Optional[int] = None, chunk: int = 32
 ) -> FeatureGraph:
-    """The feature graph of the one sequence in `tok` (unpadded): rows for the reward and for the
-    `max_nodes` features of largest |value| (None: every active feature)."""
+    """The feature graph of the one sequence in `tok` (unpadded): rows for the reward and for
+    `max_nodes` features chosen by influence (`select_rows`; None, or at least the active features:
+    every active feature, in column order)."""
     check_supported(model, tc)
     run = fb.clean_run(model, tok, tc)
     cols = fb.columns(run)
-    values, const_value = fb.total_effects(model, run, tc, cols)
-    order = torch.arange(cols.n_features)
-    if max_nodes is not None and max_nodes < cols.n_features:
-        order = torch.sort(values[: cols.n_features].abs(), descending=True, stable=True).indices[:max_nodes]
-        order = order.sort().values
-    targets = cols.features[order]
-    rows = torch.zeros(len(order) + 1, cols.n)
-    fb.target_rows(model, run, tc, cols, targets, chunk, out=rows[:-1])
+    every = max_nodes is None or max_nodes >= cols.n_features
+    m = cols.n_features if every else max_nodes
+    rows = torch.zeros(m + 1, cols.n)
+    rows[-1] = fb.reward_row(model, run, tc, cols)
+    row_nodes = torch.full((m + 1,), cols.reward, dtype=torch.long)
+    if every:
+        row_nodes[:-1] = torch.arange(m)
+        fb.target_rows(model, run, tc, cols, cols.features, chunk, out=rows[:-1])
+    else:
+        select_rows(model, run, tc, cols, rows, row_nodes, chunk)
+    targets = cols.features[row_nodes[:-1]]
     consts, reward_const = fb.constants(model, run, tc, targets)
     rows[:-1, cols.constant] = consts
-    rows[-1] = fb.reward_row(model, run, tc, cols)
     rows[-1, cols.constant] = reward_const
-    row_nodes = torch.cat([order, torch.tensor([cols.reward])])
+    # after the rows: its transient memory reuses what their backwards freed, not more of the machine's
+    values, const_value = fb.total_effects(model, run, tc, cols)
     ids = tok.input_ids[0].tolist()
     tokens = [model.tokenizer.decode([i]) if model.tokenizer is not None else str(i) for i in ids]
     nodes = _node_table(run, tc, cols, values, rows[-1].clone(), const_value, tokens)
@@ -306,14 +350,12 @@ def build_feature_graph(
         n_layers=model.cfg.n_layers,
         n_heads=model.cfg.n_heads,
         model_name=str(getattr(model.cfg, "model_name", "") or ""),
-        meta={"max_nodes": max_nodes, "n_targets": len(order), "n_features": cols.n_features},
+        meta={"max_nodes": max_nodes, "n_targets": m, "n_features": cols.n_features},
         model=model,
         transcoders=tc,
     )
-    scored = rows.abs()  # the scored rows (constant outside), made non-negative once: rows dominate memory
-    scored[:, cols.constant] = 0
-    influence = gp.node_influence(scored, row_nodes, cols.reward, nonnegative=True)
-    del scored
+    level = _row_levels(cols, row_nodes)
+    influence = gp.ordered_influence(rows, row_nodes, cols.reward, level, skip_column=cols.constant)
     graph.nodes["influence"] = influence.numpy().astype(np.float64)
     graph.nodes["cumulative_influence"] = gp.cumulative_influence(influence).numpy().astype(np.float64)
     return graph

@@ -62,6 +62,39 @@ def node_influence(
     return propagate(a, row_nodes, w, row_scale=1.0 / a.sum(1).clamp(min=1e-10))
 
 
+def ordered_influence(
+    rows: torch.Tensor,
+    row_nodes: torch.Tensor,
+    target: int,
+    row_level: torch.Tensor,
+    use: Optional[torch.Tensor] = None,
+    skip_column: Optional[int] = None,
+    block: int = 32,
+) -> torch.Tensor:
+    """[N] `node_influence` of the graph of the rows `use` (indices into `rows`; None: all), for a graph
+    whose edges only run up levels: a row of level v has no edge from a node whose row has level >= v
+    (the feature graph: a feature reads only layers below its own; the reward is above all). Then one
+    pass over the rows in decreasing level is the whole series: a node's influence is complete once every
+    row above it has passed. |rows| is taken a block of rows at a time (never a copy of the rows);
+    `skip_column` (the constant node) is left out of the normalised adjacency."""
+    use = torch.arange(len(row_nodes)) if use is None else use
+    N = rows.shape[1]
+    reach = torch.zeros(N)  # influence, plus the logit weight at the target
+    reach[target] = 1.0
+    levels = row_level[use]
+    for level in torch.unique(levels).flip(0).tolist():
+        here = use[levels == level]
+        update = torch.zeros(N)  # rows of one level feed only nodes below it: apply after the level
+        for b in here.split(block):
+            a = rows[b].abs_()  # rows[b] is a copy (b indexes): made non-negative in place
+            if skip_column is not None:
+                a[:, skip_column] = 0
+            update += (reach[row_nodes[b]] / a.sum(1).clamp(min=1e-10)) @ a
+        reach += update
+    reach[target] -= 1.0
+    return reach
+
+
 def find_threshold(scores: torch.Tensor, fraction: float) -> torch.Tensor:
     """The score above which the largest scores reach `fraction` of the total."""
     ordered = torch.sort(scores.flatten(), descending=True).values
