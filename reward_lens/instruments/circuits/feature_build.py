@@ -268,7 +268,7 @@ def target_rows(
     chunk: int = 32,
     out=None,
     bands: int = 16,
-    grad_bytes: int = 2**27,
+    grad_bytes: int = 2**26,
 ) -> torch.Tensor:
     """[n, n_cols] the incoming edges of feature targets [n, 3] (layer, position, feature): the direct
     effect of each source on the target's pre-activation, everything else frozen. The frozen map is
