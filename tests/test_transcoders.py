@@ -102,10 +102,10 @@ def test_training_device_is_the_models_and_the_batches_do_not_depend_on_it(model
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (run on a GPU machine)")
-def test_training_on_cuda_equals_the_cpu_run_to_rounding():
+def test_training_on_cuda_equals_the_cpu_run_to_rounding(monkeypatch):
     """The same settings and texts train on the GPU (model, buffer and Adam there) to the CPU run's
     parameters: the same batches, so only matmul rounding separates them (TF32 off)."""
-    torch.backends.cuda.matmul.allow_tf32 = False
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     texts = synthetic.training_pairs(60, 5, exclude=HELD_OUT)
     settings = dict(d_tc=64, k=8, layers=[0, 3], steps=20, batch_size=128, buffer_tokens=1024, progress=False)
     cpu = rl.train_transcoders(rl.load_demo_model(device="cpu"), texts, **settings)

@@ -50,13 +50,10 @@ def propagate(
     raise RuntimeError(f"influence did not converge in {max_iter} steps (the graph has a cycle)")
 
 
-def node_influence(
-    rows: torch.Tensor, row_nodes: torch.Tensor, target: int, nonnegative: bool = False
-) -> torch.Tensor:
+def node_influence(rows: torch.Tensor, row_nodes: torch.Tensor, target: int) -> torch.Tensor:
     """[N] each node's influence on `target` (circuit-tracer's compute_node_influence). The row
-    normalisation scales the propagated vector, so the rows are held once more (|rows|), or not at all
-    when they are already `nonnegative`."""
-    a = rows if nonnegative else rows.abs()
+    normalisation scales the propagated vector, so the rows are held once more (|rows|)."""
+    a = rows.abs()
     w = torch.zeros(rows.shape[1])
     w[target] = 1.0
     return propagate(a, row_nodes, w, row_scale=1.0 / a.sum(1).clamp(min=1e-10))
