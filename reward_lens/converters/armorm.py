@@ -16,7 +16,9 @@ transformers layout -> ours:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, Dict
+
+import torch
 
 import reward_lens.model.heads.armorm  # noqa: F401  (registers the "armorm" head type)
 from reward_lens.converters.llama import (
@@ -30,10 +32,13 @@ from reward_lens.model.config import RewardModelConfig
 from reward_lens.model.heads.armorm import DEFAULT_GATING_PATTERN, default_objective_names
 
 
-def armorm_config(hf_config: Any) -> RewardModelConfig:
+def gating_head_config(hf_config: Any, **head_fields: Any) -> Dict[str, Any]:
+    """The head config of the gated Llama heads (ArmoRM's; QRM's adds `head_fields`, e.g. num_quantiles,
+    after num_objectives), the authors' defaults where config.json has no value."""
     n_obj = int(getattr(hf_config, "num_objectives", 19))
-    head_config = dict(
+    return dict(
         num_objectives=n_obj,
+        **head_fields,
         gating_temperature=float(getattr(hf_config, "gating_temperature", 10)),
         gating_hidden_dim=int(getattr(hf_config, "gating_hidden_dim", 1024)),
         gating_n_hidden=int(getattr(hf_config, "gating_n_hidden", 3)),
@@ -42,6 +47,32 @@ def armorm_config(hf_config: Any) -> RewardModelConfig:
         ],
         objective_names=list(getattr(hf_config, "objective_names", None) or default_objective_names(n_obj)),
     )
+
+
+def gated_rest(
+    sd: StateDict,
+    cfg: RewardModelConfig,
+    hf_config: Any,
+    checkpoint: str,
+    regression: Callable[[StateDict], torch.Tensor],
+) -> StateDict:
+    """The decoder's non-layer tensors and the ones ArmoRM's and QRM's heads share: the regression layer
+    (`regression` reads its [out, d_model] weight, checked as the head needs), the transform matrix and
+    the logit scale. A missing one: refused as not `checkpoint` (e.g. "an ArmoRM checkpoint")."""
+    required = ("regression_layer.weight", "reward_transform_matrix", "gating.logit_scale")
+    missing = [k for k in required if k not in sd]
+    if missing:
+        raise ValueError(f"not {checkpoint}: tensors {missing} are missing")
+    out = convert_decoder_rest(sd, cfg)
+    out["rotary.inv_freq"] = rope_inverse_frequencies(hf_config.get_text_config())[0]
+    out["reward_head.W_reg"] = regression(sd).T
+    out["reward_head.reward_transform"] = sd["reward_transform_matrix"]
+    out["reward_head.logit_scale"] = sd["gating.logit_scale"].reshape(1)
+    return out
+
+
+def armorm_config(hf_config: Any) -> RewardModelConfig:
+    head_config = gating_head_config(hf_config)
     # n_outputs = 1: the model's output is the gated score (num_labels in the config is meaningless here).
     return decoder_config(hf_config, head_type="armorm", n_outputs=1, head_config=head_config)
 
@@ -49,16 +80,7 @@ def armorm_config(hf_config: Any) -> RewardModelConfig:
 def convert_armorm_rest(sd: StateDict, cfg: RewardModelConfig, hf_config: Any) -> StateDict:
     hc = cfg.head_config
     n_obj, n_hidden, hidden = hc["num_objectives"], hc["gating_n_hidden"], hc["gating_hidden_dim"]
-    missing = [
-        k for k in ("regression_layer.weight", "reward_transform_matrix", "gating.logit_scale") if k not in sd
-    ]
-    if missing:
-        raise ValueError(f"not an ArmoRM checkpoint: tensors {missing} are missing")
-    out = convert_decoder_rest(sd, cfg)
-    out["rotary.inv_freq"] = rope_inverse_frequencies(hf_config.get_text_config())[0]
-    out["reward_head.W_reg"] = sd["regression_layer.weight"].T
-    out["reward_head.reward_transform"] = sd["reward_transform_matrix"]
-    out["reward_head.logit_scale"] = sd["gating.logit_scale"].reshape(1)
+    out = gated_rest(sd, cfg, hf_config, "an ArmoRM checkpoint", lambda sd: sd["regression_layer.weight"])
     dims = [cfg.d_model] + [hidden] * n_hidden + [n_obj]
     for i in range(n_hidden + 1):
         W = sd.get(f"gating.layers.{i}.weight")

@@ -21,35 +21,19 @@ from __future__ import annotations
 from typing import Any
 
 import reward_lens.model.heads.qrm  # noqa: F401  (registers the "qrm" head type)
-from reward_lens.converters.llama import (
-    convert_decoder_rest,
-    convert_llama_layer,
-    decoder_config,
-    rope_inverse_frequencies,
-)
+from reward_lens.converters.armorm import gated_rest, gating_head_config
+from reward_lens.converters.llama import convert_llama_layer, decoder_config
 from reward_lens.converters.registry import StateDict, WeightMap, register
 from reward_lens.model.config import RewardModelConfig
-from reward_lens.model.heads.armorm import DEFAULT_GATING_PATTERN, default_objective_names
 
 
 def qrm_config(hf_config: Any) -> RewardModelConfig:
-    n_obj = int(getattr(hf_config, "num_objectives", 19))
     n_q = getattr(hf_config, "num_quantiles", None)
     if n_q is None:
         raise ValueError(
             "QRM config.json has no num_quantiles field (the authors' class requires it); add it"
         )
-    head_config = dict(
-        num_objectives=n_obj,
-        num_quantiles=int(n_q),
-        gating_temperature=float(getattr(hf_config, "gating_temperature", 10)),
-        gating_hidden_dim=int(getattr(hf_config, "gating_hidden_dim", 1024)),
-        gating_n_hidden=int(getattr(hf_config, "gating_n_hidden", 3)),
-        gating_pattern=[
-            int(t) for t in getattr(hf_config, "gating_token_pattern", None) or DEFAULT_GATING_PATTERN
-        ],
-        objective_names=list(getattr(hf_config, "objective_names", None) or default_objective_names(n_obj)),
-    )
+    head_config = gating_head_config(hf_config, num_quantiles=int(n_q))
     return decoder_config(hf_config, head_type="qrm", n_outputs=1, head_config=head_config)
 
 
@@ -70,15 +54,11 @@ def convert_qrm_rest(sd: StateDict, cfg: RewardModelConfig, hf_config: Any) -> S
     hc = cfg.head_config
     n_obj, n_q = hc["num_objectives"], hc["num_quantiles"]
     n_hidden, hidden = hc["gating_n_hidden"], hc["gating_hidden_dim"]
-    required = ("regression_layer.weight", "reward_transform_matrix", "gating.logit_scale")
-    missing = [k for k in required if k not in sd]
-    if missing:
-        raise ValueError(f"not a QRM checkpoint: tensors {missing} are missing")
-    out = convert_decoder_rest(sd, cfg)
-    out["rotary.inv_freq"] = rope_inverse_frequencies(hf_config.get_text_config())[0]
-    out["reward_head.W_reg"] = _linear(sd, "regression_layer.weight", (n_obj * n_q, cfg.d_model), cfg).T
-    out["reward_head.reward_transform"] = sd["reward_transform_matrix"]
-    out["reward_head.logit_scale"] = sd["gating.logit_scale"].reshape(1)
+
+    def regression(sd: StateDict):
+        return _linear(sd, "regression_layer.weight", (n_obj * n_q, cfg.d_model), cfg)
+
+    out = gated_rest(sd, cfg, hf_config, "a QRM checkpoint", regression)
     dims = [cfg.d_model] + [hidden] * n_hidden
     for i in range(n_hidden):
         W = _linear(sd, f"gating.layers.{3 * i}.weight", (hidden, dims[i]), cfg)

@@ -14,7 +14,7 @@ model never depends on the layers above it.
 
 from __future__ import annotations
 
-from typing import Any, List, Mapping, Optional, Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
 import torch
 import torch.nn as nn
@@ -125,23 +125,10 @@ class NativeRewardModel(TransformerLensConveniences, RewardModelBase):
         return rewards.to(self.cfg.device)
 
     # ------------------------------------------------------------------ the readout token alone
-    def readout_context(
-        self,
-        tok_or_ids: Any,
-        attention_mask: Optional[torch.Tensor] = None,
-        readout: Optional[torch.Tensor] = None,
-        *,
-        kv: Optional[Mapping[str, torch.Tensor]] = None,
-    ) -> recompute.ReadoutContext:
-        """The positional state of recomputing each row's readout token alone, computed once: readout
-        positions, position ids, RoPE tables, per-window visible positions, the clean run's cached keys
-        and values (`kv`: hook name -> full activation, e.g. a capture's `full`; None runs that forward).
-        See `reward_lens.model.recompute`."""
-        return recompute.readout_context(self, tok_or_ids, attention_mask, readout, kv=kv)
-
-    def readout_kv_names(self) -> List[str]:
-        """The hooks `readout_context(kv=...)` needs kept whole from a clean run: keys, values per layer."""
-        return recompute.kv_names(self)
+    # A method that only calls its module function is that function, the model its first argument: one
+    # signature and docstring, beside the code that computes it (`readout_sweep` checks its flag first).
+    readout_context = recompute.readout_context
+    readout_kv_names = recompute.kv_names
 
     @checked_arguments(flags=("layer_changes",))
     def readout_sweep(
@@ -155,88 +142,17 @@ class NativeRewardModel(TransformerLensConveniences, RewardModelBase):
         `layer_changes`: (final, each block's change of every row [batch, n, n_layers, d_model])."""
         return recompute.readout_sweep(self, ctx, entries, layer_changes)
 
-    def readout_with_inputs(
-        self,
-        ctx: recompute.ReadoutContext,
-        layer: int,
-        resid_pre: torch.Tensor,
-        *,
-        q_input: Optional[torch.Tensor] = None,
-        k_input: Optional[torch.Tensor] = None,
-        v_input: Optional[torch.Tensor] = None,
-        mlp_delta: Optional[torch.Tensor] = None,
-    ) -> Float[torch.Tensor, "batch n d_model"]:
-        """Final residuals [batch, n, d_model] at the readout when, at block `layer`, each head reads its
-        own q/k/v input ([batch, n, n_heads or n_kv, d_model], the residual before ln1) and/or the MLP's
-        input is shifted by `mlp_delta`; `resid_pre` [batch, n, d_model] is what the skip carries."""
-        inputs = (q_input, k_input, v_input, mlp_delta)
-        return recompute.readout_with_inputs(self, ctx, layer, resid_pre, *inputs)
-
-    def resid_mid_with_heads(
-        self, layer: int, resid_pre: torch.Tensor, z: torch.Tensor, heads: Sequence[int], new_z: torch.Tensor
-    ) -> Float[torch.Tensor, "batch k d_model"]:
-        """The readout's resid_mid [batch, k, d_model] with head heads[j]'s z replaced by new_z[:, j]."""
-        return recompute.resid_mid_with_heads(self, layer, resid_pre, z, heads, new_z)
+    readout_with_inputs = recompute.readout_with_inputs
+    resid_mid_with_heads = recompute.resid_mid_with_heads
 
     # ------------------------------------------------------------------ whole sequences from a layer on
-    def sequence_context(self, tok: Any) -> sequence.SequenceContext:
-        """A tokenised batch's whole-sequence positional state (ids, mask, readout, RoPE tables, masks),
-        computed once; `.repeat(n)` for n alternatives per row. See `reward_lens.model.sequence`."""
-        return sequence.sequence_context(self, tok)
-
-    def final_from_layer(
-        self,
-        ctx: sequence.SequenceContext,
-        layer: int,
-        resid_pre: torch.Tensor,
-        *,
-        q_input: Optional[torch.Tensor] = None,
-        k_input: Optional[torch.Tensor] = None,
-        v_input: Optional[torch.Tensor] = None,
-        mlp_delta: Optional[torch.Tensor] = None,
-    ) -> Float[torch.Tensor, "batch d_model"]:
-        """The final residual at the readout [batch, d_model] when block `layer` runs on `resid_pre`
-        [batch, pos, d_model] with per-head q/k/v inputs and/or an MLP input shift at every position,
-        every later block as in a forward (all-position path patching's receivers)."""
-        return sequence.final_from_layer(self, ctx, layer, resid_pre, q_input, k_input, v_input, mlp_delta)
+    sequence_context = sequence.sequence_context
+    final_from_layer = sequence.final_from_layer
 
     # ------------------------------------------------------------------ suffixes over a shared prefix
-    def prefix_cache(self, prefix_ids: Int[torch.Tensor, "1 prefix"]) -> suffix.PrefixCache:
-        """One unpadded prefix's keys and values, every layer, for `suffix_rewards`
-        (`reward_lens.model.suffix`)."""
-        return suffix.prefix_cache(self, prefix_ids)
-
-    def shared_prefix_run(
-        self,
-        input_ids: Int[torch.Tensor, "batch pos"],
-        attention_mask: Int[torch.Tensor, "batch pos"],
-        names: Sequence[str] = (),
-        *,
-        readout_positions: Optional[Int[torch.Tensor, " batch"]] = None,
-        max_tokens: Optional[int] = None,
-    ) -> suffix.SharedPrefixRun:
-        """Rewards of a padded batch (left or right) with every token that rows share with their prefix
-        computed once (the rows' radix tree over cached keys and values), and `names` (the final
-        residual, final-norm and head hooks) whole; equal to `self(input_ids, attention_mask)`."""
-        return suffix.shared_prefix_run(
-            self,
-            input_ids,
-            attention_mask,
-            names,
-            readout_positions=readout_positions,
-            max_tokens=max_tokens,
-        )
-
-    def suffix_rewards(
-        self,
-        cache: suffix.PrefixCache,
-        suffix_ids: Optional[Int[torch.Tensor, "n suffix"]] = None,
-        *,
-        suffix_embeds: Optional[Float[torch.Tensor, "n suffix d_model"]] = None,
-    ) -> Float[torch.Tensor, " n"]:
-        """Rewards of prefix + each of n equal-length suffixes (ids, or embeddings as hook_embed holds them,
-        e.g. `embed_one_hot`), only the suffix recomputed; read at the suffix's last token."""
-        return suffix.suffix_rewards(self, cache, suffix_ids, suffix_embeds=suffix_embeds)
+    prefix_cache = suffix.prefix_cache
+    shared_prefix_run = suffix.shared_prefix_run
+    suffix_rewards = suffix.suffix_rewards
 
     def embed_one_hot(
         self, one_hot: Float[torch.Tensor, "batch pos d_vocab"]
@@ -272,24 +188,23 @@ class NativeRewardModel(TransformerLensConveniences, RewardModelBase):
         [batch, pos, n_key_value_heads, d_model] (per kv head under grouped-query attention, as
         TransformerLens's grouped-query attention and its 4.x bridge). Rewards are unchanged; patching one
         head's slot changes that head's query (or that kv head's keys / values) only."""
-        if use_split_qkv_input and self.cfg.use_attn_in:
-            raise ValueError(
-                "use_split_qkv_input and use_attn_in are exclusive (as in TransformerLens): call "
-                "model.set_use_attn_in(False) first"
-            )
-        self.cfg.use_split_qkv_input = use_split_qkv_input
+        self._set_exclusive("use_split_qkv_input", use_split_qkv_input, "use_attn_in")
 
     @checked_arguments(flags=("use_attn_in",))
     def set_use_attn_in(self, use_attn_in: bool) -> None:
         """`blocks.{l}.attn.hook_attn_in` [batch, pos, n_heads, d_model]: resid_pre copied per query head,
         before `ln1` (TransformerLens). Under grouped-query attention kv head j reads slot j (as
         TransformerLens 4.x's bridge)."""
-        if use_attn_in and self.cfg.use_split_qkv_input:
+        self._set_exclusive("use_attn_in", use_attn_in, "use_split_qkv_input")
+
+    def _set_exclusive(self, name: str, value: bool, other: str) -> None:
+        """Set the config flag `name`, refused while the flag `other` it excludes is on."""
+        if value and getattr(self.cfg, other):
             raise ValueError(
-                "use_attn_in and use_split_qkv_input are exclusive (as in TransformerLens): call "
-                "model.set_use_split_qkv_input(False) first"
+                f"{name} and {other} are exclusive (as in TransformerLens): call "
+                f"model.set_{other}(False) first"
             )
-        self.cfg.use_attn_in = use_attn_in
+        setattr(self.cfg, name, value)
 
     @checked_arguments(flags=("use_hook_mlp_in",))
     def set_use_hook_mlp_in(self, use_hook_mlp_in: bool) -> None:

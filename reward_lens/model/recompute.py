@@ -84,7 +84,8 @@ class ReadoutContext:
 
 
 def kv_names(model) -> List[str]:
-    """The hooks whose full-sequence values the readout step attends to, layer by layer (keys, values)."""
+    """The hooks `readout_context(kv=...)` needs kept whole from a clean run: those the readout step attends
+    to, layer by layer (keys, values)."""
     return [name for block in model.blocks for name in block.readout_kv_hooks]
 
 
@@ -96,9 +97,11 @@ def readout_context(
     *,
     kv: Optional[Mapping[str, torch.Tensor]] = None,
 ) -> ReadoutContext:
-    """The readout context of a batch: `tok_or_ids` is a tokenised batch (input_ids, attention_mask,
-    readout) or ids; `readout` defaults to the model's readout rule. `kv` maps the `kv_names` hooks to
-    the clean run's full activations (e.g. a capture's `full`); None runs that clean forward here."""
+    """The positional state of recomputing each row's readout token alone, computed once: readout
+    positions, position ids, RoPE tables, per-window visible positions, the clean run's cached keys and
+    values. `tok_or_ids` is a tokenised batch (input_ids, attention_mask, readout) or ids; `readout`
+    defaults to the model's readout rule. `kv` maps the `kv_names` hooks to the clean run's full
+    activations (e.g. a capture's `full`); None runs that clean forward here."""
     if not model.has_readout_fast_path:
         raise ValueError(
             "recomputing the readout alone needs the blocks' one-token step (a native architecture)"
@@ -191,6 +194,7 @@ def readout_with_inputs(
     ctx: ReadoutContext,
     layer: int,
     resid_pre: Float[torch.Tensor, "batch n d_model"],
+    *,
     q_input: Optional[Float[torch.Tensor, "batch n n_heads d_model"]] = None,
     k_input: Optional[Float[torch.Tensor, "batch n n_kv d_model"]] = None,
     v_input: Optional[Float[torch.Tensor, "batch n n_kv d_model"]] = None,

@@ -54,7 +54,8 @@ class SequenceContext:
 
 def sequence_context(model, tok) -> SequenceContext:
     """The whole-sequence positional state of a tokenised batch (`Tokenized`: input_ids, attention_mask,
-    readout), as the model's forward computes it."""
+    readout): ids, mask, readout, RoPE tables and masks as the model's forward computes them, once;
+    `.repeat(n)` for n alternatives per row."""
     ids = tok.input_ids
     mask, position_ids = model.prepare_inputs(
         ids.shape[0], ids.shape[1], tok.attention_mask, None, ids.device
@@ -69,6 +70,7 @@ def final_from_layer(
     ctx: SequenceContext,
     layer: int,
     resid_pre: Float[torch.Tensor, "batch pos d_model"],
+    *,
     q_input: Optional[Float[torch.Tensor, "batch pos n_heads d_model"]] = None,
     k_input: Optional[Float[torch.Tensor, "batch pos n_kv d_model"]] = None,
     v_input: Optional[Float[torch.Tensor, "batch pos n_kv d_model"]] = None,
@@ -77,7 +79,8 @@ def final_from_layer(
     """The final residual at the readout [batch, d_model] when block `layer` runs with each head reading its
     own q/k/v input at every position (the residual before ln1; default `resid_pre`) and `mlp_delta` added
     to its MLP's input at every position (the skip connections carry the block's own residual), and every
-    later block runs as in a forward. Hooks inside the attention fire as in a forward."""
+    later block runs as in a forward (all-position path patching's receivers). Hooks inside the attention
+    fire as in a forward."""
     home = resid_pre.device
     block, here = model.blocks[layer], block_device(model, layer)
     cos, sin, allowed = ctx.step_args(block, here)

@@ -47,7 +47,8 @@ def _check_native(model) -> None:
 
 @torch.no_grad()
 def prefix_cache(model, prefix_ids: Int[torch.Tensor, "1 prefix"]) -> PrefixCache:
-    """Keys and values of one unpadded prefix row, every layer (one forward up to the last block)."""
+    """Keys and values of one unpadded prefix row, every layer, for `suffix_rewards` (one forward up to the
+    last block)."""
     _check_native(model)
     prefix_ids = torch.as_tensor(prefix_ids, device=model.cfg.device).reshape(1, -1)
     names = [name for block in model.blocks for name in block.readout_kv_hooks]
@@ -102,7 +103,9 @@ def suffix_rewards(
     *,
     suffix_embeds: Optional[Float[torch.Tensor, "n suffix d_model"]] = None,
 ) -> Float[torch.Tensor, " n"]:
-    """Rewards [n] of prefix + each suffix, read at the suffix's last token (the readout)."""
+    """Rewards [n] of prefix + each of n equal-length suffixes (ids, or embeddings as `hook_embed` holds
+    them, e.g. `embed_one_hot`), only the suffixes recomputed; read at the suffix's last token (the
+    readout)."""
     resid = suffix_final_residual(model, cache, suffix_ids, suffix_embeds=suffix_embeds)
     h = model.ln_final(resid[:, -1:])
     readout = torch.zeros(h.shape[0], dtype=torch.long, device=h.device)
@@ -310,8 +313,9 @@ def shared_prefix_run(
     readout_positions: Optional[Int[torch.Tensor, " batch"]] = None,
     max_tokens: Optional[int] = None,
 ) -> SharedPrefixRun:
-    """What `model(input_ids, attention_mask)` returns, computed over shared prefixes
-    (`shared_prefix_final_residual`), the final norm and the head then run on the whole final residual as
+    """What `model(input_ids, attention_mask)` returns for a padded batch (left or right), every token that
+    rows share with their prefix computed once (`shared_prefix_final_residual`: the rows' radix tree over
+    cached keys and values), the final norm and the head then run on the whole final residual as
     in a forward (so heads that read other positions, e.g. ArmoRM's prompt gate, read them). `names`: the
     final residual (the last block's hook_resid_post) and any hook of the final norm or the head, kept
     whole [batch, pos, ...]."""

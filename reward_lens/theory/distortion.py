@@ -42,6 +42,7 @@ giving percentile intervals for D and every c_k.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -524,30 +525,20 @@ def distortion_from_directions(
         dq.append(_coordinates(delta, U))
         dr.append((w * delta).sum(1))
         g_rows.append(w @ U.T)
-    return _distortion(
-        probes,
-        dims,
-        dq,
-        dr,
-        g_rows,
-        source="geometry",
-        **{
-            "threshold": options.pop("threshold", 0.5),
-            "min_push": options.pop("min_push", 0.01),
-            "n_boot": options.pop("n_boot", 200),
-            "seed": options.pop("seed", 0),
-            "level": options.pop("level", 0.95),
-            **_no_more(options),
-        },
-    )
+    return _distortion(probes, dims, dq, dr, g_rows, source="geometry", **_index_options(options))
 
 
-def _no_more(options: Mapping[str, Any]) -> Dict[str, Any]:
-    if options:
-        raise TypeError(
-            f"unexpected option(s) {sorted(options)}; known: threshold, min_push, n_boot, seed, level"
-        )
-    return {}
+_INDEX_OPTIONS = ("threshold", "min_push", "n_boot", "seed", "level")
+
+
+def _index_options(given: Mapping[str, Any]) -> Dict[str, Any]:
+    """`distortion_index`'s options from `given`, the defaults of its signature for the others (one set of
+    defaults); an unknown name is refused."""
+    unknown = sorted(set(given) - set(_INDEX_OPTIONS))
+    if unknown:
+        raise TypeError(f"unexpected option(s) {unknown}; known: {', '.join(_INDEX_OPTIONS)}")
+    defaults = inspect.signature(distortion_index).parameters
+    return {name: given.get(name, defaults[name].default) for name in _INDEX_OPTIONS}
 
 
 # ------------------------------------------------------------------------------------------- a model

@@ -29,7 +29,7 @@ from reward_lens.core.batching import Tokenized, tokenize
 from reward_lens.data.pairs import PreferencePair, TokenPair
 from reward_lens.instruments.circuits import graph_build as gb
 from reward_lens.instruments.circuits import graph_prune as gp
-from reward_lens.instruments.circuits.graph_base import RewardGraph
+from reward_lens.instruments.circuits.graph_base import RewardGraph, text_fields
 from reward_lens.model.validation import checked_arguments
 
 KINDS = ("embed", "head", "mlp", "bias", "error", "reward")
@@ -215,21 +215,13 @@ def build_graph(model, tok: Tokenized, max_nodes: Optional[int] = 1024) -> Attri
     K = lin.values.shape[1]
     row_nodes = torch.tensor([t[3] * K + slot[t[:3]] for t in targets] + [N - 1], dtype=torch.long)
     influence = gp.node_influence(rows, row_nodes, N - 1)
-    ids = tok.input_ids[0].tolist()
-    tokens = [model.tokenizer.decode([i]) if model.tokenizer is not None else str(i) for i in ids]
+    text = text_fields(model, tok, lin)
     return AttributionGraph(
-        nodes=_node_table(lin, targets, errors, tokens, influence),
+        nodes=_node_table(lin, targets, errors, text["tokens"], influence),
         rows=rows,
         row_nodes=row_nodes,
-        reward=lin.reward,
-        bias=lin.bias,
-        readout=lin.readout,
-        tokens=tokens,
-        token_ids=ids,
-        n_layers=model.cfg.n_layers,
-        n_heads=model.cfg.n_heads,
-        model_name=str(getattr(model.cfg, "model_name", "") or ""),
         meta={"max_nodes": max_nodes, "n_targets": len(targets)},
+        **text,
     )
 
 

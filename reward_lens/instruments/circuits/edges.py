@@ -38,7 +38,7 @@ from jaxtyping import Float
 
 from reward_lens.core.directions import readout_direction
 from reward_lens.core.readout import capture
-from reward_lens.data.pairs import as_pairs, pair_labels
+from reward_lens.data.pairs import as_pairs
 from reward_lens.instruments.circuits.graph import (
     TARGET,
     capture_names,
@@ -341,26 +341,21 @@ def edge_attribution(
     snodes, rnodes = nodes(model, senders, receivers)
     alphas = step_points(method, steps)
     scores_of = batch_scores_all if everywhere else batch_scores
-    # path_patch's harness (grid_over_batches, check_positions); the results stay two classes because
-    # path_patch returns exact patched rewards and this returns gradient estimates of their effects.
-    scores, clean = grid_over_batches(
+    # path_patch's harness (grid_over_batches: the loop and the fields both results have; check_positions);
+    # the results stay two classes because path_patch returns exact patched rewards and this returns
+    # gradient estimates of their effects.
+    scores, fields = grid_over_batches(
         model,
         pairs,
+        snodes,
+        rnodes,
         everywhere,
         lambda batch: scores_of(model, batch, snodes, rnodes, mode, method, alphas, max_rows),
         batch_size=batch_size,
         progress=progress and "edge attribution",
         padding_side=padding_side,
     )
+    steps_run = 1 if method == "eap" else steps
     return EdgeAttributionResult(
-        pair_ids=pair_labels(pairs),
-        senders=[s.name for s in snodes],
-        receivers=[r.name for r in rnodes],
-        mode=mode,
-        method=method,
-        steps=1 if method == "eap" else steps,
-        clean_chosen=clean["chosen"],
-        clean_rejected=clean["rejected"],
-        scores=scores,
-        positions=positions,
+        mode=mode, method=method, steps=steps_run, scores=scores, positions=positions, **fields
     )

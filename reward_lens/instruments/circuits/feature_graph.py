@@ -29,7 +29,7 @@ import torch
 from reward_lens.core.batching import Tokenized
 from reward_lens.instruments.circuits import feature_build as fb
 from reward_lens.instruments.circuits import graph_prune as gp
-from reward_lens.instruments.circuits.graph_base import RewardGraph
+from reward_lens.instruments.circuits.graph_base import RewardGraph, text_fields
 from reward_lens.model.validation import checked_arguments
 
 FEATURE_KINDS = ("feature", "error", "embed", "constant", "reward")
@@ -333,26 +333,18 @@ def build_feature_graph(
     rows[-1, cols.constant] = reward_const
     # after the rows: its transient memory reuses what their backwards freed, not more of the machine's
     values, const_value = fb.total_effects(model, run, tc, cols)
-    ids = tok.input_ids[0].tolist()
-    tokens = [model.tokenizer.decode([i]) if model.tokenizer is not None else str(i) for i in ids]
-    nodes = _node_table(run, tc, cols, values, rows[-1].clone(), const_value, tokens)
+    text = text_fields(model, tok, run)
+    nodes = _node_table(run, tc, cols, values, rows[-1].clone(), const_value, text["tokens"])
     nodes["has_row"] = False
     nodes.loc[row_nodes.numpy(), "has_row"] = True
     graph = FeatureGraph(
         nodes=nodes,
         rows=rows,
         row_nodes=row_nodes,
-        reward=run.reward,
-        bias=run.bias,
-        readout=run.readout,
-        tokens=tokens,
-        token_ids=ids,
-        n_layers=model.cfg.n_layers,
-        n_heads=model.cfg.n_heads,
-        model_name=str(getattr(model.cfg, "model_name", "") or ""),
         meta={"max_nodes": max_nodes, "n_targets": m, "n_features": cols.n_features},
         model=model,
         transcoders=tc,
+        **text,
     )
     level = _row_levels(cols, row_nodes)
     influence = gp.ordered_influence(rows, row_nodes, cols.reward, level, skip_column=cols.constant)

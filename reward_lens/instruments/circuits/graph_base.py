@@ -108,3 +108,20 @@ class RewardGraph:
         _, nxt = gp.best_paths(self.rows, self.row_nodes, self.reward_node)
         names = self.nodes.node.to_numpy()
         return [names[i] for i in gp.follow(nxt, int(where[0]))]
+
+
+def text_fields(model, tok: Any, run: Any) -> Dict[str, Any]:
+    """The `RewardGraph` fields of the one sequence in `tok` and its clean `run` (reward, bias, readout):
+    token ids, each token's text (the id as text when the model has no tokenizer), the model's shape and
+    name."""
+    ids = tok.input_ids[0].tolist()
+    return {
+        "reward": run.reward,
+        "bias": run.bias,
+        "readout": run.readout,
+        "tokens": [model.tokenizer.decode([i]) if model.tokenizer is not None else str(i) for i in ids],
+        "token_ids": ids,
+        "n_layers": model.cfg.n_layers,
+        "n_heads": model.cfg.n_heads,
+        "model_name": str(getattr(model.cfg, "model_name", "") or ""),
+    }

@@ -109,18 +109,8 @@ class AtPResult(SiteEffects):
         rows = []
         for (mode, target), est in self.estimates.items():
             e = to_numpy(est)
-            rows.append(
-                pd.DataFrame(
-                    {
-                        "mode": mode,
-                        "target": target,
-                        "component": self.components,
-                        "layer": [s.layer for s in self.sites],
-                        "mean_atp_effect": e.mean(0),
-                        "mean_abs_atp_effect": np.abs(e).mean(0),
-                    }
-                )
-            )
+            values = {"mean_atp_effect": e.mean(0), "mean_abs_atp_effect": np.abs(e).mean(0)}
+            rows.append(self.site_summary(mode, target, values))
         return pd.concat(rows, ignore_index=True)
 
     def plot(self, mode: Optional[str] = None, target: Optional[str] = None, ax=None):

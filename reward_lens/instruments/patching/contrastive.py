@@ -93,6 +93,18 @@ class SiteEffects(GapNormalized):
             }
         )
 
+    def site_summary(self, mode: str, target: str, values: Dict[str, Any]) -> pd.DataFrame:
+        """One (mode, target)'s summary rows, one per site: mode, target, component, layer, then `values`."""
+        return pd.DataFrame(
+            {
+                "mode": mode,
+                "target": target,
+                "component": self.components,
+                "layer": [s.layer for s in self.sites],
+                **values,
+            }
+        )
+
 
 @dataclass
 class PatchResult(SiteEffects):
@@ -159,20 +171,13 @@ class PatchResult(SiteEffects):
                 to_numpy(self.effect(mode, target)),
                 to_numpy(self.effect(mode, target, normalized=True)),
             )
-            rows.append(
-                pd.DataFrame(
-                    {
-                        "mode": mode,
-                        "target": target,
-                        "component": self.components,
-                        "layer": [s.layer for s in self.sites],
-                        "level": [s.level for s in self.sites],
-                        "mean_effect": eff.mean(0),
-                        "mean_normalized_effect": norm.mean(0),
-                        "mean_abs_effect": abs(eff).mean(0),
-                    }
-                )
-            )
+            values = {
+                "level": [s.level for s in self.sites],
+                "mean_effect": eff.mean(0),
+                "mean_normalized_effect": norm.mean(0),
+                "mean_abs_effect": abs(eff).mean(0),
+            }
+            rows.append(self.site_summary(mode, target, values))
         return pd.concat(rows, ignore_index=True)
 
     @checked_arguments(flags=("normalized",))

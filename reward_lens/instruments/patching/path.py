@@ -493,41 +493,36 @@ def path_patch(
     rnodes = [parse_receiver(cfg, r) for r in (receivers or default_receivers(cfg))]
     everywhere = positions == "all"
     batch_paths = _batch_paths_all if everywhere else _batch_paths
-    patched, clean = grid_over_batches(
+    patched, fields = grid_over_batches(
         model,
         pairs,
+        snodes,
+        rnodes,
         everywhere,
         lambda batch: batch_paths(model, batch, snodes, rnodes, mode, method),
         batch_size=batch_size,
         progress=progress and "path patching",
         padding_side=padding_side,
     )
-    return PathPatchResult(
-        pair_ids=pair_labels(pairs),
-        senders=[s.name for s in snodes],
-        receivers=[r.name for r in rnodes],
-        mode=mode,
-        method=method,
-        clean_chosen=clean["chosen"],
-        clean_rejected=clean["rejected"],
-        patched=patched,
-        positions=positions,
-    )
+    return PathPatchResult(mode=mode, method=method, patched=patched, positions=positions, **fields)
 
 
 def grid_over_batches(
     model,
     pairs,
+    senders: Sequence[PathNode],
+    receivers: Sequence[PathNode],
     everywhere: bool,
     step: Callable[[Any], Tuple[torch.Tensor, Dict[str, torch.Tensor]]],
     *,
     batch_size: int,
     progress: Union[bool, str],
     padding_side: Optional[str],
-) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
-    """A [pair, sender, receiver] grid over all pairs and the clean rewards per side [n_pairs]: `step(batch)`
-    gives one batch's (grid, {side: rewards}); batches are token-aligned when `everywhere` (circuits at
-    every position). Path patching and edge attribution (its estimate) share this loop."""
+) -> Tuple[torch.Tensor, Dict[str, Any]]:
+    """A [pair, sender, receiver] grid over all pairs, and the result fields every such grid has: pair_ids,
+    senders and receivers (names), clean_chosen and clean_rejected [n_pairs]. `step(batch)` gives one
+    batch's (grid, {side: rewards}); batches are token-aligned when `everywhere` (circuits at every
+    position). Path patching and edge attribution (its estimate) share this loop."""
     grids, clean = [], {"chosen": [], "rejected": []}
     batches = (token_aligned_batches if everywhere else pair_batches)(
         model, pairs, batch_size, progress, padding_side
@@ -537,4 +532,10 @@ def grid_over_batches(
         grids.append(grid)
         for side, r in rewards.items():
             clean[side].append(r)
-    return torch.cat(grids), {side: torch.cat(r) for side, r in clean.items()}
+    return torch.cat(grids), {
+        "pair_ids": pair_labels(pairs),
+        "senders": [s.name for s in senders],
+        "receivers": [r.name for r in receivers],
+        "clean_chosen": torch.cat(clean["chosen"]),
+        "clean_rejected": torch.cat(clean["rejected"]),
+    }
