@@ -8,13 +8,17 @@ Prints each audit step's wall time, the audit total (report writing excluded: `o
 one forward of both responses of every pair at the audit's batch size, and their ratio. `--repeats N`
 runs N audits, each between two forwards (a shared machine's speed drifts within minutes), and reports each
 audit against the mean of its two forwards and the median of those ratios, in wall seconds and in this
-process's CPU seconds; the step table is the median audit's.
+process's CPU seconds; the step table is the median audit's. `--split` runs one more audit under cProfile
+(CPU clock) and prints its parts that do a model's work (the capture forward, the exact readout sweeps of
+contrastive patching, the probes' shared-prefix trees, ...) in CPU seconds and in bare forwards.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import datetime
+import pstats
 import statistics
 import sys
 import time
@@ -42,7 +46,45 @@ def parse_args(argv=None):
     ap.add_argument(
         "--patch-modes", default="noising,denoising", help="the audit's patching modes (its default)"
     )
+    ap.add_argument("--split", action="store_true", help="one more audit under cProfile: its parts")
     return ap.parse_args(argv)
+
+
+# (file suffix, function): the audit's parts that run the model, as cProfile names them
+SPLIT = {
+    "capture forward (both responses, every hook the pipeline reads)": ("core/readout.py", "capture"),
+    "contrastive patching's exact readout sweeps": ("model/recompute.py", "readout_sweep"),
+    "effect decomposition": ("instruments/circuits/decomposition.py", "step"),
+    "divergence reference fit": ("instruments/divergence.py", "pre_finish"),
+    "token attribution": ("app/audit.py", "_token_heatmaps"),
+    "hacking probes (shared-prefix trees)": ("core/readout.py", "_shared_prefix_readout_run"),
+}
+
+
+def split_audit(model, pairs, args, forward_cpu: float) -> None:
+    """One audit under cProfile on the CPU clock: each SPLIT part's cumulative CPU seconds."""
+    profile = cProfile.Profile(time.process_time)
+    start = time.process_time()
+    profile.runcall(
+        run_audit,
+        model,
+        pairs,
+        None,
+        batch_size=args.batch_size,
+        echo=lambda line: None,
+        patch_modes=args.patch_modes,
+    )
+    total = time.process_time() - start
+    stats = pstats.Stats(profile).stats  # (file, line, name) -> (cc, nc, tottime, cumtime, callers)
+    print(f"| audit part (one profiled audit, CPU) | CPU s | bare forwards ({forward_cpu:.2f} CPU s) |")
+    print("|---|---:|---:|")
+    named = 0.0
+    for label, (suffix, name) in SPLIT.items():
+        cum = sum(v[3] for (f, _, n), v in stats.items() if n == name and f.endswith(suffix))
+        named += cum
+        print(f"| {label} | {cum:.2f} | {cum / forward_cpu:.2f} |")
+    print(f"| the rest | {total - named:.2f} | {(total - named) / forward_cpu:.2f} |")
+    print(f"| audit (profiled) | {total:.2f} | {total / forward_cpu:.2f} |")
 
 
 class Clock:
@@ -114,6 +156,8 @@ def main(argv=None) -> int:
             f"(medians); audit / forward = {statistics.median(per):.2f} (median of the audits: "
             f"{', '.join(f'{x:.2f}' for x in per)})"
         )
+    if args.split:
+        split_audit(model, pairs, args, statistics.median(f.cpu for f in forwards))
     return 0
 
 
