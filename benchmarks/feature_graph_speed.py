@@ -133,6 +133,12 @@ def main() -> None:
     ap.add_argument("--component-baseline", action="store_true", help="also time the component graph")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default=None, help="write the results as JSON here")
+    ap.add_argument(
+        "--precision-rows",
+        type=int,
+        default=0,
+        help="also: reward conservation of an N-row graph with the model and transcoders in fp32, then fp64",
+    )
     args = ap.parse_args()
     if (args.transcoders is None) == (args.random_transcoders is None):
         ap.error("pass --transcoders DIR or --random-transcoders D_TC")
@@ -240,6 +246,9 @@ def main() -> None:
             "one_band_vs_naive_max_diff_rel": float((whole - slow).abs().max()) / max(scale, 1e-30),
         }
 
+    if args.precision_rows:
+        result["precision"] = precision_check(model, tc, ids, args.precision_rows)
+
     verdict = {
         "rows_1024_s": result.get("rows_1024", {}).get("seconds"),
         "rows_1024_peak_gb": result.get("rows_1024", {}).get("peak_rss_gb"),
@@ -257,6 +266,27 @@ def main() -> None:
     print(json.dumps(result, indent=1))
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+
+
+def precision_check(model, tc, ids, rows: int) -> dict:
+    """Reward conservation of the `rows`-row graph with the model and transcoders in fp32 and in fp64 (the
+    graph builder itself works in fp32), and the reward row's sum of |edge| against R - bias: an error that
+    shrinks with the inputs' precision and stays ~1e-6 of sum |edge| is rounding in a cancelling sum."""
+    out = {}
+    for dtype in (torch.float32, torch.float64):
+        model.to(dtype)
+        tc.to(dtype)
+        g = rl.attribution_graph(model, input_ids=ids, transcoders=tc, max_features=rows)
+        row = g.rows[g.row_nodes == g.reward_node][0]
+        out[str(dtype).replace("torch.", "")] = {
+            **g.completeness(),
+            "reward_row_sum_abs_edge": float(row.abs().sum()),
+            "reward_minus_bias": float(g.reward - g.bias),
+            "error_over_sum_abs_edge": abs(float(row.sum()) - (g.reward - g.bias)) / float(row.abs().sum()),
+        }
+    model.to(torch.float32)
+    tc.to(torch.float32)
+    return out
 
 
 def model_tok(model, ids):
