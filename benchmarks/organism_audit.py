@@ -61,19 +61,18 @@ SPLIT = {
 }
 
 
+def audit_once(model, pairs, args):
+    """The default audit as the CLI runs it, no report written (`out_dir=None`)."""
+    return run_audit(
+        model, pairs, None, batch_size=args.batch_size, echo=lambda line: None, patch_modes=args.patch_modes
+    )
+
+
 def split_audit(model, pairs, args, forward_cpu: float) -> None:
     """One audit under cProfile on the CPU clock: each SPLIT part's cumulative CPU seconds."""
     profile = cProfile.Profile(time.process_time)
     start = time.process_time()
-    profile.runcall(
-        run_audit,
-        model,
-        pairs,
-        None,
-        batch_size=args.batch_size,
-        echo=lambda line: None,
-        patch_modes=args.patch_modes,
-    )
+    profile.runcall(audit_once, model, pairs, args)
     total = time.process_time() - start
     stats = pstats.Stats(profile).stats  # (file, line, name) -> (cc, nc, tottime, cumtime, callers)
     print(f"| audit part (one profiled audit, CPU) | CPU s | bare forwards ({forward_cpu:.2f} CPU s) |")
@@ -124,14 +123,7 @@ def main(argv=None) -> int:
     forwards, audits = [bare_forward(model, pairs, args.batch_size)], []
     for _ in range(max(1, args.repeats)):
         with Clock() as clock:
-            audit = run_audit(
-                model,
-                pairs,
-                None,
-                batch_size=args.batch_size,
-                echo=lambda line: None,
-                patch_modes=args.patch_modes,
-            )
+            audit = audit_once(model, pairs, args)
         audits.append((clock, audit.record["timings_s"]))
         forwards.append(bare_forward(model, pairs, args.batch_size))  # the forwards bracket every audit
     print(
