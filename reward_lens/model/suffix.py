@@ -19,6 +19,7 @@ from transformer_lens.hook_points import HookPoint
 
 from reward_lens.model.hooks import final_resid_name
 from reward_lens.model.placement import is_placed
+from reward_lens.model.recompute import kv_names
 
 
 @dataclass
@@ -51,7 +52,7 @@ def prefix_cache(model, prefix_ids: Int[torch.Tensor, "1 prefix"]) -> PrefixCach
     last block)."""
     _check_native(model)
     prefix_ids = torch.as_tensor(prefix_ids, device=model.cfg.device).reshape(1, -1)
-    names = [name for block in model.blocks for name in block.readout_kv_hooks]
+    names = kv_names(model)
     kept = {}
 
     def keep(t: torch.Tensor, hook: HookPoint) -> None:
