@@ -26,11 +26,7 @@ import reward_lens as rl  # noqa: E402
 from reward_lens.core.batching import tokenize  # noqa: E402
 from reward_lens.representations.transcoders.module import input_hook, output_hook  # noqa: E402
 from reward_lens.representations.transcoders.train import mlp_io  # noqa: E402
-
-
-def held_out(n: int):
-    pairs = rl.smollm2_pairs()
-    return [pairs[int(i)] for i in np.linspace(0, len(pairs) - 1, min(n, len(pairs))).round().astype(int)]
+from scripts.train_smollm2_transcoders import held_out_subset  # noqa: E402  (the script's evaluation pairs)
 
 
 def first_positions(tok) -> torch.Tensor:
@@ -108,8 +104,8 @@ def main() -> None:
         starts = range(0, len(prompts), 16)
         return [tokenize(model, prompts[s : s + 16], responses[s : s + 16]) for s in starts]
 
-    fvu_table(model, tc, batches(held_out(args.pairs)))
-    toks = batches(held_out(args.replace_pairs))
+    fvu_table(model, tc, batches(held_out_subset(args.pairs)))
+    toks = batches(held_out_subset(args.replace_pairs))
     original = replaced_rewards(model, tc, toks, [])
     print(f"replacement model, {args.replace_pairs} pairs (reward std {original.std():.3f}):")
 
