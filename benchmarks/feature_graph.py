@@ -5,8 +5,9 @@ checks and build time. Goals (medians): unpruned >= 0.60 / 0.85, pruned >= 0.50 
 - The demo RM with its shipped transcoders: the bundled pairs, which the transcoders never saw (every 12th
   pair, both sides alternating); build time also as a ratio to the component graph of the same text.
 - `--transcoders DIR`: the SmolLM2 organism with a set from scripts/train_smollm2_transcoders.py, on its
-  held-out pairs (evenly spread, both sides alternating, texts of <= 128 tokens), `--max-features` rows
-  (default 1,024: circuit-tracer's rows-by-influence rule; the scores are those of that graph).
+  held-out pairs (sides alternating, texts of <= 128 tokens, evenly spread over all subsets),
+  `--max-features` rows (default 1,024: circuit-tracer's rows-by-influence rule; the scores are those of
+  that graph).
 
     OMP_NUM_THREADS=1 PYTHONPATH=. python benchmarks/feature_graph.py [--texts 20] [--threads 1]
     PYTHONPATH=. python benchmarks/feature_graph.py --transcoders /tmp/smollm2_tc --threads 2
@@ -39,14 +40,13 @@ def main() -> None:
     else:
         model, max_features = rl.load_smollm2_organism(device="cpu"), args.max_features
         tc = rl.load_transcoders(args.transcoders)
-        held = rl.smollm2_pairs()
-        spread = np.linspace(0, len(held) - 1, 4 * args.texts).round().astype(int)
-        texts = [(held[int(i)], "chosen" if j % 2 == 0 else "rejected") for j, i in enumerate(spread)]
-        texts = [
+        sides = [(p, "chosen" if j % 2 == 0 else "rejected") for j, p in enumerate(rl.smollm2_pairs())]
+        fit = [
             (p, side)
-            for p, side in texts
+            for p, side in sides
             if model.to_tokens(p.prompt, getattr(p, side))["input_ids"].shape[1] <= args.max_tokens
         ]
+        texts = [fit[int(i)] for i in np.linspace(0, len(fit) - 1, min(args.texts, len(fit))).round()]
     rows = []
     for pair, side in texts[: args.texts]:
         ids = model.to_tokens(pair.prompt, getattr(pair, side))["input_ids"][0]
