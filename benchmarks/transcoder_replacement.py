@@ -2,7 +2,8 @@
 text's first token left out (the chat template's `<|endoftext|>`, where some layers write almost all their
 output variance: an attention sink), that token's share of each layer's output variance, and the
 replacement model's reward (no error terms) against the original with every layer replaced, every layer
-but the first token, and each layer alone: Pearson r, chosen/rejected decisions kept, mean |reward change|.
+but the first token, and each layer alone (but the first token, for a set trained without it): Pearson r,
+chosen/rejected decisions kept, mean |reward change|.
 
     OMP_NUM_THREADS=1 PYTHONPATH=. python benchmarks/transcoder_replacement.py --transcoders /tmp/smollm2_tc
 
@@ -117,8 +118,10 @@ def main() -> None:
     print("| replaced | Pearson r | decisions kept | mean abs reward change |\n|---|---:|---:|---:|")
     row("every layer", replaced_rewards(model, tc, toks, tc.layers))
     row("every layer, first token kept", replaced_rewards(model, tc, toks, tc.layers, exempt_first=True))
+    keep_first = tc.exclude_first_token  # a set trained without the first token leaves it to the MLP
     for l in tc.layers:
-        row(f"layer {l} alone", replaced_rewards(model, tc, toks, [l]))
+        label = f"layer {l} alone" + (", first token kept" if keep_first else "")
+        row(label, replaced_rewards(model, tc, toks, [l], exempt_first=keep_first))
 
 
 if __name__ == "__main__":

@@ -14,7 +14,9 @@ puts the model, the activation buffer and the optimisation on the GPU (benchmark
 
 Training text: generator pairs (`smollm2_data.training_pairs`, both sides) drawn with their own seed on the
 organism's *training* questions only, so the held-out pairs (`smollm2_pairs()`, on held-out questions) and the
-probe texts (also on held-out questions) are never seen. Evaluation on `--eval-pairs` of the held-out pairs
+probe texts (also on held-out questions) are never seen. Each text's first token (the template's
+`<|endoftext|>`, an attention sink) is left out of training and evaluation unless `--keep-first-token`;
+the replacement model keeps the MLPs' own outputs there. Evaluation on `--eval-pairs` of the held-out pairs
 (evenly spread over their subsets): per-layer FVU, L0, dead fraction, and the replacement model's reward
 (every MLP replaced, no error terms) against the original: Pearson r and chosen/rejected decisions kept.
 Then skip vs no-skip at equal k, d_tc, steps and batches on `--compare-layers` (a separate, shorter run).
@@ -75,13 +77,20 @@ def main() -> None:
     ap.add_argument("--buffer-tokens", type=int, default=8192)
     ap.add_argument("--reuse", type=int, default=4)
     ap.add_argument("--lr", type=float, default=None)
-    ap.add_argument("--dead-after", type=int, default=10_000, help="tokens without firing before AuxK")
+    ap.add_argument("--dead-after", type=int, default=2000, help="tokens without firing before AuxK")
+    ap.add_argument("--aux-coef", type=float, default=0.125, help="weight of the AuxK loss on dead latents")
     ap.add_argument("--n-pairs", type=int, default=2000, help="generator pairs drawn (both sides used)")
     ap.add_argument("--eval-pairs", type=int, default=64, help="held-out pairs evaluated (of 160)")
     ap.add_argument("--layers", type=int, default=None, help="train layers 0..N-1 only (smoke runs)")
     ap.add_argument("--compare-layers", default="4,14,24", help="skip vs no-skip on these ('' = skip it)")
     ap.add_argument("--compare-steps", type=int, default=128)
     ap.add_argument("--compare-buffer-tokens", type=int, default=4096)
+    ap.add_argument(
+        "--keep-first-token",
+        action="store_true",
+        help="train on each text's first token too (the template's <|endoftext|>, an attention sink that "
+        "holds most of some layers' output variance; by default it is left out, as circuit-tracer does)",
+    )
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="cpu")
     args = ap.parse_args()
@@ -100,9 +109,11 @@ def main() -> None:
         batch_size=args.batch_size,
         lr=args.lr,
         dead_after=args.dead_after,
+        aux_coef=args.aux_coef,
         reuse=args.reuse,
         seed=TORCH_SEED,
         progress=True,
+        exclude_first_token=not args.keep_first_token,
     )
     t0, c0 = time.perf_counter(), cpu_seconds()
     tc = rl.train_transcoders(

@@ -376,6 +376,20 @@ def test_rows_do_not_depend_on_how_targets_share_a_backward(model, tc, graph):
     assert torch.allclose(cut, want, rtol=0, atol=1e-6 * scale)
 
 
+def test_a_set_trained_without_the_first_token_reads_no_feature_there(model, tc, graph):
+    """`exclude_first_token`: no feature nodes at position 0 (its MLP output is the error node's, beside
+    the skip and b_dec), the rest of the graph's active set as before, and the reward still conserved."""
+    ids, g = graph
+    flagged = rl.TranscoderSet(tc.transcoders, {**tc.config, "exclude_first_token": True})
+    h = rl.attribution_graph(model, input_ids=ids, transcoders=flagged)
+    feats, old = h.nodes[h.nodes.kind == "feature"], g.nodes[g.nodes.kind == "feature"]
+    assert (old.position == 0).any() and not (feats.position == 0).any()
+    assert set(feats.node) == set(old[old.position != 0].node)
+    fz = Frozen(model, tc, ids)
+    assert abs(float(h.rows[-1].sum()) - (fz.reward - h.bias)) <= 1e-5 * abs(fz.reward - h.bias)
+    assert h.completeness()["reward_error"] <= 1e-5 and h.completeness()["feature_error"] <= 5e-4
+
+
 def test_gate_organism_reward_is_conserved_with_its_gate_frozen(tc):
     """ArmoRM's gate is frozen at the clean text, as in the component graph: the reward's incoming edges
     still sum to the model's own reward minus the (gated) bias."""

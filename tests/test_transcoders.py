@@ -156,6 +156,75 @@ def test_save_and_load_round_trip(tiny, tmp_path):
         rl.load_transcoders(tmp_path)
 
 
+def test_first_token_left_out_of_training_metrics_and_the_replacement_model(model, tmp_path):
+    """`exclude_first_token`: the buffer holds every non-pad token but each text's first; the metrics are
+    over those tokens (recomputed from a plain cache); the replacement model keeps the MLP's own output at
+    the first token (hooks written here); the flag survives the disk."""
+    from reward_lens.representations.transcoders.train import _Buffer
+
+    texts = synthetic.training_pairs(30, 12, exclude=HELD_OUT)
+    prompts, responses = [t.prompt for t in texts], [t.chosen for t in texts]
+
+    def first_fill(exclude):  # size 1: one text batch of 8 texts
+        g = torch.Generator().manual_seed(0)
+        buf = _Buffer(model, (prompts, responses), [1], 1, 8, g, exclude_first=exclude)
+        buf.fill()
+        return buf.tokens_drawn
+
+    assert first_fill(False) - first_fill(True) == 8  # the same 8 texts, less one first token each
+
+    tc = rl.train_transcoders(
+        model,
+        texts,
+        d_tc=32,
+        k=4,
+        layers=[0, 1],
+        steps=10,
+        batch_size=128,
+        buffer_tokens=512,
+        progress=False,
+        exclude_first_token=True,
+    )
+    assert tc.exclude_first_token and tc.config["exclude_first_token"] is True
+    pairs = rl.demo_pairs()[:6]
+    m = rl.evaluate_transcoders(model, tc, pairs)
+    x, y = _mlp_io(model, pairs, 1)
+    starts = np.cumsum(
+        [0]
+        + [model.to_tokens(p.prompt, s)["input_ids"].shape[1] for p in pairs for s in (p.chosen, p.rejected)]
+    )[:-1]
+    keep = torch.ones(len(x), dtype=torch.bool)
+    keep[torch.as_tensor(starts)] = False
+    x, y = x[keep], y[keep]
+    err = (y - tc[1](x)).double()
+    fvu = float(err.pow(2).sum() / (y.double() - y.double().mean(0)).pow(2).sum())
+    row = m.to_frame().set_index("layer").loc[1]
+    assert abs(row.fvu - fvu) <= 1e-5 * fvu and row.n_tokens == len(x)
+
+    def reward(p, side):
+        ids = model.to_tokens(p.prompt, side)["input_ids"]
+        seen = {}
+        hooks = []
+        for l in tc.layers:
+            hooks.append((act_name("normalized", l, norm="ln2"), lambda t, hook, l=l: seen.__setitem__(l, t)))
+            hooks.append(
+                (act_name("mlp_out", l), lambda t, hook, l=l: torch.cat([t[:, :1], tc[l](seen[l])[:, 1:]], 1))
+            )
+        return float(model.run_with_hooks(ids, fwd_hooks=hooks).detach())
+
+    orig = np.array(
+        [
+            [float(model(model.to_tokens(p.prompt, s)["input_ids"]).detach()) for s in (p.chosen, p.rejected)]
+            for p in pairs
+        ]
+    )
+    repl = np.array([[reward(p, s) for s in (p.chosen, p.rejected)] for p in pairs])
+    assert abs(m.reward_pearson - np.corrcoef(orig.flatten(), repl.flatten())[0, 1]) <= 1e-6
+    tc.save(tmp_path / "tc")
+    assert rl.load_transcoders(tmp_path / "tc").exclude_first_token
+    assert not rl.load_transcoders("demo").exclude_first_token
+
+
 def test_batchtopk_family(model):
     texts = synthetic.training_pairs(60, 8, exclude=HELD_OUT)
     tc = rl.train_transcoders(

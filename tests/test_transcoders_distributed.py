@@ -25,7 +25,10 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import torchrun_transcoders as script  # noqa: E402
 
-STEP_SHARE, FAR, FAR_SHARE = 0.05, 1e-6, 1e-3
+# Largest difference <= 0.05 x lr; under 1% of a tensor's entries more than 1e-6 apart. Measured: none on
+# the machine of the first runs; on an AVX2 CPU 0.24% of layer 2's W_enc (largest 3.7e-3 x lr): its kernels
+# sum in another order, and Adam carries that noise up in entries near its eps.
+STEP_SHARE, FAR, FAR_SHARE = 0.05, 1e-6, 1e-2
 
 
 def torchrun(*args, timeout=300):

@@ -49,6 +49,12 @@ def add_commands(sub) -> None:
     tr.add_argument("--steps", type=int, default=1500)
     tr.add_argument("--batch-size", type=int, default=1024, help="tokens per training step")
     tr.add_argument("--seed", type=int, default=0)
+    tr.add_argument(
+        "--exclude-first-token",
+        action="store_true",
+        help="train and measure without each text's first token (a BOS attention sink whose outlier MLP "
+        "outputs would take the features; the feature graph then leaves it to the error node)",
+    )
     tr.add_argument("--device", default=None, help="cpu (default) or cuda[:i]")
     tr.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     tr.set_defaults(func=cmd_train_transcoders)
@@ -112,6 +118,7 @@ def cmd_train_transcoders(args) -> int:
             steps=args.steps,
             batch_size=args.batch_size,
             seed=args.seed,
+            exclude_first_token=args.exclude_first_token,
             eval_texts=held_out,
             progress=not args.quiet,
         )

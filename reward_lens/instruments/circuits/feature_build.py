@@ -28,7 +28,7 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from reward_lens.core.batching import Tokenized
+from reward_lens.core.batching import Tokenized, first_token
 from reward_lens.core.directions import readout_direction
 from reward_lens.model.hooks import act_name, final_resid_name
 from reward_lens.model.hooks import mlp_input_name as input_hook
@@ -90,6 +90,10 @@ def clean_run(model, tok: Tokenized, tc) -> CleanRun:
     y = [got[output_hook(l)][0].float() for l in range(L)]
     pre = [tc[l].pre(x[l]) for l in range(L)]
     act = [tc[l].encode(x[l]) for l in range(L)]
+    if getattr(tc, "exclude_first_token", False):  # trained without it: that token's MLP is all error
+        first = int(first_token(tok)[0])
+        for a in act:
+            a[first] = 0
     skip = [tc[l].skip(x[l]) for l in range(L)]
     return CleanRun(
         tok=tok,

@@ -23,6 +23,7 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 import torch
 import torch.nn as nn
 
+from reward_lens.core.batching import first_token
 from reward_lens.model.hooks import mlp_input_name, mlp_output_name
 from reward_lens.model.validation import checked_arguments
 from reward_lens.representations.transcoders import formats
@@ -163,6 +164,12 @@ class TranscoderSet:
     def layers(self) -> List[int]:
         return sorted(self.transcoders)
 
+    @property
+    def exclude_first_token(self) -> bool:
+        """Trained without each text's first token: that token's MLP outputs stay the model's own (in the
+        replacement model) or the error node's (in the feature graph), and no feature is read there."""
+        return bool(self.config.get("exclude_first_token", False))
+
     def to(self, device) -> "TranscoderSet":
         for t in self.transcoders.values():
             t.to(device)
@@ -294,18 +301,33 @@ def _from_layer_weights(layers: Dict[int, Dict[str, Any]], info: Dict[str, Any],
     return TranscoderSet(dict(sorted(out.items())), info)
 
 
-def replacement_hooks(tc: TranscoderSet, layers: Optional[Sequence[int]] = None) -> list:
+def replacement_hooks(tc: TranscoderSet, layers: Optional[Sequence[int]] = None, tok: Any = None) -> list:
     """Forward hooks that replace each MLP's output by its transcoder's, with no error term (the
-    replacement model; attention and norms recomputed as usual)."""
+    replacement model; attention and norms recomputed as usual). A set trained without the first token
+    (`exclude_first_token`) keeps the MLP's own output at each row's first attended token: pass the
+    batch's `tok` (Tokenized) when it is left-padded; without it that token is position 0."""
     seen: Dict[int, torch.Tensor] = {}
     out = []
+    first = None
+    if tc.exclude_first_token and tok is not None:
+        first = first_token(tok)
+
+    def own_first(new: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if not tc.exclude_first_token:
+            return new
+        rows = torch.arange(y.shape[0], device=y.device)
+        cols = first.to(y.device) if first is not None else torch.zeros_like(rows)
+        new = new.clone()
+        new[rows, cols] = y[rows, cols]
+        return new
+
     for l in tc.layers if layers is None else layers:
 
         def grab(x, hook, l=l):
             seen[l] = x
 
         def replace(y, hook, l=l):
-            return tc[l](seen.pop(l)).to(y.dtype)
+            return own_first(tc[l](seen.pop(l)).to(y.dtype), y)
 
         out += [(input_hook(l), grab), (output_hook(l), replace)]
     return out

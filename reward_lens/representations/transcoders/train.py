@@ -22,7 +22,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from reward_lens.core.batching import tokenize
+from reward_lens.core.batching import first_token, tokenize
 from reward_lens.data.pairs import side_texts
 from reward_lens.model.validation import checked_arguments
 from reward_lens.representations.transcoders.families import family
@@ -50,9 +50,21 @@ def text_pairs(texts: Any) -> Tuple[List[str], List[str]]:
     return prompts, responses
 
 
-def mlp_io(model, tok, layers: Sequence[int], device: Any = "cpu") -> Tuple[torch.Tensor, torch.Tensor]:
+def token_rows(tok, exclude_first: bool = False) -> torch.Tensor:
+    """[batch, pos] bool: the tokens transcoders train and are measured on: every non-pad token, less each
+    row's first one when `exclude_first` (the template's BOS, where some layers write an attention sink's
+    output, an outlier the features would spend themselves on; circuit-tracer leaves BOS features out)."""
+    keep = tok.attention_mask.bool().clone()
+    if exclude_first:
+        keep[torch.arange(len(keep)), first_token(tok)] = False
+    return keep
+
+
+def mlp_io(
+    model, tok, layers: Sequence[int], device: Any = "cpu", exclude_first: bool = False
+) -> Tuple[torch.Tensor, torch.Tensor]:
     """(x, y) [n_tokens, n_layers, d_model] float32 on `device` of one tokenized batch: each layer's MLP
-    input (`ln2.hook_normalized`) and output (`hook_mlp_out`) at every non-pad token."""
+    input (`ln2.hook_normalized`) and output (`hook_mlp_out`) at every non-pad token (`token_rows`)."""
     names = [input_hook(l) for l in layers] + [output_hook(l) for l in layers]
     got: Dict[str, torch.Tensor] = {}
 
@@ -66,7 +78,7 @@ def mlp_io(model, tok, layers: Sequence[int], device: Any = "cpu") -> Tuple[torc
             fwd_hooks=[(n, grab) for n in names],
             stop_at_layer=max(layers) + 1,
         )
-    keep = tok.attention_mask.bool().to(got[names[0]].device)
+    keep = token_rows(tok, exclude_first).to(got[names[0]].device)
     x = torch.stack([got[input_hook(l)][keep] for l in layers], 1).float().to(device)
     y = torch.stack([got[output_hook(l)][keep] for l in layers], 1).float().to(device)
     return x, y
@@ -79,11 +91,12 @@ def stream_mlp_io(
     layers: Sequence[int],
     batch_size: int,
     device: Any = "cpu",
+    exclude_first: bool = False,
 ) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
     """`mlp_io` of each text batch of `batch_size` texts, in order."""
     for s in range(0, len(prompts), batch_size):
         tok = tokenize(model, prompts[s : s + batch_size], responses[s : s + batch_size])
-        yield mlp_io(model, tok, layers, device)
+        yield mlp_io(model, tok, layers, device, exclude_first)
 
 
 class _Buffer:
@@ -96,9 +109,11 @@ class _Buffer:
     come from the CPU generator `g` on every device, so a run's batches do not depend on where it runs."""
 
     def __init__(
-        self, model, prompts, responses, layers, size, model_batch_size, g, group=None, device="cpu"
+        self, model, texts, layers, size, model_batch_size, g, group=None, device="cpu", exclude_first=False
     ):
         self.model, self.layers, self.size, self.mbs, self.g = model, layers, size, model_batch_size, g
+        self.exclude_first = exclude_first
+        prompts, responses = texts
         self.device = torch.device(device)
         self.prompts, self.responses = list(prompts), list(responses)
         self.group, self.tokens_drawn, self.n_chunks, self.n_slots = group, 0, 0, 0
@@ -118,12 +133,12 @@ class _Buffer:
         while n < self.size:
             tok = tokenize(self.model, *next(self._texts))
             if self.group is None or self.group.owns(self.n_chunks):
-                x, y = mlp_io(self.model, tok, self.layers, self.device)
+                x, y = mlp_io(self.model, tok, self.layers, self.device, self.exclude_first)
                 xs.append(x)
                 ys.append(y)
                 starts.append(n)
             self.n_chunks += 1
-            n += int(tok.attention_mask.sum())
+            n += int(token_rows(tok, self.exclude_first).sum())
         self.tokens_drawn += n
         perm = torch.randperm(n, generator=self.g)[: self.size]
         self.n_slots = len(perm)
@@ -304,7 +319,7 @@ def _check(model, layers, d_tc, k, kind, steps, batch_size):
         "model_batch_size": 1,
         "seed": 0,
     },
-    flags=("skip",),
+    flags=("skip", "exclude_first_token"),
 )
 def train_transcoders(
     model,
@@ -328,6 +343,7 @@ def train_transcoders(
     seed: int = 0,
     progress: bool = True,
     device: Any = None,
+    exclude_first_token: bool = False,
 ) -> TranscoderSet:
     """Train one skip transcoder per layer (`layers`, default all) of `model` on activations streamed from
     `texts` (preference pairs, contrast pairs or (prompt, response) tuples); `kind` is "topk" or
@@ -341,7 +357,11 @@ def train_transcoders(
 
     `device`: where the activation buffer and the optimisation live (default: the model's device, so a
     model on a GPU trains there; the buffer is `buffer_tokens` x layers x 2 x d_model floats). The random
-    draws are the CPU generator's on every device: the same batches, equal parameters to float rounding."""
+    draws are the CPU generator's on every device: the same batches, equal parameters to float rounding.
+
+    `exclude_first_token`: train without each text's first token (a BOS the model uses as an attention
+    sink, whose outlier MLP outputs would take the features); the set records it, so its evaluation,
+    replacement model and feature graph leave that token's MLP output to the error term."""
     from tqdm.auto import tqdm
 
     layers = _check(model, layers, d_tc, k, kind, steps, batch_size)
@@ -349,10 +369,14 @@ def train_transcoders(
     group = TrainingGroup.joined()
     if group is not None:
         settings = dict(d_tc=d_tc, k=k, kind=kind, layers=layers, steps=steps, batch_size=batch_size)
+        settings["exclude_first_token"] = exclude_first_token
         group.check_same({**settings, "seed": seed, "texts": _fingerprint(prompts, responses)})
     g = torch.Generator().manual_seed(seed)
     device = torch.device(device if device is not None else model.cfg.device)
-    buf = _Buffer(model, prompts, responses, layers, buffer_tokens, model_batch_size, g, group, device)
+    texts = (prompts, responses)
+    buf = _Buffer(
+        model, texts, layers, buffer_tokens, model_batch_size, g, group, device, exclude_first_token
+    )
     X, Y = buf.fill()
     scale, params = _first_fit(buf, X, Y, d_tc, skip)
     d = X.shape[-1]
@@ -365,29 +389,23 @@ def train_transcoders(
     history: List[Dict[str, float]] = []
     decay_from = int(0.8 * steps)
     main = group is None or group.is_main
+    options = dict(
+        k=k,
+        kind=kind,
+        aux_k=aux_k,
+        aux_coef=aux_coef,
+        dead_after=dead_after,
+        layers=layers,
+        group=group,
+        batch_size=batch_size,
+    )
     bar = tqdm(range(steps), desc="transcoders", leave=False, disable=not (progress and main))
     for step in bar:
         if step and step % per_fill == 0:
             X, Y = buf.fill()
         rows = buf.rows(batch_size)
         total, fvus = _step_layers(
-            params,
-            (X, Y, rows, scale),
-            since,
-            thresholds,
-            history,
-            step,
-            steps,
-            dict(
-                k=k,
-                kind=kind,
-                aux_k=aux_k,
-                aux_coef=aux_coef,
-                dead_after=dead_after,
-                layers=layers,
-                group=group,
-                batch_size=batch_size,
-            ),
+            params, (X, Y, rows, scale), since, thresholds, history, step, steps, options
         )
         if step >= decay_from:
             for param_group in opt.param_groups:
@@ -402,6 +420,7 @@ def train_transcoders(
     out = _fold(params, scale, thresholds, layers, kind, k, skip, model.cfg.device)
     config = dict(
         model_name=str(getattr(model.cfg, "model_name", "") or ""),
+        exclude_first_token=bool(exclude_first_token),
         training=dict(
             steps=steps,
             batch_size=batch_size,
@@ -457,8 +476,9 @@ def _fold(params, scale, thresholds, layers, kind: str, k: int, skip: bool, devi
 @checked_arguments(counts={"batch_size": 1})
 def evaluate_transcoders(model, tc: TranscoderSet, texts: Any, batch_size: int = 32) -> TranscoderMetrics:
     """Per layer FVU, L0 and dead fraction on the texts' tokens (preference pairs: both responses; or
-    (prompt, response) tuples); with preference pairs also the replacement model's reward (every
-    transcoded MLP replaced, no error terms) against the original: Pearson r and decisions kept."""
+    (prompt, response) tuples; without each text's first token for a set trained without it); with
+    preference pairs also the replacement model's reward (every transcoded MLP replaced, no error terms)
+    against the original: Pearson r and decisions kept."""
     import pandas as pd
 
     tc.check(model)
@@ -471,7 +491,10 @@ def evaluate_transcoders(model, tc: TranscoderSet, texts: Any, batch_size: int =
         for k, s in (("y", (tc[layers[0]].d_model,)), ("yy", ()), ("sse", ()), ("l0", ()))
     }
     fired = torch.zeros(len(layers), tc[layers[0]].d_tc, dtype=torch.bool)
-    for x, y in stream_mlp_io(model, prompts, responses, layers, batch_size, tc[layers[0]].W_enc.device):
+    rows_of = stream_mlp_io(
+        model, prompts, responses, layers, batch_size, tc[layers[0]].W_enc.device, tc.exclude_first_token
+    )
+    for x, y in rows_of:
         n += x.shape[0]
         for i, l in enumerate(layers):
             t = tc[l]
@@ -514,7 +537,9 @@ def _pair_rewards(model, tc, pairs, batch_size) -> Tuple[np.ndarray, np.ndarray]
             tok = tokenize(model, [p.prompt for p in chunk], [getattr(p, side) for p in chunk])
             cols_o.append(model(tok.input_ids, tok.attention_mask).float().cpu())
             cols_r.append(
-                model.run_with_hooks(tok.input_ids, tok.attention_mask, fwd_hooks=replacement_hooks(tc))
+                model.run_with_hooks(
+                    tok.input_ids, tok.attention_mask, fwd_hooks=replacement_hooks(tc, tok=tok)
+                )
                 .float()
                 .cpu()
             )
