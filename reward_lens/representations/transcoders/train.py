@@ -373,9 +373,9 @@ def train_transcoders(
         group.check_same({**settings, "seed": seed, "texts": _fingerprint(prompts, responses)})
     g = torch.Generator().manual_seed(seed)
     device = torch.device(device if device is not None else model.cfg.device)
-    texts = (prompts, responses)
+    sides = (prompts, responses)
     buf = _Buffer(
-        model, texts, layers, buffer_tokens, model_batch_size, g, group, device, exclude_first_token
+        model, sides, layers, buffer_tokens, model_batch_size, g, group, device, exclude_first_token
     )
     X, Y = buf.fill()
     scale, params = _first_fit(buf, X, Y, d_tc, skip)
