@@ -26,16 +26,13 @@ sys.path.insert(0, str(ROOT))
 import reward_lens as rl  # noqa: E402
 from reward_lens.core.batching import tokenize  # noqa: E402
 from reward_lens.representations.transcoders.module import input_hook, output_hook  # noqa: E402
-from reward_lens.representations.transcoders.train import mlp_io  # noqa: E402
+from reward_lens.representations.transcoders.train import mlp_io, token_rows  # noqa: E402
 from scripts.train_smollm2_transcoders import held_out_subset  # noqa: E402  (the script's evaluation pairs)
 
 
 def first_positions(tok) -> torch.Tensor:
-    """[batch, pos] bool: each row's first attended token."""
-    mask = tok.attention_mask.bool()
-    first = torch.zeros_like(mask)
-    first[torch.arange(len(mask)), mask.long().argmax(1)] = True
-    return first
+    """[batch, pos] bool: each row's first attended token (the one `exclude_first_token` leaves out)."""
+    return tok.attention_mask.bool() & ~token_rows(tok, exclude_first=True)
 
 
 def fvu_table(model, tc, toks) -> None:
